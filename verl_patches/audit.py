@@ -1,0 +1,100 @@
+"""`python -m verl_patches.audit`: every difference from upstream, on disk and at runtime, in one report.
+
+On disk: per component the pin, the route used, whether the folder matches the lock, and a unified diff
+against the pristine upstream copy (today exactly the one inserted prelude line). At runtime: every
+declared patch with its target, vendor item, fingerprint status at the locked pin (computed from the
+vendored sources without importing them or starting anything) and the devices it applies on.
+
+JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit/1", "lock", "device",
+"components": [{"name", "package", "ref", "commit", "pypi_file", "needed_on", "optional_here", "route",
+"origin_route", "status": "match|mismatch|missing", "expected_tree_sha256": {route: sha},
+"found_tree_sha256", "differences": {"changed"|"added"|"removed": [path]}, "problems": [str],
+"prelude": {"file", "expected", "in_place"} | null, "diff": str, "diff_unavailable": [path]}],
+"patches": [{"name", "target", "kind", "vendor_item", "reason", "devices", "condition",
+"declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unreadable",
+"detail"}], "summary": {...}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from verl_patches.sources.lock import Lock, load_lock
+from verl_patches.sources.paths import detect_device
+from verl_patches.sources.report import AUDIT_SCHEMA, exit_status, sources_report
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _changed_lines(diff: str) -> int:
+    return sum(1 for line in diff.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = None,
+                sources: dict | None = None) -> dict:
+    from verl_patches.patching.static_report import static_patch_report
+
+    sources = sources or sources_report(root, lock, device, names, with_diff=True)
+    patches = static_patch_report(root)
+    return {
+        "schema": AUDIT_SCHEMA, "lock": sources["lock"], "device": device,
+        "components": sources["components"], "patches": patches,
+        "summary": {
+            "components_matching": sum(c["status"] == "match" for c in sources["components"]),
+            "components_total": len(sources["components"]),
+            "diff_lines": sum(_changed_lines(c["diff"]) for c in sources["components"]),
+            "patches_total": len(patches),
+            "patches_ok": sum(p["status"] == "ok" for p in patches),
+            "patches_drift": sum(p["status"] == "drift" for p in patches),
+            "patches_unpinned": sum(p["status"] == "unpinned" for p in patches),
+        },
+    }
+
+
+def render_text(report: dict) -> str:
+    out = [f"Audit of {report['lock']} on a {report['device']} host", "", "== On disk (upstream folders)"]
+    for c in report["components"]:
+        status = c["status"].upper() + (" (optional on this host)" if c["status"] == "missing" and c["optional_here"] else "")
+        out.append(f"{c['name']:<14} {status:<10} {c['ref']} @ {c['commit'][:12]}"
+                   f"{'  pypi ' + c['pypi_file'] if c['pypi_file'] else ''}  route={c['route'] or '-'}")
+        out += [f"    {p}" for p in c["problems"]]
+        if c["diff"]:
+            out += ["    " + line for line in c["diff"].rstrip("\n").splitlines()]
+        for rel in c["diff_unavailable"]:
+            out.append(f"    (no pristine copy in the cache to diff {c['package']}/{rel}; run setup_sources.sh again)")
+    out += ["", "== At runtime (declared patches)"]
+    for p in report["patches"]:
+        out.append(f"{p['status'].upper():<14} {p['vendor_item']:<6} {p['kind']:<13} {p['target']}")
+        out.append(f"{'':<14} {p['name']}: {p['reason']} [devices: {','.join(p['devices'])}"
+                   f"{'; ' + p['condition'] if p['condition'] else ''}]")
+        if p["status"] != "ok":
+            out.append(f"{'':<14} {p['detail']}")
+    s = report["summary"]
+    out += ["", f"summary: {s['components_matching']}/{s['components_total']} components match the lock; "
+                f"{s['diff_lines']} changed line(s) on disk; {s['patches_total']} patches: {s['patches_ok']} match "
+                f"their pinned fingerprints, {s['patches_drift']} drifted, {s['patches_unpinned']} target code "
+                f"outside the lock"]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verl_patches.audit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="machine-readable report (schema in the module doc)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="components to report (default: all)")
+    p.add_argument("--lock", type=Path, default=REPO_ROOT / "sources.lock")
+    args = p.parse_args(argv)
+    lock = load_lock(args.lock)
+    report = full_report(args.lock.parent.resolve(), lock, detect_device(), args.only)
+    print(json.dumps(report, indent=2) if args.json else render_text(report))
+    status = exit_status(report["components"])
+    if report["summary"]["patches_drift"]:
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

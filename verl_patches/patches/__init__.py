@@ -1,0 +1,1 @@
+"""Patch declarations and the code they install, laid out to mirror the upstream area each touches."""

@@ -1,0 +1,1 @@
+"""Stand-ins for NVIDIA apex on Ascend."""

@@ -1,0 +1,19 @@
+"""The ordered list of patch declaration modules. Order here is application order."""
+
+from __future__ import annotations
+
+import importlib
+
+from verl_patches.patching.declaration import Patch
+
+DECLARATION_MODULES = (
+    "verl_patches.patches.flash_attn.declarations",
+    "verl_patches.patches.apex.declarations",
+)
+
+
+def all_patches() -> list[Patch]:
+    patches: list[Patch] = []
+    for name in DECLARATION_MODULES:
+        patches.extend(importlib.import_module(name).PATCHES)
+    return patches

@@ -1,0 +1,1 @@
+"""Stand-ins for flash-attn, which has no NPU (or CPU) build."""

@@ -1,0 +1,106 @@
+"""What a patch is: a declared, fingerprinted replacement of one upstream object, with its reason."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+DEVICES = ("npu", "cuda", "cpu")
+ALL_DEVICES = DEVICES
+ABSENT = "absent"  # fingerprint of a target that must not exist upstream (we add it)
+
+
+class Kind(str, enum.Enum):
+    REPLACE = "replace"  # target attribute := replacement()
+    WRAP = "wrap"  # target attribute := replacement(original)
+    REGISTRY = "registry"  # target mapping[key...] := replacement()
+    MODULE_ALIAS = "module-alias"  # sys.modules[target] := the module named by `provides`, if the real one is absent
+
+
+class PatchError(RuntimeError):
+    """Base class of patch failures."""
+
+
+class PatchDriftError(PatchError):
+    """The upstream object a patch replaces is not the one it was written against."""
+
+    def __init__(self, patch: "Patch", found: str, pin: str) -> None:
+        self.patch, self.found, self.pin = patch, found, pin
+        super().__init__(
+            f"patch {patch.name!r} ({patch.vendor_item}) targets {patch.target}, whose upstream source "
+            f"fingerprint is {found} but the patch was written against {patch.fingerprint} at {pin}. "
+            f"Review the patch against the new upstream code and update its fingerprint; to run anyway "
+            f"(at your own risk) set VERL_PATCHES_ALLOW_DRIFT={patch.name} (or =all)."
+        )
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One runtime change to upstream code.
+
+    target: "package.module:Qualified.name" (an attribute, method, class attribute or registry
+      mapping), or a bare module name for MODULE_ALIAS.
+    fingerprint: fingerprint of the target's source at the locked pin (see fingerprint.py), or
+      ABSENT for an attribute we add, or "" for a module alias.
+    replacement: for REPLACE/REGISTRY a zero-argument factory returning the new object; for WRAP a
+      function taking the original and returning the new object; for MODULE_ALIAS unused (`provides`).
+    """
+
+    name: str
+    target: str
+    kind: Kind
+    fingerprint: str
+    vendor_item: str  # item id in shared/reference/vendor_recipe.md (e.g. "G1"), or "local"
+    reason: str
+    devices: tuple[str, ...] = ALL_DEVICES
+    replacement: Callable[..., Any] | None = None
+    registry_key: tuple[Any, ...] = ()  # REGISTRY: key path inside the mapping
+    fingerprint_of: str = ""  # fingerprint this source instead of the target (registry values, aliases)
+    provides: str = ""  # MODULE_ALIAS: our module that stands in
+    env_flag: str = ""  # apply only when this environment variable is set to a true value
+    env_default: bool = False  # the flag's value when it is unset
+
+    def __post_init__(self) -> None:
+        for d in self.devices:
+            if d not in DEVICES:
+                raise ValueError(f"patch {self.name}: unknown device {d!r}")
+        if self.kind is Kind.MODULE_ALIAS:
+            if ":" in self.target or not self.provides:
+                raise ValueError(f"patch {self.name}: a module alias needs a bare module target and `provides`")
+        else:
+            if ":" not in self.target:
+                raise ValueError(f"patch {self.name}: target must be 'module:qualname', got {self.target!r}")
+            if self.replacement is None:
+                raise ValueError(f"patch {self.name}: needs a replacement")
+        if self.kind is Kind.REGISTRY and not self.registry_key:
+            raise ValueError(f"patch {self.name}: a registry patch needs registry_key")
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.target.split(":", 1)[1] if ":" in self.target else ""
+
+    @property
+    def fingerprint_target(self) -> str:
+        return self.fingerprint_of or self.target
+
+    def condition_text(self) -> str:
+        if not self.env_flag:
+            return ""
+        return f"env {self.env_flag}={'1' if self.env_default else '0'} by default"
+
+    def condition_holds(self, device: str) -> tuple[bool, str]:
+        if device not in self.devices:
+            return False, f"device is {device}; applies on {','.join(self.devices)}"
+        if self.env_flag:
+            raw = os.environ.get(self.env_flag)
+            on = self.env_default if raw is None else raw.strip().lower() not in ("", "0", "false", "no", "off")
+            if not on:
+                return False, f"{self.env_flag} is off"
+        return True, ""

@@ -1,0 +1,115 @@
+"""Fingerprints of upstream source, computed from the file without importing it.
+
+A fingerprint is the sha256 of the AST of the definition (function, class, or module-level
+assignment) named by a qualified name: formatting and comments do not change it, code does. Because
+it reads the file, the same value comes out at runtime (from the imported module's __file__), in the
+audit (from the vendored tree, nothing imported), and on hosts where the module cannot import.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+PREFIX = "sha256:"
+
+
+class FingerprintError(LookupError):
+    pass
+
+
+def module_file(module: str, root: Path | None = None) -> Path | None:
+    """The source file of a module without importing it: under `root` first, else where Python finds it."""
+    parts = module.split(".")
+    bases = [Path(root)] if root else []
+    if not root:
+        bases += [Path(p) for p in sys.path if p and Path(p).is_dir()]
+        loaded = sys.modules.get(module)
+        if loaded is not None and getattr(loaded, "__file__", None):
+            return Path(loaded.__file__)
+    for base in bases:
+        for cand in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
+            if cand.is_file():
+                return cand
+    if root is None:
+        try:
+            spec = importlib.util.find_spec(parts[0])
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.submodule_search_locations:
+            return Path(spec.origin) if spec and spec.origin and len(parts) == 1 else None
+        for loc in spec.submodule_search_locations:
+            sub = Path(loc).joinpath(*parts[1:])
+            for cand in (sub.with_suffix(".py"), sub / "__init__.py"):
+                if cand.is_file():
+                    return cand
+    return None
+
+
+@lru_cache(maxsize=256)
+def _parse(path: str, mtime_ns: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+
+
+def _assigned_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        targets = [node.target]
+    else:
+        return set()
+    return {t.id for t in targets if isinstance(t, ast.Name)}
+
+
+def _defs_in(body: list[ast.stmt], name: str) -> list[ast.AST]:
+    """Every definition of `name` at this level, including inside if/try/with blocks (all may run)."""
+    found: list[ast.AST] = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            found.append(node)
+        elif name in _assigned_names(node):
+            found.append(node)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                sub = getattr(node, block, [])
+                if block == "handlers":
+                    for h in sub:
+                        found += _defs_in(h.body, name)
+                else:
+                    found += _defs_in(sub, name)
+    return found
+
+
+def source_nodes(path: Path, qualname: str) -> list[ast.AST]:
+    tree = _parse(str(path), path.stat().st_mtime_ns)
+    scopes: list[ast.AST] = [tree]
+    for part in qualname.split("."):
+        nxt: list[ast.AST] = []
+        for scope in scopes:
+            nxt += _defs_in(getattr(scope, "body", []), part)
+        if not nxt:
+            raise FingerprintError(f"{path}: no definition of {qualname!r} (missing part {part!r})")
+        scopes = nxt
+    return scopes
+
+
+def fingerprint_nodes(nodes: list[ast.AST]) -> str:
+    h = hashlib.sha256()
+    for n in nodes:
+        h.update(ast.dump(n, annotate_fields=True, include_attributes=False).encode())
+    return PREFIX + h.hexdigest()[:16]
+
+
+def fingerprint_target(target: str, root: Path | None = None) -> str:
+    """Fingerprint of "module:qualname" (the whole module's AST for a bare module name)."""
+    module, _, qualname = target.partition(":")
+    path = module_file(module, root)
+    if path is None:
+        raise FingerprintError(f"no source file for module {module!r}" + (f" under {root}" if root else ""))
+    if not qualname:
+        return fingerprint_nodes([_parse(str(path), path.stat().st_mtime_ns)])
+    return fingerprint_nodes(source_nodes(path, qualname))

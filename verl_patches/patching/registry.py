@@ -1,0 +1,353 @@
+"""Apply declared patches in a defined order, rebind stale references, record a manifest, revert.
+
+Order: the catalog's order. A patch whose target module is already imported applies at activation;
+one whose module is not imported yet applies the moment that module finishes executing (via the
+post-import hook), before any other module can `from target import name`. After applying, every
+module of the upstream packages that holds the replaced object under any name is rebound to the new
+one, so `from x import f` copies made earlier do not keep the stale function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_patches.patching import import_hook
+from verl_patches.patching.declaration import ABSENT, Kind, Patch, PatchDriftError, PatchError
+from verl_patches.patching.fingerprint import FingerprintError, fingerprint_target
+
+logger = logging.getLogger("verl_patches")
+
+# Packages whose modules are scanned for stale references and watched for imports.
+UPSTREAM_ROOTS = {"verl", "vllm", "vllm_ascend", "megatron", "mindspeed", "mindspeed_llm"}
+MARKER = "__verl_patch__"  # set on every object we install: makes re-application a no-op
+_MISSING = object()
+
+
+@dataclass
+class Record:
+    patch: Patch
+    status: str = "declared"  # applied | applied-with-drift | pending | skipped | not-needed | unavailable | drift | reverted
+    detail: str = ""
+    found_fingerprint: str = ""
+    original: Any = _MISSING
+    new: Any = _MISSING
+    owner: Any = None  # the module, class or mapping whose slot we set
+    slot: Any = None  # attribute name or mapping key
+    rebound: list[tuple[dict, str]] = field(default_factory=list)
+    created_modules: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        p = self.patch
+        return {"name": p.name, "target": p.target, "kind": p.kind.value, "vendor_item": p.vendor_item,
+                "reason": p.reason, "devices": list(p.devices), "condition": p.condition_text(),
+                "status": self.status, "detail": self.detail, "declared_fingerprint": p.fingerprint,
+                "found_fingerprint": self.found_fingerprint, "rebound": len(self.rebound), "pid": os.getpid()}
+
+
+def _drift_allowed(name: str) -> bool:
+    allowed = {s.strip() for s in os.environ.get("VERL_PATCHES_ALLOW_DRIFT", "").split(",") if s.strip()}
+    return "all" in allowed or name in allowed
+
+
+def lock_pin(module: str) -> str:
+    """"verl refs/tags/v0.4.0 @ 0758489422e8" for the component that owns a module, for messages."""
+    top = module.partition(".")[0]
+    try:
+        from pathlib import Path
+
+        from verl_patches.sources.lock import load_lock
+        lock = load_lock(Path(__file__).resolve().parents[2] / "sources.lock")
+        for c in lock.components.values():
+            if c.package == top:
+                return f"{c.name} {c.ref} @ {c.commit[:12]} (sources.lock)"
+    except Exception:  # the pin is only decoration for a message; never hide the real error
+        pass
+    return f"{top} (not pinned by sources.lock)"
+
+
+class Registry:
+    def __init__(self, patches: list[Patch], device: str, roots: set[str] | None = None) -> None:
+        names = [p.name for p in patches]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise PatchError(f"duplicate patch names: {sorted(dupes)}")
+        self.device = device
+        self.records = [Record(p) for p in patches]
+        self.roots = set(roots or UPSTREAM_ROOTS) | {p.module.partition(".")[0] for p in patches}
+        # Only modules with a pending patch are hooked, so other imports (and their tracebacks) never
+        # pass through our code.
+        self._hook = import_hook.PostImportHook(self._has_pending, self._on_module_loaded)
+        self._lock = threading.RLock()
+        self.active = False
+
+    # ---- activation -------------------------------------------------------------------------
+    def activate(self) -> "Registry":
+        with self._lock:
+            if self.active:
+                return self
+            self.active = True
+            import_hook.install(self._hook)
+            for rec in self.records:
+                ok, why = rec.patch.condition_holds(self.device)
+                if not ok:
+                    rec.status, rec.detail = "skipped", why
+                    continue
+                if rec.patch.kind is Kind.MODULE_ALIAS:
+                    self._apply(rec)
+                elif rec.patch.module in sys.modules:
+                    self._apply(rec)
+                else:
+                    rec.status, rec.detail = "pending", f"applies when {rec.patch.module} is imported"
+        return self
+
+    def _has_pending(self, module_name: str) -> bool:
+        return any(r.status == "pending" and r.patch.module == module_name for r in self.records)
+
+    def _on_module_loaded(self, module: types.ModuleType) -> None:
+        with self._lock:
+            for rec in self.records:
+                if rec.status == "pending" and rec.patch.module == module.__name__:
+                    self._apply(rec)
+            self._rebind_in(module)
+
+    def resolve_pending(self) -> None:
+        """Import every pending target now; a module that cannot import makes its patch 'unavailable'."""
+        for rec in self.records:
+            if rec.status != "pending":
+                continue
+            try:
+                importlib.import_module(rec.patch.module)
+            except PatchDriftError:
+                raise
+            except Exception as e:  # ImportError, or any error an upstream module raises while importing here
+                rec.status = "unavailable"
+                rec.detail = f"cannot import {rec.patch.module} on this host: {type(e).__name__}: {e}"
+                continue
+            if rec.status == "pending":  # imported before the hook was installed
+                self._apply(rec)
+
+    # ---- applying ---------------------------------------------------------------------------
+    def _check_fingerprint(self, rec: Record) -> None:
+        p = rec.patch
+        if p.fingerprint in ("", ABSENT) and not p.fingerprint_of:
+            return
+        try:
+            rec.found_fingerprint = fingerprint_target(p.fingerprint_target)
+        except FingerprintError as e:
+            rec.found_fingerprint = "missing"
+            detail = str(e)
+        else:
+            if rec.found_fingerprint == p.fingerprint:
+                return
+            detail = ""
+        err = PatchDriftError(p, rec.found_fingerprint, lock_pin(p.fingerprint_target.split(":")[0]))
+        if detail:
+            err.args = (f"{err.args[0]} ({detail})",)
+        if _drift_allowed(p.name):
+            logger.warning("DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT: %s", err)
+            rec.detail = f"applied despite drift: found {rec.found_fingerprint}"
+            return
+        rec.status, rec.detail = "drift", str(err)
+        raise err
+
+    def _resolve_slot(self, rec: Record) -> tuple[Any, Any, Any]:
+        """(owner, slot, current raw value or _MISSING) of an attribute or registry target."""
+        p = rec.patch
+        owner: Any = sys.modules[p.module]
+        parts = p.qualname.split(".")
+        for part in parts[:-1]:
+            owner = getattr(owner, part)
+        slot: Any = parts[-1]
+        if p.kind is Kind.REGISTRY:
+            owner = getattr(owner, slot)
+            for key in p.registry_key[:-1]:
+                owner = owner[key]
+            slot = p.registry_key[-1]
+            return owner, slot, owner.get(slot, _MISSING) if hasattr(owner, "get") else owner[slot]
+        if isinstance(owner, type):
+            return owner, slot, owner.__dict__.get(slot, _MISSING) if slot in owner.__dict__ else getattr(owner, slot, _MISSING)
+        return owner, slot, getattr(owner, slot, _MISSING)
+
+    def _apply(self, rec: Record) -> None:
+        p = rec.patch
+        if p.kind is Kind.MODULE_ALIAS:
+            return self._apply_alias(rec)
+        owner, slot, current = self._resolve_slot(rec)
+        if current is not _MISSING and getattr(_unwrap(current), MARKER, None) == p.name:
+            rec.status, rec.detail = "applied", "already in place (applied earlier in this process)"
+            return
+        if p.fingerprint == ABSENT and current is not _MISSING:
+            found = "present"
+            rec.found_fingerprint = found
+            err = PatchDriftError(p, found, lock_pin(p.module))
+            err.args = (f"patch {p.name!r} adds {p.target}, but upstream now defines it; review the patch",)
+            if not _drift_allowed(p.name):
+                rec.status, rec.detail = "drift", str(err)
+                raise err
+        self._check_fingerprint(rec)
+        if p.kind is Kind.WRAP:
+            if current is _MISSING:
+                raise PatchError(f"patch {p.name}: {p.target} does not exist, nothing to wrap")
+            new = _rewrap(current, p.replacement)
+        else:
+            new = p.replacement()
+        _mark(new, p.name)
+        if p.kind is Kind.REGISTRY:
+            owner[slot] = new
+        else:
+            setattr(owner, slot, new)
+        rec.original, rec.new, rec.owner, rec.slot = current, new, owner, slot
+        rec.status = "applied" if not rec.detail.startswith("applied despite drift") else "applied-with-drift"
+        # A registry entry is looked up through the mapping; the function it held stays valid elsewhere.
+        rebind = current is not _MISSING and p.kind is not Kind.REGISTRY
+        rec.rebound = self._rebind_everywhere(current, new) if rebind else []
+        logger.debug("verl_patches: applied %s to %s (%d references rebound)", p.name, p.target, len(rec.rebound))
+
+    def _apply_alias(self, rec: Record) -> None:
+        p = rec.patch
+        top = p.target.partition(".")[0]
+        real = sys.modules.get(p.target)
+        if real is not None and getattr(real, MARKER, None) == p.name:
+            rec.status, rec.detail = "applied", "already in place (applied earlier in this process)"
+            return
+        try:
+            real_spec = importlib.util.find_spec(top) if top not in sys.modules else sys.modules[top].__spec__
+        except (ImportError, ValueError):
+            real_spec = None
+        if real_spec is not None and getattr(sys.modules.get(top), MARKER, None) is None:
+            rec.status, rec.detail = "not-needed", f"the real {top} is installed"
+            return
+        module = importlib.import_module(p.provides)
+        parts = p.target.split(".")
+        for i in range(1, len(parts)):
+            name = ".".join(parts[:i])
+            if name not in sys.modules:
+                pkg = types.ModuleType(name, f"Stand-in package created by verl_patches for {p.target}")
+                pkg.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+                pkg.__path__ = []
+                setattr(pkg, MARKER, p.name)
+                sys.modules[name] = pkg
+                rec.created_modules.append(name)
+                if i > 1:
+                    setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], pkg)
+        setattr(module, MARKER, p.name)
+        sys.modules[p.target] = module
+        rec.created_modules.append(p.target)
+        setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
+        rec.status, rec.detail = "applied", f"{p.target} is {p.provides}"
+
+    # ---- rebinding --------------------------------------------------------------------------
+    def _in_scope(self, name: str) -> bool:
+        return name.partition(".")[0] in self.roots
+
+    def _rebind_everywhere(self, old: Any, new: Any) -> list[tuple[dict, str]]:
+        old_u, new_u = _unwrap(old), _unwrap(new)
+        done = []
+        for mname, mod in list(sys.modules.items()):
+            if mod is None or not self._in_scope(mname):
+                continue
+            ns = getattr(mod, "__dict__", None)
+            if not ns:
+                continue
+            for key, value in list(ns.items()):
+                if value is old_u:
+                    ns[key] = new_u
+                    done.append((ns, key))
+        return done
+
+    def _rebind_in(self, module: types.ModuleType) -> None:
+        ns = getattr(module, "__dict__", {})
+        stale = {id(_unwrap(r.original)): r for r in self.records
+                 if r.status in ("applied", "applied-with-drift") and r.original is not _MISSING
+                 and r.patch.kind is not Kind.REGISTRY}
+        if not stale:
+            return
+        for key, value in list(ns.items()):
+            rec = stale.get(id(value))
+            if rec is not None and value is _unwrap(rec.original):
+                ns[key] = _unwrap(rec.new)
+                rec.rebound.append((ns, key))
+
+    # ---- reverting and reporting ------------------------------------------------------------
+    def revert(self) -> None:
+        """Undo everything, newest first (tests only)."""
+        with self._lock:
+            for rec in reversed(self.records):
+                if rec.status not in ("applied", "applied-with-drift"):
+                    continue
+                for ns, key in reversed(rec.rebound):
+                    ns[key] = _unwrap(rec.original)
+                if rec.patch.kind is Kind.MODULE_ALIAS:
+                    for name in reversed(rec.created_modules):
+                        sys.modules.pop(name, None)
+                elif rec.patch.kind is Kind.REGISTRY:
+                    if rec.original is _MISSING:
+                        rec.owner.pop(rec.slot, None)
+                    else:
+                        rec.owner[rec.slot] = rec.original
+                elif rec.original is _MISSING:
+                    delattr(rec.owner, rec.slot)
+                else:
+                    setattr(rec.owner, rec.slot, rec.original)
+                rec.status, rec.detail, rec.rebound = "reverted", "", []
+            import_hook.uninstall(self._hook)
+            self.active = False
+
+    def manifest(self) -> list[dict]:
+        return [r.as_dict() for r in self.records]
+
+    def summary_line(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.records:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        return f"verl_patches active in pid {os.getpid()} (device={self.device}): {len(self.records)} declared: {parts}"
+
+
+def _unwrap(obj: Any) -> Any:
+    return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+
+
+def _rewrap(current: Any, factory: Any) -> Any:
+    if isinstance(current, (staticmethod, classmethod)):
+        return type(current)(factory(current.__func__))
+    return factory(current)
+
+
+def _mark(obj: Any, name: str) -> None:
+    try:
+        setattr(_unwrap(obj), MARKER, name)
+    except (AttributeError, TypeError):
+        pass  # builtins and some C objects take no attributes; idempotence then relies on the status
+
+
+_REGISTRY: Registry | None = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_registry() -> Registry | None:
+    return _REGISTRY
+
+
+def activate(device: str | None = None) -> Registry:
+    """Create (once per process) and activate the registry with every patch in the catalog."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        if _REGISTRY is None:
+            from verl_patches.device import device_kind
+            from verl_patches.patches.catalog import all_patches
+            _REGISTRY = Registry(all_patches(), device or device_kind())
+        if not _REGISTRY.active:
+            _REGISTRY.activate()
+            if os.environ.get("VERL_PATCHES_QUIET", "0") in ("", "0"):
+                print(_REGISTRY.summary_line(), file=sys.stderr, flush=True)
+    return _REGISTRY

@@ -1,0 +1,16 @@
+"""Activation point of the overlay: importing this module applies our declared runtime patches.
+
+Imported (a) by the one line setup_sources.sh inserts into verl/workers/megatron_workers.py, so every
+process that loads verl's Megatron workers (driver and Ray workers) is patched before those modules
+run; (b) by our trainer entry; (c) by the Ray worker process setup hook `activate` below, for worker
+types that never load megatron_workers. Idempotent: a second import or call changes nothing.
+"""
+
+from verl_patches.patching.registry import activate as _activate_registry
+
+_activate_registry()
+
+
+def activate() -> None:
+    """Ray `worker_process_setup_hook` entry: importing this module already did the work."""
+    _activate_registry()

@@ -1,0 +1,167 @@
+"""The lock file model: what each upstream component is, where it comes from, and what it must hash to."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ModuleNotFoundError:  # Python 3.10: setup_sources.sh bootstraps tomli into the user cache
+    import tomli as _toml  # type: ignore[no-redef]
+
+ROUTES = ("git", "pypi", "cache")
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class LockError(ValueError):
+    """The lock file is malformed; the message names the file and the key at fault."""
+
+
+@dataclass(frozen=True)
+class PypiArtifact:
+    name: str
+    version: str
+    file: str
+    sha256: str
+    subdir: str  # folder inside the archive that becomes the package folder
+    url: str = ""  # direct download address, used when the index lookup fails
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.file.endswith(".whl")
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    package: str  # folder at the repo root
+    git_urls: tuple[str, ...]
+    ref: str
+    commit: str
+    git_subdir: str
+    needed_on: tuple[str, ...]  # devices whose jobs import it: "npu", "cpu"
+    pypi: PypiArtifact | None
+    tree_sha256: dict[str, str] = field(default_factory=dict)  # route -> expected tree hash
+    notes: str = ""
+
+    def expected_hashes(self) -> dict[str, str]:
+        return {route: h for route, h in self.tree_sha256.items() if h}
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    components: dict[str, Component]
+    prelude_file: str
+    prelude_line: str
+
+    def select(self, names: list[str] | None) -> list[Component]:
+        if not names:
+            return list(self.components.values())
+        unknown = [n for n in names if n not in self.components]
+        if unknown:
+            raise LockError(f"{self.path}: unknown component(s) {', '.join(unknown)}; "
+                            f"known: {', '.join(self.components)}")
+        return [self.components[n] for n in names]
+
+
+def _req(table: dict[str, Any], key: str, where: str, typ: type) -> Any:
+    if key not in table:
+        raise LockError(f"{where}: missing key '{key}'")
+    value = table[key]
+    if not isinstance(value, typ):
+        raise LockError(f"{where}.{key}: expected {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
+    commit = _req(table, "commit", where, str)
+    if not HEX40.match(commit):
+        raise LockError(f"{where}.commit: '{commit}' is not a full 40-hex commit id")
+    urls = _req(table, "git_urls", where, list)
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise LockError(f"{where}.git_urls: needs at least one URL string")
+    pypi = None
+    if "pypi" in table:
+        p = table["pypi"]
+        pw = f"{where}.pypi"
+        sha = _req(p, "sha256", pw, str)
+        if not HEX64.match(sha):
+            raise LockError(f"{pw}.sha256: '{sha}' is not a 64-hex sha256")
+        pypi = PypiArtifact(name=_req(p, "name", pw, str), version=_req(p, "version", pw, str),
+                            file=_req(p, "file", pw, str), sha256=sha, subdir=_req(p, "subdir", pw, str),
+                            url=p.get("url", ""))
+    hashes = table.get("tree_sha256", {})
+    for route, h in hashes.items():
+        if route not in ("git", "pypi"):
+            raise LockError(f"{where}.tree_sha256.{route}: unknown route (expected git or pypi)")
+        if h and not HEX64.match(h):
+            raise LockError(f"{where}.tree_sha256.{route}: '{h}' is not a 64-hex sha256")
+    if pypi is None and hashes.get("pypi"):
+        raise LockError(f"{where}.tree_sha256.pypi: set, but the component has no [pypi] artifact")
+    needed = tuple(table.get("needed_on", ["npu", "cpu"]))
+    for d in needed:
+        if d not in ("npu", "cuda", "cpu"):
+            raise LockError(f"{where}.needed_on: unknown device '{d}'")
+    return Component(name=name, package=_req(table, "package", where, str), git_urls=tuple(urls),
+                     ref=_req(table, "ref", where, str), commit=commit,
+                     git_subdir=_req(table, "git_subdir", where, str), needed_on=needed, pypi=pypi,
+                     tree_sha256=dict(hashes), notes=table.get("notes", ""))
+
+
+def load_lock(path: Path) -> Lock:
+    path = Path(path)
+    try:
+        data = _toml.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LockError(f"{path}: lock file not found") from None
+    except _toml.TOMLDecodeError as e:
+        raise LockError(f"{path}: not valid TOML: {e}") from None
+    if data.get("schema") != 1:
+        raise LockError(f"{path}: key 'schema' must be 1 (found {data.get('schema')!r})")
+    comps = data.get("components")
+    if not isinstance(comps, dict) or not comps:
+        raise LockError(f"{path}: no [components.*] tables")
+    parsed = {n: _parse_component(n, t, f"{path.name}: components.{n}") for n, t in comps.items()}
+    packages = [c.package for c in parsed.values()]
+    if len(set(packages)) != len(packages):
+        raise LockError(f"{path}: two components share a package folder: {packages}")
+    prelude = data.get("prelude", {})
+    return Lock(path=path, components=parsed,
+                prelude_file=_req(prelude, "file", f"{path.name}: prelude", str),
+                prelude_line=_req(prelude, "line", f"{path.name}: prelude", str))
+
+
+def rewrite_tree_hash(path: Path, component: str, route: str, new_hash: str) -> bool:
+    """Set components.<component>.tree_sha256.<route> in the lock text, keeping comments and layout.
+
+    Returns True if the file changed. Written to a temp file, then renamed.
+    """
+    text = path.read_text(encoding="utf-8")
+    header = re.compile(rf"^\[components\.{re.escape(component)}\.tree_sha256\]\s*$", re.M)
+    m = header.search(text)
+    if not m:
+        raise LockError(f"{path}: no [components.{component}.tree_sha256] table to update")
+    nxt = re.compile(r"^\[", re.M).search(text, m.end())
+    end = nxt.start() if nxt else len(text)
+    body = text[m.end():end]
+    line = re.compile(rf'^{route}\s*=\s*"[0-9a-f]*".*$', re.M)
+    new_line = f'{route} = "{new_hash}"'
+    if line.search(body):
+        body2 = line.sub(new_line, body, count=1)
+    else:
+        body2 = body.rstrip("\n") + f"\n{new_line}\n" + ("\n" if nxt else "")
+    if body2 == body:
+        return False
+    _atomic_write(path, text[:m.end()] + body2 + text[end:])
+    return True
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
