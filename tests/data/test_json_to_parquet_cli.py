@@ -1,0 +1,103 @@
+"""`python verl_patches/scripts/json_to_parquet.py ...` from the repo root, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = "verl_patches/scripts/json_to_parquet.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def rows(n: int) -> list[dict]:
+    return [{"problem": f"Compute {i} * 3.", "answer": str(3 * i), "solution": "multiply"} for i in range(n)]
+
+
+def test_help():
+    result = run("--help")
+    assert result.returncode == 0
+    for flag in ("--json_path", "--output_dir", "--train_data_ratio", "--seed", "--template", "--skip-invalid"):
+        assert flag in result.stdout
+
+
+def test_converts_and_prints_the_row_accounting(tmp_path):
+    source = tmp_path / "deepscaler.json"
+    source.write_text(json.dumps(rows(30)))
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"), "--train_data_ratio", "0.8", "--seed", "5")
+    assert result.returncode == 0, result.stderr
+    assert "rows in: 30 = train 24 + test 6 + rejected 0" in result.stdout
+    assert pq.read_table(tmp_path / "out" / "train.parquet").num_rows == 24
+
+
+def test_invalid_rows_exit_1_with_named_rows_and_write_nothing(tmp_path):
+    data = rows(10)
+    data[4] = {"problem": "p", "answer": 7}
+    data[8] = {"problem": "q"}
+    source = tmp_path / "bad.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in data))
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert f"{source}:5: row 5: answer: must be a string, found int 7" in result.stderr
+    assert f"{source}:9: row 9: answer: missing" in result.stderr
+    assert "nothing written" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"), "--skip-invalid")
+    assert result.returncode == 0
+    assert "rows in: 10 = train 7 + test 1 + rejected 2" in result.stdout
+    assert "rejected:" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train_data_ratio", "1"], "must be in (0, 1)"),
+        (["--train_data_ratio", "0"], "must be in (0, 1)"),
+        (["--train_data_ratio", "abc"], "not a number"),
+        (["--template", "nonsense"], "unknown template 'nonsense'"),
+    ],
+)
+def test_bad_options_are_one_clear_line(tmp_path, args, message):
+    source = tmp_path / "in.json"
+    source.write_text(json.dumps(rows(5)))
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"), *args)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_malformed_json_names_line_and_column(tmp_path):
+    source = tmp_path / "in.json"
+    source.write_text('[\n  {"problem": "p", "answer": "1"},\n  {"problem": "q", "answer": "2",}\n]')
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert f"error: {source}:3:34: malformed JSON in row 2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unwritable_output_is_one_clear_line(tmp_path):
+    source = tmp_path / "in.json"
+    source.write_text(json.dumps(rows(5)))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run("--json_path", str(source), "--output_dir", str(blocker / "out"))
+    assert result.returncode == 1
+    assert "error: cannot write" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_progress_is_shown_for_large_inputs(tmp_path):
+    source = tmp_path / "big.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in rows(6000)))
+    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 0
+    assert "validating big.jsonl" in result.stderr and "6000/6000" in result.stderr
+    quiet = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"), "--no-progress")
+    assert "validating" not in quiet.stderr
