@@ -11,8 +11,9 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "found_tree_sha256", "differences": {"changed"|"added"|"removed": [path]}, "problems": [str],
 "prelude": {"file", "expected", "in_place"} | null, "diff": str, "diff_unavailable": [path]}],
 "patches": [{"name", "target", "kind", "vendor_item", "reason", "devices", "condition",
-"declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unreadable",
-"detail"}], "summary": {...}}
+"declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unpinned|unreadable",
+"detail"}], "summary": {"components_matching", "components_total", "diff_lines", "patches_total",
+"patches_ok", "patches_drift", "patches_unpinned"}}
 """
 
 from __future__ import annotations

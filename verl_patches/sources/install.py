@@ -161,12 +161,17 @@ def _recover_interrupted_swap(root: Path, comp: Component) -> None:
     """If a previous run died between its two renames, put the old folder back."""
     folder = root / comp.package
     build = root / BUILD_DIR_NAME
-    if folder.exists() or not build.is_dir():
+    if not build.is_dir():
         return
     olds = sorted(build.glob(f"{comp.package}.old.*"))
-    if olds:
-        olds[-1].rename(folder)
-        log(f"  {comp.name}: restored {comp.package}/ from an interrupted earlier run")
+    if not olds:
+        return
+    if folder.exists():  # the swap completed but the run died before removing the old copy
+        for old in olds:
+            shutil.rmtree(old, ignore_errors=True)
+        return
+    olds[-1].rename(folder)
+    log(f"  {comp.name}: restored {comp.package}/ from an interrupted earlier run")
 
 
 def _swap_in(root: Path, comp: Component, new_dir: Path) -> None:
@@ -212,6 +217,7 @@ def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome
 
 
 def setup(opts: SetupOptions, names: list[str] | None = None) -> list[Outcome]:
+    opts.root.mkdir(parents=True, exist_ok=True)  # a fresh --root for an empty install
     state = load_state(opts.root)
     outcomes = []
     build = opts.root / BUILD_DIR_NAME

@@ -49,8 +49,8 @@ def insert(data: bytes, line: str, filename: str = "<module>") -> bytes:
     lines = _lines(stripped)
     if at < len(lines) or not lines or lines[-1].endswith(b"\n"):
         lines.insert(at, line.encode() + b"\n")
-    else:  # file without a trailing newline
-        lines.append(b"\n" + line.encode() + b"\n")
+    else:  # file without a trailing newline: keep it that way, so strip() can restore the exact bytes
+        lines.append(b"\n" + line.encode())
     return b"".join(lines)
 
 
@@ -59,7 +59,11 @@ def strip(data: bytes, line: str) -> bytes:
     hits = set(find(data, line))
     if not hits:
         return data
-    return b"".join(ln for i, ln in enumerate(_lines(data)) if i not in hits)
+    lines = _lines(data)
+    kept = [ln for i, ln in enumerate(lines) if i not in hits]
+    if len(lines) - 1 in hits and not lines[-1].endswith(b"\n") and kept:
+        kept[-1] = kept[-1].rstrip(b"\r\n")  # the line was appended to a file without a final newline
+    return b"".join(kept)
 
 
 def is_in_place(data: bytes, line: str, filename: str = "<module>") -> bool:

@@ -7,12 +7,14 @@ whose tree hash matches the lock, from stripping our one inserted line.
 from __future__ import annotations
 
 import difflib
+import functools
 from pathlib import Path
 
-from verl_patches.sources import git_route, prelude_line
+from verl_patches.sources import git_route, prelude_line, pypi_route
 from verl_patches.sources.extract import read_member
 from verl_patches.sources.folder_check import FolderReport, check_folder, prelude_relpath
 from verl_patches.sources.lock import Component, Lock
+from verl_patches.sources.paths import user_cache_dir
 from verl_patches.sources.state import load_state
 
 AUDIT_SCHEMA = "verl-overlay-audit/1"
@@ -24,13 +26,33 @@ def _pristine_bytes(lock: Lock, comp: Component, prov: dict, rel: str, current: 
         return prelude_line.strip(current, lock.prelude_line)
     route = prov.get("route")
     try:
-        if route == "git":
+        if route == "git" and prov.get("git_dir"):
             return git_route.read_blob(Path(prov["git_dir"]), prov["commit"], f"{prov['subdir']}/{rel}")
         if route in ("pypi", "cache") and prov.get("artifact") and Path(prov["artifact"]).exists():
             return read_member(Path(prov["artifact"]), prov["subdir"], rel)
+        return _pristine_from_download_cache(comp, prov.get("origin_route") or rep.compared_route, rel)
     except Exception:  # an unreadable cache only costs the diff text, reported below
         return None
+
+
+def _pristine_from_download_cache(comp: Component, origin: str | None, rel: str) -> bytes | None:
+    """The pristine file from the user download cache, for folders whose state records no artifact
+    (set up before provenance was kept, or with the state file lost)."""
+    cache = user_cache_dir()
+    if origin == "pypi" and comp.pypi is not None:
+        artifact = pypi_route.cached_artifact(cache, comp.pypi)
+        if artifact.exists() and _sha256_cached(str(artifact), artifact.stat().st_mtime_ns) == comp.pypi.sha256:
+            return read_member(artifact, comp.pypi.subdir, rel)
+    if origin == "git":
+        git_dir = git_route.cache_git_dir(cache, comp)
+        if git_route.has_commit(git_dir, comp.commit):
+            return git_route.read_blob(git_dir, comp.commit, f"{comp.git_subdir}/{rel}")
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_cached(path: str, mtime_ns: int) -> str:
+    return pypi_route.sha256_file(Path(path))
 
 
 def _udiff(pkg: str, rel: str, old: bytes | None, new: bytes | None) -> str:

@@ -1,0 +1,188 @@
+"""requirements.txt (A3 pins) agrees with what the locked components declare; the CPU files agree with each other.
+
+The components' own requirement lists are read from the pristine artifacts in the download cache (the
+verl wheel's METADATA, the vLLM and vllm-ascend sdists, the MindSpeed git objects). A component whose
+artifact is not in this machine's cache is skipped with the reason; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import tarfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from sources_testlib import REAL_USER_CACHE, REPO_ROOT
+from verl_patches.sources.lock import load_lock
+
+LOCK = load_lock(REPO_ROOT / "sources.lock")
+
+# Where two components disagree, requirements.txt follows the stack that actually runs (verl + vLLM +
+# vllm-ascend) and says why next to the pin. Each entry must still be a real conflict: a stale entry fails.
+KNOWN_CONFLICTS = {
+    ("mindspeed", "tokenizers"): "MindSpeed <=0.20.3 vs vLLM 0.9.1 >=0.21.1",
+    ("mindspeed_llm", "transformers"): "MindSpeed-LLM ==4.43.2 is too old for vLLM 0.9.1 (>=4.51.1)",
+    ("mindspeed_llm", "tensordict"): "MindSpeed-LLM ==0.1.2 is for its own RL trainer, which we do not run",
+    ("mindspeed_llm", "ray"): "MindSpeed-LLM ==2.10.0 is for its own RL trainer; verl needs >=2.41",
+    ("mindspeed_llm", "peft"): "MindSpeed-LLM ==0.7.1 predates the transformers this stack needs",
+}
+
+
+def _lines(text: str):
+    """(line number, requirement text, comment) of each requirement line; options and blanks skipped."""
+    for n, raw in enumerate(text.splitlines(), 1):
+        body, _, comment = raw.partition("#")
+        body = body.strip()
+        if body and not body.startswith("-"):
+            yield n, body, comment.strip()
+
+
+def parse_pins(path: Path) -> dict[str, tuple[Version, str]]:
+    """name -> (pinned version, the comment on its line); every line must be an exact pin."""
+    pins = {}
+    for n, body, comment in _lines(path.read_text()):
+        req = Requirement(body)
+        exact = [s for s in req.specifier if s.operator == "=="]
+        assert len(exact) == 1 and len(req.specifier) == 1, f"{path.name}:{n}: '{body}' is not an exact pin"
+        name = canonicalize_name(req.name)
+        assert name not in pins, f"{path.name}:{n}: {req.name} pinned twice"
+        pins[name] = (Version(exact[0].version), comment)
+    return pins
+
+
+def marker_env(python: str) -> dict[str, str]:
+    env = default_environment()
+    env.update(platform_machine="aarch64", sys_platform="linux", platform_system="Linux", os_name="posix",
+               python_version=python, python_full_version=f"{python}.0", implementation_name="cpython",
+               platform_python_implementation="CPython")
+    return env
+
+
+# --------------------------------------------------------------------------- declared requirements
+
+def _cached_artifact(component: str) -> Path:
+    art = LOCK.components[component].pypi
+    path = REAL_USER_CACHE / "pypi" / art.file
+    if not path.exists():
+        pytest.skip(f"{art.file} not in the download cache {path.parent} (run setup_sources.sh --route pypi)")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != art.sha256:
+        pytest.skip(f"{path} does not match the lock's sha256; not trusted")
+    return path
+
+
+def _from_sdist(component: str, member: str) -> list[str]:
+    with tarfile.open(_cached_artifact(component)) as t:
+        return [body for _, body, _ in _lines(t.extractfile(member).read().decode())]
+
+
+def _from_wheel_metadata(component: str) -> list[str]:
+    art = LOCK.components[component].pypi
+    with zipfile.ZipFile(_cached_artifact(component)) as z:
+        meta = z.read(f"{art.name}-{art.version}.dist-info/METADATA").decode()
+    return Parser().parsestr(meta).get_all("Requires-Dist") or []
+
+
+def _from_git(component: str, path: str) -> list[str]:
+    comp = LOCK.components[component]
+    git_dir = REAL_USER_CACHE / "git" / f"{component}.git"
+    proc = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{comp.commit}:{path}"],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        pytest.skip(f"{component} @ {comp.commit[:12]} not in the git cache {git_dir}")
+    return [body for _, body, _ in _lines(proc.stdout)]
+
+
+DECLARED = {
+    "verl": lambda: _from_wheel_metadata("verl"),
+    "vllm": lambda: _from_sdist("vllm", "vllm-0.9.1/requirements/common.txt"),
+    "vllm_ascend": lambda: _from_sdist("vllm_ascend", "vllm_ascend-0.9.1/requirements.txt"),
+    "mindspeed": lambda: _from_git("mindspeed", "requirements.txt"),
+    "mindspeed_llm": lambda: _from_git("mindspeed_llm", "requirements.txt"),
+}
+
+
+def conflicts_with_pins(declared: list[str], pins: dict, env: dict) -> tuple[dict[str, str], int]:
+    """(name -> 'pin vs specifier' for each pin outside a declared specifier, number of checks made)."""
+    found, checked = {}, 0
+    for text in declared:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue  # not machine-readable (none today)
+        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name not in pins:
+            continue
+        checked += 1
+        if not req.specifier.contains(pins[name][0], prereleases=True):
+            found[name] = f"requirements.txt {name}=={pins[name][0]} vs declared '{text}'"
+    return found, checked
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.11"])
+@pytest.mark.parametrize("component", sorted(DECLARED))
+def test_a3_pins_satisfy_what_each_component_declares(component, python):
+    pins = parse_pins(REPO_ROOT / "requirements.txt")
+    declared = DECLARED[component]()
+    assert declared, f"{component}: no declared requirements read"
+    found, checked = conflicts_with_pins(declared, pins, marker_env(python))
+    assert checked >= 5, f"{component}: only {checked} declared requirements matched a pin"
+    allowed = {name for (comp, name) in KNOWN_CONFLICTS if comp == component}
+    unexpected = {n: why for n, why in found.items() if n not in allowed}
+    assert not unexpected, f"{component} (python {python}): " + "; ".join(unexpected.values())
+    stale = allowed - set(found)
+    assert not stale, f"KNOWN_CONFLICTS entries for {component} that no longer conflict: {sorted(stale)}"
+
+
+def test_every_known_conflict_is_explained_next_to_its_pin():
+    pins = parse_pins(REPO_ROOT / "requirements.txt")
+    for (component, name), _ in KNOWN_CONFLICTS.items():
+        comment = pins[name][1]
+        who = "MindSpeed-LLM" if component == "mindspeed_llm" else "MindSpeed"
+        assert who in comment, f"requirements.txt: the {name} pin does not say why it overrides {who}"
+
+
+def test_a3_pins_leave_the_locked_components_to_the_lock():
+    pins = parse_pins(REPO_ROOT / "requirements.txt")
+    locked = {canonicalize_name(c.pypi.name) for c in LOCK.components.values() if c.pypi} | {"mindspeed",
+                                                                                              "mindspeed-llm"}
+    assert not locked & set(pins), "requirements.txt installs a package that sources.lock provides"
+    # the device stack the issue names
+    assert pins["torch"][0] == Version("2.5.1") and pins["torch-npu"][0] == Version("2.5.1.post1")
+
+
+# --------------------------------------------------------------------------- CPU requirements
+
+def _cpu_file(name: str) -> dict[str, Requirement]:
+    out = {}
+    for n, body, _ in _lines((REPO_ROOT / name).read_text()):
+        req = Requirement(body)
+        out[canonicalize_name(req.name)] = req
+    return out
+
+
+def test_cpu_requirements_and_constraints_agree():
+    reqs, constraints = _cpu_file("requirements-cpu.txt"), _cpu_file("constraints-cpu.txt")
+    assert str(reqs["torch"].specifier) == "==2.13.0"
+    for name, req in constraints.items():
+        assert re.fullmatch(r"==\S+", str(req.specifier)), f"constraints-cpu.txt: {name} is not an exact pin"
+    problems = []
+    for name, req in reqs.items():
+        pinned = constraints.get(name)
+        if pinned is None:
+            problems.append(f"{name}: in requirements-cpu.txt, absent from constraints-cpu.txt")
+            continue
+        version = next(iter(pinned.specifier)).version
+        if not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{name}: requirements-cpu.txt says '{req.specifier}', constraints-cpu.txt =={version}")
+    assert not problems, "; ".join(problems)
