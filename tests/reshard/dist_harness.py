@@ -1,0 +1,86 @@
+"""Run a function on N CPU processes joined by gloo on 127.0.0.1, with a hard time bound.
+
+The target runs named scenarios and returns ``{scenario: "ok" | traceback}``; each rank writes its dict
+to a JSON file the parent reads back, so one spawn serves many test functions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import traceback
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_scenarios(scenarios: dict[str, Callable[[int, int], None]], rank: int, world: int) -> dict[str, str]:
+    """Run every scenario in order on this rank; a failure is recorded, the rest still run.
+
+    Scenarios are collective: a rank that fails mid-scenario may leave peers waiting, which the gloo
+    timeout turns into errors on those peers rather than a hang.
+    """
+    results = {}
+    for name, fn in scenarios.items():
+        try:
+            fn(rank, world)
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    return results
+
+
+def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: float) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        result = target(rank, world)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
+              ) -> list[dict[str, str]]:
+    """Start ``world`` processes running ``target(rank, world)``; return each rank's result dict."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout_s)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r in hung:
+            procs[r].kill()
+            procs[r].join()
+        if hung:
+            raise TimeoutError(f"ranks {hung} did not finish within {timeout_s}s")
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        if bad:
+            raise RuntimeError(f"ranks exited abnormally (rank, exit code): {bad}")
+        out = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                out.append(json.load(f))
+        return out
+
+
+def assert_scenario(results: list[dict[str, str]], name: str) -> None:
+    failures = {r: res.get(name, "scenario did not run") for r, res in enumerate(results)
+                if res.get(name) != "ok"}
+    assert not failures, "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failures.items())
