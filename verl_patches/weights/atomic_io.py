@@ -1,0 +1,68 @@
+"""Write-then-rename file helpers, checksums and small-file copying.
+
+Every output file is first written under a temporary name in its target directory and then moved into
+place with ``os.replace``, so an interrupted run never leaves a half-written file under a final name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+TMP_PREFIX = ".tmp-"
+_HASH_CHUNK = 8 << 20
+
+
+def temp_path_for(target: Path) -> Path:
+    """A fresh temporary path beside ``target`` (same filesystem, so the rename is atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=TMP_PREFIX + target.name + ".", dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def write_atomically(target: Path, writer: Callable[[Path], None]) -> None:
+    """Call ``writer(tmp_path)`` and rename the result onto ``target``; the temp file goes on failure."""
+    target = Path(target)
+    tmp = temp_path_for(target)
+    try:
+        writer(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomically(target: Path, text: str) -> None:
+    write_atomically(Path(target), lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomically(target: Path, data: Any) -> None:
+    write_text_atomically(Path(target), json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def copy_file_atomically(src: Path, dst: Path) -> None:
+    write_atomically(Path(dst), lambda p: shutil.copyfile(src, p))
+
+
+def remove_stale_temps(directory: Path) -> int:
+    """Delete temp files left by an interrupted run in ``directory`` (not recursive); returns the count."""
+    n = 0
+    if Path(directory).is_dir():
+        for p in Path(directory).iterdir():
+            if p.name.startswith(TMP_PREFIX) and p.is_file():
+                p.unlink(missing_ok=True)
+                n += 1
+    return n

@@ -1,0 +1,152 @@
+"""Block-wise FP8 (e4m3fn) -> BF16 dequantisation, vectorised, plus the float32 reference.
+
+DeepSeek-V3 stores each quantised linear weight ``W`` ([M, N] float8_e4m3fn) with ``W_scale_inv``
+([ceil(M/bm), ceil(N/bn)] float32, block (bm, bn) = (128, 128)); the real weight is
+``W[i, j] * scale_inv[i // bm, j // bn]``. Edge blocks are ragged when M or N is not a multiple of the
+block size.
+
+Why not simply ``W.float() * scale``: torch's CPU float8 -> float32 cast is a scalar loop (about 0.1 G
+elements/s here) and the naive path also materialises the repeat-interleaved scale at full size. Instead:
+
+* the fp8 bits are widened as int8 -> int32 (a vectorised integer copy) and moved into float32 position
+  with one shift and one mask: ``bits = (x << 20) & 0x87F00000``. Read as float32 this is exactly
+  ``value * 2**-120`` for normal *and* subnormal fp8 numbers (float32's exponent bias is 120 above
+  e4m3's), so folding ``2**120`` into the scale gives the exact float32 product ``value * scale``:
+  the result is bit-identical to the float32 reference rounded to BF16;
+* the scale is expanded along columns only (``[ceil(M/bm), N]``, 1/bm of the weight), so ragged
+  column blocks need no special case, and broadcast over the rows of each block;
+* the work goes through row stripes of a few MB so the int32/float32 temporaries stay in cache and
+  peak extra memory is one stripe, not 4 bytes per weight element. The stripes are a cache tiling
+  (a handful per tensor), not a loop over 128x128 blocks.
+
+FP8 NaN encodings (0x7F/0xFF) have no finite meaning in a weight; they raise ``ValueError``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+DEFAULT_BLOCK = (128, 128)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+_REBIAS = 2.0 ** 120          # float32 exponent bias (127) minus e4m3 bias (7)
+_MASK_SIGN_EXP_MANT = -0x78100000  # int32 view of 0x87F00000: sign bit + 4 exponent + 3 mantissa bits
+_STRIPE_ELEMS = 1 << 22       # about 16 MB of float32 temporaries per stripe
+
+
+def scale_grid_shape(shape: tuple[int, int] | torch.Size, block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[int, int]:
+    """Shape of the scale tensor of a weight of ``shape`` (ceil-divided by the block)."""
+    m, n = shape
+    bm, bn = block
+    return (-(-m // bm), -(-n // bn))
+
+
+def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> None:
+    if weight.dtype not in FP8_DTYPES:
+        raise ValueError(f"weight dtype {weight.dtype} is not float8_e4m3fn")
+    if weight.dim() != 2:
+        raise ValueError(f"block dequantisation needs a 2-D weight, got shape {tuple(weight.shape)}")
+    want = scale_grid_shape(weight.shape, block)
+    if tuple(scale_inv.shape) != want:
+        raise ValueError(
+            f"scale shape {tuple(scale_inv.shape)} does not match weight {tuple(weight.shape)} "
+            f"with block {block}: expected {want}")
+
+
+@contextlib.contextmanager
+def _denormals_preserved() -> Iterator[None]:
+    """Subnormal fp8 values become float32 subnormals on the way; flush-to-zero would zero them."""
+    flushed = bool((torch.tensor([2.0 ** -140]) * 2.0).item() == 0.0)
+    if flushed:
+        torch.set_flush_denormal(False)
+    try:
+        yield
+    finally:
+        if flushed:
+            torch.set_flush_denormal(True)
+
+
+def dequantize_fp8_reference(weight: torch.Tensor, scale_inv: torch.Tensor,
+                             block: tuple[int, int] = DEFAULT_BLOCK) -> torch.Tensor:
+    """The naive float32 result: ``W.float() * repeat_interleave(scale)`` (used to verify and as baseline)."""
+    _check(weight, scale_inv, block)
+    m, n = weight.shape
+    bm, bn = block
+    full = scale_inv.float().repeat_interleave(bm, dim=0).repeat_interleave(bn, dim=1)[:m, :n]
+    return weight.float() * full
+
+
+class Workspace:
+    """Reusable output and scratch memory for a sequence of dequantisations (one per worker).
+
+    Fresh multi-MB allocations are returned to the OS on free and page-faulted in again on first touch,
+    which costs about a quarter of the kernel's time; a converter that writes each result out before the
+    next call can reuse one buffer instead. A result returned with a workspace is only valid until the
+    next call with the same workspace.
+    """
+
+    def __init__(self) -> None:
+        self._out = torch.empty(0, dtype=torch.uint8)
+        self._scratch = torch.empty(0, dtype=torch.int32)
+
+    def out(self, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+        n = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
+        if self._out.numel() < n:
+            self._out = torch.empty(n, dtype=torch.uint8)
+        return self._out[:n].view(dtype).view(shape)
+
+    def scratch(self, shape: tuple[int, int]) -> torch.Tensor:
+        n = shape[0] * shape[1]
+        if self._scratch.numel() < n:
+            self._scratch = torch.empty(n, dtype=torch.int32)
+        return self._scratch[:n].view(shape)
+
+
+def dequantize_fp8_blockwise(weight: torch.Tensor, scale_inv: torch.Tensor,
+                             block: tuple[int, int] = DEFAULT_BLOCK,
+                             out_dtype: torch.dtype = torch.bfloat16,
+                             workspace: Workspace | None = None) -> torch.Tensor:
+    """``round(W * scale_inv)`` over (bm, bn) blocks, equal bit for bit to the reference cast to ``out_dtype``."""
+    _check(weight, scale_inv, block)
+    m, n = weight.shape
+    bm, _ = block
+    raw = weight.contiguous().view(torch.int8)
+    # 0x7F is the largest int8 and 0xFF the largest uint8: two fast reductions find any NaN code
+    if raw.numel() and (int(raw.max()) == 0x7F or int(raw.view(torch.uint8).max()) == 0xFF):
+        raise ValueError("weight contains FP8 NaN encodings (0x7F/0xFF)")
+    scale = scale_inv.to(torch.float32)
+    if scale.numel() and float(scale.abs().max()) * _REBIAS >= torch.finfo(torch.float32).max / 2:
+        # the rebias would overflow float32; such scales never occur in real checkpoints
+        return dequantize_fp8_reference(weight, scale_inv, block).to(out_dtype)
+    col_scale = (scale * _REBIAS).repeat_interleave(block[1], dim=1)[:, :n].contiguous()  # [gm, n]
+
+    full_rows = (m // bm) * bm
+    blocks_per_stripe = max(1, _STRIPE_ELEMS // max(1, bm * n))
+    stripe_rows = blocks_per_stripe * bm
+    if workspace is None:
+        out = torch.empty((m, n), dtype=out_dtype)
+        buf = torch.empty((min(stripe_rows, m), n), dtype=torch.int32)
+    else:
+        out = workspace.out((m, n), out_dtype)
+        buf = workspace.scratch((min(stripe_rows, m), n))
+
+    def convert(r0: int, r1: int) -> None:
+        rows = r1 - r0
+        b = buf[:rows]
+        b.copy_(raw[r0:r1])                                  # sign-extending int8 -> int32
+        b.bitwise_left_shift_(20).bitwise_and_(_MASK_SIGN_EXP_MANT)
+        f = b.view(torch.float32)
+        b0 = r0 // bm
+        if rows % bm == 0:
+            f.view(rows // bm, bm, n).mul_(col_scale[b0:b0 + rows // bm, None, :])
+        else:                                                # the ragged last row block
+            f.mul_(col_scale[b0][None, :])
+        out[r0:r1].copy_(f)
+
+    with _denormals_preserved():
+        for r0 in range(0, full_rows, stripe_rows):
+            convert(r0, min(r0 + stripe_rows, full_rows))
+        if full_rows < m:
+            convert(full_rows, m)
+    return out

@@ -1,0 +1,184 @@
+"""Tensor-by-tensor verification of converted checkpoints (``--verify`` of the CLIs).
+
+* FP8 -> BF16: the output index and shards agree; no scale tensor and no ``quantization_config`` is left;
+  every dequantised tensor is within BF16 rounding of the float32 reference ``W.float() * scale``
+  (``|out - ref| <= |ref| * 2**-8``), every other tensor is bit-identical to its source.
+* HF <-> Megatron (either direction): every rank file holds exactly the planned keys, and each tensor is
+  bit-identical to the one derived from the HF checkpoint by the forward layout; then every HF tensor
+  reassembled from the ranks by the reverse layout is bit-identical to the HF tensor. Checking each
+  direction with the other direction's code means a layout bug on either side shows up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from verl_patches.weights.config import CONFIG_FILE, read_config_json
+from verl_patches.weights.dequant import dequantize_fp8_reference
+from verl_patches.weights.errors import VerifyError
+from verl_patches.weights.fp8_cast import SCALE_SUFFIX, block_size_from_config
+from verl_patches.weights.hf_schema import hf_tensor_specs
+from verl_patches.weights.hf_to_mcore import build_rank_state_dict, rank_sizes
+from verl_patches.weights.layout import ParallelLayout, all_ranks
+from verl_patches.weights.mcore_to_hf import RankStore, check_rank_files, hf_tensor_from_ranks, read_tracker
+from verl_patches.weights.parallel import progress_bar, run_tasks
+from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint, read_header
+
+BF16_REL_TOL = 2.0 ** -8
+_TINY = 2.0 ** -133  # one BF16 subnormal step: the rounding slack for results in the subnormal range
+
+
+@dataclass
+class VerifyReport:
+    tensors_checked: int = 0
+    tensors_exact: int = 0
+    tensors_dequantized: int = 0
+    max_rel_err: float = 0.0
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def check_index_consistent(root: Path) -> CheckpointIndex:
+    """Every file in the index exists and holds exactly the tensors the index assigns to it."""
+    index = CheckpointIndex.load(root)
+    if not index.has_index_file:
+        raise VerifyError(f"{root}: no model.safetensors.index.json")
+    for fname in index.files():
+        listed = set(index.tensors_in(fname))
+        present = set(read_header(root / fname))
+        if listed != present:
+            diff = sorted(listed ^ present)[0]
+            raise VerifyError(f"{root / fname}: tensor {diff!r} is {'missing from the shard' if diff in listed else 'not in the index'}")
+    total = index.metadata.get("total_size")
+    if total is not None:
+        actual = sum(tensor_bytes(root / f) for f in index.files())
+        if total != actual:
+            raise VerifyError(f"{root}/model.safetensors.index.json: metadata.total_size {total} != {actual} bytes of tensors")
+    return index
+
+
+def tensor_bytes(path: Path) -> int:
+    """Bytes of tensor data in a safetensors file, from its header."""
+    return sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+               for dtype, shape in read_header(path).values())
+
+
+def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> dict[str, Any]:
+    in_root, out_root, out_file, names, block = job
+    src = LazyCheckpoint(CheckpointIndex.load(in_root), max_open=2)
+    dst = LazyCheckpoint(CheckpointIndex.load(out_root), max_open=1)
+    exact = deq = 0
+    worst = 0.0
+    try:
+        for name in names:
+            got = dst.get(name)
+            scale_name = name + SCALE_SUFFIX
+            if scale_name in src.index:
+                ref = dequantize_fp8_reference(src.get(name), src.get(scale_name), block)
+                if got.dtype != torch.bfloat16 or tuple(got.shape) != tuple(ref.shape):
+                    raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} is {got.dtype} {tuple(got.shape)}, "
+                                      f"expected bfloat16 {tuple(ref.shape)}")
+                err = (got.float() - ref).abs()
+                bound = ref.abs() * BF16_REL_TOL + _TINY
+                if not bool((err <= bound).all()):
+                    i = int((err - bound).argmax())
+                    raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} differs from the float32 reference "
+                                      f"beyond BF16 rounding at flat index {i} ({got.reshape(-1)[i].item()} vs {ref.reshape(-1)[i].item()})")
+                rel = (err / ref.abs().clamp_min(1e-30)).max().item() if err.numel() else 0.0
+                worst = max(worst, rel)
+                deq += 1
+            else:
+                if not same_bits(got, src.get(name)):
+                    raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} differs from the source")
+                exact += 1
+    finally:
+        src.close()
+        dst.close()
+    return {"exact": exact, "dequantized": deq, "max_rel_err": worst}
+
+
+def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int = 1,
+                    progress: bool = True) -> VerifyReport:
+    inp, out = Path(input_dir), Path(output_dir)
+    src_cfg = read_config_json(inp)
+    block = block_size_from_config(src_cfg, str(inp / CONFIG_FILE))
+    out_cfg = read_config_json(out)
+    if "quantization_config" in out_cfg:
+        raise VerifyError(f"{out / CONFIG_FILE}: key 'quantization_config' is still present")
+    changed = {"quantization_config", "torch_dtype", "num_nextn_predict_layers"}
+    for key in sorted((set(src_cfg) | set(out_cfg)) - changed):
+        if src_cfg.get(key) != out_cfg.get(key):
+            raise VerifyError(f"{out / CONFIG_FILE}: key {key!r} differs from the source config")
+    index = check_index_consistent(out)
+    scales = [n for n in index.weight_map if n.endswith(SCALE_SUFFIX)]
+    if scales:
+        raise VerifyError(f"{out}/model.safetensors.index.json: scale tensor {scales[0]!r} is still listed")
+    src_index = CheckpointIndex.load(inp)
+    expected = {n for n in src_index.weight_map if not n.endswith(SCALE_SUFFIX)}
+    missing = sorted(expected - set(index.weight_map))
+    dropped_mtp = out_cfg.get("num_nextn_predict_layers") == 0 and src_cfg.get("num_nextn_predict_layers", 0) > 0
+    if dropped_mtp:
+        n = out_cfg["num_hidden_layers"]
+        missing = [m for m in missing if not (m.startswith("model.layers.") and int(m.split(".")[2]) >= n)]
+    if missing:
+        raise VerifyError(f"{out}: tensor {missing[0]!r} of the source is missing from the output")
+    extra = sorted(set(index.weight_map) - expected)
+    if extra:
+        raise VerifyError(f"{out}: tensor {extra[0]!r} is not in the source")
+    jobs = [(str(inp), str(out), f, index.tensors_in(f), block) for f in index.files()]
+    weights = [tensor_bytes(out / f) for f in index.files()]
+    report = VerifyReport()
+    for r in run_tasks(_verify_fp8_shard, jobs, weights, workers=workers, desc="verify fp8->bf16", progress=progress):
+        report.tensors_exact += r["exact"]
+        report.tensors_dequantized += r["dequantized"]
+        report.max_rel_err = max(report.max_rel_err, r["max_rel_err"])
+    report.tensors_checked = report.tensors_exact + report.tensors_dequantized
+    return report
+
+
+def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: ParallelLayout,
+                         cfg: Mapping[str, Any], *, progress: bool = True, allow_pickle: bool = False) -> VerifyReport:
+    """Rank files vs the HF checkpoint, both ways (see module docstring)."""
+    hf, mc = Path(hf_dir), Path(mcore_dir)
+    store = RankStore(mc, layout, read_tracker(mc), allow_pickle)
+    check_rank_files(store, cfg)
+    report = VerifyReport()
+    index = CheckpointIndex.load(hf)
+    specs = hf_tensor_specs(cfg)
+    total = sum(rank_sizes(cfg, layout).values()) + sum(s.nbytes for s in specs)
+    with LazyCheckpoint(index, max_open=2) as src, progress_bar(total, "verify", progress) as bar:
+        for rank in all_ranks(layout):
+            expected = build_rank_state_dict(src, cfg, layout, rank)
+            actual = store.state_dict(rank)
+            for key, want in expected.items():
+                if not same_bits(actual[key], want):
+                    raise VerifyError(f"{store.path(rank)}: tensor {key!r} differs from the one derived from the "
+                                      f"HF checkpoint {hf}")
+                report.tensors_checked += 1
+                bar.update(want.numel() * want.element_size())
+            del expected, actual
+            store.clear()
+            src.close()
+        layer = None
+        for spec in specs:
+            this_layer = spec.name.split(".")[2] if spec.name.startswith("model.layers.") else spec.name
+            if this_layer != layer:  # unmap the previous layer's rank files
+                store.clear()
+                src.close()
+                layer = this_layer
+            got = hf_tensor_from_ranks(spec.name, cfg, layout, store.fetch)
+            if not same_bits(got, src.get(spec.name)):
+                raise VerifyError(f"{hf}: tensor {spec.name!r} reassembled from the Megatron ranks in {mc} "
+                                  f"differs from the HF tensor")
+            report.tensors_checked += 1
+            bar.update(spec.nbytes)
+        store.clear()
+    report.tensors_exact = report.tensors_checked
+    return report
