@@ -9,6 +9,12 @@ from verl_patches.patching.declaration import Patch
 DECLARATION_MODULES = (
     "verl_patches.patches.flash_attn.declarations",
     "verl_patches.patches.apex.declarations",
+    "verl_patches.patches.torch.declarations",
+    "verl_patches.patches.transformers.declarations",
+    "verl_patches.patches.verl.utils.declarations",
+    "verl_patches.patches.verl.single_controller.declarations",
+    "verl_patches.patches.verl.workers.declarations",
+    "verl_patches.patches.verl.trainer.declarations",
 )
 
 

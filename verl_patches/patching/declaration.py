@@ -58,10 +58,12 @@ class Patch:
     devices: tuple[str, ...] = ALL_DEVICES
     replacement: Callable[..., Any] | None = None
     registry_key: tuple[Any, ...] = ()  # REGISTRY: key path inside the mapping
-    fingerprint_of: str = ""  # fingerprint this source instead of the target (registry values, aliases)
+    fingerprint_of: tuple[str, ...] = ()  # fingerprint these sources instead of the target (the code that
+    #   relies on the patched object, when the object itself is not upstream code, e.g. an imported name)
     provides: str = ""  # MODULE_ALIAS: our module that stands in
     env_flag: str = ""  # apply only when this environment variable is set to a true value
     env_default: bool = False  # the flag's value when it is unset
+    rebind: bool = True  # also rebind other modules' references to the replaced object
 
     def __post_init__(self) -> None:
         for d in self.devices:
@@ -87,8 +89,8 @@ class Patch:
         return self.target.split(":", 1)[1] if ":" in self.target else ""
 
     @property
-    def fingerprint_target(self) -> str:
-        return self.fingerprint_of or self.target
+    def fingerprint_targets(self) -> tuple[str, ...]:
+        return self.fingerprint_of or (self.target,)
 
     def condition_text(self) -> str:
         if not self.env_flag:

@@ -11,11 +11,18 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import os
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 PREFIX = "sha256:"
+# Parsing a large upstream file (transformers' modeling_utils is 300 kB) costs tens of ms, and far more
+# when it triggers a full garbage collection in a process that has torch loaded: fingerprints are
+# cached on disk, keyed by the sha256 of the file contents (so an edited file is always re-checked).
+CACHE_ENV = "VERL_PATCHES_FINGERPRINT_CACHE"  # cache directory, or "off"
+_CACHE_FORMAT = "1"
 
 
 class FingerprintError(LookupError):
@@ -104,12 +111,87 @@ def fingerprint_nodes(nodes: list[ast.AST]) -> str:
     return PREFIX + h.hexdigest()[:16]
 
 
-def fingerprint_target(target: str, root: Path | None = None) -> str:
-    """Fingerprint of "module:qualname" (the whole module's AST for a bare module name)."""
+def target_nodes(target: str, root: Path | None = None) -> list[ast.AST]:
     module, _, qualname = target.partition(":")
     path = module_file(module, root)
     if path is None:
         raise FingerprintError(f"no source file for module {module!r}" + (f" under {root}" if root else ""))
     if not qualname:
-        return fingerprint_nodes([_parse(str(path), path.stat().st_mtime_ns)])
-    return fingerprint_nodes(source_nodes(path, qualname))
+        return [_parse(str(path), path.stat().st_mtime_ns)]
+    return source_nodes(path, qualname)
+
+
+def _cache_dir() -> Path | None:
+    raw = os.environ.get(CACHE_ENV, "")
+    if raw.lower() == "off":
+        return None
+    if raw:
+        return Path(raw)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_patches" / "fingerprints"
+
+
+def _cache_key(targets: tuple[str, ...], root: Path | None) -> str | None:
+    # ast.dump's output depends on the Python minor version, so the version is part of the key.
+    h = hashlib.sha256(f"{_CACHE_FORMAT}|{sys.version_info[0]}.{sys.version_info[1]}".encode())
+    for t in targets:
+        module, _, qualname = t.partition(":")
+        path = module_file(module, root)
+        if path is None:
+            return None
+        h.update(f"|{qualname}|".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _store(path: Path, value: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            f.write(value)
+        os.replace(f.name, path)
+    except OSError:
+        pass  # a read-only home only costs the parse next time
+
+
+def fingerprint_target(*targets: str, root: Path | None = None) -> str:
+    """Fingerprint of one or more "module:qualname" targets (a bare module name: the whole module)."""
+    cache, key = _cache_dir(), None
+    if cache is not None:
+        try:
+            key = _cache_key(targets, root)
+            if key is not None:
+                cached = (cache / key).read_text().strip()
+                if cached.startswith(PREFIX):
+                    return cached
+        except OSError:
+            pass
+    nodes: list[ast.AST] = []
+    for t in targets:
+        nodes += target_nodes(t, root)
+    found = fingerprint_nodes(nodes)
+    if key is not None:
+        _store(cache / key, found)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m verl_patches.patching.fingerprint module:qualname ...`: print pinned fingerprints."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Fingerprint upstream definitions in the vendored trees "
+                                            "(what a Patch declaration's `fingerprint` must say).")
+    p.add_argument("targets", nargs="+", metavar="module:qualname")
+    p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
+    args = p.parse_args(argv)
+    try:
+        for t in args.targets:
+            print(f"{fingerprint_target(t, root=args.root)}  {t}")
+        if len(args.targets) > 1:
+            print(f"{fingerprint_target(*args.targets, root=args.root)}  (all together)")
+    except (FingerprintError, SyntaxError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

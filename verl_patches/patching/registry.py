@@ -75,14 +75,13 @@ def lock_pin(module: str) -> str:
 
 
 class Registry:
-    def __init__(self, patches: list[Patch], device: str, roots: set[str] | None = None) -> None:
+    def __init__(self, patches: list[Patch], device: str) -> None:
         names = [p.name for p in patches]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise PatchError(f"duplicate patch names: {sorted(dupes)}")
         self.device = device
         self.records = [Record(p) for p in patches]
-        self.roots = set(roots or UPSTREAM_ROOTS) | {p.module.partition(".")[0] for p in patches}
         # Only modules with a pending patch are hooked, so other imports (and their tracebacks) never
         # pass through our code.
         self._hook = import_hook.PostImportHook(self._has_pending, self._on_module_loaded)
@@ -96,17 +95,20 @@ class Registry:
                 return self
             self.active = True
             import_hook.install(self._hook)
-            for rec in self.records:
-                ok, why = rec.patch.condition_holds(self.device)
-                if not ok:
-                    rec.status, rec.detail = "skipped", why
-                    continue
-                if rec.patch.kind is Kind.MODULE_ALIAS:
-                    self._apply(rec)
-                elif rec.patch.module in sys.modules:
-                    self._apply(rec)
-                else:
-                    rec.status, rec.detail = "pending", f"applies when {rec.patch.module} is imported"
+            applied: list[Record] = []
+            try:
+                for rec in self.records:
+                    ok, why = rec.patch.condition_holds(self.device)
+                    if not ok:
+                        rec.status, rec.detail = "skipped", why
+                        continue
+                    if rec.patch.kind is Kind.MODULE_ALIAS or rec.patch.module in sys.modules:
+                        self._apply(rec)
+                        applied.append(rec)
+                    else:
+                        rec.status, rec.detail = "pending", f"applies when {rec.patch.module} is imported"
+            finally:  # what did apply is rebound even when a later patch raises
+                self._rebind_everywhere(applied)
         return self
 
     def _has_pending(self, module_name: str) -> bool:
@@ -114,9 +116,14 @@ class Registry:
 
     def _on_module_loaded(self, module: types.ModuleType) -> None:
         with self._lock:
-            for rec in self.records:
-                if rec.status == "pending" and rec.patch.module == module.__name__:
-                    self._apply(rec)
+            applied: list[Record] = []
+            try:
+                for rec in self.records:
+                    if rec.status == "pending" and rec.patch.module == module.__name__:
+                        self._apply(rec)
+                        applied.append(rec)
+            finally:
+                self._rebind_everywhere(applied)
             self._rebind_in(module)
 
     def resolve_pending(self) -> None:
@@ -134,6 +141,7 @@ class Registry:
                 continue
             if rec.status == "pending":  # imported before the hook was installed
                 self._apply(rec)
+                self._rebind_everywhere([rec])
 
     # ---- applying ---------------------------------------------------------------------------
     def _check_fingerprint(self, rec: Record) -> None:
@@ -141,7 +149,7 @@ class Registry:
         if p.fingerprint in ("", ABSENT) and not p.fingerprint_of:
             return
         try:
-            rec.found_fingerprint = fingerprint_target(p.fingerprint_target)
+            rec.found_fingerprint = fingerprint_target(*p.fingerprint_targets)
         except FingerprintError as e:
             rec.found_fingerprint = "missing"
             detail = str(e)
@@ -149,7 +157,7 @@ class Registry:
             if rec.found_fingerprint == p.fingerprint:
                 return
             detail = ""
-        err = PatchDriftError(p, rec.found_fingerprint, lock_pin(p.fingerprint_target.split(":")[0]))
+        err = PatchDriftError(p, rec.found_fingerprint, lock_pin(p.fingerprint_targets[0].split(":")[0]))
         if detail:
             err.args = (f"{err.args[0]} ({detail})",)
         if _drift_allowed(p.name):
@@ -179,8 +187,15 @@ class Registry:
 
     def _apply(self, rec: Record) -> None:
         p = rec.patch
+        rec.detail = ""  # drop "applies when ... is imported" left by the pending state
         if p.kind is Kind.MODULE_ALIAS:
             return self._apply_alias(rec)
+        stand_in = getattr(sys.modules.get(p.module), MARKER, None)
+        if stand_in is not None:
+            # Our own stand-in module already provides the object (lazily): replacing an attribute of it
+            # would only import the replacement's dependencies early (e.g. MindSpeed and torch_npu).
+            rec.status, rec.detail = "not-needed", f"{p.module} is our stand-in (patch {stand_in})"
+            return
         owner, slot, current = self._resolve_slot(rec)
         if current is not _MISSING and getattr(_unwrap(current), MARKER, None) == p.name:
             rec.status, rec.detail = "applied", "already in place (applied earlier in this process)"
@@ -193,13 +208,20 @@ class Registry:
             if not _drift_allowed(p.name):
                 rec.status, rec.detail = "drift", str(err)
                 raise err
+            logger.warning("DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT: %s", err)
+            rec.detail = f"applied despite drift: found {found}"
         self._check_fingerprint(rec)
-        if p.kind is Kind.WRAP:
-            if current is _MISSING:
-                raise PatchError(f"patch {p.name}: {p.target} does not exist, nothing to wrap")
-            new = _rewrap(current, p.replacement)
-        else:
-            new = p.replacement()
+        try:
+            if p.kind is Kind.WRAP:
+                if current is _MISSING:
+                    raise PatchError(f"patch {p.name}: {p.target} does not exist, nothing to wrap")
+                new = _rewrap(current, p.replacement)
+            else:
+                new = p.replacement()
+        except ImportError as e:  # the replacement's own dependency is missing on this host: record it, never crash
+            rec.status = "unavailable"
+            rec.detail = f"replacement for {p.target} cannot import on this host: {type(e).__name__}: {e}"
+            return
         _mark(new, p.name)
         if p.kind is Kind.REGISTRY:
             owner[slot] = new
@@ -207,10 +229,8 @@ class Registry:
             setattr(owner, slot, new)
         rec.original, rec.new, rec.owner, rec.slot = current, new, owner, slot
         rec.status = "applied" if not rec.detail.startswith("applied despite drift") else "applied-with-drift"
-        # A registry entry is looked up through the mapping; the function it held stays valid elsewhere.
-        rebind = current is not _MISSING and p.kind is not Kind.REGISTRY
-        rec.rebound = self._rebind_everywhere(current, new) if rebind else []
-        logger.debug("verl_patches: applied %s to %s (%d references rebound)", p.name, p.target, len(rec.rebound))
+        rec.rebound = []  # filled by _rebind_everywhere, once per batch of applied patches
+        logger.debug("verl_patches: applied %s to %s", p.name, p.target)
 
     def _apply_alias(self, rec: Record) -> None:
         p = rec.patch
@@ -218,6 +238,9 @@ class Registry:
         real = sys.modules.get(p.target)
         if real is not None and getattr(real, MARKER, None) == p.name:
             rec.status, rec.detail = "applied", "already in place (applied earlier in this process)"
+            return
+        if real is not None:
+            rec.status, rec.detail = "not-needed", f"{p.target} is already imported (not ours)"
             return
         try:
             real_spec = importlib.util.find_spec(top) if top not in sys.modules else sys.modules[top].__spec__
@@ -246,29 +269,47 @@ class Registry:
         rec.status, rec.detail = "applied", f"{p.target} is {p.provides}"
 
     # ---- rebinding --------------------------------------------------------------------------
-    def _in_scope(self, name: str) -> bool:
-        return name.partition(".")[0] in self.roots
+    @staticmethod
+    def _rebinds(rec: Record) -> bool:
+        # A registry entry is looked up through the mapping; the function it held stays valid elsewhere.
+        return (rec.status in ("applied", "applied-with-drift") and rec.original is not _MISSING
+                and rec.new is not _MISSING and rec.patch.kind not in (Kind.REGISTRY, Kind.MODULE_ALIAS)
+                and rec.patch.rebind)
 
-    def _rebind_everywhere(self, old: Any, new: Any) -> list[tuple[dict, str]]:
-        old_u, new_u = _unwrap(old), _unwrap(new)
-        done = []
+    def _rebind_everywhere(self, recs: list[Record]) -> None:
+        """Rebind stale references to the replaced objects in the upstream trees and in each target's own
+        package (not in all of site-packages). With torch and transformers loaded this is a scan of thousands
+        of module namespaces, so it is one pass for a batch of patches, allocating nothing per entry."""
+        todo = [r for r in recs if self._rebinds(r)]
+        if not todo:
+            return
+        by_old = {id(_unwrap(r.original)): r for r in todo}
+        scope = UPSTREAM_ROOTS | {r.patch.module.partition(".")[0] for r in todo}
         for mname, mod in list(sys.modules.items()):
-            if mod is None or not self._in_scope(mname):
+            top = mname.partition(".")[0]
+            if mod is None or top not in scope:
                 continue
             ns = getattr(mod, "__dict__", None)
             if not ns:
                 continue
-            for key, value in list(ns.items()):
-                if value is old_u:
-                    ns[key] = new_u
-                    done.append((ns, key))
-        return done
+            hits = [key for key, value in ns.items() if id(value) in by_old]
+            for key in hits:
+                value = ns[key]
+                rec = by_old.get(id(value))
+                # Follow stacked patches (a later one wrapping an earlier one's result) to the newest object.
+                while rec is not None and value is _unwrap(rec.original) and (
+                        top in UPSTREAM_ROOTS or top == rec.patch.module.partition(".")[0]):
+                    value = _unwrap(rec.new)
+                    ns[key] = value
+                    rec.rebound.append((ns, key))
+                    nxt = by_old.get(id(value))
+                    rec = nxt if nxt is not rec else None
 
     def _rebind_in(self, module: types.ModuleType) -> None:
         ns = getattr(module, "__dict__", {})
         stale = {id(_unwrap(r.original)): r for r in self.records
                  if r.status in ("applied", "applied-with-drift") and r.original is not _MISSING
-                 and r.patch.kind is not Kind.REGISTRY}
+                 and r.patch.kind is not Kind.REGISTRY and r.patch.rebind}
         if not stale:
             return
         for key, value in list(ns.items()):
@@ -284,6 +325,8 @@ class Registry:
             for rec in reversed(self.records):
                 if rec.status not in ("applied", "applied-with-drift"):
                     continue
+                if rec.patch.kind is not Kind.MODULE_ALIAS and rec.new is _MISSING:
+                    continue  # found already in place: applied by an earlier registry, which owns the original
                 for ns, key in reversed(rec.rebound):
                     ns[key] = _unwrap(rec.original)
                 if rec.patch.kind is Kind.MODULE_ALIAS:

@@ -13,13 +13,42 @@ from verl_patches.patching.fingerprint import FingerprintError, fingerprint_targ
 from verl_patches.patching.registry import UPSTREAM_ROOTS, lock_pin
 
 
-def _status(patch: Patch, root: Path) -> tuple[str, str, str]:
-    """(status, pin fingerprint, detail)."""
-    target = patch.fingerprint_target
-    module = target.partition(":")[0]
-    if module.partition(".")[0] not in UPSTREAM_ROOTS:
+def _installed_version(top: str) -> str:
+    import importlib.metadata
+
+    for dist in (top, top.replace("_", "-")):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def _status_outside_lock(patch: Patch, targets: tuple[str, ...], module: str, device: str) -> tuple[str, str, str]:
+    """Targets in packages the requirements files pin (torch, transformers): checked against what is
+    installed here, and a mismatch only counts as drift where the patch would apply."""
+    top = module.partition(".")[0]
+    if not patch.fingerprint or patch.fingerprint == ABSENT:
         what = "stands in for a package" if patch.kind is Kind.MODULE_ALIAS else "targets a package"
         return "unpinned", "", f"{what} outside sources.lock ({module}); nothing pinned to fingerprint"
+    try:
+        found = fingerprint_target(*targets)
+    except FingerprintError as e:
+        return "unpinned", "", f"{top} is not installed here ({e}); checked where the patch applies"
+    installed = f"installed {top} {_installed_version(top)}"
+    if found == patch.fingerprint:
+        return "ok", found, f"matches the {installed} (pinned by the requirements files)"
+    if device in patch.devices:
+        return "drift", found, f"declared {patch.fingerprint}, the {installed} has {found}"
+    return "unpinned", found, f"differs from the {installed}, but the patch applies only on {','.join(patch.devices)}"
+
+
+def _status(patch: Patch, root: Path, device: str) -> tuple[str, str, str]:
+    """(status, pin fingerprint, detail)."""
+    targets = patch.fingerprint_targets
+    module = targets[0].partition(":")[0]
+    if module.partition(".")[0] not in UPSTREAM_ROOTS:
+        return _status_outside_lock(patch, targets, module, device)
     pin = lock_pin(module)
     if module_file(module, root) is None:
         return "target-missing", "", f"{module} not found under {root} (component not set up here?) — {pin}"
@@ -30,7 +59,7 @@ def _status(patch: Patch, root: Path) -> tuple[str, str, str]:
             return "ok", ABSENT, f"adds {patch.qualname}, absent at {pin} as expected"
         return "drift", "present", f"adds {patch.qualname}, but {pin} defines it"
     try:
-        found = fingerprint_target(target, root)
+        found = fingerprint_target(*targets, root=root)
     except FingerprintError as e:
         return "target-missing", "", f"{e} — {pin}"
     if found != patch.fingerprint:
@@ -38,12 +67,16 @@ def _status(patch: Patch, root: Path) -> tuple[str, str, str]:
     return "ok", found, f"matches {pin}"
 
 
-def static_patch_report(root: Path) -> list[dict]:
+def static_patch_report(root: Path, device: str | None = None) -> list[dict]:
     from verl_patches.patches.catalog import all_patches
 
+    if device is None:
+        from verl_patches.device import device_kind
+
+        device = device_kind()
     out = []
     for p in all_patches():
-        status, found, detail = _status(p, Path(root))
+        status, found, detail = _status(p, Path(root), device)
         out.append({"name": p.name, "target": p.target, "kind": p.kind.value, "vendor_item": p.vendor_item,
                     "reason": p.reason, "devices": list(p.devices), "condition": p.condition_text(),
                     "declared_fingerprint": p.fingerprint, "pin_fingerprint": found, "status": status,

@@ -1,0 +1,50 @@
+# Atlas A3 image for the overlay: CANN 8.2.RC1 (A3), Python 3.11, torch 2.5.1 + torch_npu 2.5.1.post1,
+# jemalloc, apex for Ascend, the upstream sources exactly as sources.lock pins them, requirements.txt.
+# UNTESTED ON HARDWARE: no NPU or docker engine was available where this was written; it is checked
+# statically (tests/launch/test_dockerfile.py). Build from the repo root:
+#   docker build -t verl-overlay-a3 .
+# Air-gapped: on a connected machine run `bash setup_sources.sh --export-cache sources-cache`, put that
+# folder next to this file and build with --build-arg SOURCES_CACHE=sources-cache.
+ARG CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-a3-openeuler22.03-py3.11
+FROM ${CANN_IMAGE}
+
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG SOURCES_CACHE=
+# apex for Ascend is built from source; its location is a build argument so a mirror can be used.
+ARG APEX_GIT_URL=https://gitcode.com/Ascend/apex.git
+ARG APEX_REF=master
+ENV PIP_INDEX_URL=${PIP_INDEX_URL} \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# The CANN image's openEuler repositories move versions under one name; pinning them would break builds.
+# hadolint ignore=DL3033
+RUN yum install -y git gcc gcc-c++ make cmake patch jemalloc jemalloc-devel iproute && yum clean all
+
+# Device stack first: everything else is resolved against these versions.
+RUN python3 -m pip install torch==2.5.1 torch-npu==2.5.1.post1 torchvision==0.20.1
+
+# apex for Ascend (Megatron's FusedAdam name; our patch points it at MindSpeed's fused AdamW).
+RUN git clone --depth 1 --branch "${APEX_REF}" "${APEX_GIT_URL}" /tmp/apex
+WORKDIR /tmp/apex
+RUN bash scripts/build.sh --python=3.11 \
+ && python3 -m pip install /tmp/apex/apex/dist/apex-*.whl \
+ && rm -rf /tmp/apex
+
+WORKDIR /workspace/verl-overlay
+COPY . /workspace/verl-overlay
+
+# Upstream package folders from the lock (git mirrors or the exported cache), checked by tree hash.
+RUN if [ -n "${SOURCES_CACHE}" ]; then \
+      bash setup_sources.sh --route cache --cache "${SOURCES_CACHE}" --offline; \
+    else \
+      bash setup_sources.sh; \
+    fi \
+ && bash setup_sources.sh --verify
+
+RUN python3 -m pip install -r requirements.txt
+
+# The job's environment variables are set by the launch script, not baked into the image.
+CMD ["bash", "verl_patches/scripts/train_deepseekv3_256die_random_init.sh", "--help"]

@@ -1,0 +1,1 @@
+"""Bringing up Ray and the job: cluster roles, runtime environment, preflight."""

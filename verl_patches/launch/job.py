@@ -1,0 +1,278 @@
+"""`python -m verl_patches.launch.job`: the one launcher behind train_deepseekv3_256die_*.sh.
+
+The same command runs on every node. The head (the node that owns MASTER_ADDR, or NODE_ROLE=head)
+runs the preflight, starts Ray bound to its SOCKET_IFNAME address with the dashboard on localhost,
+waits for every node's NPUs with a progress line and a timeout, runs the trainer, and stops the Ray
+processes it started when the trainer ends (or fails, or is interrupted). A worker joins with
+retries and exits when the head goes away. Nothing else on the node is touched: no `pkill`, no
+`ray stop`. Logs and recorded process ids go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from verl_patches.launch.settings import (SETTINGS, ClusterSettings, SettingsError, describe_settings,
+                                          load_settings, validate_for_cluster)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROFILES = {
+    "a3_256die_true_weight": ("ppo_mindspeed_trainer", True),
+    "a3_256die_random_init": ("ppo_mindspeed_trainer", False),
+}
+TINY_CONFIG = "ppo_tiny_local"
+NPU_RESOURCE = "NPU"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=os.environ.get("VERL_LAUNCH_PROG", "python -m verl_patches.launch.job"),
+        description="Launch DeepSeek-V3 GRPO on an Atlas A3 cluster (run the same command on every node), "
+                    "check it first with --dry-run, or run the tiny local profile with --tiny.",
+        epilog="settings (flag, env file or environment; flags win):\n" + describe_settings()
+               + "\n\nAnything after `--` is passed to the trainer as Hydra overrides.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=sorted(PROFILES), required=True)
+    p.add_argument("--env-file", type=Path, help="KEY=VALUE file with the settings below")
+    p.add_argument("--dry-run", action="store_true", help="run the preflight only and exit")
+    p.add_argument("--tiny", action="store_true", help="the tiny local profile on this host (no cluster)")
+    for s in SETTINGS:
+        p.add_argument(f"--{s.name.lower().replace('_', '-')}", dest=s.name, metavar=s.name)
+    args, rest = p.parse_known_args(argv)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    bad = [r for r in rest if r.startswith("-")]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = rest
+    return args
+
+
+class Launch:
+    """One launch on one node: its settings, log directory and the processes it owns."""
+
+    def __init__(self, args: argparse.Namespace, settings: ClusterSettings, role: str) -> None:
+        self.args, self.settings, self.role = args, settings, role
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = "tiny" if args.tiny else args.profile
+        log_root = Path(settings.get("LOG_DIR") or "logs")
+        if not log_root.is_absolute():
+            log_root = REPO_ROOT / log_root
+        self.log_dir = log_root / f"{name}-{stamp}-{role}-{socket.gethostname()}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.owned: dict[str, int] = {}
+        self._log = open(self.log_dir / "launcher.log", "a", encoding="utf-8")
+
+    def say(self, msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self._log.write(line + "\n")
+        self._log.flush()
+
+    def record(self, name: str, pid: int) -> None:
+        self.owned[name] = pid
+        tmp = self.log_dir / "pids.json.tmp"
+        tmp.write_text(json.dumps(self.owned, indent=2))
+        tmp.replace(self.log_dir / "pids.json")
+
+
+def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Launch, name: str) -> int:
+    """Run a child with its output both on the console and in its log; forward Ctrl-C/TERM to it."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                start_new_session=True)
+        launch.record(name, proc.pid)
+
+        def forward(signum: int, _frame: Any) -> None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signum)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            assert proc.stdout is not None
+            for chunk in iter(lambda: proc.stdout.readline(), b""):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                log.write(chunk)
+            return proc.wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def trainer_command(config_name: str, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", config_name, *overrides]
+
+
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def source_scripts(paths: list[str]) -> dict[str, str]:
+    """The environment after `source`-ing shell scripts (the CANN set_env.sh files), as a dict."""
+    script = "; ".join(f'source "{p}" >/dev/null 2>&1' for p in paths) + "; env -0"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
+
+
+def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
+    launch = Launch(args, settings, "local")
+    launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
+    env = base_env()
+    env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
+    rc = run_logged(trainer_command(TINY_CONFIG, args.overrides), launch.log_dir / "trainer.log", env,
+                    launch, "trainer")
+    launch.say(f"trainer exited with status {rc}; TensorBoard logs: {env['TENSORBOARD_DIR']}")
+    return rc
+
+
+def device() -> str:
+    from verl_patches.device import device_kind
+
+    return device_kind()
+
+
+def job_overrides(args: argparse.Namespace, settings: ClusterSettings) -> list[str]:
+    """The profile, the cluster shape from the settings, then the user's overrides (which win)."""
+    if args.tiny:
+        return list(args.overrides)
+    return [f"profile={args.profile}", f"trainer.nnodes={settings.int('NNODES')}",
+            f"trainer.n_gpus_per_node={settings.int('NPUS_PER_NODE')}", *args.overrides]
+
+
+def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
+    from verl_patches.launch import preflight
+    from verl_patches.trainer.config_compose import ConfigCompositionError
+
+    config_name = TINY_CONFIG if args.tiny else PROFILES[args.profile][0]
+    overrides = job_overrides(args, settings)
+    try:
+        cfg = preflight.compose(config_name, overrides, settings, REPO_ROOT)
+    except (SettingsError, ConfigCompositionError) as e:
+        print(f"preflight: {e}", file=sys.stderr)
+        return 2
+    return preflight.report(cfg, config_name, overrides, settings, REPO_ROOT)
+
+
+def decide_role(settings: ClusterSettings) -> str:
+    from verl_patches.launch.node_ip import is_this_node
+
+    role = settings.get("NODE_ROLE") or "auto"
+    if role != "auto":
+        return role
+    return "head" if is_this_node(settings.get("MASTER_ADDR") or "") else "worker"
+
+
+def ray_auth_env() -> dict[str, str]:
+    """Ray releases with token authentication need the mode set for every client of the cluster."""
+    try:
+        import ray._private.authentication.authentication_token_setup  # noqa: F401
+    except ImportError:
+        return {}
+    return {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+
+
+def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
+    from omegaconf import OmegaConf  # noqa: F401  (fail early if the environment is incomplete)
+
+    from verl_patches.launch import job_env, ray_cluster
+    from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    config_name, needs_ckpt = PROFILES[args.profile]
+    errors = validate_for_cluster(settings, needs_checkpoint=needs_ckpt)
+    if errors:
+        print("launch: cannot start:\n  - " + "\n  - ".join(errors), file=sys.stderr)
+        return 2
+    role = decide_role(settings)
+    launch = Launch(args, settings, role)
+    node_ip = interface_ipv4(settings.get("SOCKET_IFNAME") or "")
+    master = resolve_ipv4(settings.get("MASTER_ADDR") or "")
+    cfg = resolved(compose_config(config_name, job_overrides(args, settings)))
+    env = base_env()
+    env.update(source_scripts([p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV"))
+                               if p and Path(p).is_file()]))
+    env.update(job_env.as_dict(job_env.job_environment(settings, int(cfg.overlay.vllm_dp_size))))
+    env.update(ray_auth_env())
+    env.update({"MODEL_PATH": settings.get("MODEL_PATH") or "", "DATA_DIR": settings.get("DATA_DIR") or "",
+                "DIST_CKPT_PATH": settings.get("DIST_CKPT_PATH") or "", "TENSORBOARD_DIR": str(launch.log_dir / "tensorboard")})
+    os.environ.update(ray_auth_env())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 32768), hard), hard))
+    npus = settings.int("NPUS_PER_NODE")
+    address = f"{master}:{settings.int('MASTER_PORT')}"
+    timeout = float(settings.int("WAIT_TIMEOUT_S"))
+    launch.say(f"{role} on {socket.gethostname()} ({node_ip}); cluster {settings.get('NNODES')} x {npus} NPUs; "
+               f"head {address}; logs in {launch.log_dir}")
+    if role == "worker":
+        node = ray_cluster.join_with_retries(
+            ray_cluster.worker_command(address, node_ip, npus, NPU_RESOURCE), launch.log_dir / "ray.log",
+            timeout, env, launch.say)
+        launch.record("ray", node.pid)
+        try:
+            rc = node.process.wait()
+            launch.say(f"the head went away (ray exited with {rc}); this node is done")
+            return 0
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            node.stop()
+
+    if run_preflight(args, settings) != 0:
+        launch.say("preflight failed: nothing was started")
+        return 1
+    head = ray_cluster.start_node(
+        ray_cluster.head_command(node_ip, settings.int("MASTER_PORT"), npus, NPU_RESOURCE,
+                                 settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1", settings.int("RAY_DASHBOARD_PORT")),
+        "head", launch.log_dir / "ray.log", env, address=f"{node_ip}:{settings.int('MASTER_PORT')}")
+    launch.record("ray", head.pid)
+    try:
+        ray_cluster.wait_for_resource(address, NPU_RESOURCE, float(settings.world_size), settings.int("NNODES"),
+                                      timeout, head=head, progress=launch.say)
+        env["RAY_ADDRESS"] = address
+        rc = run_logged(trainer_command(config_name, job_overrides(args, settings)), launch.log_dir / "trainer.log",
+                        env, launch, "trainer")
+        launch.say(f"trainer exited with status {rc}")
+        return rc
+    except ray_cluster.RayClusterError as e:
+        launch.say(f"error: {e}")
+        return 1
+    finally:
+        launch.say("stopping the Ray processes this launch started")
+        head.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    flags = {s.name: getattr(args, s.name) for s in SETTINGS if getattr(args, s.name) is not None}
+    try:
+        settings = load_settings(flags, args.env_file)
+    except SettingsError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return run_preflight(args, settings)
+    if args.tiny:
+        return run_tiny(args, settings)
+    try:
+        return run_cluster(args, settings)
+    except (SettingsError, OSError) as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The environment every process of an A3 job gets (vendor reference §3), minus what nothing reads.
+
+Each variable names its consumer. Dropped from the vendor's list because nothing in our stack reads
+them at the pinned versions: VLLM_ENABLE_MC2, VLLM_ENABLE_FIX_ROUTE, VLLM_ASCEND_ACL_OP_INIT_MODE
+(not referenced by vllm-ascend), VLLM_ENABLE_GRAPH_MODE, D2D_DATA_TRANSFER, PRINT_MEMORY, PROFILE_UPDATE
+(read only by the vendor's own patches). HCCL_IF_BASE_PORT is set once (the vendor set it twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_patches.launch.settings import ClusterSettings
+
+JEMALLOC_CANDIDATES = (
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    consumer: str  # who reads it; "vendored:<pkg>" ones are checked against the vendored trees by a test
+
+
+STATIC_VARS: tuple[EnvVar, ...] = (
+    EnvVar("RAY_DEDUP_LOGS", "0", "Ray: print every worker's log lines"),
+    EnvVar("HYDRA_FULL_ERROR", "1", "Hydra: full tracebacks"),
+    EnvVar("MALLOC_MMAP_THRESHOLD_", "512768", "glibc malloc"),
+    EnvVar("LCAL_COMM_ID", "127.0.0.1:27001", "Ascend LCAL rendezvous"),
+    EnvVar("CUDA_DEVICE_MAX_CONNECTIONS", "1", "vendored:megatron (SP/overlap ordering), torch_npu"),
+    EnvVar("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True", "torch_npu allocator; enables empty_virt_addr_cache"),
+    EnvVar("ASCEND_LAUNCH_BLOCKING", "0", "CANN runtime"),
+    EnvVar("ASCEND_GLOBAL_EVENT_ENABLE", "0", "CANN logging"),
+    EnvVar("ASCEND_SLOG_PRINT_TO_STDOUT", "0", "CANN logging"),
+    EnvVar("ASCEND_GLOBAL_LOG_LEVEL", "3", "CANN logging (3 = ERROR)"),
+    EnvVar("HCCL_CONNECT_TIMEOUT", "600", "HCCL"),
+    EnvVar("HCCL_EXEC_TIMEOUT", "600", "HCCL"),
+    EnvVar("HCCL_OP_EXPANSION_MODE", "AIV", "HCCL (AIV expansion, part of the vendor's 162 -> 419 tok/s step)"),
+    EnvVar("HCCL_BUFFSIZE", "300", "HCCL buffer size in MB"),
+    EnvVar("TASK_QUEUE_ENABLE", "2", "torch_npu level-2 task queue"),
+    EnvVar("VLLM_USE_V1", "1", "vendored:vllm (V1 engine)"),
+    EnvVar("VLLM_ASCEND_MODEL_EXECUTE_TIME_OBSERVE", "0", "vendored:vllm_ascend"),
+    EnvVar("VLLM_ASCEND_ENABLE_TOPK_OPTIMIZE", "1", "vendored:vllm_ascend (top-k sampler)"),
+    EnvVar("VLLM_VERSION", "0.9.1", "vendored:vllm_ascend (version override)"),
+)
+
+
+def find_jemalloc(setting: str | None) -> str | None:
+    if setting in (None, "", "none"):
+        return None
+    if setting != "auto":
+        return setting
+    return next((p for p in JEMALLOC_CANDIDATES if Path(p).exists()), None)
+
+
+def job_environment(settings: ClusterSettings, vllm_dp_size: int) -> list[EnvVar]:
+    """Every variable the job exports, in a stable order, with its consumer."""
+    ifname = settings.get("SOCKET_IFNAME") or ""
+    out = list(STATIC_VARS) + [
+        EnvVar("HCCL_IF_BASE_PORT", settings.get("HCCL_IF_BASE_PORT") or "64247", "HCCL host NIC ports"),
+        EnvVar("WORLD_SIZE", str(settings.world_size), "vendored:verl, torch.distributed"),
+        EnvVar("MASTER_ADDR", settings.get("MASTER_ADDR") or "", "vendored:verl (Ray head), torch.distributed"),
+        EnvVar("MASTER_PORT", settings.get("MASTER_PORT") or "29444", "vendored:verl; base of vLLM DP master ports"),
+        EnvVar("HCCL_SOCKET_IFNAME", ifname, "HCCL"),
+        EnvVar("GLOO_SOCKET_IFNAME", ifname, "torch gloo"),
+        EnvVar("TP_SOCKET_IFNAME", ifname, "torch TensorPipe"),
+        EnvVar("VLLM_DP_SIZE", str(vllm_dp_size), "vendored:vllm_ascend (DP size per vLLM instance)"),
+    ]
+    jemalloc = find_jemalloc(settings.get("JEMALLOC_LIB"))
+    if jemalloc:
+        out.append(EnvVar("LD_PRELOAD", jemalloc, "dynamic loader: jemalloc for the host-side allocator"))
+    for key, value in settings.values.items():  # HCCL_*/ASCEND_*/VLLM_*/RAY_*/PYTORCH_* from the env file win
+        if key.startswith(("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")) and key not in ("RAY_DASHBOARD_HOST", "RAY_DASHBOARD_PORT"):
+            out = [v for v in out if v.name != key] + [EnvVar(key, value, f"env file ({settings.where(key)})")]
+    return out
+
+
+def as_dict(variables: list[EnvVar]) -> dict[str, str]:
+    return {v.name: v.value for v in variables}

@@ -1,0 +1,164 @@
+"""Start and stop exactly the Ray processes this launch owns.
+
+`ray start --block` runs in the foreground of a new process session that we record; Ray's daemons are
+its children and die with it. Stopping therefore signals only that session: never `ray stop` (which
+stops every Ray on the node) and never a kill by process name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+class RayClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class RayNode:
+    """A `ray start --block` process we started, with its own session (process group)."""
+
+    process: subprocess.Popen
+    role: str
+    log_path: Path
+    address: str = ""  # host:port of the GCS for a head
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.process.poll() is not None:
+            return
+        pgid = os.getpgid(self.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait(10)
+        deadline = time.time() + grace_s  # daemons of the session exit right after their parent
+        while time.time() < deadline and _group_alive(pgid):
+            time.sleep(0.2)
+        if _group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+        if self.role == "head" and self.address:
+            forget_current_cluster(self.address)
+
+
+def forget_current_cluster(address: str, marker: Path = Path("/tmp/ray/ray_current_cluster")) -> None:
+    """`ray start --head` records its address for later `ray.init()` calls to join; once our head is
+    gone that record would send the next local run to a dead cluster. Remove it only if it is ours."""
+    try:
+        if marker.read_text().strip() == address:
+            marker.unlink()
+    except OSError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def head_command(node_ip: str, port: int, npus: int, resource: str, dashboard_host: str,
+                 dashboard_port: int, num_cpus: int | None = None) -> list[str]:
+    cmd = RAY + ["start", "--head", "--block", f"--node-ip-address={node_ip}", f"--port={port}",
+                 f"--dashboard-host={dashboard_host}", f"--dashboard-port={dashboard_port}",
+                 f"--resources={json.dumps({resource: npus})}", "--num-gpus=0", "--disable-usage-stats"]
+    return cmd + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
+
+
+def worker_command(address: str, node_ip: str, npus: int, resource: str, num_cpus: int | None = None) -> list[str]:
+    cmd = RAY + ["start", "--block", f"--address={address}", f"--node-ip-address={node_ip}",
+                 f"--resources={json.dumps({resource: npus})}", "--num-gpus=0", "--disable-usage-stats"]
+    return cmd + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
+
+
+def start_node(cmd: list[str], role: str, log_path: Path, env: dict[str, str] | None = None,
+               address: str = "") -> RayNode:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    log.close()
+    return RayNode(proc, role, log_path, address)
+
+
+def cluster_resource(address: str, resource: str) -> tuple[float, int]:
+    """(total of `resource`, number of alive nodes) as the head's GCS reports them."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return sum(n.get("Resources", {}).get(resource, 0.0) for n in nodes), len(nodes)
+
+
+def wait_for_resource(address: str, resource: str, expected: float, expected_nodes: int, timeout_s: float,
+                      head: RayNode | None = None, progress: Callable[[str], None] = print,
+                      poll_s: float = 5.0) -> None:
+    """Block until the cluster offers `expected` of `resource`, printing a progress line; else raise."""
+    import ray
+
+    start = time.time()
+    last = ""
+    try:
+        while True:
+            if head is not None and not head.alive():
+                raise RayClusterError(f"the Ray head exited (see {head.log_path})")
+            try:
+                have, nodes = cluster_resource(address, resource)
+            except (ConnectionError, RuntimeError):
+                have, nodes = 0.0, 0
+            line = (f"waiting for {resource}s: {have:g}/{expected:g} on {nodes}/{expected_nodes} nodes "
+                    f"({time.time() - start:.0f} s of {timeout_s:.0f} s)")
+            if line.split(" (")[0] != last:
+                progress(line)
+                last = line.split(" (")[0]
+            if have >= expected:
+                return
+            if time.time() - start > timeout_s:
+                raise RayClusterError(f"only {have:g} of {expected:g} {resource}s joined within {timeout_s:.0f} s "
+                                      f"({nodes}/{expected_nodes} nodes): start the launch script on the missing "
+                                      f"nodes, or raise WAIT_TIMEOUT_S")
+            time.sleep(poll_s)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def join_with_retries(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
+                      progress: Callable[[str], None] = print, retry_s: float = 10.0) -> RayNode:
+    """Start a worker node; while the head is not up yet `ray start` fails fast, so retry until timeout."""
+    start = time.time()
+    attempt = 0
+    while True:
+        attempt += 1
+        node = start_node(cmd, "worker", log_path, env)
+        time.sleep(min(retry_s, 15.0))
+        if node.alive():
+            progress(f"joined the Ray cluster (attempt {attempt})")
+            return node
+        if time.time() - start > timeout_s:
+            raise RayClusterError(f"could not join the Ray head after {attempt} attempts in {timeout_s:.0f} s "
+                                  f"(see {log_path})")
+        progress(f"the Ray head is not reachable yet (attempt {attempt}); retrying")

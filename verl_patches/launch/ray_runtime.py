@@ -1,0 +1,54 @@
+"""The Ray runtime environment every job process gets, so that our patches are active in all of them.
+
+Ray workers are fresh interpreters: they import verl's worker classes by reference and would never
+see our prelude unless told to. `worker_process_setup_hook` runs the prelude in every worker before
+any task, and PYTHONPATH makes the repo root (verl_patches and the vendored trees) importable there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SETUP_HOOK = "verl_patches.prelude_patch.activate"
+
+# What verl v0.4.0's own run_ppo passes to ray.init; kept so our start of Ray changes nothing else.
+UPSTREAM_ENV_VARS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "VLLM_LOGGING_LEVEL": "WARN",
+                     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
+
+
+def worker_pythonpath() -> str:
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(REPO_ROOT)] + [p for p in current if p != str(REPO_ROOT)])
+
+
+def runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    env = dict(UPSTREAM_ENV_VARS)
+    env["PYTHONPATH"] = worker_pythonpath()
+    for key, value in os.environ.items():  # our own switches (device override, drift override, ...)
+        if key.startswith("VERL_PATCHES_"):
+            env[key] = value
+    env.update(extra_env or {})
+    return {"env_vars": env, "worker_process_setup_hook": SETUP_HOOK}
+
+
+def ray_init_kwargs(config: Any, device: str) -> dict[str, Any]:
+    """Arguments for ray.init from a verl config, on this device.
+
+    On a CPU host Ray offers one logical GPU slot per configured worker: verl's resource pools are
+    expressed in GPUs, and the slots only decide placement (no CUDA is used).
+    """
+    if os.environ.get("RAY_ADDRESS"):  # a cluster our launcher (or the user) started: join it as is
+        return {"address": os.environ["RAY_ADDRESS"], "runtime_env": runtime_env()}
+    # A fresh local Ray, never whatever cluster happens to run on this machine (address="local").
+    kwargs: dict[str, Any] = {"address": "local", "runtime_env": runtime_env(), "include_dashboard": False}
+    ray_init = config.get("ray_init", {}) if hasattr(config, "get") else {}
+    num_cpus = ray_init.get("num_cpus") if ray_init else None
+    if num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
+    if device == "cpu":
+        trainer = config.trainer
+        kwargs["num_gpus"] = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+    return kwargs

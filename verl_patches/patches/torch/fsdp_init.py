@@ -1,0 +1,32 @@
+"""FSDP's module-state sync on the CPU.
+
+FSDP1 with sync_module_states=True broadcasts rank 0's parameters to the other ranks, and first
+refuses any CPU tensor because NCCL cannot broadcast them. gloo can, and on a CPU host every tensor is
+a CPU tensor, so the refusal is the only thing in the way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def allow_cpu_module_states(module_states: list[torch.Tensor]) -> None:
+    """Replacement for _check_module_states_for_sync_module_states on CPU hosts (gloo broadcasts CPU tensors)."""
+    return None
+
+
+def cpu_host_cpu_offload() -> type:
+    """A CPUOffload whose parameter offloading is off: on a CPU host the parameters already live in
+    host memory, and FSDP's offload path pins memory, which needs an accelerator."""
+    from dataclasses import dataclass
+
+    from torch.distributed.fsdp.api import CPUOffload
+
+    @dataclass
+    class CPUOffloadOnCpuHost(CPUOffload):
+        def __post_init__(self) -> None:
+            self.offload_params = False
+
+    CPUOffloadOnCpuHost.__qualname__ = CPUOffloadOnCpuHost.__name__ = "CPUOffload"
+    CPUOffloadOnCpuHost.__module__ = __name__
+    return CPUOffloadOnCpuHost

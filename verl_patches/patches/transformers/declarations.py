@@ -1,0 +1,23 @@
+"""Patches of transformers (pinned by requirements, not by sources.lock)."""
+
+from verl_patches.patching.declaration import Kind, Patch
+
+
+def _wrap_autoset(original):
+    from verl_patches.patches.transformers.modeling_utils import eager_without_flash_attn
+
+    return eager_without_flash_attn(original)
+
+
+PATCHES = [
+    Patch(
+        name="cpu.transformers.eager_attention_without_flash_attn",
+        target="transformers.modeling_utils:PreTrainedModel._autoset_attn_implementation",
+        kind=Kind.WRAP,
+        fingerprint="sha256:e14af7e88cb6612f",
+        replacement=_wrap_autoset,
+        vendor_item="local",
+        reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',
+        devices=("cpu",),
+    ),
+]

@@ -1,0 +1,1 @@
+"""Patches for upstream `verl.single_controller`."""

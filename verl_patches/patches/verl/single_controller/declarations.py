@@ -1,0 +1,26 @@
+"""Patches of verl.single_controller.*."""
+
+from verl_patches.patching.declaration import Kind, Patch
+
+
+def _wrap_worker_group_init(original):
+    from verl_patches.patches.verl.single_controller.ray_base import ray_device_for_cpu
+
+    return ray_device_for_cpu(original)
+
+
+PATCHES = [
+    Patch(
+        name="cpu.verl.ray_worker_group.logical_gpu_slots",
+        target="verl.single_controller.ray.base:RayWorkerGroup.__init__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:ca227177194b6a34",
+        fingerprint_of=("verl.single_controller.ray.base:RayWorkerGroup.__init__",
+                        "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
+                        "verl.single_controller.ray.base:RayClassWithInitArgs.__call__"),
+        replacement=_wrap_worker_group_init,
+        vendor_item="local",
+        reason="verl asks Ray for a 'cpu' resource on CPU hosts, which no cluster offers; use the logical GPU slots",
+        devices=("cpu",),
+    ),
+]

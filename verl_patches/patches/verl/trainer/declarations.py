@@ -1,0 +1,40 @@
+"""Patches of verl.trainer.*."""
+
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch
+
+
+def _wrap_run_ppo(original):
+    from verl_patches.patches.verl.trainer.main_ppo import start_ray_with_overlay
+
+    return start_ray_with_overlay(original)
+
+
+def _wrap_metrics(original):
+    from verl_patches.patches.verl.trainer.metrics import with_reference_metrics
+
+    return with_reference_metrics(original)
+
+
+PATCHES = [
+    Patch(
+        name="metrics.reference_step_table",
+        target="verl.trainer.ppo.metric_utils:compute_throughout_metrics",
+        kind=Kind.WRAP,
+        fingerprint="sha256:1cc0459224966e1b",
+        replacement=_wrap_metrics,
+        vendor_item="local",
+        reason="per-die and per-card throughput and the weight-switch time, named like the vendor's step table",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="verl.main_ppo.ray_runtime_env",
+        target="verl.trainer.main_ppo:run_ppo",
+        kind=Kind.WRAP,
+        fingerprint="sha256:ec07e4084ce6b7fc",
+        replacement=_wrap_run_ppo,
+        vendor_item="A1",
+        reason="every Ray worker must run our prelude (worker_process_setup_hook) and see the repo root; "
+               "on CPU, Ray offers logical GPU slots for verl's resource pools",
+        devices=ALL_DEVICES,
+    ),
+]

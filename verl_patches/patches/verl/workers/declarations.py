@@ -1,0 +1,70 @@
+"""Patches of verl.workers.*."""
+
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch
+
+
+def _wrap_init(original):
+    from verl_patches.patches.verl.workers.fsdp_workers import init_process_group_first
+
+    return init_process_group_first(original)
+
+
+_FSDP_INIT_FINGERPRINTS = {
+    "ActorRolloutRefWorker": "sha256:90be3efe91583cb9",
+    "CriticWorker": "sha256:3d2c97c4b8b3a470",
+    "RewardModelWorker": "sha256:6bc94e36f331a597",
+}
+
+def _wrap_enter(original):
+    from verl_patches.patches.verl.workers.step_timing import timed_enter
+
+    return timed_enter(original)
+
+
+def _wrap_generate(original):
+    from verl_patches.patches.verl.workers.step_timing import report_switch_time
+
+    return report_switch_time(original)
+
+
+_SWITCH_TIMING = [
+    Patch(
+        name=f"timing.{cls}.enter",
+        target=f"verl.workers.sharding_manager.{mod}:{cls}.__enter__",
+        kind=Kind.WRAP,
+        fingerprint=fp,
+        replacement=_wrap_enter,
+        vendor_item="local",
+        reason="time the train->rollout weight switch for the step table (the vendor's 'train/infer switch')",
+        devices=ALL_DEVICES,
+    )
+    for mod, cls, fp in (("base", "BaseShardingManager", "sha256:164a38d8bf3bbaa3"),
+                         ("fsdp_vllm", "FSDPVLLMShardingManager", "sha256:8bde3249a4d9de41"),
+                         ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:7df0a13a4d8a50a8"))
+] + [
+    Patch(
+        name=f"timing.{mod}.generate_sequences",
+        target=f"verl.workers.{mod}:ActorRolloutRefWorker.generate_sequences",
+        kind=Kind.WRAP,
+        fingerprint=fp,
+        replacement=_wrap_generate,
+        vendor_item="local",
+        reason="hand the measured weight-switch time to the driver with the generated batch",
+        devices=ALL_DEVICES,
+    )
+    for mod, fp in (("fsdp_workers", "sha256:1b4602136e040014"), ("megatron_workers", "sha256:5d5f96e351d0c0d8"))
+]
+
+PATCHES = _SWITCH_TIMING + [
+    Patch(
+        name=f"cpu.verl.fsdp_workers.{cls}.gloo_process_group",
+        target=f"verl.workers.fsdp_workers:{cls}.__init__",
+        kind=Kind.WRAP,
+        fingerprint=fp,
+        replacement=_wrap_init,
+        vendor_item="local",
+        reason="verl's FSDP workers pick an hccl process group when CUDA is absent; the CPU needs gloo",
+        devices=("cpu",),
+    )
+    for cls, fp in _FSDP_INIT_FINGERPRINTS.items()
+]

@@ -1,0 +1,27 @@
+"""CPU port of verl.workers.fsdp_workers: start the process group on gloo before verl picks hccl.
+
+verl initialises torch.distributed with "cpu:gloo,cuda:nccl" when CUDA is present and otherwise with
+"cpu:gloo,npu:hccl" (or "hccl"), which does not exist on a CPU host. Initialising first, with the same
+rank and world size from the environment, makes verl's own `if not is_initialized()` skip its call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+
+def init_process_group_first(init: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        from verl_patches.device import dist_backend
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=dist_backend(), rank=int(os.environ.get("RANK", 0)),
+                                    world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        init(self, *args, **kwargs)
+
+    return __init__

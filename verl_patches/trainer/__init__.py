@@ -1,0 +1,1 @@
+"""Our trainer entry, its config and the tiny local profile."""

@@ -1,0 +1,67 @@
+"""Trainer entry: `python -m verl_patches.trainer.main_ppo_npu [--config-name NAME] [key=value ...]`.
+
+Imports the prelude (our patches), composes our config on top of verl's own, checks it, builds the tiny
+profile's local assets when that profile is chosen, then runs verl v0.4.0's own `run_ppo` with the
+worker classes for the configured strategy. Nothing is copied into the vendored verl tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from verl_patches.trainer.config_compose import CONFIG_NAMES
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.main_ppo_npu",
+                                description="GRPO with verl v0.4.0 plus the NPU overlay. Remaining arguments "
+                                            "are Hydra overrides (key=value, profile=NAME).")
+    p.add_argument("--config-name", default="ppo_mindspeed_trainer", choices=CONFIG_NAMES)
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    return p.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    bad = [o for o in overrides if o.startswith("-")]
+    if bad:
+        print(f"main_ppo_npu: unknown option(s) {bad}", file=sys.stderr)
+        return 2
+
+    import verl_patches.prelude_patch  # noqa: F401  (activates our patches in the driver)
+    from omegaconf import OmegaConf
+
+    from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
+    from verl_patches.trainer.config_compose import ConfigCompositionError, compose_config, resolved
+
+    try:
+        cfg = resolved(compose_config(args.config_name, overrides))
+        raise_on_problems(cfg)
+    except (ConfigCompositionError, OverlayConfigError) as e:
+        print(f"main_ppo_npu: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    import os
+
+    from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
+
+    os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
+    if cfg.get("overlay", {}).get("profile") == "tiny":
+        from pathlib import Path
+
+        from verl_patches.trainer.tiny_assets import TinySpec, prepare
+
+        o = cfg.overlay
+        prepare(Path(o.tiny_assets_dir), TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand)))
+
+    from verl.trainer.main_ppo import run_ppo  # wrapped by our patch: Ray starts with our runtime env
+
+    run_ppo(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Everything the tiny local run needs, built on this machine: data, tokenizer, model. Nothing is downloaded.
+
+The task is single-digit addition in deepscaler format, converted by our own json_to_parquet and graded
+by our own reward, so the local run exercises the same data and reward code as the cluster job. Each
+possible answer `\\boxed{N}` is one token of the tokenizer: a randomly initialised model then emits
+well-formed answers by chance often enough for GRPO to have a signal from the first step, and the
+mean reward rises as it learns the sums.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]
+THINK_TOKENS = ["<think>", "</think>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+STAMP = "tiny_assets.json"
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """What the tiny profile builds; the stamp file records it so a changed spec rebuilds."""
+
+    seed: int = 1
+    max_operand: int = 4  # a, b in [0, max_operand]: answers 0..2*max_operand
+    num_problems: int = 2000
+    train_ratio: float = 0.9
+    template: str = "r1_zero"
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["model_overrides"] = dict(self.model_overrides)
+        return d
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    root: Path
+    model_dir: Path  # HF config + safetensors + tokenizer: the actor_rollout_ref.model.path
+    train_parquet: Path
+    val_parquet: Path
+    raw_json: Path
+
+
+def answer_tokens(max_operand: int) -> list[str]:
+    return [f"\\boxed{{{n}}}" for n in range(2 * max_operand + 1)]
+
+
+def write_arithmetic_json(path: Path, spec: TinySpec) -> Path:
+    """A deepscaler-format JSON array of `a+b` problems (problem, answer, solution)."""
+    rng = random.Random(spec.seed)
+    rows = []
+    for _ in range(spec.num_problems):
+        a, b = rng.randint(0, spec.max_operand), rng.randint(0, spec.max_operand)
+        rows.append({"problem": f"What is {a} + {b} ?", "answer": str(a + b),
+                     "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}."})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def build_tokenizer(out_dir: Path, texts: list[str], max_operand: int) -> Any:
+    """A word-level tokenizer over the words of `texts`, digits one by one, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pre = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
+                                   pre_tokenizers.Digits(individual_digits=True)])
+    words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(t)} | set("0123456789"))
+    added = THINK_TOKENS + answer_tokens(max_operand)
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + added + [w for w in words if w not in added])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
+                                  bos_token="<bos>", unk_token="<unk>",
+                                  additional_special_tokens=SPECIAL_TOKENS[4:])
+    tok.add_tokens(added)  # matched before pre-tokenization, so `\boxed{7}` stays one token
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out_dir)
+    return tok
+
+
+def build_model(out_dir: Path, vocab_size: int, seed: int, tokenizer: Any,
+                overrides: dict[str, Any] | None = None) -> Path:
+    """A randomly initialised DeepSeek-V3-shaped model (MLA + MoE) from our tiny config generator."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig
+
+    from verl_patches.weights.config import make_tiny_config
+
+    cfg = make_tiny_config(vocab_size=vocab_size, **(overrides or {}))
+    cfg.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg))
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> TinyAssets:
+    """Build (or reuse, if built with the same spec) the data, tokenizer and model under `root`."""
+    import pandas as pd
+
+    from verl_patches.data.convert import convert
+
+    root = Path(root)
+    assets = TinyAssets(root=root, model_dir=root / "model", train_parquet=root / "data" / "train.parquet",
+                        val_parquet=root / "data" / "test.parquet", raw_json=root / "raw" / "arithmetic.json")
+    stamp = root / STAMP
+    if stamp.exists() and json.loads(stamp.read_text()) == spec.as_dict() and assets.train_parquet.exists() \
+            and (assets.model_dir / "config.json").exists():
+        return assets
+    write_arithmetic_json(assets.raw_json, spec)
+    convert(assets.raw_json, assets.train_parquet.parent, train_ratio=spec.train_ratio, seed=spec.seed,
+            template=spec.template, progress=progress)
+    prompts = [m["content"] for p in (assets.train_parquet, assets.val_parquet)
+               for msgs in pd.read_parquet(p)["prompt"] for m in msgs]
+    assets.model_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(assets.model_dir, prompts, spec.max_operand)
+    build_model(assets.model_dir, len(tok), spec.seed, tok, dict(spec.model_overrides))
+    stamp.write_text(json.dumps(spec.as_dict(), indent=2))
+    return assets
