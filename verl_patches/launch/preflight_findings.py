@@ -1,0 +1,78 @@
+"""The unit of a preflight report: one check's outcome and the key or setting that changes it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from verl_patches.launch.settings import ClusterSettings
+
+OK, FAIL, WARN, NOT_CHECKED = "ok", "fail", "warn", "not-checked-here"
+STATUSES = (OK, FAIL, WARN, NOT_CHECKED)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str  # stable id, e.g. "layout.world_size"
+    status: str  # one of STATUSES
+    message: str
+    key: str = ""  # config key(s) and/or setting name(s) to change; "" when nothing to change
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"finding {self.check}: unknown status {self.status!r}")
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the preflight knows about the machine it runs on (probed, or given by a test)."""
+
+    device: str  # npu | cuda | cpu
+    interfaces: tuple[str, ...] = ()
+    npu_count: int = 0
+    torch_npu_importable: bool = False
+    local_addresses: tuple[str, ...] = ()
+
+    @property
+    def is_npu(self) -> bool:
+        return self.device == "npu"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a check reads. ``cfg`` is resolved (no interpolations left)."""
+
+    cfg: DictConfig
+    settings: ClusterSettings
+    root: Path
+    host: HostFacts
+
+    @property
+    def cluster_profile(self) -> bool:
+        """The config targets an NPU cluster (an A3 profile), whatever this host is. The tiny profile
+        follows the host's device, so it is never one, even on an NPU machine."""
+        return get(self.cfg, "trainer.device") == "npu" and get(self.cfg, "overlay.profile") != "tiny"
+
+    @property
+    def authoritative(self) -> bool:
+        """This host is where the job runs, so a missing path or NIC here is a real failure."""
+        return self.host.is_npu or not self.cluster_profile
+
+    @property
+    def megatron(self) -> bool:
+        return get(self.cfg, "actor_rollout_ref.actor.strategy") == "megatron"
+
+
+def get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get") or part not in node:
+            return default
+        node = node.get(part)
+    return node

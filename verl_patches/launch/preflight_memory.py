@@ -1,0 +1,111 @@
+"""Preflight: the per-die memory estimate of a composed config, as findings (the model: memory_estimate)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from verl_patches.launch.memory_estimate import (DEFAULT_HCCL_BUFFSIZE_MB, DieSpec, ModelShape, PhaseEstimate,
+                                                 Recompute, RolloutSetup, TrainingSetup, estimate_ref,
+                                                 estimate_reshard, estimate_rollout, estimate_training, gib)
+from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight_layout import A, M, R, config_world, megatron_sizes
+
+
+def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
+    sz = megatron_sizes(cfg)
+    world = config_world(cfg)
+    dp = world // (sz["tp"] * sz["pp"] * sz["cp"])
+    n = int(get(cfg, f"{R}.n"))
+    micro = int(get(cfg, f"{A}.ppo_micro_batch_size_per_gpu") or 1)
+    lst = get(cfg, f"{M}.pipeline_parallel_num_layer_list")
+    layers = int(model["num_hidden_layers"])
+    layer_list = tuple(int(x) for x in lst) if lst else (layers // sz["pp"],) * sz["pp"]
+    rc = Recompute(None)
+    if get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"):
+        kw = get(cfg, "actor_rollout_ref.model.gradient_checkpointing_kwargs") or {}
+        rc = Recompute(kw.get("activations_checkpoint_granularity") or "full",
+                       kw.get("activations_checkpoint_method") or "block",
+                       int(kw.get("activations_checkpoint_num_layers") or 1))
+    return TrainingSetup(
+        tp=sz["tp"], pp=sz["pp"], ep=sz["ep"], cp=sz["cp"], world=world, layer_list=layer_list,
+        seq_len=int(get(cfg, "data.max_prompt_length")) + int(get(cfg, "data.max_response_length")),
+        micro_batch=micro,
+        micro_batches_per_step=max(1, int(get(cfg, f"{A}.ppo_mini_batch_size")) * n // max(dp, 1) // micro),
+        sequence_parallel=bool(get(cfg, f"{M}.sequence_parallel")) and sz["tp"] > 1,
+        tp_extend_ep=True,  # our MindSpeed argument translation always enables --moe-tp-extend-ep (D1)
+        distributed_optimizer=bool(get(cfg, f"{M}.use_distributed_optimizer", True)),
+        swap_optimizer=bool(get(cfg, f"{M}.swap_optimizer")),
+        optimizer_offload=bool(get(cfg, f"{M}.optimizer_offload")),
+        param_offload=bool(get(cfg, f"{M}.param_offload")), grad_offload=bool(get(cfg, f"{M}.grad_offload")),
+        recompute=rc, ref_param_offload=bool(get(cfg, "actor_rollout_ref.ref.megatron.param_offload")),
+        ref_micro_batch=int(get(cfg, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 1),
+        has_ref=bool(get(cfg, f"{A}.use_kl_loss") or get(cfg, "algorithm.use_kl_in_reward")))
+
+
+def rollout_setup(cfg: Any) -> RolloutSetup:
+    world = config_world(cfg)
+    tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
+    engines = world // tp
+    seqs = int(get(cfg, "data.train_batch_size")) * int(get(cfg, f"{R}.n"))
+    max_len = int(get(cfg, f"{R}.max_model_len") or 0) or \
+        int(get(cfg, "data.max_prompt_length")) + int(get(cfg, "data.max_response_length"))
+    return RolloutSetup(tp=tp, dp_per_instance=int(get(cfg, "overlay.vllm_dp_size") or engines),
+                        gpu_memory_utilization=float(get(cfg, f"{R}.gpu_memory_utilization")),
+                        max_num_seqs=max(1, seqs // engines), max_model_len=max_len,
+                        max_num_batched_tokens=int(get(cfg, f"{R}.max_num_batched_tokens") or max_len))
+
+
+def _table(est: PhaseEstimate) -> str:
+    parts = ", ".join(f"{c.name} {gib(c.nbytes):.1f}" for c in est.components if c.nbytes)
+    return f"{gib(est.total_bytes):.1f} GiB of {gib(est.budget_bytes):.1f} GiB ({est.budget_note}): {parts}"
+
+
+def _finding(check: str, est: PhaseEstimate, prefix: str = "") -> Finding:
+    verdict = est.verdict
+    msg = prefix + _table(est)
+    if verdict == WARN:
+        msg += " — within 10 % of the budget"
+    return Finding(check, verdict, msg, est.key if verdict != OK else "")
+
+
+def hccl_buffsize(ctx: Context) -> int:
+    raw = ctx.settings.get("HCCL_BUFFSIZE")
+    try:
+        return int(raw) if raw else DEFAULT_HCCL_BUFFSIZE_MB
+    except ValueError:
+        return DEFAULT_HCCL_BUFFSIZE_MB
+
+
+def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> list[Finding]:
+    cfg = ctx.cfg
+    if not ctx.megatron:
+        return [Finding("memory", OK, "n/a: the per-die model covers the Megatron/vLLM path; this profile's "
+                                      f"{get(cfg, 'actor_rollout_ref.actor.strategy')} actor runs in host memory")]
+    out = [Finding("memory.die", OK, f"{die.name}: {gib(die.hbm_bytes):.0f} GiB HBM — {die.source}")]
+    m = ModelShape.from_hf_config(model)
+    t = training_setup(cfg, model)
+    buf = hccl_buffsize(ctx)
+    vllm = get(cfg, f"{R}.name") == "vllm"
+    r = rollout_setup(cfg) if vllm else None
+    tr = estimate_training(m, t, die, buf, r)
+    out.append(_finding("memory.training", tr, f"{tr.detail}, {t.seq_len} tokens per sequence: "))
+    out.append(_finding("memory.ref_log_prob", estimate_ref(m, t, die, buf, r)))
+    if r is None:
+        return out
+    out.append(_finding("memory.reshard", estimate_reshard(m, t, r, die, buf)))
+    ro = estimate_rollout(m, t, r, die, buf)
+    kv_msg = (f"; KV cache {gib(ro.kv_cache_bytes):.1f} GiB = {ro.kv_tokens} tokens at "
+              f"{m.kv_cache_bytes_per_token} B/token (MLA latent), needed {r.max_num_seqs} seqs x "
+              f"{r.max_model_len} = {ro.kv_tokens_needed}")
+    v = ro.vllm
+    if v.verdict == FAIL:
+        out.append(Finding("memory.rollout", FAIL, _table(v) + ": no room for any KV cache", v.key))
+    elif ro.kv_tokens < r.max_model_len:
+        out.append(Finding("memory.rollout", FAIL, _table(v) + kv_msg + ": not even one sequence fits, vLLM "
+                                                                "refuses to start", v.key))
+    elif ro.kv_tokens < ro.kv_tokens_needed:
+        out.append(Finding("memory.rollout", WARN, _table(v) + kv_msg + ": vLLM will preempt and recompute", v.key))
+    else:
+        out.append(Finding("memory.rollout", OK, _table(v) + kv_msg))
+    out.append(_finding("memory.rollout_outside_vllm", ro.outside))
+    return out
