@@ -186,8 +186,6 @@ def ray_auth_env() -> dict[str, str]:
 
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
-    from omegaconf import OmegaConf  # noqa: F401  (fail early if the environment is incomplete)
-
     from verl_patches.launch import job_env, ray_cluster
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
     from verl_patches.trainer.config_compose import compose_config, resolved

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+
 
 from omegaconf import DictConfig
 
 from verl_patches.launch.settings import ClusterSettings
+from verl_patches.trainer.config_checks import get  # noqa: F401  (re-exported for the preflight modules)
 
 OK, FAIL, WARN, NOT_CHECKED = "ok", "fail", "warn", "not-checked-here"
 STATUSES = (OK, FAIL, WARN, NOT_CHECKED)
@@ -69,10 +70,3 @@ class Context:
         return get(self.cfg, "actor_rollout_ref.actor.strategy") == "megatron"
 
 
-def get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get") or part not in node:
-            return default
-        node = node.get(part)
-    return node

@@ -167,7 +167,7 @@ def megatron_batch_findings(cfg: Any, layout: MegatronLayout) -> list[Finding]:
 
 
 def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
-    cfg, s = ctx.cfg, ctx.settings
+    cfg = ctx.cfg
     world = config_world(cfg)
     tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
     tbs, n = int(get(cfg, "data.train_batch_size")), int(get(cfg, f"{R}.n"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,29 +42,59 @@ class RayNode:
         return self.process.poll() is None
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.process.poll() is not None:
-            return
-        pgid = os.getpgid(self.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+        pgid = self.pid  # start_new_session: the leader's pid is the group id, even after the leader exited
+        if self.process.poll() is None:
+            # SIGTERM to `ray start --block` alone: it drains the node and stops its own daemons in a few
+            # seconds. Signalling the whole group at once kills the GCS first, and the drain then waits
+            # for it until Ray's 30 s timeout, so every stop ended in SIGKILL after the full grace.
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if _group_alive(pgid):  # daemons that outlived their parent (or a leader that ignored SIGTERM)
+            os.killpg(pgid, signal.SIGTERM)
+            deadline = time.time() + grace_s
+            while time.time() < deadline and _group_alive(pgid):
+                time.sleep(0.2)
+            if _group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+        if self.process.poll() is None:
             self.process.wait(10)
-        deadline = time.time() + grace_s  # daemons of the session exit right after their parent
+        deadline = time.time() + 5.0  # killed processes linger until reaped; return once they are gone
         while time.time() < deadline and _group_alive(pgid):
-            time.sleep(0.2)
-        if _group_alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
+            time.sleep(0.1)
         if self.role == "head" and self.address:
             forget_current_cluster(self.address)
 
 
-def forget_current_cluster(address: str, marker: Path = Path("/tmp/ray/ray_current_cluster")) -> None:
+def _current_cluster_file() -> Path:
+    """Where `ray start --head` on this node records its address (Ray honours RAY_TMPDIR / TMPDIR)."""
+    for module in ("ray._common.utils", "ray._private.utils"):  # moved between Ray 2.46 and 2.60
+        try:
+            return Path(__import__(module, fromlist=["get_ray_address_file"]).get_ray_address_file(None))
+        except (ImportError, AttributeError):
+            continue
+    return Path("/tmp/ray/ray_current_cluster")
+
+
+def _as_recorded(address: str) -> str:
+    """The address as `ray start` records it: a loopback --node-ip-address becomes the node's routable IP."""
+    host, _, port = address.rpartition(":")
+    try:
+        from ray._private.services import resolve_ip_for_localhost
+
+        return f"{resolve_ip_for_localhost(host)}:{port}"
+    except Exception:  # noqa: BLE001  (best effort: the literal address is still compared)
+        return address
+
+
+def forget_current_cluster(address: str, marker: Path | None = None) -> None:
     """`ray start --head` records its address for later `ray.init()` calls to join; once our head is
     gone that record would send the next local run to a dead cluster. Remove it only if it is ours."""
+    marker = _current_cluster_file() if marker is None else marker
     try:
-        if marker.read_text().strip() == address:
+        if marker.read_text().strip() in {address, _as_recorded(address)}:
             marker.unlink()
     except OSError:
         pass
@@ -113,6 +144,15 @@ def cluster_resource(address: str, resource: str) -> tuple[float, int]:
     return sum(n.get("Resources", {}).get(resource, 0.0) for n in nodes), len(nodes)
 
 
+def _port_open(address: str, timeout_s: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def wait_for_resource(address: str, resource: str, expected: float, expected_nodes: int, timeout_s: float,
                       head: RayNode | None = None, progress: Callable[[str], None] = print,
                       poll_s: float = 5.0) -> None:
@@ -126,8 +166,14 @@ def wait_for_resource(address: str, resource: str, expected: float, expected_nod
             if head is not None and not head.alive():
                 raise RayClusterError(f"the Ray head exited (see {head.log_path})")
             try:
-                have, nodes = cluster_resource(address, resource)
-            except (ConnectionError, RuntimeError):
+                # ray.init blocks for minutes on a GCS that is not listening (a head still starting, or
+                # one that died): connect only once the port answers, so the loop keeps its progress
+                # line, its timeout and its check of the head.
+                if ray.is_initialized() or _port_open(address):
+                    have, nodes = cluster_resource(address, resource)
+                else:
+                    have, nodes = 0.0, 0
+            except (ConnectionError, RuntimeError, ray.exceptions.RpcError):
                 have, nodes = 0.0, 0
             line = (f"waiting for {resource}s: {have:g}/{expected:g} on {nodes}/{expected_nodes} nodes "
                     f"({time.time() - start:.0f} s of {timeout_s:.0f} s)")

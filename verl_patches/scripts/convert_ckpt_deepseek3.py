@@ -26,8 +26,9 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
+from verl_patches.weights.cli import run_cli
 from verl_patches.weights.config import load_config  # noqa: E402
-from verl_patches.weights.errors import LayoutError, WeightsError  # noqa: E402
+from verl_patches.weights.errors import LayoutError  # noqa: E402
 from verl_patches.weights.estimates import summarize_plan  # noqa: E402
 from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore  # noqa: E402
 from verl_patches.weights.layout import ParallelLayout, parse_layer_list, validate_layout  # noqa: E402
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
     progress = not args.no_progress
-    try:
+
+    def body() -> int:
         if args.reverse:
             layout = layout_from_args(args, required=False)
             config = load_config(args.config) if args.config else None
@@ -155,12 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verify: OK, {v.tensors_checked} tensor(s) bit-identical (every rank vs HF, every HF tensor "
                   f"reassembled from the ranks)")
         return 0
-    except WeightsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume", file=sys.stderr)
-        return 130
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

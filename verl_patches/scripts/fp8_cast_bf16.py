@@ -21,7 +21,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.weights.errors import WeightsError  # noqa: E402
+from verl_patches.weights.cli import run_cli
 from verl_patches.weights.fp8_cast import run_fp8_cast  # noqa: E402
 from verl_patches.weights.verify import verify_fp8_cast  # noqa: E402
 
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
     progress = not args.no_progress
-    try:
+
+    def body() -> int:
         if not args.verify_only:
             t0 = time.perf_counter()
             r = run_fp8_cast(args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers,
@@ -64,12 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verify: OK, {v.tensors_dequantized} dequantised tensor(s) within BF16 rounding "
                   f"(max rel err {v.max_rel_err:.2e}), {v.tensors_exact} bit-identical")
         return 0
-    except WeightsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume", file=sys.stderr)
-        return 130
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
+from verl_patches.weights.cli import run_cli
 from verl_patches.weights.config import make_tiny_config, make_training_config, read_config_json, resolve_config_path  # noqa: E402
-from verl_patches.weights.errors import ConfigError, WeightsError  # noqa: E402
+from verl_patches.weights.errors import ConfigError  # noqa: E402
 from verl_patches.weights.hf_dir import write_model_dir  # noqa: E402
 
 
@@ -49,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         overrides = parse_set(args.set)
         carry = None
         if args.tiny:
@@ -75,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out / 'config.json'} ({cfg['num_hidden_layers']} layers, {cfg['n_routed_experts']} experts, "
               f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']})")
         return 0
-    except WeightsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,4 @@
 # The whole pipeline on this machine:       ... --tiny
 # --help lists every setting. Nothing here kills processes it did not start.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-if [ -n "${PYTHON:-}" ]; then py="$PYTHON"
-elif [ -x "$root/.venv/bin/python" ]; then py="$root/.venv/bin/python"
-else py=python3; fi
-cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-VERL_LAUNCH_PROG="$(basename "${BASH_SOURCE[0]}")" exec "$py" -m verl_patches.launch.job --profile a3_256die_true_weight "$@"
+VERL_LAUNCH_PROG="$(basename "${BASH_SOURCE[0]}")" exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_job.sh" a3_256die_true_weight "$@"

@@ -11,7 +11,8 @@ class OverlayConfigError(ValueError):
     pass
 
 
-def _get(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
+def get(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
+    """cfg[a][b][c] for "a.b.c", or `default` where any level is missing (no interpolation errors)."""
     node: Any = cfg
     for part in dotted.split("."):
         if node is None or not hasattr(node, "get") or part not in node:
@@ -24,34 +25,34 @@ def check_config(cfg: DictConfig) -> list[str]:
     """Return the problems found (empty when the config is consistent)."""
     problems: list[str] = []
     a = "actor_rollout_ref.actor"
-    if _get(cfg, f"{a}.recompute_old_log_prob") is False:
+    if get(cfg, f"{a}.recompute_old_log_prob") is False:
         # Skipping old_log_prob uses old = current policy (detached): exact only on-policy.
-        if _get(cfg, "algorithm.adv_estimator") != "grpo":
+        if get(cfg, "algorithm.adv_estimator") != "grpo":
             problems.append(f"{a}.recompute_old_log_prob=False needs algorithm.adv_estimator=grpo "
-                            f"(found {_get(cfg, 'algorithm.adv_estimator')})")
-        if _get(cfg, f"{a}.ppo_epochs") != 1:
+                            f"(found {get(cfg, 'algorithm.adv_estimator')})")
+        if get(cfg, f"{a}.ppo_epochs") != 1:
             problems.append(f"{a}.recompute_old_log_prob=False needs {a}.ppo_epochs=1 "
-                            f"(found {_get(cfg, f'{a}.ppo_epochs')}): a second epoch is off-policy")
-        if _get(cfg, "data.train_batch_size") != _get(cfg, f"{a}.ppo_mini_batch_size"):
+                            f"(found {get(cfg, f'{a}.ppo_epochs')}): a second epoch is off-policy")
+        if get(cfg, "data.train_batch_size") != get(cfg, f"{a}.ppo_mini_batch_size"):
             problems.append(f"{a}.recompute_old_log_prob=False needs data.train_batch_size "
-                            f"({_get(cfg, 'data.train_batch_size')}) == {a}.ppo_mini_batch_size "
-                            f"({_get(cfg, f'{a}.ppo_mini_batch_size')}): one optimizer step per rollout")
+                            f"({get(cfg, 'data.train_batch_size')}) == {a}.ppo_mini_batch_size "
+                            f"({get(cfg, f'{a}.ppo_mini_batch_size')}): one optimizer step per rollout")
     m = f"{a}.megatron"
-    if _get(cfg, f"{m}.swap_optimizer") and _get(cfg, f"{m}.optimizer_offload"):
+    if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.optimizer_offload"):
         problems.append(f"{m}.swap_optimizer=True replaces optimizer offload: set {m}.optimizer_offload=False")
-    layers = _get(cfg, f"{m}.pipeline_parallel_num_layer_list")
+    layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
     if layers is not None:
-        pp = _get(cfg, f"{m}.pipeline_model_parallel_size")
+        pp = get(cfg, f"{m}.pipeline_model_parallel_size")
         if len(layers) != pp:
             problems.append(f"{m}.pipeline_parallel_num_layer_list has {len(layers)} entries but "
                             f"{m}.pipeline_model_parallel_size={pp}")
         if any((not isinstance(n, int)) or n < 1 for n in layers):
             problems.append(f"{m}.pipeline_parallel_num_layer_list entries must be positive integers: {list(layers)}")
-        vpp = _get(cfg, f"{m}.virtual_pipeline_model_parallel_size")
+        vpp = get(cfg, f"{m}.virtual_pipeline_model_parallel_size")
         if vpp not in (None, 1):
             problems.append(f"{m}.pipeline_parallel_num_layer_list cannot be combined with "
                             f"{m}.virtual_pipeline_model_parallel_size={vpp}")
-    if _get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and _get(cfg, f"{a}.strategy") == "megatron":
+    if get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and get(cfg, f"{a}.strategy") == "megatron":
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
     return problems
 

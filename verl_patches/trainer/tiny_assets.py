@@ -122,6 +122,9 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     if stamp.exists() and json.loads(stamp.read_text()) == spec.as_dict() and assets.train_parquet.exists() \
             and (assets.model_dir / "config.json").exists():
         return assets
+    # The stamp goes first: a rebuild that fails half-way must not leave the old spec's stamp beside a mix
+    # of new and old files (a later call with the old spec would take them as complete).
+    stamp.unlink(missing_ok=True)
     write_arithmetic_json(assets.raw_json, spec)
     convert(assets.raw_json, assets.train_parquet.parent, train_ratio=spec.train_ratio, seed=spec.seed,
             template=spec.template, progress=progress)
@@ -130,5 +133,7 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     assets.model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(assets.model_dir, prompts, spec.max_operand)
     build_model(assets.model_dir, len(tok), spec.seed, tok, dict(spec.model_overrides))
-    stamp.write_text(json.dumps(spec.as_dict(), indent=2))
+    tmp = stamp.with_name(STAMP + ".tmp")
+    tmp.write_text(json.dumps(spec.as_dict(), indent=2))
+    tmp.replace(stamp)
     return assets

@@ -11,7 +11,6 @@ complete checkpoint. Peak memory per worker is about one tensor (the embedding, 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,9 +29,11 @@ from verl_patches.weights.hf_dir import FP8_CAST_MANIFEST, carried_over_files
 from verl_patches.weights.parallel import run_tasks
 from verl_patches.weights.st_reader import INDEX_FILE, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
+from verl_patches.weights.resume import resume_manifest
 
 SCALE_SUFFIX = "_scale_inv"
 MANIFEST_FILE = FP8_CAST_MANIFEST
+
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -171,30 +172,6 @@ def _manifest_key(index: CheckpointIndex, block: tuple[int, int], keep_layers_be
             "block": list(block), "keep_layers_below": keep_layers_below}
 
 
-def _load_resume_state(out: Path, key: Mapping[str, Any], overwrite: bool) -> dict[str, Any]:
-    """The manifest to resume from, or a fresh one; refuses to write into a foreign directory."""
-    mpath = out / MANIFEST_FILE
-    fresh = dict(key, shards={}, complete=False)
-    if overwrite or not out.exists():
-        return fresh
-    if mpath.is_file():
-        try:
-            man = json.loads(mpath.read_text())
-        except json.JSONDecodeError as err:
-            raise ResumeError(f"{mpath}: line {err.lineno}: corrupt manifest ({err.msg}); use --overwrite") from None
-        diff = [k for k in key if man.get(k) != key[k]]
-        if diff:
-            raise ResumeError(f"{mpath}: the output directory holds a conversion with a different {diff[0]!r} "
-                              f"({man.get(diff[0])!r} != {key[diff[0]]!r}); choose another directory or pass --overwrite")
-        man.setdefault("shards", {})
-        return man
-    foreign = [p.name for p in out.iterdir() if not p.name.startswith(".")]
-    if foreign:
-        raise ResumeError(f"{out}: output directory is not empty and has no {MANIFEST_FILE} "
-                          f"(found {sorted(foreign)[0]!r}); choose another directory or pass --overwrite")
-    return fresh
-
-
 def _shard_is_done(out: Path, fname: str, entry: Mapping[str, Any] | None) -> bool:
     path = out / fname
     if not entry or not path.is_file() or path.stat().st_size != entry.get("size"):
@@ -222,7 +199,7 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
     tasks = [t for t in plan_fp8_cast(index, headers, block, keep_below) if t.items]
 
     key = _manifest_key(index, block, keep_below)
-    manifest = _load_resume_state(out, key, overwrite)
+    manifest = resume_manifest(out, key, overwrite, "shards", MANIFEST_FILE)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
     manifest["complete"] = False

@@ -13,7 +13,6 @@ loadable. The manifest also records the layout and the HF config, which the reve
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from verl_patches.weights import tensor_layout as tl
 from verl_patches.weights.atomic_io import (file_sha256, remove_stale_temps, temp_path_for, write_json_atomically,
                                             write_text_atomically)
 from verl_patches.weights.config import load_config
-from verl_patches.weights.errors import CheckpointError, MissingTensorError, ResumeError
+from verl_patches.weights.errors import CheckpointError, MissingTensorError
 from verl_patches.weights.hf_dir import HF_TO_MCORE_MANIFEST
 from verl_patches.weights.hf_schema import hf_tensor_specs, is_moe_layer
 from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, expert_slice_index, expert_tp,
@@ -35,6 +34,7 @@ from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, HF_LAYER, MCORE_
 from verl_patches.weights.parallel import run_tasks
 from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.tensor_layout import MetaSource, TensorSource
+from verl_patches.weights.resume import read_manifest, resume_manifest
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 ITERATION = 1
@@ -168,32 +168,7 @@ def _manifest_key(index: CheckpointIndex, cfg: Mapping[str, Any], layout: Parall
 
 
 def load_manifest(save_dir: Path) -> dict[str, Any] | None:
-    p = Path(save_dir) / MANIFEST_FILE
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise ResumeError(f"{p}: line {err.lineno}: corrupt manifest ({err.msg})") from None
-
-
-def _resume_state(save: Path, key: Mapping[str, Any], overwrite: bool) -> dict[str, Any]:
-    fresh = dict(key, ranks={}, complete=False)
-    if overwrite or not save.exists():
-        return fresh
-    man = load_manifest(save)
-    if man is not None:
-        for k in ("tool", "source", "layout", "iteration", "hf_config"):
-            if man.get(k) != key[k]:
-                raise ResumeError(f"{save / MANIFEST_FILE}: save-dir holds a conversion with a different {k!r}; "
-                                  f"choose another --save-dir or pass --overwrite")
-        man.setdefault("ranks", {})
-        return man
-    foreign = [p.name for p in save.iterdir() if not p.name.startswith(".")]
-    if foreign:
-        raise ResumeError(f"{save}: save-dir is not empty and has no {MANIFEST_FILE} (found {sorted(foreign)[0]!r}); "
-                          f"choose another --save-dir or pass --overwrite")
-    return fresh
+    return read_manifest(save_dir, MANIFEST_FILE)
 
 
 def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]:
@@ -228,7 +203,7 @@ def convert_hf_to_mcore(load_dir: str | Path, save_dir: str | Path, layout: Para
     check_source(index, cfg)
 
     key = _manifest_key(index, cfg, layout)
-    manifest = _resume_state(save, key, overwrite)
+    manifest = resume_manifest(save, key, overwrite, "ranks", MANIFEST_FILE)
     save.mkdir(parents=True, exist_ok=True)
     (save / TRACKER_FILE).unlink(missing_ok=True)  # not loadable until every rank is in place
     manifest["complete"] = False

@@ -10,7 +10,6 @@ resumable; index, config and tokenizer files come last.
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from argparse import Namespace
@@ -24,7 +23,7 @@ from verl_patches.weights import tensor_layout as tl
 from verl_patches.weights.atomic_io import (copy_file_atomically, file_sha256, remove_stale_temps, temp_path_for,
                                             write_json_atomically)
 from verl_patches.weights.config import CONFIG_FILE, validate_config
-from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError, ResumeError
+from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
 from verl_patches.weights.hf_to_mcore import (CKPT_FILE, MANIFEST_FILE as MCORE_MANIFEST, TRACKER_FILE,
@@ -36,6 +35,7 @@ from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_nam
 from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
+from verl_patches.weights.resume import resume_manifest
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
 DEFAULT_SHARD_BYTES = 5 * 1024 ** 3
@@ -276,7 +276,7 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
 
     key = {"tool": "verl_patches.weights.mcore_to_hf", "version": 1, "source": _source_fingerprint(store),
            "iteration": it, "layout": layout.to_json(), "hf_config": cfg, "max_shard_bytes": max_shard_bytes}
-    manifest = _resume_state(save, key, overwrite)
+    manifest = resume_manifest(save, key, overwrite, "shards", MANIFEST_FILE)
     save.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(save)
     manifest["complete"] = False
@@ -340,24 +340,3 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
     return report
 
 
-def _resume_state(save: Path, key: Mapping[str, Any], overwrite: bool) -> dict[str, Any]:
-    fresh = dict(key, shards={}, complete=False)
-    if overwrite or not save.exists():
-        return fresh
-    mpath = save / MANIFEST_FILE
-    if mpath.is_file():
-        try:
-            man = json.loads(mpath.read_text())
-        except json.JSONDecodeError as err:
-            raise ResumeError(f"{mpath}: line {err.lineno}: corrupt manifest ({err.msg}); pass --overwrite") from None
-        for k in key:
-            if man.get(k) != key[k]:
-                raise ResumeError(f"{mpath}: save-dir holds an export with a different {k!r}; "
-                                  f"choose another --save-dir or pass --overwrite")
-        man.setdefault("shards", {})
-        return man
-    foreign = [p.name for p in save.iterdir() if not p.name.startswith(".")]
-    if foreign:
-        raise ResumeError(f"{save}: save-dir is not empty and has no {MANIFEST_FILE} (found {sorted(foreign)[0]!r}); "
-                          f"choose another --save-dir or pass --overwrite")
-    return fresh
