@@ -57,9 +57,15 @@ def module_file(module: str, root: Path | None = None) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=256)
-def _parse(path: str, mtime_ns: int) -> ast.Module:
-    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+@lru_cache(maxsize=64)
+def _parse_source(source: bytes, filename: str) -> ast.Module:
+    return ast.parse(source, filename=filename)
+
+
+def _parse(path: Path) -> ast.Module:
+    # Keyed by content, not mtime: a file rewritten within one mtime tick must not reuse the old tree
+    # (its fingerprint is cached on disk under the new content's key).
+    return _parse_source(path.read_bytes(), str(path))
 
 
 def _assigned_names(node: ast.stmt) -> set[str]:
@@ -92,7 +98,7 @@ def _defs_in(body: list[ast.stmt], name: str) -> list[ast.AST]:
 
 
 def source_nodes(path: Path, qualname: str) -> list[ast.AST]:
-    tree = _parse(str(path), path.stat().st_mtime_ns)
+    tree = _parse(path)
     scopes: list[ast.AST] = [tree]
     for part in qualname.split("."):
         nxt: list[ast.AST] = []
@@ -117,7 +123,7 @@ def target_nodes(target: str, root: Path | None = None) -> list[ast.AST]:
     if path is None:
         raise FingerprintError(f"no source file for module {module!r}" + (f" under {root}" if root else ""))
     if not qualname:
-        return [_parse(str(path), path.stat().st_mtime_ns)]
+        return [_parse(path)]
     return source_nodes(path, qualname)
 
 

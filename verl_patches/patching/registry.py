@@ -85,6 +85,10 @@ class Registry:
         # Only modules with a pending patch are hooked, so other imports (and their tracebacks) never
         # pass through our code.
         self._hook = import_hook.PostImportHook(self._has_pending, self._on_module_loaded)
+        # Asked on every import of the process: a set lookup, not a scan of the records. A superset of the
+        # modules with pending patches is harmless (the callback checks each record's status).
+        self._pending_modules: set[str] = set()
+        self._watched_parents: dict[str, types.ModuleType] = {}
         self._lock = threading.RLock()
         self.active = False
 
@@ -102,17 +106,46 @@ class Registry:
                     if not ok:
                         rec.status, rec.detail = "skipped", why
                         continue
-                    if rec.patch.kind is Kind.MODULE_ALIAS or rec.patch.module in sys.modules:
+                    loaded = sys.modules.get(rec.patch.module)
+                    if rec.patch.kind is Kind.MODULE_ALIAS or (loaded is not None and not _initializing(loaded)):
                         self._apply(rec)
                         applied.append(rec)
                     else:
                         rec.status, rec.detail = "pending", f"applies when {rec.patch.module} is imported"
+                        self._pending_modules.add(rec.patch.module)
+                        if loaded is not None:  # still executing: it is the module that imported the prelude
+                            self._when_finished(loaded)
             finally:  # what did apply is rebound even when a later patch raises
                 self._rebind_everywhere(applied)
         return self
 
+    def _when_finished(self, module: types.ModuleType) -> None:
+        """Run the post-import callback for a module that is executing right now (verl's megatron_workers
+        imports the prelude from its first lines): the import system's last step for a submodule is
+        setattr(parent_package, child, module), which a ModuleType subclass on the parent can observe."""
+        parent_name, _, child = module.__name__.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        if parent is None or type(parent) is not types.ModuleType or parent_name in self._watched_parents:
+            return  # a top-level module or a custom module class: resolve_pending() applies it later
+        registry = self
+
+        class _ParentWatchingChild(types.ModuleType):
+            def __setattr__(self, name: str, value: Any) -> None:
+                types.ModuleType.__setattr__(self, name, value)
+                if name == child and value is module:
+                    registry._stop_watching(parent_name)
+                    registry._on_module_loaded(module)
+
+        parent.__class__ = _ParentWatchingChild
+        self._watched_parents[parent_name] = parent
+
+    def _stop_watching(self, parent_name: str) -> None:
+        parent = self._watched_parents.pop(parent_name, None)
+        if parent is not None and type(parent) is not types.ModuleType:
+            parent.__class__ = types.ModuleType
+
     def _has_pending(self, module_name: str) -> bool:
-        return any(r.status == "pending" and r.patch.module == module_name for r in self.records)
+        return module_name in self._pending_modules
 
     def _on_module_loaded(self, module: types.ModuleType) -> None:
         with self._lock:
@@ -124,6 +157,8 @@ class Registry:
                         applied.append(rec)
             finally:
                 self._rebind_everywhere(applied)
+                if not any(r.status == "pending" and r.patch.module == module.__name__ for r in self.records):
+                    self._pending_modules.discard(module.__name__)
             self._rebind_in(module)
 
     def resolve_pending(self) -> None:
@@ -285,8 +320,11 @@ class Registry:
             return
         by_old = {id(_unwrap(r.original)): r for r in todo}
         scope = UPSTREAM_ROOTS | {r.patch.module.partition(".")[0] for r in todo}
-        for mname, mod in list(sys.modules.items()):
+        # list(sys.modules) is one allocation; list(sys.modules.items()) would keep thousands of tuples alive
+        # at once and, right after torch/transformers load, trigger a full collection of their heap here.
+        for mname in list(sys.modules):
             top = mname.partition(".")[0]
+            mod = sys.modules.get(mname)
             if mod is None or top not in scope:
                 continue
             ns = getattr(mod, "__dict__", None)
@@ -343,6 +381,9 @@ class Registry:
                     setattr(rec.owner, rec.slot, rec.original)
                 rec.status, rec.detail, rec.rebound = "reverted", "", []
             import_hook.uninstall(self._hook)
+            for parent_name in list(self._watched_parents):
+                self._stop_watching(parent_name)
+            self._pending_modules.clear()
             self.active = False
 
     def manifest(self) -> list[dict]:
@@ -354,6 +395,11 @@ class Registry:
             counts[r.status] = counts.get(r.status, 0) + 1
         parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         return f"verl_patches active in pid {os.getpid()} (device={self.device}): {len(self.records)} declared: {parts}"
+
+
+def _initializing(module: types.ModuleType) -> bool:
+    """True while the module's own code is still executing (the import system marks its spec)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def _unwrap(obj: Any) -> Any:

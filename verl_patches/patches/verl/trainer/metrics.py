@@ -30,8 +30,9 @@ def reference_step_metrics(timing_raw: dict[str, float], total_tokens: float, re
     if step:
         out["perf/system_tokens_per_s_per_die"] = total_tokens / step / n_dies
         out["perf/system_tokens_per_s_per_card"] = total_tokens / step / cards
-    if gen:
-        out["perf/inference_tokens_per_s_per_card"] = response_tokens / gen / cards
+    rollout = out.get("timing_s/rollout", gen)  # the vendor's "rollout" excludes the weight switch
+    if rollout:
+        out["perf/inference_tokens_per_s_per_card"] = response_tokens / rollout / cards
     if update:
         out["perf/training_tokens_per_s_per_card"] = total_tokens / update / cards
     return out

@@ -1,0 +1,112 @@
+"""`python -m verl_patches.audit` reports every declared patch with its status at the locked pin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patching_testlib import PIN, REPO, run_python
+from verl_patches.patches.catalog import all_patches
+from verl_patches.patching.registry import UPSTREAM_ROOTS
+from verl_patches.sources.lock import load_lock
+
+LOCKED_PACKAGES = {c.package for c in load_lock(REPO / "sources.lock").components.values()}
+
+
+@pytest.fixture(scope="module")
+def audit():
+    r = run_python("import sys; from verl_patches.audit import main; sys.exit(main(['--json']))")
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def test_audit_lists_every_declared_patch_in_catalog_order(audit):
+    rc, report, stderr = audit
+    declared = all_patches()
+    assert [p["name"] for p in report["patches"]] == [p.name for p in declared]
+    for entry, p in zip(report["patches"], declared):
+        assert entry["target"] == p.target
+        assert entry["vendor_item"] == p.vendor_item
+        assert entry["kind"] == p.kind.value
+        assert entry["devices"] == list(p.devices)
+        assert entry["declared_fingerprint"] == p.fingerprint
+        assert entry["reason"] == p.reason
+    assert report["summary"]["patches_total"] == len(declared)
+
+
+def test_every_patch_on_a_locked_package_matches_its_pin(audit):
+    rc, report, _ = audit
+    pinned = [p for p in report["patches"] if p["target"].partition(":")[0].partition(".")[0] in LOCKED_PACKAGES]
+    assert pinned, "the catalog must hold patches on the locked upstream trees"
+    for p in pinned:
+        assert p["status"] == "ok", p
+        assert p["pin_fingerprint"] == p["declared_fingerprint"]
+        assert PIN in p["detail"] or "absent at" in p["detail"]
+    assert report["summary"]["patches_drift"] == 0
+    assert LOCKED_PACKAGES <= UPSTREAM_ROOTS
+
+
+def test_patches_outside_the_lock_are_checked_against_the_installed_package_or_unpinned(audit):
+    rc, report, _ = audit
+    others = [p for p in report["patches"] if p["target"].partition(":")[0].partition(".")[0] not in LOCKED_PACKAGES]
+    assert others
+    for p in others:
+        if p["declared_fingerprint"]:  # torch, transformers: pinned by the requirements files, installed here
+            assert p["status"] == "ok", p
+            assert p["pin_fingerprint"] == p["declared_fingerprint"] and "installed" in p["detail"]
+        else:  # stand-ins (flash_attn, apex): nothing upstream to fingerprint
+            assert p["status"] == "unpinned", p
+    assert report["summary"]["patches_unpinned"] == sum(not p["declared_fingerprint"] for p in others)
+
+
+def test_audit_exits_zero_when_everything_matches(audit):
+    rc, report, stderr = audit
+    assert all(c["status"] == "match" for c in report["components"]), "vendored trees must be set up"
+    assert rc == 0, stderr
+
+
+def test_audit_text_shows_the_patch_section():
+    r = run_python("import sys; from verl_patches.audit import main; sys.exit(main([]))")
+    assert "== At runtime (declared patches)" in r.stdout
+    for p in all_patches():
+        assert p.name in r.stdout and p.target in r.stdout
+    assert f"{len(all_patches())} patches:" in r.stdout
+
+
+DRIFTED_CATALOG = r"""
+import dataclasses, sys
+import verl_patches.patches.catalog as catalog
+from verl_patches.patching.declaration import ABSENT, Kind, Patch
+real = catalog.all_patches
+
+def drifted():
+    out = []
+    for p in real():
+        if p.name == "cpu.verl.utils.device.get_torch_device":
+            p = dataclasses.replace(p, fingerprint="sha256:00000000deadbeef")
+        out.append(p)
+    out.append(Patch(name="test.adds_existing", target="verl.utils.device:get_device_name", kind=Kind.REPLACE,
+                     fingerprint=ABSENT, vendor_item="local", reason="test", replacement=lambda: None))
+    return out
+
+catalog.all_patches = drifted
+from verl_patches.audit import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_drifted_declaration_shows_drift_and_exit_1():
+    r = run_python(DRIFTED_CATALOG.replace("sys.argv[1:]", "['--json']"))
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout)
+    by = {p["name"]: p for p in report["patches"]}
+    drift = by["cpu.verl.utils.device.get_torch_device"]
+    assert drift["status"] == "drift"
+    assert drift["pin_fingerprint"] == "sha256:4c3b3451742ac75e"
+    assert "declared sha256:00000000deadbeef" in drift["detail"] and PIN in drift["detail"]
+    added = by["test.adds_existing"]
+    assert added["status"] == "drift" and "defines it" in added["detail"]
+    assert report["summary"]["patches_drift"] == 2
+    text = run_python(DRIFTED_CATALOG.replace("sys.argv[1:]", "[]"))
+    assert text.returncode == 1
+    assert "DRIFT" in text.stdout and "2 drifted" in text.stdout
