@@ -52,10 +52,13 @@ def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_grpo_steps_of_verls_trainer_run_on_cpu_through_our_patches(tiny_assets: Path) -> None:
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_two_grpo_steps_of_verls_trainer_run_on_cpu_through_our_patches(tiny_assets: Path, strategy: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", "ppo_tiny_local",
-         f"overlay.tiny_assets_dir={tiny_assets}", "trainer.total_training_steps=2", "trainer.logger=[console]"],
+         f"overlay.tiny_assets_dir={tiny_assets}", "trainer.total_training_steps=2", "trainer.logger=[console]",
+         f"actor_rollout_ref.actor.strategy={strategy}", f"actor_rollout_ref.ref.strategy={strategy}",
+         f"critic.strategy={strategy}"],
         cwd=REPO, env=env_for_run(), capture_output=True, text=True, timeout=580)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

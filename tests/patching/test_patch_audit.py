@@ -102,7 +102,7 @@ def test_drifted_declaration_shows_drift_and_exit_1():
     by = {p["name"]: p for p in report["patches"]}
     drift = by["cpu.verl.utils.device.get_torch_device"]
     assert drift["status"] == "drift"
-    assert drift["pin_fingerprint"] == "sha256:4c3b3451742ac75e"
+    assert drift["pin_fingerprint"] == "sha256:66ca2b0ba76001d2"
     assert "declared sha256:00000000deadbeef" in drift["detail"] and PIN in drift["detail"]
     added = by["test.adds_existing"]
     assert added["status"] == "drift" and "defines it" in added["detail"]

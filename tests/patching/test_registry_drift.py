@@ -245,7 +245,7 @@ def test_real_verl_module_at_its_pin_applies(real_pin):
     assert real_pin["file"] == str(REPO / "verl" / "utils" / "device.py")
     assert real_pin["pending_before_import"] == "pending"
     assert real_pin["status"] == "applied"
-    assert real_pin["found"] == real_pin["declared"] == "sha256:4c3b3451742ac75e"
+    assert real_pin["found"] == real_pin["declared"] == "sha256:66ca2b0ba76001d2"
     assert real_pin["replaced"] and real_pin["reverted"]
 
 
@@ -253,7 +253,7 @@ def test_fingerprint_cli_prints_the_declared_pin_value():
     r = run_python("from verl_patches.patching.fingerprint import main; "
                    "raise SystemExit(main(['verl.utils.device:get_torch_device']))")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["sha256:4c3b3451742ac75e", "verl.utils.device:get_torch_device"]
+    assert r.stdout.split() == ["sha256:66ca2b0ba76001d2", "verl.utils.device:get_torch_device"]
     bad = run_python("from verl_patches.patching.fingerprint import main; raise SystemExit(main(["
                      "'verl.utils.device:not_there']))")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
@@ -314,7 +314,7 @@ def edited_verl(tmp_path_factory):
     assert "        return torch.cuda\n" in src
     dev.write_text(src.replace("        return torch.cuda\n", "        return torch.cpu  # edited downstream\n"))
     found = fingerprint_target("verl.utils.device:get_torch_device", root=root)
-    assert found != "sha256:4c3b3451742ac75e"
+    assert found != "sha256:66ca2b0ba76001d2"
     return root, found
 
 
@@ -328,7 +328,7 @@ def test_edited_upstream_copy_raises_named_drift_error(edited_verl, order):
     msg = out["error"]
     assert msg is not None, "an edited upstream function must make its patch fail"
     for part in ("'cpu.verl.utils.device.get_torch_device'", "verl.utils.device:get_torch_device",
-                 "sha256:4c3b3451742ac75e", found, PIN, "VERL_PATCHES_ALLOW_DRIFT="):
+                 "sha256:66ca2b0ba76001d2", found, PIN, "VERL_PATCHES_ALLOW_DRIFT="):
         assert part in msg, part
     assert out["error_found"] == found
     assert out["status"] == "drift"

@@ -22,7 +22,7 @@ PREFIX = "sha256:"
 # when it triggers a full garbage collection in a process that has torch loaded: fingerprints are
 # cached on disk, keyed by the sha256 of the file contents (so an edited file is always re-checked).
 CACHE_ENV = "VERL_PATCHES_FINGERPRINT_CACHE"  # cache directory, or "off"
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"
 
 
 class FingerprintError(LookupError):
@@ -110,10 +110,30 @@ def source_nodes(path: Path, qualname: str) -> list[ast.AST]:
     return scopes
 
 
+def canonical(node: object) -> str:
+    """The code of an AST as text, stable across Python 3.10-3.12 for code that parses on all of them.
+
+    `ast.dump` lists every field, including ones later versions added with empty defaults (3.12's
+    `type_params=[]`), so a cluster on another Python minor would see every fingerprint drift. Empty
+    fields are left out here; anything present is kept, so a real code change still shows.
+    """
+    if isinstance(node, ast.AST):
+        parts = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            parts.append(f"{name}={canonical(value)}")
+        return f"{type(node).__name__}({','.join(parts)})"
+    if isinstance(node, list):
+        return "[" + ",".join(canonical(v) for v in node) + "]"
+    return repr(node)
+
+
 def fingerprint_nodes(nodes: list[ast.AST]) -> str:
     h = hashlib.sha256()
     for n in nodes:
-        h.update(ast.dump(n, annotate_fields=True, include_attributes=False).encode())
+        h.update(canonical(n).encode())
     return PREFIX + h.hexdigest()[:16]
 
 

@@ -15,12 +15,18 @@ def _cpu_offload_cls():
     return cpu_host_cpu_offload()
 
 
+def _cpu_offload_policy_cls():
+    from verl_patches.patches.torch.fsdp_init import cpu_host_cpu_offload_policy
+
+    return cpu_host_cpu_offload_policy()
+
+
 PATCHES = [
     Patch(
         name="cpu.torch.fsdp.sync_module_states_on_cpu",
         target="torch.distributed.fsdp._init_utils:_check_module_states_for_sync_module_states",
         kind=Kind.REPLACE,
-        fingerprint="sha256:9e0fe064f75c6c3a",
+        fingerprint="sha256:144fbf117a3b7121",
         replacement=_allow_cpu_states,
         vendor_item="local",
         reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; gloo broadcasts them",
@@ -30,11 +36,21 @@ PATCHES = [
         name="cpu.torch.fsdp.no_pinned_param_offload",
         target="torch.distributed.fsdp.api:CPUOffload",
         kind=Kind.REPLACE,
-        fingerprint="sha256:e5de29b358ad57a6",
+        fingerprint="sha256:9a4f75bc3a72db75",
         replacement=_cpu_offload_cls,
         vendor_item="local",
         reason="verl forces CPUOffload(offload_params=True) on the ref policy; FSDP then pins memory, which "
                "needs an accelerator, and on a CPU host the parameters are in host memory already",
+        devices=("cpu",),
+    ),
+    Patch(
+        name="cpu.torch.fsdp2.no_pinned_offload_policy",
+        target="torch.distributed.fsdp._fully_shard._fsdp_api:CPUOffloadPolicy",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:d67efe6ea8be5da1",
+        replacement=_cpu_offload_policy_cls,
+        vendor_item="local",
+        reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; pinning needs an accelerator",
         devices=("cpu",),
     ),
 ]

@@ -30,3 +30,20 @@ def cpu_host_cpu_offload() -> type:
     CPUOffloadOnCpuHost.__qualname__ = CPUOffloadOnCpuHost.__name__ = "CPUOffload"
     CPUOffloadOnCpuHost.__module__ = __name__
     return CPUOffloadOnCpuHost
+
+
+def cpu_host_cpu_offload_policy() -> type:
+    """FSDP2's CPUOffloadPolicy with pin_memory off: pinning needs an accelerator, and on a CPU host
+    the sharded parameters already live in (unpinned) host memory."""
+    from dataclasses import dataclass
+
+    from torch.distributed.fsdp._fully_shard._fsdp_api import CPUOffloadPolicy
+
+    @dataclass
+    class CPUOffloadPolicyOnCpuHost(CPUOffloadPolicy):
+        def __post_init__(self) -> None:
+            self.pin_memory = False
+
+    CPUOffloadPolicyOnCpuHost.__qualname__ = CPUOffloadPolicyOnCpuHost.__name__ = "CPUOffloadPolicy"
+    CPUOffloadPolicyOnCpuHost.__module__ = __name__
+    return CPUOffloadPolicyOnCpuHost

@@ -14,7 +14,7 @@ PATCHES = [
         name="cpu.transformers.eager_attention_without_flash_attn",
         target="transformers.modeling_utils:PreTrainedModel._autoset_attn_implementation",
         kind=Kind.WRAP,
-        fingerprint="sha256:e14af7e88cb6612f",
+        fingerprint="sha256:65a9a89b8dead68c",
         replacement=_wrap_autoset,
         vendor_item="local",
         reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',

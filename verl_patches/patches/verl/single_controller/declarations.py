@@ -14,7 +14,7 @@ PATCHES = [
         name="cpu.verl.ray_worker_group.logical_gpu_slots",
         target="verl.single_controller.ray.base:RayWorkerGroup.__init__",
         kind=Kind.WRAP,
-        fingerprint="sha256:ca227177194b6a34",
+        fingerprint="sha256:78dad8337e9b5b52",
         fingerprint_of=("verl.single_controller.ray.base:RayWorkerGroup.__init__",
                         "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
                         "verl.single_controller.ray.base:RayClassWithInitArgs.__call__"),

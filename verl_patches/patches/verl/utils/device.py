@@ -87,3 +87,18 @@ CPU_DEVICE_MODULE = CpuDeviceModule()
 def get_torch_device() -> CpuDeviceModule:
     """Replacement for verl.utils.device.get_torch_device on the CPU."""
     return CPU_DEVICE_MODULE
+
+
+class TorchWithCpuDevice:
+    """The `torch` module as verl.utils.fsdp_utils sees it on a CPU host: `torch.cuda` is the CPU device
+    module (FSDP2 helpers there call torch.cuda.current_device() / empty_cache() directly); every
+    other attribute is torch's own."""
+
+    cuda = CPU_DEVICE_MODULE
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def torch_for_fsdp_utils() -> TorchWithCpuDevice:
+    return TorchWithCpuDevice()

@@ -10,9 +10,9 @@ def _wrap_init(original):
 
 
 _FSDP_INIT_FINGERPRINTS = {
-    "ActorRolloutRefWorker": "sha256:90be3efe91583cb9",
-    "CriticWorker": "sha256:3d2c97c4b8b3a470",
-    "RewardModelWorker": "sha256:6bc94e36f331a597",
+    "ActorRolloutRefWorker": "sha256:97220b079393b8d8",
+    "CriticWorker": "sha256:cf5690aa0c808fef",
+    "RewardModelWorker": "sha256:16e861c2376cb9da",
 }
 
 def _wrap_enter(original):
@@ -38,9 +38,9 @@ _SWITCH_TIMING = [
         reason="time the train->rollout weight switch for the step table (the vendor's 'train/infer switch')",
         devices=ALL_DEVICES,
     )
-    for mod, cls, fp in (("base", "BaseShardingManager", "sha256:164a38d8bf3bbaa3"),
-                         ("fsdp_vllm", "FSDPVLLMShardingManager", "sha256:8bde3249a4d9de41"),
-                         ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:7df0a13a4d8a50a8"))
+    for mod, cls, fp in (("base", "BaseShardingManager", "sha256:01653bceb0b83281"),
+                         ("fsdp_vllm", "FSDPVLLMShardingManager", "sha256:a3fc3f0236405454"),
+                         ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:c5e30c64f0c3e023"))
 ] + [
     Patch(
         name=f"timing.{mod}.generate_sequences",
@@ -52,7 +52,7 @@ _SWITCH_TIMING = [
         reason="hand the measured weight-switch time to the driver with the generated batch",
         devices=ALL_DEVICES,
     )
-    for mod, fp in (("fsdp_workers", "sha256:1b4602136e040014"), ("megatron_workers", "sha256:5d5f96e351d0c0d8"))
+    for mod, fp in (("fsdp_workers", "sha256:933f386de9ab97b7"), ("megatron_workers", "sha256:5d343eed8e9b5efc"))
 ]
 
 PATCHES = _SWITCH_TIMING + [
