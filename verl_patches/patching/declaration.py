@@ -106,3 +106,31 @@ class Patch:
             if not on:
                 return False, f"{self.env_flag} is off"
         return True, ""
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def lazy_object(path: str) -> Callable[[], Any]:
+    """Replacement factory: the object at "module:name", imported only when the patch applies."""
+
+    def factory() -> Any:
+        return _resolve(path)
+
+    factory.__qualname__ = f"lazy_object({path!r})"
+    return factory
+
+
+def lazy_call(path: str) -> Callable[..., Any]:
+    """Replacement factory: call the function at "module:name" with the factory's arguments (the
+    original for WRAP, nothing for a REPLACE builder), importing it only when the patch applies."""
+
+    def factory(*args: Any) -> Any:
+        return _resolve(path)(*args)
+
+    factory.__qualname__ = f"lazy_call({path!r})"
+    return factory

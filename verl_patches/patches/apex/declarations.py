@@ -1,12 +1,6 @@
 """G2: Megatron's apex FusedAdam becomes MindSpeed's fused AdamW on NPU."""
 
-from verl_patches.patching.declaration import Kind, Patch
-
-
-def _fused_adam() -> type:
-    from verl_patches.patches.apex.optimizers import fused_adam_class
-
-    return fused_adam_class()
+from verl_patches.patching.declaration import Kind, Patch, lazy_call
 
 
 PATCHES = [
@@ -25,7 +19,7 @@ PATCHES = [
         target="apex.optimizers:FusedAdam",
         kind=Kind.REPLACE,
         fingerprint="",  # apex is not pinned by sources.lock: there is no pinned source to fingerprint
-        replacement=_fused_adam,
+        replacement=lazy_call("verl_patches.patches.apex.optimizers:fused_adam_class"),
         vendor_item="G2",
         reason="an installed apex for Ascend must still hand Megatron MindSpeed's fused NPU AdamW",
         devices=("npu",),

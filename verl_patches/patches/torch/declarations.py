@@ -1,24 +1,6 @@
 """Patches of torch internals that assume an accelerator."""
 
-from verl_patches.patching.declaration import Kind, Patch
-
-
-def _allow_cpu_states():
-    from verl_patches.patches.torch.fsdp_init import allow_cpu_module_states
-
-    return allow_cpu_module_states
-
-
-def _cpu_offload_cls():
-    from verl_patches.patches.torch.fsdp_init import cpu_host_cpu_offload
-
-    return cpu_host_cpu_offload()
-
-
-def _cpu_offload_policy_cls():
-    from verl_patches.patches.torch.fsdp_init import cpu_host_cpu_offload_policy
-
-    return cpu_host_cpu_offload_policy()
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 
 PATCHES = [
@@ -27,7 +9,7 @@ PATCHES = [
         target="torch.distributed.fsdp._init_utils:_check_module_states_for_sync_module_states",
         kind=Kind.REPLACE,
         fingerprint="sha256:144fbf117a3b7121",
-        replacement=_allow_cpu_states,
+        replacement=lazy_object("verl_patches.patches.torch.fsdp_init:allow_cpu_module_states"),
         vendor_item="local",
         reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; gloo broadcasts them",
         devices=("cpu",),
@@ -37,7 +19,7 @@ PATCHES = [
         target="torch.distributed.fsdp.api:CPUOffload",
         kind=Kind.REPLACE,
         fingerprint="sha256:9a4f75bc3a72db75",
-        replacement=_cpu_offload_cls,
+        replacement=lazy_call("verl_patches.patches.torch.fsdp_init:cpu_host_cpu_offload"),
         vendor_item="local",
         reason="verl forces CPUOffload(offload_params=True) on the ref policy; FSDP then pins memory, which "
                "needs an accelerator, and on a CPU host the parameters are in host memory already",
@@ -48,7 +30,7 @@ PATCHES = [
         target="torch.distributed.fsdp._fully_shard._fsdp_api:CPUOffloadPolicy",
         kind=Kind.REPLACE,
         fingerprint="sha256:d67efe6ea8be5da1",
-        replacement=_cpu_offload_policy_cls,
+        replacement=lazy_call("verl_patches.patches.torch.fsdp_init:cpu_host_cpu_offload_policy"),
         vendor_item="local",
         reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; pinning needs an accelerator",
         devices=("cpu",),

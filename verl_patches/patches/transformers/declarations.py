@@ -1,12 +1,6 @@
 """Patches of transformers (pinned by requirements, not by sources.lock)."""
 
-from verl_patches.patching.declaration import Kind, Patch
-
-
-def _wrap_autoset(original):
-    from verl_patches.patches.transformers.modeling_utils import eager_without_flash_attn
-
-    return eager_without_flash_attn(original)
+from verl_patches.patching.declaration import Kind, Patch, lazy_call
 
 
 PATCHES = [
@@ -15,7 +9,7 @@ PATCHES = [
         target="transformers.modeling_utils:PreTrainedModel._autoset_attn_implementation",
         kind=Kind.WRAP,
         fingerprint="sha256:65a9a89b8dead68c",
-        replacement=_wrap_autoset,
+        replacement=lazy_call("verl_patches.patches.transformers.modeling_utils:eager_without_flash_attn"),
         vendor_item="local",
         reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',
         devices=("cpu",),

@@ -1,12 +1,6 @@
 """Patches of verl.single_controller.*."""
 
-from verl_patches.patching.declaration import Kind, Patch
-
-
-def _wrap_worker_group_init(original):
-    from verl_patches.patches.verl.single_controller.ray_base import ray_device_for_cpu
-
-    return ray_device_for_cpu(original)
+from verl_patches.patching.declaration import Kind, Patch, lazy_call
 
 
 PATCHES = [
@@ -18,7 +12,7 @@ PATCHES = [
         fingerprint_of=("verl.single_controller.ray.base:RayWorkerGroup.__init__",
                         "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
                         "verl.single_controller.ray.base:RayClassWithInitArgs.__call__"),
-        replacement=_wrap_worker_group_init,
+        replacement=lazy_call("verl_patches.patches.verl.single_controller.ray_base:ray_device_for_cpu"),
         vendor_item="local",
         reason="verl asks Ray for a 'cpu' resource on CPU hosts, which no cluster offers; use the logical GPU slots",
         devices=("cpu",),

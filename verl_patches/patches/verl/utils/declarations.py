@@ -1,18 +1,6 @@
 """Patches of verl.utils.*."""
 
-from verl_patches.patching.declaration import Kind, Patch
-
-
-def _cpu_get_torch_device():
-    from verl_patches.patches.verl.utils.device import get_torch_device
-
-    return get_torch_device
-
-
-def _torch_for_fsdp_utils():
-    from verl_patches.patches.verl.utils.device import torch_for_fsdp_utils
-
-    return torch_for_fsdp_utils()
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 
 PATCHES = [
@@ -21,7 +9,7 @@ PATCHES = [
         target="verl.utils.device:get_torch_device",
         kind=Kind.REPLACE,
         fingerprint="sha256:66ca2b0ba76001d2",
-        replacement=_cpu_get_torch_device,
+        replacement=lazy_object("verl_patches.patches.verl.utils.device:get_torch_device"),
         vendor_item="local",
         reason="torch.cpu lacks the memory, RNG and device calls verl makes on its device module",
         devices=("cpu",),
@@ -35,7 +23,7 @@ PATCHES = [
                         "verl.utils.fsdp_utils:fsdp2_load_full_state_dict",
                         "verl.utils.fsdp_utils:fsdp2_clip_grad_norm_",
                         "verl.utils.fsdp_utils:layered_summon_lora_params"),
-        replacement=_torch_for_fsdp_utils,
+        replacement=lazy_call("verl_patches.patches.verl.utils.device:torch_for_fsdp_utils"),
         vendor_item="local",
         reason="verl's FSDP2 helpers call torch.cuda.current_device()/empty_cache() directly; on CPU they get the CPU device module",
         devices=("cpu",),

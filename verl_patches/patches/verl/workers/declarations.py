@@ -1,12 +1,6 @@
 """Patches of verl.workers.*."""
 
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch
-
-
-def _wrap_init(original):
-    from verl_patches.patches.verl.workers.fsdp_workers import init_process_group_first
-
-    return init_process_group_first(original)
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call
 
 
 _FSDP_INIT_FINGERPRINTS = {
@@ -15,17 +9,6 @@ _FSDP_INIT_FINGERPRINTS = {
     "RewardModelWorker": "sha256:16e861c2376cb9da",
 }
 
-def _wrap_enter(original):
-    from verl_patches.patches.verl.workers.step_timing import timed_enter
-
-    return timed_enter(original)
-
-
-def _wrap_generate(original):
-    from verl_patches.patches.verl.workers.step_timing import report_switch_time
-
-    return report_switch_time(original)
-
 
 _SWITCH_TIMING = [
     Patch(
@@ -33,7 +16,7 @@ _SWITCH_TIMING = [
         target=f"verl.workers.sharding_manager.{mod}:{cls}.__enter__",
         kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=_wrap_enter,
+        replacement=lazy_call("verl_patches.patches.verl.workers.step_timing:timed_enter"),
         vendor_item="local",
         reason="time the train->rollout weight switch for the step table (the vendor's 'train/infer switch')",
         devices=ALL_DEVICES,
@@ -47,7 +30,7 @@ _SWITCH_TIMING = [
         target=f"verl.workers.{mod}:ActorRolloutRefWorker.generate_sequences",
         kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=_wrap_generate,
+        replacement=lazy_call("verl_patches.patches.verl.workers.step_timing:report_switch_time"),
         vendor_item="local",
         reason="hand the measured weight-switch time to the driver with the generated batch",
         devices=ALL_DEVICES,
@@ -61,7 +44,7 @@ PATCHES = _SWITCH_TIMING + [
         target=f"verl.workers.fsdp_workers:{cls}.__init__",
         kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=_wrap_init,
+        replacement=lazy_call("verl_patches.patches.verl.workers.fsdp_workers:init_process_group_first"),
         vendor_item="local",
         reason="verl's FSDP workers pick an hccl process group when CUDA is absent; the CPU needs gloo",
         devices=("cpu",),
