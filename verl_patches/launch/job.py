@@ -185,6 +185,22 @@ def ray_auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
 
 
+def use_ray_auth_here(auth: dict[str, str]) -> None:
+    """Give this process (the head's wait for NPUs is a Ray client) the cluster's authentication mode.
+
+    Ray caches RAY_AUTH_MODE when it is first imported (ray_auth_env already imported it), so setting the
+    variable alone is not seen: the client would connect without the token and be refused until the
+    wait times out. Ray's own helper sets the variable and refreshes that cache.
+    """
+    os.environ.update(auth)
+    if auth.get("RAY_AUTH_MODE") == "token":
+        try:
+            from ray._private.authentication.authentication_token_setup import _enable_token_auth
+        except ImportError:  # a Ray without the helper reads the variable at connect time
+            return
+        _enable_token_auth()
+
+
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch import job_env, ray_cluster
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
@@ -207,7 +223,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     env.update(ray_auth_env())
     env.update({"MODEL_PATH": settings.get("MODEL_PATH") or "", "DATA_DIR": settings.get("DATA_DIR") or "",
                 "DIST_CKPT_PATH": settings.get("DIST_CKPT_PATH") or "", "TENSORBOARD_DIR": str(launch.log_dir / "tensorboard")})
-    os.environ.update(ray_auth_env())
+    use_ray_auth_here(ray_auth_env())
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 32768), hard), hard))
     npus = settings.int("NPUS_PER_NODE")

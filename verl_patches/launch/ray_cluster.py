@@ -53,12 +53,12 @@ class RayNode:
             except subprocess.TimeoutExpired:
                 pass
         if _group_alive(pgid):  # daemons that outlived their parent (or a leader that ignored SIGTERM)
-            os.killpg(pgid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGTERM)
             deadline = time.time() + grace_s
             while time.time() < deadline and _group_alive(pgid):
                 time.sleep(0.2)
             if _group_alive(pgid):
-                os.killpg(pgid, signal.SIGKILL)
+                _signal_group(pgid, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait(10)
         deadline = time.time() + 5.0  # killed processes linger until reaped; return once they are gone
@@ -97,6 +97,13 @@ def forget_current_cluster(address: str, marker: Path | None = None) -> None:
         if marker.read_text().strip() in {address, _as_recorded(address)}:
             marker.unlink()
     except OSError:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the last member exited between the check and the signal
         pass
 
 

@@ -1,0 +1,160 @@
+"""The tiny profile's local assets: deepscaler-format data through our converter, a local tokenizer in
+which every `\\boxed{N}` answer is one token, a DeepSeek-V3-shaped model (MLA + MoE) that transformers
+loads; built once per spec, rebuilt when the spec changes, nothing downloaded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from verl_patches.data.rl_rows import DATA_SOURCE, VERL_RL_SCHEMA
+from verl_patches.trainer import tiny_assets
+from verl_patches.trainer.tiny_assets import STAMP, TinyAssets, TinySpec, answer_tokens, prepare
+
+SPEC = TinySpec(seed=3, max_operand=4, num_problems=120, train_ratio=0.75)
+PROBLEM = re.compile(r"What is (\d+) \+ (\d+) \?")
+
+
+def mtimes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> TinyAssets:
+    return prepare(tmp_path_factory.mktemp("tiny") / "assets", SPEC, progress=False)
+
+
+def test_raw_data_is_deepscaler_json(built: TinyAssets) -> None:
+    rows = json.loads(built.raw_json.read_text())
+    assert len(rows) == SPEC.num_problems
+    for r in rows:
+        assert set(r) == {"problem", "answer", "solution"}
+        a, b = map(int, PROBLEM.fullmatch(r["problem"]).groups())
+        assert 0 <= a <= SPEC.max_operand and 0 <= b <= SPEC.max_operand
+        assert r["answer"] == str(a + b) and f"\\boxed{{{a + b}}}" in r["solution"]
+
+
+def test_parquet_rows_come_from_our_converter(built: TinyAssets) -> None:
+    train, val = pq.read_table(built.train_parquet), pq.read_table(built.val_parquet)
+    assert train.schema.equals(VERL_RL_SCHEMA) and val.schema.equals(VERL_RL_SCHEMA)
+    assert train.num_rows + val.num_rows == SPEC.num_problems  # rows in = rows out
+    assert train.num_rows == pytest.approx(SPEC.train_ratio * SPEC.num_problems, abs=1)
+    for row in train.to_pylist() + val.to_pylist():
+        assert row["data_source"] == DATA_SOURCE and row["ability"] == "math"
+        a, b = map(int, PROBLEM.fullmatch(row["extra_info"]["problem"]).groups())
+        assert row["reward_model"]["ground_truth"] == str(a + b)
+        (msg,) = row["prompt"]
+        assert msg["role"] == "user" and msg["content"].endswith(row["extra_info"]["problem"])
+        assert "<think>" in msg["content"]  # the r1_zero template of our converter
+    splits = {r["extra_info"]["split"] for r in train.to_pylist()} | {r["extra_info"]["split"] for r in val.to_pylist()}
+    assert splits == {"train", "test"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(built: TinyAssets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(built.model_dir)
+
+
+def test_every_boxed_answer_is_one_token(tokenizer) -> None:
+    answers = answer_tokens(SPEC.max_operand)
+    assert answers == [f"\\boxed{{{n}}}" for n in range(2 * SPEC.max_operand + 1)]
+    ids = set()
+    for ans in answers:
+        enc = tokenizer.encode(f"</think> {ans}", add_special_tokens=False)
+        assert len(enc) == 2, (ans, tokenizer.convert_ids_to_tokens(enc))
+        assert tokenizer.convert_ids_to_tokens(enc[1]) == ans
+        ids.add(enc[1])
+    assert len(ids) == len(answers)
+
+
+def test_decode_keeps_the_boxed_answer_gradable(tokenizer) -> None:
+    from verl_patches.reward.entry import compute_score
+
+    ids = tokenizer.encode("<think> 3 + 4 </think> \\boxed{7}", add_special_tokens=False)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    assert "\\boxed{7}" in text and "</think>" in text
+    assert tokenizer.unk_token_id not in ids
+    score = compute_score("deepscaler", text, "7")
+    assert (score["score"] if isinstance(score, dict) else score) == 1
+
+
+def test_chat_template_renders_prompts_without_unknown_tokens(built: TinyAssets, tokenizer) -> None:
+    row = pq.read_table(built.train_parquet).to_pylist()[0]
+    text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|user|> ") and text.rstrip().endswith("<|assistant|>")
+    assert row["prompt"][0]["content"] in text
+    ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.pad_token == "<pad>" and tokenizer.eos_token == "<eos>"
+
+
+def test_model_is_a_deepseek_v3_with_mla_and_moe(built: TinyAssets, tokenizer) -> None:
+    import torch
+    from transformers import AutoConfig, DeepseekV3ForCausalLM
+
+    cfg = AutoConfig.from_pretrained(built.model_dir)
+    assert cfg.model_type == "deepseek_v3"
+    assert cfg.vocab_size == len(tokenizer)
+    assert (cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id)
+    model = DeepseekV3ForCausalLM.from_pretrained(built.model_dir)
+    keys = set(model.state_dict())
+    last = cfg.num_hidden_layers - 1
+    assert last >= cfg.first_k_dense_replace  # at least one MoE layer
+    for k in (f"model.layers.{last}.mlp.gate.weight", f"model.layers.{last}.mlp.experts.0.gate_proj.weight",
+              f"model.layers.{last}.mlp.experts.{cfg.n_routed_experts - 1}.down_proj.weight",
+              f"model.layers.{last}.mlp.shared_experts.up_proj.weight",
+              "model.layers.0.mlp.gate_proj.weight",  # dense first layer
+              "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+              "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.kv_b_proj.weight"):
+        assert k in keys, k
+    with torch.no_grad():
+        out = model(torch.tensor([tokenizer.encode("What is 1 + 2 ?")]))
+    assert out.logits.shape[-1] == len(tokenizer) and torch.isfinite(out.logits).all()
+
+
+def test_second_prepare_rebuilds_nothing(built: TinyAssets) -> None:
+    before = mtimes(built.root)
+    again = prepare(built.root, SPEC, progress=False)
+    assert again == built
+    assert mtimes(built.root) == before
+
+
+def test_changed_spec_rebuilds(tmp_path: Path) -> None:
+    root = tmp_path / "assets"
+    small = TinySpec(seed=1, max_operand=2, num_problems=40)
+    prepare(root, small, progress=False)
+    before = mtimes(root)
+    bigger = TinySpec(seed=1, max_operand=3, num_problems=40)
+    prepare(root, bigger, progress=False)
+    after = mtimes(root)
+    for f in ("model/config.json", "model/model.safetensors", "model/tokenizer.json", "data/train.parquet", STAMP):
+        assert after[f] != before[f], f
+    assert json.loads((root / STAMP).read_text())["max_operand"] == 3
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(root / "model")
+    assert len(tok.encode("\\boxed{6}", add_special_tokens=False)) == 1  # 3 + 3: only in the new vocabulary
+
+
+def test_a_failed_rebuild_never_passes_for_the_old_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "assets"
+    old = TinySpec(seed=1, max_operand=2, num_problems=40)
+    prepare(root, old, progress=False)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(tiny_assets, "build_model", broken)
+    with pytest.raises(RuntimeError):
+        prepare(root, TinySpec(seed=2, max_operand=2, num_problems=40), progress=False)
+    assert not (root / STAMP).exists()  # data were rewritten for seed 2: no stamp may vouch for them
+    monkeypatch.undo()
+    prepare(root, old, progress=False)  # rebuilt, consistent again
+    assert json.loads((root / STAMP).read_text()) == old.as_dict()
