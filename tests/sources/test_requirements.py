@@ -31,7 +31,6 @@ LOCK = load_lock(REPO_ROOT / "sources.lock")
 KNOWN_CONFLICTS = {
     ("mindspeed", "tokenizers"): "MindSpeed <=0.20.3 vs vLLM 0.9.1 >=0.21.1",
     ("mindspeed_llm", "transformers"): "MindSpeed-LLM ==4.43.2 is too old for vLLM 0.9.1 (>=4.51.1)",
-    ("mindspeed_llm", "tensordict"): "MindSpeed-LLM ==0.1.2 is for its own RL trainer, which we do not run",
     ("mindspeed_llm", "ray"): "MindSpeed-LLM ==2.10.0 is for its own RL trainer; verl needs >=2.41",
     ("mindspeed_llm", "peft"): "MindSpeed-LLM ==0.7.1 predates the transformers this stack needs",
 }
@@ -186,3 +185,29 @@ def test_cpu_requirements_and_constraints_agree():
         if not req.specifier.contains(version, prereleases=True):
             problems.append(f"{name}: requirements-cpu.txt says '{req.specifier}', constraints-cpu.txt =={version}")
     assert not problems, "; ".join(problems)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("python", ["3.10", "3.11"])
+def test_a3_requirements_resolve_together_for_linux_aarch64(python: str, tmp_path: Path) -> None:
+    """Every pin of requirements.txt installs together on an A3 host (aarch64, this Python), wheels or
+    sdists as PyPI has them: resolved for that platform by uv, which (unlike pip) evaluates markers for it."""
+    import shutil
+    import subprocess
+    import sys
+
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed (requirements-cpu.txt installs it)")
+    out = tmp_path / "resolved.txt"
+    proc = subprocess.run([uv, "pip", "compile", str(REPO_ROOT / "requirements.txt"), "--python-platform",
+                           "aarch64-manylinux_2_28", "--python-version", python, "--no-header", "-o", str(out)],
+                          capture_output=True, text=True, timeout=580)
+    if proc.returncode and ("Failed to fetch" in proc.stderr or "dns error" in proc.stderr.lower()):
+        pytest.skip(f"package index unreachable: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr
+    resolved = dict(line.split("==", 1) for line in out.read_text().splitlines() if "==" in line and not line.startswith("#"))
+    for name, version in (("torch", "2.5.1"), ("torch-npu", "2.5.1.post1"), ("transformers", "4.52.4"),
+                          ("tensordict", "0.1.2")):
+        assert resolved.get(name) == version, (name, resolved.get(name))
