@@ -22,8 +22,8 @@ def stale_references(reg):
     for rec in reg.records:
         if rec.status not in ("applied", "applied-with-drift") or rec.original is R._MISSING:
             continue
-        if rec.patch.kind.value in ("registry", "module-alias"):
-            continue
+        if rec.patch.kind.value in ("registry", "module-alias") or not rec.patch.rebind:
+            continue  # a registry entry, an alias, or a patch declared to change one module's name only
         old = R._unwrap(rec.original)
         scope = R.UPSTREAM_ROOTS | {rec.patch.module.partition(".")[0]}
         for name, mod in list(sys.modules.items()):

@@ -209,3 +209,28 @@ def test_flash_attention_2_request_loads_eager_on_cpu():
     assert out["from_config"] == "eager" and out["from_pretrained"] == "eager"
     assert out["dsv3"] == ["DeepseekV3ForCausalLM", "eager", [1, 3, 64]]
     assert out["sdpa_untouched"] == "sdpa"
+
+
+FSDP2_CHECK = r"""
+import json
+import verl_patches.prelude_patch
+import torch
+import verl.utils.device, verl.utils.fsdp_utils as fu, verl.workers.fsdp_workers as fw
+policy = fu.CPUOffloadPolicy(pin_memory=True)
+print(json.dumps({
+    "fsdp_utils_cuda_device": fu.torch.cuda.current_device(),
+    "fsdp_utils_tensor_is_torch": fu.torch.Tensor is torch.Tensor,
+    "global_torch_untouched": verl.utils.device.torch is torch and torch.cuda is not fu.torch.cuda,
+    "policy_pin_memory": policy.pin_memory,
+    "policy_is_torch_policy": isinstance(policy, torch.distributed.fsdp.CPUOffloadPolicy),
+    "workers_see_same_policy": fw.CPUOffloadPolicy is fu.CPUOffloadPolicy,
+}))
+"""
+
+
+def test_fsdp2_helpers_see_the_cpu_device_module_and_an_unpinned_offload_policy() -> None:
+    """FSDP2 on CPU: verl's fsdp utils call torch.cuda directly and pin the ref policy's offload."""
+    out, _ = run_json(FSDP2_CHECK)
+    assert out == {"fsdp_utils_cuda_device": "cpu", "fsdp_utils_tensor_is_torch": True,
+                   "global_torch_untouched": True, "policy_pin_memory": False,
+                   "policy_is_torch_policy": True, "workers_see_same_policy": True}
