@@ -40,7 +40,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
     from verl_patches.patching.static_report import static_patch_report
 
     sources = sources or sources_report(root, lock, device, names, with_diff=True)
-    patches = static_patch_report(root)
+    patches = static_patch_report(root, device)
     return {
         "schema": AUDIT_SCHEMA, "lock": sources["lock"], "device": device,
         "components": sources["components"], "patches": patches,

@@ -160,6 +160,15 @@ def nothing_may_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return logs
 
 
+def test_unknown_socket_interface_exits_1_naming_it(nothing_may_start: Path, capsys: pytest.CaptureFixture) -> None:
+    rc = job.main(["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname",
+                   "nonexistent0", "--node-role", "worker"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "SOCKET_IFNAME='nonexistent0'" in err and "no such interface" in err and "Traceback" not in err
+    assert not nothing_may_start.exists()
+
+
 @pytest.mark.parametrize("role", ["head", "worker", "auto"])
 def test_cluster_launch_without_master_addr_exits_2_naming_it(nothing_may_start: Path, role: str,
                                                                capsys: pytest.CaptureFixture) -> None:

@@ -110,3 +110,18 @@ def test_drifted_declaration_shows_drift_and_exit_1():
     text = run_python(DRIFTED_CATALOG.replace("sys.argv[1:]", "[]"))
     assert text.returncode == 1
     assert "DRIFT" in text.stdout and "2 drifted" in text.stdout
+
+
+def test_audit_needs_only_the_standard_library() -> None:
+    """`setup_sources.sh --audit` runs before any dependency is installed: no torch, no site-packages."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-S", "-m", "verl_patches.audit", "--json"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "VERL_PATCHES_FINGERPRINT_CACHE": "off"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    statuses = {p["name"]: p["status"] for p in report["patches"]}
+    assert statuses["cpu.verl.utils.device.get_torch_device"] == "ok"  # verl is read from the vendored tree
+    assert statuses["cpu.torch.fsdp.no_pinned_param_offload"] == "unpinned"  # torch is not importable here

@@ -202,28 +202,29 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
-    from verl_patches.launch import job_env, ray_cluster
+    from verl_patches.launch import job_env, preflight, ray_cluster
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
-    from verl_patches.trainer.config_compose import compose_config, resolved
 
     config_name, needs_ckpt = PROFILES[args.profile]
     errors = validate_for_cluster(settings, needs_checkpoint=needs_ckpt)
     if errors:
         print("launch: cannot start:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 2
-    role = decide_role(settings)
-    launch = Launch(args, settings, role)
     node_ip = interface_ipv4(settings.get("SOCKET_IFNAME") or "")
     master = resolve_ipv4(settings.get("MASTER_ADDR") or "")
-    cfg = resolved(compose_config(config_name, job_overrides(args, settings)))
+    role = decide_role(settings)
+    launch = Launch(args, settings, role)
+    # The same composition the preflight checks, so the trainer runs exactly what was checked.
+    cfg = preflight.compose(config_name, job_overrides(args, settings), settings, REPO_ROOT)
     env = base_env()
     env.update(source_scripts([p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV"))
                                if p and Path(p).is_file()]))
     env.update(job_env.as_dict(job_env.job_environment(settings, int(cfg.overlay.vllm_dp_size))))
-    env.update(ray_auth_env())
-    env.update({"MODEL_PATH": settings.get("MODEL_PATH") or "", "DATA_DIR": settings.get("DATA_DIR") or "",
-                "DIST_CKPT_PATH": settings.get("DIST_CKPT_PATH") or "", "TENSORBOARD_DIR": str(launch.log_dir / "tensorboard")})
-    use_ray_auth_here(ray_auth_env())
+    env.update(preflight.path_environment(settings, REPO_ROOT))  # absolute, as the profiles read them
+    env["TENSORBOARD_DIR"] = str(launch.log_dir / "tensorboard")
+    auth = ray_auth_env()
+    env.update(auth)
+    use_ray_auth_here(auth)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 32768), hard), hard))
     npus = settings.int("NPUS_PER_NODE")
@@ -281,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_preflight(args, settings)
     if args.tiny:
         return run_tiny(args, settings)
+    from verl_patches.launch.node_ip import NetworkError
+    from verl_patches.trainer.config_compose import ConfigCompositionError
+
     try:
         return run_cluster(args, settings)
-    except (SettingsError, OSError) as e:
+    except (SettingsError, NetworkError, ConfigCompositionError, OSError) as e:
         print(f"launch: {e}", file=sys.stderr)
         return 1
 

@@ -8,6 +8,7 @@ worker classes for the configured strategy. Nothing is copied into the vendored 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from verl_patches.trainer.config_compose import CONFIG_NAMES
@@ -44,8 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
-    import os
-
     from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
 
     os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
