@@ -13,7 +13,8 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "patches": [{"name", "target", "kind", "vendor_item", "reason", "devices", "condition",
 "declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unpinned|unreadable",
 "detail"}], "summary": {"components_matching", "components_total", "diff_lines", "patches_total",
-"patches_ok", "patches_drift", "patches_unpinned"}}
+"patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
+"status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}]}
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
     return {
         "schema": AUDIT_SCHEMA, "lock": sources["lock"], "device": device,
         "components": sources["components"], "patches": patches,
+        "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "summary": {
             "components_matching": sum(c["status"] == "match" for c in sources["components"]),
             "components_total": len(sources["components"]),
@@ -54,6 +56,11 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
             "patches_unpinned": sum(p["status"] == "unpinned" for p in patches),
         },
     }
+
+
+def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:
+    from verl_patches.sources.dist_info import report as dist_report
+    return dist_report(root, lock, names)
 
 
 def render_text(report: dict) -> str:
@@ -67,6 +74,10 @@ def render_text(report: dict) -> str:
             out += ["    " + line for line in c["diff"].rstrip("\n").splitlines()]
         for rel in c["diff_unavailable"]:
             out.append(f"    (no pristine copy in the cache to diff {c['package']}/{rel}; run setup_sources.sh again)")
+    if report.get("distributions"):
+        from verl_patches.sources.dist_info import render as render_dists
+        out += ["", "== Generated distribution metadata (.dist-info folders outside every upstream folder)",
+                render_dists(report["distributions"])]
     out += ["", "== At runtime (declared patches)"]
     for p in report["patches"]:
         out.append(f"{p['status'].upper():<14} {p['vendor_item']:<6} {p['kind']:<13} {p['target']}")
@@ -91,9 +102,29 @@ def main(argv: list[str] | None = None) -> int:
     lock = load_lock(args.lock)
     report = full_report(args.lock.parent.resolve(), lock, detect_device(), args.only)
     print(json.dumps(report, indent=2) if args.json else render_text(report))
+    return audit_exit_status(report)
+
+
+def optional_missing_line(report: dict) -> str:
+    """One line naming the components absent here that this host does not need ("" when none)."""
+    names = [c["name"] for c in report["components"] if c["status"] == "missing" and c["optional_here"]]
+    if not names:
+        return ""
+    return (f"audit: {', '.join(names)} not installed: optional on this {report['device']} host (the A3 job "
+            f"needs {'them' if len(names) > 1 else 'it'}; without git access install from an exported cache: "
+            f"bash setup_sources.sh --cache DIR)")
+
+
+def audit_exit_status(report: dict) -> int:
+    """0 when everything this host needs matches (components only the A3 job needs may be absent: one line
+    on stderr says so), 1 on any mismatch, missing needed component or drifted patch."""
     status = exit_status(report["components"])
-    if report["summary"]["patches_drift"]:
-        status = 1
+    if report["summary"]["patches_drift"] or any(d["status"] in ("missing", "mismatch")
+                                                 for d in report.get("distributions", [])):
+        return 1
+    if status == 3:
+        print(optional_missing_line(report), file=sys.stderr)
+        return 0
     return status
 
 

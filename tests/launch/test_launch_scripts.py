@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from suite_components import missing_components, require_components
+
 from verl_patches.launch import job, ray_cluster
 from verl_patches.launch.settings import SETTINGS
 
@@ -133,8 +135,14 @@ def test_tiny_dry_run_is_the_fast_local_path(tmp_path: Path) -> None:
     p = run_script(SCRIPTS["random_init"], "--tiny", "--dry-run", "--", f"overlay.tiny_assets_dir={assets}")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "preflight of ppo_tiny_local" in p.stdout and "preflight: PASS" in p.stdout
-    assert "0 not-checked-here" in p.stdout  # nothing on a local run depends on a cluster
+    # nothing on a local run depends on a cluster; only a git-only component absent from this host (no git,
+    # no exported cache) is reported as not checked here, by name
+    absent = missing_components()
+    assert f"{len(absent)} not-checked-here" in p.stdout
+    for name in absent:
+        assert re.search(rf"^not-checked-here\s+sources\.{name}\s", p.stdout, re.MULTILINE), name
     assert not assets.exists()  # a dry run builds nothing
+    require_components(*absent)  # passes where everything is installed; skipped with the reason (failed in CI)
 
 
 def test_unknown_option_is_rejected() -> None:
