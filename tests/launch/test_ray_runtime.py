@@ -42,7 +42,8 @@ def test_runtime_env_has_the_hook_and_repo_root_first(monkeypatch: pytest.Monkey
     env = runtime_env()
     assert env["worker_process_setup_hook"] == SETUP_HOOK
     parts = env["env_vars"]["PYTHONPATH"].split(os.pathsep)
-    assert parts == [str(ROOT), "/opt/other", "/opt/more"]  # repo root first, once
+    dist = str(ROOT / ".overlay_dist")  # generated vllm/vllm_ascend metadata (verl_patches.sources.dist_info)
+    assert parts == [str(ROOT), dist, "/opt/other", "/opt/more"]  # repo root first, once
     assert REPO_ROOT == ROOT
     for k, v in UPSTREAM_ENV_VARS.items():  # verl's own runtime env is kept
         assert env["env_vars"][k] == v
@@ -50,7 +51,7 @@ def test_runtime_env_has_the_hook_and_repo_root_first(monkeypatch: pytest.Monkey
 
 def test_pythonpath_without_existing_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    assert worker_pythonpath() == str(ROOT)
+    assert worker_pythonpath() == os.pathsep.join([str(ROOT), str(ROOT / ".overlay_dist")])
 
 
 def test_runtime_env_forwards_our_switches_only(monkeypatch: pytest.MonkeyPatch) -> None:

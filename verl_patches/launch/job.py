@@ -116,7 +116,9 @@ def trainer_command(config_name: str, overrides: list[str]) -> list[str]:
 
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    from verl_patches.sources.dist_info import path_entry  # vllm/vllm_ascend metadata and entry points
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), path_entry(REPO_ROOT)]
+                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

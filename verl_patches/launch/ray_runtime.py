@@ -20,8 +20,10 @@ UPSTREAM_ENV_VARS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "VL
 
 
 def worker_pythonpath() -> str:
+    from verl_patches.sources.dist_info import path_entry  # vllm/vllm_ascend metadata and entry points
+    ours = [str(REPO_ROOT), path_entry(REPO_ROOT)]
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join([str(REPO_ROOT)] + [p for p in current if p != str(REPO_ROOT)])
+    return os.pathsep.join(ours + [p for p in current if p not in ours])
 
 
 def runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:

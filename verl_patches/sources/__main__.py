@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from verl_patches.sources import dist_info
 from verl_patches.sources.errors import SourceError
 from verl_patches.sources.install import SetupOptions, export_cache, relock, setup
 from verl_patches.sources.lock import ROUTES, LockError, load_lock
@@ -84,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.verify or args.audit:
         report = sources_report(root, lock, device, args.only, with_diff=args.audit)
+        report["distributions"] = dist_info.report(root, lock, args.only)  # generated .dist-info folders
         if args.audit:
             from verl_patches.audit import render_text, full_report
             report = full_report(root, lock, device, args.only, sources=report)
             print(json.dumps(report, indent=2) if args.json else render_text(report))
         else:
-            print(json.dumps(report, indent=2) if args.json else render_verify(report["components"]))
-        return exit_status(report["components"])
+            print(json.dumps(report, indent=2) if args.json else
+                  render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"]))
+        return exit_status(report["components"]) or dist_info.exit_status(report["distributions"])
 
     routes = ["cache", "git", "pypi"] if args.route == "auto" else [args.route]
     if args.route == "auto" and args.cache is None:
@@ -115,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"setup_sources.sh: {e}", file=sys.stderr)
         return EXIT_FAIL
     _print_outcomes(outcomes)
+    for d in dist_info.generate(root, lock, args.only):  # vllm / vllm_ascend metadata and entry points
+        print(f"{d.component + ' metadata':<14} {d.status:<36} {d.detail}")
     report = sources_report(root, lock, device, args.only, with_diff=False)
-    status = exit_status(report["components"])
+    status = exit_status(report["components"]) or dist_info.exit_status(dist_info.report(root, lock, args.only))
     if status:
         print(render_verify([c for c in report["components"] if c["status"] != "match"]))
     optional_missing = [c["name"] for c in report["components"] if c["status"] == "missing" and c["optional_here"]]
