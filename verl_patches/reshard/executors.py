@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -207,14 +207,21 @@ def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGr
 
 def gather_pipeline_params(plan: PpGatherPlan, stage: int, tensors: Mapping[str, torch.Tensor],
                            group: dist.ProcessGroup | None, rank: int | None = None,
-                           recorder: Recorder | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                           recorder: Recorder | None = None, buckets: Sequence[int] | None = None
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(global_name, tensor)`` of every eligible parameter of every stage, bucket by bucket.
 
     ``group`` is the pipeline group (group rank == stage); ``tensors`` maps this stage's local names to
     its (TP-gathered) tensors. Tensors yielded for a bucket are views into that bucket's receive buffer.
+    ``buckets`` (indices into ``plan.buckets``) restricts the call to those buckets, so a caller can build
+    each bucket's TP-gathered tensors just before its exchange instead of holding the whole stage; then
+    ``tensors`` needs only those buckets' parameters.
     """
     names = plan.eligible[stage]
-    for i, name in enumerate(names):
+    chosen = range(len(plan.buckets)) if buckets is None else list(buckets)
+    wanted = [i for b in chosen for i in range(*plan.buckets[b])]
+    for i in wanted:
+        name = names[i]
         t = tensors.get(name)
         if t is None:
             raise PlanMismatchError(f"stage {stage}: eligible parameter {name!r} was not passed")
@@ -226,7 +233,7 @@ def gather_pipeline_params(plan: PpGatherPlan, stage: int, tensors: Mapping[str,
         raise PlanMismatchError(f"pipeline group {ranks} has {len(ranks)} ranks for {plan.pp} stages")
     me = ranks[stage] if rank is None else rank
     global_names = [plan.global_names(s) for s in range(plan.pp)]
-    for start, stop in plan.buckets:
+    for start, stop in (plan.buckets[b] for b in chosen):
         parts = [tensors[names[i]].reshape(-1) for i in range(start, stop)]
         flat = parts[0] if len(parts) == 1 else torch.cat(parts)
         n = flat.numel()
