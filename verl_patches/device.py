@@ -28,11 +28,19 @@ def device_kind() -> str:
         if forced not in ("npu", "cuda", "cpu"):
             raise ValueError(f"{DEVICE_ENV}={forced!r}: expected npu, cuda or cpu")
         return forced
-    if importlib.util.find_spec("torch_npu") is not None:
+    spec = importlib.util.find_spec("torch_npu")
+    if spec is not None and not _is_cpu_emulation(getattr(spec, "origin", None)):
         return "npu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _is_cpu_emulation(origin: str | None) -> bool:
+    """Our CPU stand-in torch_npu (verl_patches.npu_emulation) does not make the host an NPU host."""
+    from verl_patches.npu_emulation import is_emulation_path
+
+    return is_emulation_path(origin)
 
 
 def dist_backend(kind: str | None = None) -> str:

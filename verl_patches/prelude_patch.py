@@ -6,11 +6,14 @@ run; (b) by our trainer entry; (c) by the Ray worker process setup hook `activat
 types that never load megatron_workers. Idempotent: a second import or call changes nothing.
 """
 
+from verl_patches.npu_emulation import install_on_cpu_host as _install_npu_emulation
 from verl_patches.patching.registry import activate as _activate_registry
 
+_install_npu_emulation()  # CPU host only: MindSpeed and vllm-ascend import our torch_npu stand-in
 _activate_registry()
 
 
 def activate() -> None:
     """Ray `worker_process_setup_hook` entry: importing this module already did the work."""
+    _install_npu_emulation()
     _activate_registry()

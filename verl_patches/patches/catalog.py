@@ -15,6 +15,10 @@ DECLARATION_MODULES = (
     "verl_patches.patches.verl.single_controller.declarations",
     "verl_patches.patches.verl.workers.declarations",
     "verl_patches.patches.verl.trainer.declarations",
+    "verl_patches.patches.verl.models.declarations",
+    "verl_patches.patches.verl.workers.megatron_declarations",
+    "verl_patches.patches.megatron.declarations",
+    "verl_patches.patches.mindspeed.declarations",
 )
 
 

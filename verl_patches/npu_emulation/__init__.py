@@ -1,0 +1,91 @@
+"""CPU emulation of torch_npu (and the torchair, acl modules MindSpeed imports) for the CPU proof.
+
+`site/` holds real packages named torch_npu, torchair and acl. `install_on_cpu_host()` puts that folder
+on sys.path and PYTHONPATH, only on a CPU host and only when no real torch_npu is installed, so the
+same MindSpeed / MindSpeed-LLM / vllm-ascend code that runs on A3 imports and runs here. On A3 it
+does nothing. `emulation_report()` lists every emulated operation and every MindSpeed feature that
+cannot run on a CPU host (shown by `python -m verl_patches.audit`).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+EMULATED_PACKAGES = ("torch_npu", "torchair", "acl")
+DEVICE_ENV = "VERL_PATCHES_DEVICE"
+
+
+def is_emulation_path(path: str | os.PathLike | None) -> bool:
+    """True for a file or folder inside our stand-in site folder."""
+    if not path:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(SITE_DIR)
+    except OSError:
+        return False
+
+
+def real_torch_npu_installed() -> bool:
+    """A torch_npu that is not ours is importable (looked up on sys.path without our folder, not imported)."""
+    loaded = sys.modules.get("torch_npu")
+    if loaded is not None:
+        return not getattr(loaded, "VERL_PATCHES_CPU_EMULATION", False)
+    search = [p for p in sys.path if not is_emulation_path(p)]
+    return importlib.machinery.PathFinder.find_spec("torch_npu", search) is not None
+
+
+def _host_is_cpu() -> bool:
+    forced = os.environ.get(DEVICE_ENV)
+    if forced:
+        return forced == "cpu"
+    if real_torch_npu_installed():
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def install_on_cpu_host() -> bool:
+    """Make the stand-ins importable in this process and its children; True when they are (idempotent).
+
+    A no-op (False) on an NPU or CUDA host, or when a real torch_npu is installed.
+    """
+    if not _host_is_cpu() or real_torch_npu_installed():
+        return False
+    site = str(SITE_DIR)
+    if site not in sys.path:
+        sys.path.insert(0, site)
+        importlib.invalidate_caches()
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if site not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([site] + parts)
+    return True
+
+
+def is_active() -> bool:
+    """The stand-in torch_npu is what `import torch_npu` gives in this process."""
+    loaded = sys.modules.get("torch_npu")
+    if loaded is not None:
+        return bool(getattr(loaded, "VERL_PATCHES_CPU_EMULATION", False))
+    spec = importlib.util.find_spec("torch_npu")
+    return spec is not None and is_emulation_path(spec.origin)
+
+
+def emulation_report() -> dict:
+    """For the audit: where the stand-ins live, whether they are active here, every emulated op and
+    every MindSpeed feature that cannot run on a CPU host (with the reason)."""
+    from verl_patches.npu_emulation.catalog import limits_table, ops_table
+
+    return {
+        "site": str(SITE_DIR),
+        "packages": list(EMULATED_PACKAGES),
+        "active_in_this_process": is_active(),
+        "applies_when": "CPU host without a real torch_npu (never on A3)",
+        "emulated_ops": ops_table(),
+        "cpu_limits": limits_table(),
+    }

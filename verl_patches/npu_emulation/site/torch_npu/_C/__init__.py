@@ -1,0 +1,9 @@
+"""The compiled-extension names that Python code reaches for, on the CPU."""
+
+from torch_npu._C import _distributed_c10d  # noqa: F401
+
+
+def _npu_get_soc_version() -> int:
+    from torch_npu.npu.utils import get_soc_version
+
+    return get_soc_version()

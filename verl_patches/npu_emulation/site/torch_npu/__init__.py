@@ -1,0 +1,23 @@
+"""CPU emulation of torch_npu (verl_patches). Not the Ascend extension: see verl_patches.npu_emulation.
+
+Importing it registers the "npu" device name and the `torch.npu` module (devices map to the CPU) and
+exposes the emulated fused operations under their torch_npu names. Additive by design: new
+namespaces are new submodules; new ops go in verl_patches/npu_emulation/ops and the list below.
+"""
+
+import torch
+
+from torch_npu import _device
+from torch_npu import npu  # noqa: F401  (the torch.npu module)
+
+from verl_patches.npu_emulation.ops.activation import npu_swiglu, npu_swiglu_backward  # noqa: F401
+from verl_patches.npu_emulation.ops.attention import npu_fusion_attention, npu_fusion_attention_grad  # noqa: F401
+from verl_patches.npu_emulation.ops.norm import npu_rms_norm  # noqa: F401
+from verl_patches.npu_emulation.ops.optim import npu_apply_adam_w  # noqa: F401
+from verl_patches.npu_emulation.ops.rotary import npu_rotary_mul  # noqa: F401
+from verl_patches.npu_emulation.ops.softmax import npu_scaled_masked_softmax  # noqa: F401
+
+__version__ = "2.5.1.post1+cpu.emulation"
+VERL_PATCHES_CPU_EMULATION = True  # how our code tells this package from the real torch_npu
+
+_device.register()

@@ -1,0 +1,129 @@
+"""What torch_npu.contrib.transfer_to_npu does, with the NPU being the host CPU.
+
+The real module remaps CUDA calls process-wide onto the NPU: `torch.cuda.*` becomes `torch.npu.*`,
+"cuda" device arguments of tensor factories become "npu", `.cuda()` becomes `.npu()` and an "nccl"
+process group becomes "hccl". Megatron and MindSpeed rely on that remapping on A3. On a CPU host
+the same remapping ends on the CPU: device arguments naming cuda/npu (or a bare device index) become
+"cpu", `.cuda()`/`.npu()` return the tensor on the CPU, and nccl/hccl process groups use gloo.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+ACCELERATOR_TYPES = ("cuda", "npu")
+# torch functions that take a `device` argument and are called with "cuda" by Megatron/MindSpeed.
+FACTORY_FUNCTIONS = (
+    "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "range", "linspace", "logspace", "rand",
+    "randn", "randint", "randperm", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+    "randn_like", "randint_like", "empty_strided", "eye", "tril_indices", "triu_indices", "normal",
+    "scalar_tensor",
+)
+TENSOR_METHODS = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided")
+_APPLIED = False
+
+
+def host_device(device: Any) -> Any:
+    """The CPU for any accelerator device (name, torch.device or bare index); anything else unchanged."""
+    if isinstance(device, bool):
+        return device
+    if isinstance(device, int):
+        return torch.device("cpu")
+    if isinstance(device, str):
+        kind = device.split(":", 1)[0]
+        return "cpu" if kind in ACCELERATOR_TYPES else device
+    if isinstance(device, torch.device) and device.type in ACCELERATOR_TYPES:
+        return torch.device("cpu")
+    return device
+
+
+def _map_device_kwarg(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = host_device(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    wrapper.__verl_patches_transfer__ = fn
+    return wrapper
+
+
+def _is_device_like(a: Any) -> bool:
+    return isinstance(a, torch.device) or (isinstance(a, str) and a.split(":", 1)[0] in ACCELERATOR_TYPES + ("cpu",)) \
+        or (isinstance(a, int) and not isinstance(a, bool))
+
+
+def _map_to(fn):
+    """Tensor.to / Module.to: a positional device (first argument) or device= maps to the CPU."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        if args and _is_device_like(args[0]):
+            args = (host_device(args[0]),) + args[1:]
+        if "device" in kwargs:
+            kwargs["device"] = host_device(kwargs["device"])
+        return fn(self, *args, **kwargs)
+
+    wrapper.__verl_patches_transfer__ = fn
+    return wrapper
+
+
+def _to_host(self, device=None, non_blocking: bool = False, **kwargs):
+    return self.to("cpu", non_blocking=non_blocking) if isinstance(self, torch.Tensor) else self.to("cpu")
+
+
+def _init_process_group(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        backend = kwargs.get("backend", args[0] if args else None)
+        if isinstance(backend, str) and backend.lower() in ("nccl", "hccl"):
+            if args:
+                args = ("gloo",) + args[1:]
+            else:
+                kwargs["backend"] = "gloo"
+        if "device_id" in kwargs:
+            kwargs["device_id"] = None
+        return fn(*args, **kwargs)
+
+    wrapper.__verl_patches_transfer__ = fn
+    return wrapper
+
+
+def _cuda_names_to_npu() -> None:
+    import torch_npu  # noqa: F401  (the emulated one: registers torch.npu)
+
+    npu = torch.npu
+    for name in ("current_device", "device_count", "set_device", "synchronize", "is_initialized", "get_rng_state",
+                 "set_rng_state", "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all",
+                 "seed", "initial_seed", "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "max_memory_reserved", "memory_stats", "mem_get_info", "reset_max_memory_allocated",
+                 "reset_peak_memory_stats", "get_device_name", "get_device_capability", "get_device_properties",
+                 "Stream", "Event", "current_stream", "default_stream", "stream", "device", "_lazy_call",
+                 "_lazy_init", "default_generators", "set_per_process_memory_fraction"):
+        setattr(torch.cuda, name, getattr(npu, name))
+
+
+def apply() -> None:
+    """Install the remapping once per process (importing torch_npu.contrib.transfer_to_npu calls it)."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    for name in FACTORY_FUNCTIONS:
+        wrapper = _map_device_kwarg(getattr(torch, name))
+        setattr(torch, name, wrapper)
+        # TorchScript (which MindSpeed substitutes for torch.compile) must still see the aten op here.
+        torch.jit._builtins._register_builtin(wrapper, f"aten::{name}")
+    for name in TENSOR_METHODS:
+        setattr(torch.Tensor, name, _map_device_kwarg(getattr(torch.Tensor, name)))
+    torch.Tensor.to = _map_to(torch.Tensor.to)
+    torch.nn.Module.to = _map_to(torch.nn.Module.to)
+    torch.Tensor.cuda = _to_host
+    torch.Tensor.npu = _to_host
+    torch.nn.Module.cuda = _to_host
+    torch.nn.Module.npu = _to_host
+    torch.distributed.init_process_group = _init_process_group(torch.distributed.init_process_group)
+    _cuda_names_to_npu()
+    _APPLIED = True
