@@ -80,8 +80,7 @@ def test_tampered_pypi_artifact_is_refused(exported, tmp_path):
     assert (root / "alpha").is_dir()  # the rest is still set up
 
 
-def test_tampered_git_tree_is_refused_naming_the_file(exported, tmp_path):
-    lock, cache_dir, env = exported
+def _tamper_alpha_tar(cache_dir):
     entry = json.loads((cache_dir / "sources-cache.json").read_text())["components"]["alpha"]
     tar_path = cache_dir / entry["file"]
     with tarfile.open(tar_path) as t:
@@ -92,6 +91,27 @@ def test_tampered_git_tree_is_refused_naming_the_file(exported, tmp_path):
                 data = b"tampered\n"
                 m.size = len(data)
             t.addfile(m, io.BytesIO(data) if data is not None else None)
+    return tar_path
+
+
+def test_tampered_git_tar_is_refused_by_the_recorded_sha256_before_unpacking(exported, tmp_path):
+    lock, cache_dir, env = exported
+    tar_path = _tamper_alpha_tar(cache_dir)
+    root = tmp_path / "airgapped"
+    r = _install(lock, cache_dir, root, env)
+    assert r.rc == 1
+    assert "INTEGRITY ERROR" in r.text and f"{tar_path}: sha256" in r.text and "sources-cache.json" in r.text
+    assert "unpacking " + tar_path.name not in r.text  # refused before extraction
+    assert not (root / "alpha").exists()
+
+
+def test_tampered_git_tree_with_a_rewritten_index_is_refused_naming_the_file(exported, tmp_path):
+    lock, cache_dir, env = exported
+    tar_path = _tamper_alpha_tar(cache_dir)
+    index = cache_dir / "sources-cache.json"
+    data = json.loads(index.read_text())
+    data["components"]["alpha"]["sha256"] = sha256_bytes(tar_path.read_bytes())  # the attacker fixes the index
+    index.write_text(json.dumps(data))
     root = tmp_path / "airgapped"
     r = _install(lock, cache_dir, root, env)
     assert r.rc == 1

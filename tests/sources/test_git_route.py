@@ -130,10 +130,11 @@ def test_mirror_overrides_by_flag_and_environment(tmp_path, upstream):
     assert f"{bad_path}2" in r.err
 
     opts = install.SetupOptions(root=tmp_path, lock=load_lock(lock), cache=tmp_path, routes=["git"],
-                                mirrors={"alpha": ["flag-url"]})
-    os.environ["VERL_OVERLAY_GIT_MIRROR_ALPHA"] = "env-url"
+                                mirrors={"alpha": ["https://flag.example/alpha.git"]})
+    os.environ["VERL_OVERLAY_GIT_MIRROR_ALPHA"] = "git@env.example:alpha.git"
     try:
-        assert install.git_urls(opts, load_lock(lock).components["alpha"]) == ["env-url", "flag-url", bad_path]
+        assert install.git_urls(opts, load_lock(lock).components["alpha"]) == [
+            "git@env.example:alpha.git", "https://flag.example/alpha.git", bad_path]
     finally:
         del os.environ["VERL_OVERLAY_GIT_MIRROR_ALPHA"]
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from verl_patches.sources import dist_info
+from verl_patches.sources import names
 from verl_patches.sources.errors import SourceError
-from verl_patches.sources.install import SetupOptions, export_cache, relock, setup
+from verl_patches.sources.install import SetupOptions, export_cache, git_urls, relock, setup
 from verl_patches.sources.lock import ROUTES, LockError, load_lock
 from verl_patches.sources.paths import detect_device, user_cache_dir
 from verl_patches.sources.report import exit_status, render_verify, sources_report
@@ -58,6 +59,10 @@ def _mirrors(items: list[str]) -> dict[str, list[str]]:
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
             raise SystemExit(f"setup_sources.sh: --mirror expects NAME=URL, got {item!r}")
+        try:
+            names.git_url(url)
+        except ValueError as e:
+            raise SystemExit(f"setup_sources.sh: --mirror {name}=: {e}") from None
         out.setdefault(name, []).append(url)
     return out
 
@@ -101,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     opts = SetupOptions(root=root, lock=lock, cache=user_cache_dir(), routes=routes, cache_dir=args.cache,
                         index_url=args.index_url, mirrors=_mirrors(args.mirror), offline=args.offline,
                         force=args.force, device=device)
+    try:
+        unknown = sorted(set(opts.mirrors) - set(lock.components))
+        if unknown:
+            raise SourceError(f"--mirror {unknown[0]}=...: no component {unknown[0]!r} in {lock.path.name}")
+        for comp in lock.select(args.only):  # every mirror is checked before anything runs
+            git_urls(opts, comp)
+    except SourceError as e:
+        print(f"setup_sources.sh: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.export_cache:
             outcomes = export_cache(opts, args.export_cache, args.only)

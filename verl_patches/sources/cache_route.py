@@ -9,42 +9,85 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
-from verl_patches.sources.lock import Component
+from verl_patches.sources.lock import HEX64, Component
+from verl_patches.sources.pypi_route import sha256_file
 
 MANIFEST = "sources-cache.json"
 
 
 def read_index(cache_dir: Path) -> dict:
     p = Path(cache_dir) / MANIFEST
-    if not p.exists():
+    if not p.is_file():
         raise RouteUnavailable(f"{cache_dir} has no {MANIFEST} (make one with --export-cache on a connected machine)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise IntegrityError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno})") from None
-    if data.get("schema") != 1 or not isinstance(data.get("components"), dict):
+    except (UnicodeDecodeError, RecursionError):
+        raise IntegrityError(f"{p}: not a UTF-8 JSON index of a plausible depth") from None
+    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("components"), dict):
         raise IntegrityError(f"{p}: expected {{'schema': 1, 'components': {{...}}}}")
     return data
 
 
-def entry_for(cache_dir: Path, component: Component) -> tuple[str, Path, dict]:
-    """(route the artifact came from, artifact path, entry) for a component, checked against the lock."""
-    entry = read_index(cache_dir)["components"].get(component.name)
-    if entry is None:
-        raise RouteUnavailable(f"{Path(cache_dir) / MANIFEST} has no entry for {component.name}")
-    path = Path(cache_dir) / entry["file"]
+def _field(p: Path, name: str, entry: dict, key: str, check=None) -> str:
+    value = entry.get(key)
+    if not isinstance(value, str):
+        raise IntegrityError(f"{p}: components.{name}.{key}: expected a string, got {value!r}")
+    if check is not None:
+        try:
+            check(value)
+        except ValueError as e:
+            raise IntegrityError(f"{p}: components.{name}.{key}: {e}") from None
+    return value
+
+
+def _artifact_path(cache_dir: Path, p: Path, name: str, file: str) -> Path:
+    """The listed artifact, a regular file inside the cache folder (never a link out of it or a device)."""
+    path = Path(cache_dir) / file
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise IntegrityError(f"{p}: components.{name}.file: {file!r} is not a regular file in {cache_dir}")
     if not path.exists():
         raise RouteUnavailable(f"{path} is listed in {MANIFEST} but missing")
+    return path
+
+
+def entry_for(cache_dir: Path, component: Component) -> tuple[str, Path, dict]:
+    """(route the artifact came from, artifact path, entry) for a component, checked against the lock.
+
+    The artifact's sha256 recorded at export is checked here, before anything is unpacked.
+    """
+    p = Path(cache_dir) / MANIFEST
+    entry = read_index(cache_dir)["components"].get(component.name)
+    if entry is None:
+        raise RouteUnavailable(f"{p} has no entry for {component.name}")
+    if not isinstance(entry, dict):
+        raise IntegrityError(f"{p}: components.{component.name}: expected an object, got {type(entry).__name__}")
+    name = component.name
     route = entry.get("route")
+    if route not in ("git", "pypi"):
+        raise IntegrityError(f"{p}: components.{name}.route: unknown route {route!r} (expected git or pypi)")
+    file = _field(p, name, entry, "file", names.plain_name)
+    sha = _field(p, name, entry, "sha256")
+    if not HEX64.match(sha):
+        raise IntegrityError(f"{p}: components.{name}.sha256: {sha!r} is not a 64-hex sha256")
     if route == "git":
-        if entry.get("commit") != component.commit:
-            raise IntegrityError(f"{path.name}: exported from commit {entry.get('commit')}, the lock pins {component.commit}")
-    elif route == "pypi":
-        if component.pypi is None or entry.get("file") != component.pypi.file:
-            raise IntegrityError(f"{path.name}: not the artifact the lock names for {component.name}")
-    else:
-        raise IntegrityError(f"{MANIFEST}: {component.name}: unknown route {route!r}")
+        commit = _field(p, name, entry, "commit")
+        if commit != component.commit:
+            raise IntegrityError(f"{p}: components.{name}.commit: exported from commit {commit}, "
+                                 f"the lock pins {component.commit}")
+        if "subdir" in entry:
+            _field(p, name, entry, "subdir", names.relative_path)
+    elif component.pypi is None or file != component.pypi.file:
+        raise IntegrityError(f"{p}: components.{name}.file: {file!r} is not the artifact the lock names for {name}")
+    elif sha != component.pypi.sha256:
+        raise IntegrityError(f"{p}: components.{name}.sha256: {sha} differs from the lock's {component.pypi.sha256}")
+    path = _artifact_path(cache_dir, p, name, file)
+    found = sha256_file(path)
+    if found != sha:
+        raise IntegrityError(f"{path}: sha256 {found} differs from the {sha} recorded in {MANIFEST}")
     return route, path, entry
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_patches.sources import prelude_line
+from verl_patches.sources.bytecode import bytecode_problems
 from verl_patches.sources.lock import Component, Lock
 from verl_patches.sources.manifests import load_manifest
 from verl_patches.sources.treehash import FileHashes, combine, compare, file_hashes
@@ -29,6 +30,7 @@ class FolderReport:
     tree_sha256: str = ""
     matched_route: str | None = None  # the route whose pinned tree this folder equals, if any
     differences: dict[str, list[str]] = field(default_factory=dict)  # vs the closest route's manifest
+    bytecode: list[str] = field(default_factory=list)  # byte-code not proved equal to its source
     compared_route: str | None = None
     prelude_expected: bool = False
     prelude_in_place: bool = False
@@ -36,7 +38,9 @@ class FolderReport:
 
     @property
     def pristine(self) -> bool:
-        return self.matched_route is not None
+        # byte-code that may run instead of its source makes the folder differ from the lock, although
+        # the tree hash (which leaves __pycache__ out) matches
+        return self.matched_route is not None and not self.bytecode
 
     @property
     def ok(self) -> bool:
@@ -47,6 +51,7 @@ class FolderReport:
         for kind in ("changed", "added", "removed"):
             for p in self.differences.get(kind, []):
                 out.append(f"{kind}: {self.component}/{p}")
+        out += [f"byte-code: {self.component}/{p}" for p in self.bytecode]
         if len(out) > limit:
             out = out[:limit] + [f"… and {len(out) - limit} more"]
         return out
@@ -63,11 +68,12 @@ def check_folder(root: Path, lock: Lock, component: Component, preferred_route: 
     for route, expected in component.expected_hashes().items():
         if expected == rep.tree_sha256:
             rep.matched_route = route
+    rep.bytecode = bytecode_problems(folder)
     if rel is not None:
         target = folder / rel
         rep.prelude_in_place = target.is_file() and prelude_line.is_in_place(
             target.read_bytes(), lock.prelude_line, str(target))
-    if not rep.pristine:
+    if rep.matched_route is None:
         best = None
         routes = [preferred_route] if preferred_route else []
         routes += [r for r in ("pypi", "git") if r not in routes]

@@ -10,10 +10,25 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
+from verl_patches.sources.extract import confined_target
 from verl_patches.sources.lock import Component
 
 GIT_TIMEOUT_S = float(os.environ.get("VERL_OVERLAY_GIT_TIMEOUT", "600"))
+# Transports git may use, whatever a URL says (ext:: and fd:: run commands); local paths are "file".
+ALLOWED_PROTOCOLS = "https:http:ssh:git:file"
+
+
+class BadGitArgument(IntegrityError):
+    """A URL or ref that git could read as an option or a command-running transport."""
+
+
+def checked_url(url: str) -> str:
+    try:
+        return names.git_url(url)
+    except ValueError as e:
+        raise BadGitArgument(f"git URL refused: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -26,7 +41,8 @@ class GitFetch:
 def _git(args: list[str], git_dir: Path | None = None, timeout: float = GIT_TIMEOUT_S,
          input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
     cmd = ["git"] + (["--git-dir", str(git_dir)] if git_dir else []) + args
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C")
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C",
+               GIT_ALLOW_PROTOCOL=ALLOWED_PROTOCOLS, GIT_PROTOCOL_FROM_USER="0")
     try:
         return subprocess.run(cmd, capture_output=True, timeout=timeout, env=env, input=input_bytes)
     except FileNotFoundError:
@@ -41,7 +57,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def cache_git_dir(cache: Path, component: Component) -> Path:
-    return cache / "git" / f"{component.name}.git"
+    return cache / "git" / f"{names.plain_name(component.name)}.git"
 
 
 def _ensure_bare(git_dir: Path) -> None:
@@ -60,6 +76,11 @@ def has_commit(git_dir: Path, commit: str) -> bool:
 
 def resolve_ref(url: str, ref: str) -> str | None:
     """The commit a remote ref points to (peeled for annotated tags), or None if the ref is absent."""
+    checked_url(url)
+    try:
+        names.git_ref(ref)
+    except ValueError as e:
+        raise BadGitArgument(f"git ref refused: {e}") from None
     proc = _git(["ls-remote", url, ref, f"{ref}^{{}}"], timeout=min(GIT_TIMEOUT_S, 120))
     if proc.returncode:
         raise RouteUnavailable(_last_line(proc))
@@ -82,6 +103,8 @@ def fetch_commit(component: Component, cache: Path, urls: list[str], offline: bo
         raise RouteUnavailable("commit not in the git cache and --offline was given")
     _ensure_bare(git_dir)
     attempts: list[str] = []
+    for url in urls:
+        checked_url(url)  # before anything reaches git: a refused URL is an error, not a mirror to skip
     for url in urls:
         try:
             found = resolve_ref(url, component.ref)
@@ -137,7 +160,7 @@ def export_tree(git_dir: Path, commit: str, subdir: str, dest: Path) -> int:
         size = int(out[pos:header_end].split()[2])
         data = out[header_end + 1: header_end + 1 + size]
         pos = header_end + 1 + size + 1
-        target = dest / path[len(prefix):]
+        target = confined_target(dest, path[len(prefix):])
         target.parent.mkdir(parents=True, exist_ok=True)
         if mode == "120000":
             os.symlink(data.decode(), target)

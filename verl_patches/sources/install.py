@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_patches.sources import cache_route, git_route, prelude_line, pypi_route
+from verl_patches.sources import cache_route, git_route, names, prelude_line, pypi_route
 from verl_patches.sources.errors import IntegrityError, LocalEditsError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import extract_subdir, write_tar
 from verl_patches.sources.folder_check import check_folder, pristine_filters, prelude_relpath
@@ -56,9 +56,21 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+class BadMirror(SourceError):
+    """A mirror from --mirror or VERL_OVERLAY_GIT_MIRROR_* that is not an allowed git URL."""
+
+
 def git_urls(opts: SetupOptions, comp: Component) -> list[str]:
-    env = os.environ.get(f"VERL_OVERLAY_GIT_MIRROR_{comp.name.upper()}", "")
-    extra = [u for u in env.split(",") if u] + opts.mirrors.get(comp.name, [])
+    """Mirrors first (environment, then flags), then the lock's URLs; every one allow-listed."""
+    var = f"VERL_OVERLAY_GIT_MIRROR_{comp.name.upper()}"
+    sources = [(u, var) for u in os.environ.get(var, "").split(",") if u]
+    sources += [(u, f"--mirror {comp.name}=") for u in opts.mirrors.get(comp.name, [])]
+    for url, origin in sources:
+        try:
+            names.git_url(url)
+        except ValueError as e:
+            raise BadMirror(f"{origin}: {e}") from None
+    extra = [u for u, _ in sources]
     return extra + [u for u in comp.git_urls if u not in extra]
 
 
@@ -84,11 +96,9 @@ def _materialize(opts: SetupOptions, comp: Component, route: str, dest: Path) ->
     if route == "cache":
         if opts.cache_dir is None:
             raise RouteUnavailable("no --cache DIR given")
-        origin, path, entry = cache_route.entry_for(opts.cache_dir, comp)
+        origin, path, entry = cache_route.entry_for(opts.cache_dir, comp)  # sha256 checked there
         if origin == "pypi":
             assert comp.pypi is not None
-            if pypi_route.sha256_file(path) != comp.pypi.sha256:
-                raise IntegrityError(f"{path}: sha256 differs from the lock's {comp.pypi.sha256}")
             subdir = comp.pypi.subdir
         else:
             subdir = entry.get("subdir", comp.package)
@@ -174,8 +184,16 @@ def _recover_interrupted_swap(root: Path, comp: Component) -> None:
     log(f"  {comp.name}: restored {comp.package}/ from an interrupted earlier run")
 
 
+def _package_folder(root: Path, comp: Component) -> Path:
+    """root/package, refused unless it is a direct child of root (the lock allow-lists the name too)."""
+    folder = root / names.plain_name(comp.package)
+    if folder.parent.resolve() != root.resolve():
+        raise SourceError(f"{comp.package!r}: the package folder must be a direct child of {root}")
+    return folder
+
+
 def _swap_in(root: Path, comp: Component, new_dir: Path) -> None:
-    folder = root / comp.package
+    folder = _package_folder(root, comp)
     build = root / BUILD_DIR_NAME
     old = build / f"{comp.package}.old.{os.getpid()}"
     if folder.exists():

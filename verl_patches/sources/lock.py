@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from verl_patches.sources import names
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -78,38 +80,69 @@ def _req(table: dict[str, Any], key: str, where: str, typ: type) -> Any:
     return value
 
 
+def _checked(check: Callable[[object], str], value: object, where: str) -> Any:
+    """`value` if the allow-list `check` accepts it, else a LockError naming the key."""
+    try:
+        return check(value)
+    except ValueError as e:
+        raise LockError(f"{where}: {e}") from None
+
+
 def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
+    # The name becomes a cache folder and an environment variable name, the package a folder at the
+    # root, the subdirs archive prefixes: each is allow-listed so none can leave its folder.
+    _checked(names.plain_name, name, where)
+    if not isinstance(table, dict):
+        raise LockError(f"{where}: expected a table, got {type(table).__name__}")
     commit = _req(table, "commit", where, str)
     if not HEX40.match(commit):
         raise LockError(f"{where}.commit: '{commit}' is not a full 40-hex commit id")
     urls = _req(table, "git_urls", where, list)
     if not urls or not all(isinstance(u, str) and u for u in urls):
         raise LockError(f"{where}.git_urls: needs at least one URL string")
+    for i, u in enumerate(urls):
+        _checked(names.git_url, u, f"{where}.git_urls[{i}]")
     pypi = None
     if "pypi" in table:
         p = table["pypi"]
         pw = f"{where}.pypi"
+        if not isinstance(p, dict):
+            raise LockError(f"{pw}: expected a table, got {type(p).__name__}")
         sha = _req(p, "sha256", pw, str)
         if not HEX64.match(sha):
             raise LockError(f"{pw}.sha256: '{sha}' is not a 64-hex sha256")
-        pypi = PypiArtifact(name=_req(p, "name", pw, str), version=_req(p, "version", pw, str),
-                            file=_req(p, "file", pw, str), sha256=sha, subdir=_req(p, "subdir", pw, str),
-                            url=p.get("url", ""))
+        url = p.get("url", "")
+        if url:
+            _checked(names.download_url, url, f"{pw}.url")
+        pypi = PypiArtifact(name=_checked(names.plain_name, _req(p, "name", pw, str), f"{pw}.name"),
+                            version=_req(p, "version", pw, str),
+                            file=_checked(names.artifact_file, _req(p, "file", pw, str), f"{pw}.file"), sha256=sha,
+                            subdir=_checked(names.relative_path, _req(p, "subdir", pw, str), f"{pw}.subdir"),
+                            url=url)
     hashes = table.get("tree_sha256", {})
+    if not isinstance(hashes, dict):
+        raise LockError(f"{where}.tree_sha256: expected a table, got {type(hashes).__name__}")
     for route, h in hashes.items():
         if route not in ("git", "pypi"):
             raise LockError(f"{where}.tree_sha256.{route}: unknown route (expected git or pypi)")
-        if h and not HEX64.match(h):
+        if not isinstance(h, str) or (h and not HEX64.match(h)):
             raise LockError(f"{where}.tree_sha256.{route}: '{h}' is not a 64-hex sha256")
     if pypi is None and hashes.get("pypi"):
         raise LockError(f"{where}.tree_sha256.pypi: set, but the component has no [pypi] artifact")
-    needed = tuple(table.get("needed_on", ["npu", "cpu"]))
+    needed_raw = table.get("needed_on", ["npu", "cpu"])
+    if not isinstance(needed_raw, list):
+        raise LockError(f"{where}.needed_on: expected a list of devices, got {type(needed_raw).__name__}")
+    needed = tuple(needed_raw)
     for d in needed:
         if d not in ("npu", "cuda", "cpu"):
             raise LockError(f"{where}.needed_on: unknown device '{d}'")
-    return Component(name=name, package=_req(table, "package", where, str), git_urls=tuple(urls),
-                     ref=_req(table, "ref", where, str), commit=commit,
-                     git_subdir=_req(table, "git_subdir", where, str), needed_on=needed, pypi=pypi,
+    return Component(name=name, package=_checked(names.plain_name, _req(table, "package", where, str),
+                                                  f"{where}.package"),
+                     git_urls=tuple(urls), ref=_checked(names.git_ref, _req(table, "ref", where, str), f"{where}.ref"),
+                     commit=commit,
+                     git_subdir=_checked(names.relative_path, _req(table, "git_subdir", where, str),
+                                         f"{where}.git_subdir"),
+                     needed_on=needed, pypi=pypi,
                      tree_sha256=dict(hashes), notes=table.get("notes", ""))
 
 
@@ -131,8 +164,11 @@ def load_lock(path: Path) -> Lock:
     if len(set(packages)) != len(packages):
         raise LockError(f"{path}: two components share a package folder: {packages}")
     prelude = data.get("prelude", {})
+    if not isinstance(prelude, dict):
+        raise LockError(f"{path.name}: prelude: expected a table")
     return Lock(path=path, components=parsed,
-                prelude_file=_req(prelude, "file", f"{path.name}: prelude", str),
+                prelude_file=_checked(names.relative_path, _req(prelude, "file", f"{path.name}: prelude", str),
+                                      f"{path.name}: prelude.file"),
                 prelude_line=_req(prelude, "line", f"{path.name}: prelude", str))
 
 

@@ -18,6 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
 from verl_patches.sources.lock import PypiArtifact
 
@@ -76,7 +77,12 @@ def find_on_index(index_url: str, artifact: PypiArtifact) -> tuple[str, str | No
         url, _, frag = href.partition("#")
         if urllib.parse.unquote(url.rsplit("/", 1)[-1]) == artifact.file:
             sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
-            return urllib.parse.urljoin(page, url), sha
+            full = urllib.parse.urljoin(page, url)
+            scheme = urllib.parse.urlsplit(full).scheme.lower()
+            # an index page may only send us to the web, or to local files when it is local itself
+            if scheme not in ("http", "https") and not (scheme == "file" and page.startswith("file:")):
+                raise IntegrityError(f"index {page} lists {artifact.file} at {full!r}: scheme {scheme!r} refused")
+            return full, sha
     raise RouteUnavailable(f"index {page} does not list {artifact.file}")
 
 
@@ -99,7 +105,7 @@ def _download(url: str, target: Path, label: str) -> None:
 
 
 def cached_artifact(cache: Path, artifact: PypiArtifact) -> Path:
-    return cache / "pypi" / artifact.file
+    return cache / "pypi" / names.artifact_file(artifact.file)
 
 
 def fetch_artifact(artifact: PypiArtifact, cache: Path, index_url: str | None = None,
@@ -108,10 +114,12 @@ def fetch_artifact(artifact: PypiArtifact, cache: Path, index_url: str | None = 
     if not artifact.sha256:
         raise IntegrityError(f"{artifact.file}: the lock has no sha256 for it; run setup_sources.sh --relock")
     target = cached_artifact(cache, artifact)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise IntegrityError(f"{target}: not a regular file; remove it from the download cache")
     if target.exists():
         if sha256_file(target) == artifact.sha256:
             return target, "cache"
-        target.unlink()  # a corrupt or foreign file: fetch again, never trust it
+        target.unlink()  # a corrupt or foreign file in our own cache folder: fetch again, never trust it
     if offline:
         raise RouteUnavailable(f"{artifact.file} not in the cache and --offline was given")
     target.parent.mkdir(parents=True, exist_ok=True)
