@@ -212,5 +212,6 @@ def test_scan_finds_direct_calls():
 def test_no_other_module_of_ours_calls_torch_cuda_or_npu():
     files = sorted((REPO / "verl_patches").rglob("*.py"))
     assert len(files) > 20
-    offenders = [h for f in files if f not in ALLOWED for h in accelerator_uses(f)]
+    emulation = REPO / "verl_patches" / "npu_emulation"  # the emulated device itself (CPU hosts only)
+    offenders = [h for f in files if f not in ALLOWED and not f.is_relative_to(emulation) for h in accelerator_uses(f)]
     assert offenders == [], "call verl_patches.device instead:\n" + "\n".join(offenders)
