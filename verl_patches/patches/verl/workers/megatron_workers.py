@@ -1,0 +1,185 @@
+"""C1: verl's Megatron ``ActorRolloutRefWorker`` on core_r0.8.0 + MindSpeed (A3) and on the CPU emulation.
+
+What changes against verl v0.4.0, and why:
+
+- ``__init__``: upstream opens an nccl group and calls ``mpu.initialize_model_parallel`` with
+  ``expert_tensor_parallel_size`` (absent in core_r0.8.0). Here the process group comes from the device
+  (hccl on NPU, gloo on the CPU) and Megatron is brought up by ``verl_patches.train_engine``'s
+  ``initialize_megatron`` (MindSpeed-LLM's argument parsing + MindSpeed's adaptor, vendor item D1), before
+  upstream's ``__init__`` runs, so its own block is skipped. Afterwards the reference's batch sizes and
+  offload flag are normalised for the fused ``actor_rollout_ref`` role too (upstream's ``elif`` skips them,
+  and ``init_model`` then fails on the missing ``_ref_is_offload_param``).
+- ``_build_model_optimizer`` gains ``is_for_actor``: upstream builds the actor only when the role is also a
+  rollout and builds nothing at all for a plain ``actor``; the fused role would build the actor twice.
+- Weights with ``use_dist_checkpointing`` come from our converter's legacy layout (``legacy_checkpoint``).
+- Every batch carries the rollout's sampling temperature, which the actor applies to its logits (C3).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from verl_patches.patches.verl.workers.legacy_checkpoint import load_legacy_weights
+
+
+def process_group_backend(device: str) -> str:
+    return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[device]
+
+
+def normalize_ref_batch_sizes(ref_config: Any, dp_size: int) -> None:
+    """verl's reference normalisation (global micro-batch -> per-rank), for every role that holds a ref."""
+    if ref_config.get("log_prob_micro_batch_size", None):
+        ref_config.log_prob_micro_batch_size //= dp_size
+        ref_config.log_prob_micro_batch_size_per_gpu = ref_config.log_prob_micro_batch_size
+    elif ref_config.get("log_prob_micro_batch_size_per_gpu", None) is None:
+        raise ValueError("actor_rollout_ref.ref: set log_prob_micro_batch_size_per_gpu (or log_prob_micro_batch_size)")
+
+
+def bring_up(config: Any) -> None:
+    """Process group + Megatron/MindSpeed initialisation, once per process."""
+    from megatron.core import parallel_state as mpu
+
+    from verl_patches.device import current_device
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend=process_group_backend(current_device()))
+    if not mpu.model_parallel_is_initialized():
+        from verl_patches.train_engine import initialize_megatron
+
+        initialize_megatron(config)
+
+
+def wrap_init(original: Callable) -> Callable:
+    def __init__(self, config: Any, role: str) -> None:
+        bring_up(config)
+        original(self, config, role)
+        if self._is_actor and self._is_ref:  # upstream's elif skipped the reference block for the fused role
+            from megatron.core import parallel_state as mpu
+
+            normalize_ref_batch_sizes(self.config.ref, mpu.get_data_parallel_world_size())
+            self._ref_is_offload_param = self.config.ref.megatron.get("param_offload", False)
+
+    return __init__
+
+
+def _build_model_optimizer(self, model_path: str, optim_config: Any, override_model_config: dict,
+                           override_transformer_config: dict, is_for_actor: bool = True) -> tuple:
+    from megatron.core.models.gpt.gpt_model import ModelType
+    from verl.utils.megatron.optimizer import get_megatron_optimizer
+    from verl.utils.megatron_utils import get_model, init_megatron_optim_config
+    from verl.utils.model import get_generation_config, load_megatron_gptmodel_weights
+
+    self._init_hf_config_and_tf_config(model_path, model_path, self.dtype, override_model_config,
+                                       override_transformer_config, self.config.model.get("trust_remote_code", False))
+    self.generation_config = get_generation_config(self.local_path)
+    freeze_router = override_model_config.get("moe_config", {}).get("freeze_moe_router", False)
+
+    def provider(pre_process: bool, post_process: bool) -> Any:
+        from verl.models.mcore import init_mcore_model
+
+        return init_mcore_model(self.tf_config, self.hf_config, pre_process, post_process,
+                                share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
+                                value=False, freeze_moe_router=freeze_router)
+
+    role_cfg = self.config.actor if is_for_actor else self.config.ref
+    if is_for_actor:
+        module = get_model(provider, wrap_with_ddp=True,
+                           use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer)
+    else:
+        module = get_model(model_provider_func=provider, model_type=ModelType.encoder_or_decoder, wrap_with_ddp=False,
+                           use_distributed_optimizer=self.config.ref.megatron.use_distributed_optimizer)
+    if role_cfg.load_weight:
+        if not is_for_actor and self.config.actor.load_weight != self.config.ref.load_weight:
+            raise ValueError("actor.load_weight and ref.load_weight must agree (the reference is the initial actor)")
+        if role_cfg.megatron.use_dist_checkpointing:
+            if not role_cfg.megatron.get("dist_checkpointing_path", None):
+                raise ValueError(f"{'actor' if is_for_actor else 'ref'}.megatron.dist_checkpointing_path is not set "
+                                 "(DIST_CKPT_PATH)")
+            load_legacy_weights(module, role_cfg.megatron.dist_checkpointing_path, is_value_model=False)
+        else:
+            load_megatron_gptmodel_weights(self.config, self.hf_config, module, params_dtype=self.dtype,
+                                           is_value_model=False)
+    if not is_for_actor:
+        return module, self.hf_config
+    optimizer, optim_cfg = None, None
+    if self._is_actor:
+        optim_cfg = init_megatron_optim_config(optim_config)
+        optimizer = get_megatron_optimizer(model=module, config=optim_cfg)
+    return module, optimizer, self.hf_config, optim_cfg
+
+
+def init_model(self) -> None:
+    from omegaconf import OmegaConf
+    from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager
+    from verl.utils.flops_counter import FlopsCounter
+    from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
+    from megatron.training import get_args
+    from verl.workers.actor.megatron_actor import MegatronPPOActor
+
+    if self.config.model.get("external_lib", None) is not None:
+        import importlib
+
+        importlib.import_module(self.config.model.external_lib)
+    override_model_config = OmegaConf.to_container(self.config.model.get("override_config", OmegaConf.create()))
+
+    def overrides(role_cfg: Any) -> dict:
+        return OmegaConf.to_container(role_cfg.megatron.get("override_transformer_config", OmegaConf.create()),
+                                      resolve=True)
+
+    # one source of truth for the dtype: the Megatron arguments MindSpeed-LLM builds the model from
+    # (bf16 on A3 as in upstream; the CPU golden test also runs fp32)
+    self.param_dtype = get_args().params_dtype
+    self.dtype = self.param_dtype
+    if self._is_actor or self._is_rollout:
+        self.actor_module, self.actor_optimizer, self.actor_model_config, self.actor_optim_config = \
+            self._build_model_optimizer(model_path=self.config.model.path,
+                                        optim_config=self.config.actor.optim if self._is_actor else None,
+                                        override_model_config=override_model_config,
+                                        override_transformer_config=overrides(self.config.actor), is_for_actor=True)
+        if self._is_offload_param:
+            offload_megatron_model_to_cpu(self.actor_module)
+        if self._is_offload_optimizer:
+            offload_megatron_optimizer(self.actor_optimizer)
+    if self._is_actor:
+        self.actor = MegatronPPOActor(config=self.config.actor, model_config=self.actor_model_config,
+                                      hf_config=self.hf_config, tf_config=self.tf_config,
+                                      actor_module=self.actor_module, actor_optimizer=self.actor_optimizer)
+    if self._is_rollout:
+        self.rollout, self.sharding_manager = self._build_rollout(
+            trust_remote_code=self.config.model.get("trust_remote_code", False))
+        self.rollout.sharding_manager = self.sharding_manager
+    if self._is_ref:
+        self.ref_module, self.ref_model_config = self._build_model_optimizer(
+            model_path=self.config.model.path, optim_config=None, override_model_config=override_model_config,
+            override_transformer_config=overrides(self.config.ref), is_for_actor=False)
+        self.ref_policy = MegatronPPOActor(config=self.config.ref, model_config=self.ref_model_config,
+                                           hf_config=self.hf_config, tf_config=self.tf_config,
+                                           actor_module=self.ref_module, actor_optimizer=None)
+        if self._ref_is_offload_param:
+            offload_megatron_model_to_cpu(self.ref_module)
+    if self._is_actor:
+        self.flops_counter = FlopsCounter(self.actor_model_config)
+        self.checkpoint_mananager = MegatronCheckpointManager(
+            config=self.config, model_config=self.actor_model_config, role="actor", model=self.actor_module,
+            arch=self.architectures[0], hf_config=self.hf_config, param_dtype=self.param_dtype,
+            share_embeddings_and_output_weights=self.share_embeddings_and_output_weights, tokenizer=self.tokenizer,
+            optimizer=self.actor_optimizer, use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer,
+            checkpoint_contents=self.config.actor.checkpoint.contents)
+
+
+def wrap_with_temperature(original: Callable) -> Callable:
+    """Every batch the actor trains on says at which temperature the rollout sampled (C3 requires it)."""
+
+    @functools.wraps(original)  # keeps verl's dispatch registration attributes
+    def update_actor(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        return original(self, data, *args, **kwargs)
+
+    return update_actor
+
+
+def wrap_init_model(original: Callable) -> Callable:
+    """Our ``init_model`` under upstream's dispatch registration (the decorator's attributes are kept)."""
+    return functools.wraps(original)(init_model)
