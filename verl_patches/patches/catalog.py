@@ -17,8 +17,6 @@ DECLARATION_MODULES = (
     "verl_patches.patches.verl.trainer.declarations",
     "verl_patches.patches.verl.models.declarations",
     "verl_patches.patches.verl.workers.megatron_declarations",
-    "verl_patches.patches.verl.models.declarations",
-    "verl_patches.patches.verl.workers.megatron_declarations",
     "verl_patches.patches.megatron.declarations",
     "verl_patches.patches.mindspeed.declarations",
 )
