@@ -12,7 +12,8 @@ from verl_patches.patches.catalog import all_patches
 from verl_patches.patching.registry import UPSTREAM_ROOTS
 from verl_patches.sources.lock import load_lock
 
-LOCKED_PACKAGES = {c.package for c in load_lock(REPO / "sources.lock").components.values()}
+LOCK = load_lock(REPO / "sources.lock")
+LOCKED_PACKAGES = {c.package for c in LOCK.components.values()}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,9 @@ def test_every_patch_on_a_locked_package_matches_its_pin(audit):
     for p in pinned:
         assert p["status"] == "ok", p
         assert p["pin_fingerprint"] == p["declared_fingerprint"]
-        assert PIN in p["detail"] or "absent at" in p["detail"]
+        top = p["target"].partition(":")[0].partition(".")[0]
+        comp = next(c for c in LOCK.components.values() if c.package == top)
+        assert f"{comp.ref} @ {comp.commit[:12]}" in p["detail"] or "absent at" in p["detail"], p
     assert report["summary"]["patches_drift"] == 0
     assert LOCKED_PACKAGES <= UPSTREAM_ROOTS
 
