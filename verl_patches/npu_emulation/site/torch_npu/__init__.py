@@ -7,7 +7,7 @@ namespaces are new submodules; new ops go in verl_patches/npu_emulation/ops and 
 
 import torch
 
-from torch_npu import _device
+from torch_npu import _C, _device  # noqa: F401
 from torch_npu import npu  # noqa: F401  (the torch.npu module)
 
 from verl_patches.npu_emulation.ops.activation import npu_swiglu, npu_swiglu_backward  # noqa: F401

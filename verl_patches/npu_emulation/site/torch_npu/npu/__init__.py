@@ -91,36 +91,38 @@ def get_device_properties(device=None) -> _Properties:
     return _Properties()
 
 
+# The generator itself, never torch.manual_seed & co: those call torch.cuda.*, which transfer_to_npu
+# points here.
 def get_rng_state(device="npu") -> torch.Tensor:
-    return torch.get_rng_state()
+    return torch.default_generator.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="npu") -> None:
-    torch.set_rng_state(new_state)
+    torch.default_generator.set_state(new_state)
 
 
 def get_rng_state_all() -> list:
-    return [torch.get_rng_state()]
+    return [get_rng_state()]
 
 
 def set_rng_state_all(states) -> None:
-    torch.set_rng_state(states[0])
+    set_rng_state(states[0])
 
 
 def manual_seed(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    manual_seed(seed)
 
 
 def seed() -> None:
-    torch.seed()
+    torch.default_generator.seed()
 
 
 def initial_seed() -> int:
-    return torch.initial_seed()
+    return torch.default_generator.initial_seed()
 
 
 def set_compile_mode(jit_compile: bool = False) -> None:
