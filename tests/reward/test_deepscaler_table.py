@@ -1,9 +1,11 @@
 """A truth table for the deepscaler reward: every rule of issue 3 (H), vendor false positives, and
-false negatives of naive string comparison. Each row: (response, ground truth, expected score, tag).
+false negatives of naive string comparison. Each row: (response, ground truth, expected score under
+the default strict format rule, tag).
 
-Tags: `rule` (extraction/think rules), `vendor_fp` (the vendor's substring rule scores 1, the answer
-is wrong), `naive_fn` (equivalent answers a string comparison rejects), `wrong` (near misses that
-must score 0), `structure` (intervals, tuples, sets), `adversarial` (must stay 0 and fast).
+Tags: `rule` (extraction/think rules), `format` (the R1-Zero format rule: 0 under `strict`; their
+`relaxed` scores are in RELAXED), `vendor_fp` (the vendor's substring rule scores 1, the answer is
+wrong), `naive_fn` (equivalent answers a string comparison rejects), `wrong` (near misses that must
+score 0), `structure` (intervals, tuples, sets), `adversarial` (must stay 0 and fast).
 """
 
 from __future__ import annotations
@@ -31,17 +33,19 @@ CASES: list[tuple[str, str, float, str]] = [
     ("<think>the answer is 4</think>", "4", 0.0, "rule"),
     ("<think>the answer is 4</think> I am not sure.", "4", 0.0, "rule"),
     (T + "4", "4", 0.0, "rule"),
-    ("\\boxed{4}", "4", 1.0, "rule"),
+    ("\\boxed{4}", "4", 0.0, "format"),
     (T + "\\boxed{3} or maybe \\boxed{4}", "4", 1.0, "rule"),
     (T + "\\boxed{4} or maybe \\boxed{3}", "4", 0.0, "rule"),
     (T + "\\boxed 4", "4", 1.0, "rule"),
     (T + "$\\boxed 4$.", "4", 1.0, "rule"),
     (T + "\\fbox{4}", "4", 1.0, "rule"),
-    (T + "The answer is 4.", "4", 1.0, "rule"),
-    (T + "Final answer: 4", "4", 1.0, "rule"),
-    (T + "**Final Answer:** 4", "4", 1.0, "rule"),
-    (T + "The answer is $\\frac{1}{2}$.", "\\frac12", 1.0, "rule"),
-    (T + "So the final answer is 3.5. I hope it is correct.", "\\frac{7}{2}", 1.0, "rule"),
+    (T + "The answer is 4.", "4", 0.0, "format"),
+    (T + "Final answer: 4", "4", 0.0, "format"),
+    (T + "**Final Answer:** 4", "4", 0.0, "format"),
+    (T + "The answer is $\\frac{1}{2}$.", "\\frac12", 0.0, "format"),
+    (T + "So the final answer is 3.5. I hope it is correct.", "\\frac{7}{2}", 0.0, "format"),
+    ("The answer is \\boxed{4}.", "4", 0.0, "format"),
+    ("I think it is 4", "4", 0.0, "format"),
     (T + "\\boxed{4", "4", 0.0, "rule"),
     (T + "\\boxed{}", "4", 0.0, "rule"),
     (T + "\\boxed{ 4 }", "4", 1.0, "rule"),
@@ -208,6 +212,18 @@ CASES: list[tuple[str, str, float, str]] = [
     (T + "\\boxed" * 20000, "4", 0.0, "adversarial"),
 ]
 
+# The `format` rows under the relaxed rule (other prompt templates): graded as a whole / marked answers.
+RELAXED = {
+    ("\\boxed{4}", "4"): 1.0,
+    (T + "The answer is 4.", "4"): 1.0,
+    (T + "Final answer: 4", "4"): 1.0,
+    (T + "**Final Answer:** 4", "4"): 1.0,
+    (T + "The answer is $\\frac{1}{2}$.", "\\frac12"): 1.0,
+    (T + "So the final answer is 3.5. I hope it is correct.", "\\frac{7}{2}"): 1.0,
+    ("The answer is \\boxed{4}.", "4"): 1.0,
+    ("I think it is 4", "4"): 0.0,
+}
+
 # Generous: this table checks correctness; time bounds are tested in test_reward_time_bound.py.
 TABLE_TIMEOUT_S = 10.0
 
@@ -233,7 +249,8 @@ def naive_rule(response: str, ground_truth: str) -> float:
 def test_table_covers_every_rule_with_150_cases():
     tags = {tag for *_, tag in CASES}
     assert len(CASES) >= 150
-    assert tags == {"rule", "vendor_fp", "naive_fn", "structure", "wrong", "adversarial"}
+    assert tags == {"rule", "format", "vendor_fp", "naive_fn", "structure", "wrong", "adversarial"}
+    assert set(RELAXED) == {(r, t) for r, t, _, tag in CASES if tag == "format"}
 
 
 @pytest.mark.timeout(300)
@@ -241,6 +258,13 @@ def test_table_covers_every_rule_with_150_cases():
 def test_compute_score_table(pool, response, truth, expected, tag):
     result = grade(response, truth, timeout_s=TABLE_TIMEOUT_S, pool=pool)
     assert result.score == expected, result.reason
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("response, truth, expected, tag", CASES, ids=[f"{i}-{c[3]}" for i, c in enumerate(CASES)])
+def test_relaxed_rule_changes_only_the_format_rows(pool, response, truth, expected, tag):
+    relaxed = grade(response, truth, timeout_s=TABLE_TIMEOUT_S, pool=pool, format_rule="relaxed")
+    assert relaxed.score == RELAXED.get((response, truth), expected), relaxed.reason
 
 
 @pytest.mark.parametrize("response, truth", [(r, t) for r, t, _, tag in CASES if tag == "vendor_fp"])

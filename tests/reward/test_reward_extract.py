@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from verl_patches.reward.extract import AnswerSource, extract_final_answer, final_section, last_boxed, marked_answer
+from verl_patches.reward.extract import (
+    AnswerSource,
+    FormatRule,
+    extract_final_answer,
+    final_section,
+    last_boxed,
+    marked_answer,
+    parse_format_rule,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,10 +76,45 @@ def test_marked_answer(text, answer):
 
 
 def test_box_beats_marker_and_both_only_after_think():
-    assert extract_final_answer("<think>the answer is 1</think> the answer is 2").text == "2"
-    assert extract_final_answer("<think>\\boxed{1}</think> the answer is 2, \\boxed{3}").text == "3"
-    assert extract_final_answer("<think>\\boxed{1}</think> nothing").source is AnswerSource.NONE
-    assert extract_final_answer("<think>\\boxed{1}").source is AnswerSource.UNCLOSED_THINK
+    relaxed = FormatRule.RELAXED
+    assert extract_final_answer("<think>the answer is 1</think> the answer is 2", relaxed).text == "2"
+    assert extract_final_answer("<think>\\boxed{1}</think> the answer is 2, \\boxed{3}", relaxed).text == "3"
+    assert extract_final_answer("<think>\\boxed{1}</think> nothing", relaxed).source is AnswerSource.NONE
+    assert extract_final_answer("<think>\\boxed{1}", relaxed).source is AnswerSource.UNCLOSED_THINK
+    assert extract_final_answer("no tags, the answer is 2", relaxed).text == "2"
+    assert extract_final_answer("no tags \\boxed{2}", relaxed).text == "2"
+
+
+@pytest.mark.parametrize(
+    "response, answer, source",
+    [
+        ("<think>a</think> \\boxed{2}", "2", AnswerSource.BOXED),
+        ("a</think> \\fbox{2}", "2", AnswerSource.BOXED),
+        ("<think>a</think> \\boxed 2", "2", AnswerSource.BOXED),
+        ("<think>a</think> the answer is 2", None, AnswerSource.NONE),
+        ("<think>\\boxed{2}</think> so 2", None, AnswerSource.NONE),
+        ("\\boxed{2}", None, AnswerSource.NO_THINK_CLOSE),
+        ("the answer is 2", None, AnswerSource.NO_THINK_CLOSE),
+        ("<think>\\boxed{2}", None, AnswerSource.UNCLOSED_THINK),
+        ("<think>a</think> \\boxed{2} <think>b", None, AnswerSource.UNCLOSED_THINK),
+        ("<think>a</think> \\boxed{2", None, AnswerSource.MALFORMED_BOX),
+    ],
+)
+def test_strict_rule_needs_think_close_and_a_box_after_it(response, answer, source):
+    found = extract_final_answer(response)  # strict is the default
+    assert (found.text, found.source) == (answer, source)
+    assert extract_final_answer(response, FormatRule.STRICT) == found
+
+
+@pytest.mark.parametrize("value", ["strict", "relaxed", FormatRule.STRICT])
+def test_format_rule_values(value):
+    assert parse_format_rule(value) in (FormatRule.STRICT, FormatRule.RELAXED)
+
+
+@pytest.mark.parametrize("value", ["Strict", "r1_zero", "", None, 1])
+def test_bad_format_rule_is_one_clear_error_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"custom_reward_function\.reward_kwargs\.format_rule=.*strict, relaxed"):
+        parse_format_rule(value)
 
 
 def test_extraction_is_linear_on_huge_inputs():

@@ -89,7 +89,9 @@ def test_split_bracketed():
         ("0.3333", "\\frac{1}{3}", False),
         ("(1,2)", "(2,1)", False),
         ("\\{1,2\\}", "\\{2,1\\}", True),
-        ("1,2", "2,1", None),  # a bare list may be an unordered list of solutions: symbolic decides
+        ("1,2", "2,1", True),  # a bare list is an unordered list of solutions
+        ("1,2", "\\{2,1\\}", True),
+        ("1,2", "1,2,2", False),
         ("[1,2]", "(1,2)", None),
         ("\\sqrt{4}", "2", None),
         ("x", "x", True),

@@ -1,6 +1,7 @@
 """The deepscaler reward: strict 0/1 on the final answer, equivalence-aware, time-bounded.
 
-Pipeline per response: extract the committed answer (`extract`), canonicalise both sides and try
+Pipeline per response: extract the committed answer under the format rule (`extract`; by default
+DeepScaleR's and R1-Zero's: `</think>` and then a box, or 0), canonicalise both sides and try
 the fast exact/numeric comparison (`normalize`), refuse intractable input (`limits`), and only then
 ask math-verify in a guarded worker process (`guarded_pool`) under the remaining time budget.
 Nothing here raises into the trainer: any failure scores 0 and is counted in `reward_stats()`.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from verl_patches.reward.extract import AnswerSource, extract_final_answer
+from verl_patches.reward.extract import AnswerSource, FormatRule, extract_final_answer, parse_format_rule
 from verl_patches.reward.grading_worker import Verdict
 from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig, default_pool
 from verl_patches.reward.limits import SymbolicLimits, symbolic_refusal
@@ -37,6 +38,7 @@ class GradeReason(str, enum.Enum):
     EQUAL_SYMBOLIC = "equal_symbolic"
     NOT_EQUAL = "not_equal"
     NO_ANSWER = "no_answer"
+    NO_THINK_CLOSE = "no_think_close"
     UNCLOSED_THINK = "unclosed_think"
     MALFORMED_BOX = "malformed_box"
     TOO_COMPLEX = "too_complex"
@@ -53,6 +55,7 @@ class Grade:
 
 _NO_ANSWER_REASONS = {
     AnswerSource.NONE: GradeReason.NO_ANSWER,
+    AnswerSource.NO_THINK_CLOSE: GradeReason.NO_THINK_CLOSE,
     AnswerSource.UNCLOSED_THINK: GradeReason.UNCLOSED_THINK,
     AnswerSource.MALFORMED_BOX: GradeReason.MALFORMED_BOX,
 }
@@ -138,14 +141,19 @@ def _as_text(value: Any) -> str | None:
     return None
 
 
-def prejudge(solution: Any, ground_truth: Any, limits: SymbolicLimits = SymbolicLimits()) -> Grade | tuple[str, str]:
+def prejudge(
+    solution: Any,
+    ground_truth: Any,
+    limits: SymbolicLimits = SymbolicLimits(),
+    format_rule: FormatRule = FormatRule.STRICT,
+) -> Grade | tuple[str, str]:
     """A final Grade, or the canonical (pred, truth) pair that needs the symbolic check."""
     truth_text = _as_text(ground_truth)
     if truth_text is None or not truth_text.strip():
         return Grade(0.0, GradeReason.BAD_GROUND_TRUTH)
     if not isinstance(solution, str):
         return Grade(0.0, GradeReason.NO_ANSWER)
-    extracted = extract_final_answer(solution)
+    extracted = extract_final_answer(solution, format_rule)
     if extracted.text is None:
         return Grade(0.0, _NO_ANSWER_REASONS[extracted.source])
     if len(extracted.text) > MAX_ANSWER_CHARS:
@@ -192,17 +200,19 @@ def grade(
     ground_truth: Any,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     pool: GuardedPool | None = None,
+    format_rule: FormatRule | str = FormatRule.STRICT,
 ) -> Grade:
     """Grade one response within timeout_s; never raises for any response or ground truth.
 
     Not counted in timeout_s: starting a grading worker process, once per worker (about a second for
     the first symbolic check in a process; `GuardedPool.warm_up` moves it earlier). A non-positive
-    timeout_s is a configuration error and raises ValueError.
+    timeout_s or an unknown format_rule is a configuration error and raises ValueError.
     """
     timeout_s = _check_timeout(timeout_s)
+    rule = parse_format_rule(format_rule)
     started = time.monotonic()
     try:
-        pre = prejudge(solution, ground_truth)
+        pre = prejudge(solution, ground_truth, format_rule=rule)
         if isinstance(pre, tuple):
             cached = _SYMBOLIC_CACHE.get(pre)
             if cached is not None:
@@ -228,19 +238,21 @@ def grade_batch(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     pool: GuardedPool | None = None,
     progress: bool = False,
+    format_rule: FormatRule | str = FormatRule.STRICT,
 ) -> list[Grade]:
     """Grade a training step's responses: fast path here, symbolic checks across worker processes.
 
     Each distinct (answer, ground truth) pair is judged once, within timeout_s.
     """
     timeout_s = _check_timeout(timeout_s)
+    rule = parse_format_rule(format_rule)
     if len(solutions) != len(ground_truths):
         raise ValueError(f"{len(solutions)} solutions but {len(ground_truths)} ground truths")
     grades: list[Grade | None] = [None] * len(solutions)
     waiting: dict[tuple[str, str], list[int]] = {}
     for index, (solution, truth) in enumerate(zip(solutions, ground_truths)):
         try:
-            pre = prejudge(solution, truth)
+            pre = prejudge(solution, truth, format_rule=rule)
         except Exception:
             logger.exception("deepscaler reward failed on item %d; it scores 0", index)
             pre = Grade(0.0, GradeReason.ERROR)
@@ -277,10 +289,12 @@ def compute_score(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     num_workers: int | None = None,
     memory_limit_mb: int | None = None,
+    format_rule: str = FormatRule.STRICT.value,
 ) -> float:
     """verl `custom_reward_function` signature: 1.0 if the final answer equals ground_truth, else 0.0."""
+    rule = parse_format_rule(format_rule)
     pool = _pool(num_workers, memory_limit_mb)
-    return grade(solution_str, ground_truth, timeout_s=timeout_s, pool=pool).score
+    return grade(solution_str, ground_truth, timeout_s=timeout_s, pool=pool, format_rule=rule).score
 
 
 def compute_score_batch(
@@ -291,7 +305,9 @@ def compute_score_batch(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     num_workers: int | None = None,
     memory_limit_mb: int | None = None,
+    format_rule: str = FormatRule.STRICT.value,
 ) -> list[float]:
     """verl `BatchRewardManager` signature: one 0.0/1.0 score per response."""
+    rule = parse_format_rule(format_rule)
     pool = _pool(num_workers, memory_limit_mb)
-    return [g.score for g in grade_batch(solution_strs, ground_truths, timeout_s=timeout_s, pool=pool)]
+    return [g.score for g in grade_batch(solution_strs, ground_truths, timeout_s=timeout_s, pool=pool, format_rule=rule)]

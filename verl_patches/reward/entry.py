@@ -10,9 +10,12 @@ other data sources), this file routes:
     # or, one call per training step with worker processes:
     reward_model.reward_manager=batch custom_reward_function.name=compute_score_batch
     # optional: +custom_reward_function.reward_kwargs.timeout_s=2.0
+    # format rule: custom_reward_function.reward_kwargs.format_rule=strict (default) | relaxed
 
-Only `timeout_s`, `num_workers` and `memory_limit_mb` are ours; other reward kwargs are passed on to
-verl's `default_compute_score` untouched.
+Only `timeout_s`, `num_workers`, `memory_limit_mb` and `format_rule` are ours; other reward kwargs are
+passed on to verl's `default_compute_score` untouched. `format_rule=strict` is DeepScaleR's and
+R1-Zero's rule (no `</think>`, or no `\\boxed{}` after it: 0); `relaxed` grades responses without think
+tags as a whole and accepts a marked unboxed final answer (for other prompt templates).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 DEEPSCALER = "deepscaler"
-_OUR_KWARGS = ("timeout_s", "num_workers", "memory_limit_mb")
+_OUR_KWARGS = ("timeout_s", "num_workers", "memory_limit_mb", "format_rule")
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

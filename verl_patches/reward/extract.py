@@ -1,9 +1,18 @@
-"""Find the one answer a response commits to.
+"""Find the one answer a response commits to, under a format rule.
 
 Only the text after the last `</think>` counts: reasoning may try many candidates, and grading any of
-them would reward hedging. In that text the last `\\boxed{...}` / `\\boxed x` / `\\fbox{...}` wins;
-without a box, an explicitly marked final answer ("the answer is ...") is accepted. Everything here is
-linear in the response length (no backtracking regexes), so 100 kB responses cost milliseconds.
+them would reward hedging. In that text the last `\\boxed{...}` / `\\boxed x` / `\\fbox{...}` wins.
+
+Format rules (`FormatRule`):
+- `strict` (default; DeepScaleR's own reward and the R1-Zero recipe): a response without `</think>`
+  has no answer, and neither has one without a box after the last `</think>`.
+- `relaxed` (other prompt templates, and the tiny local run whose model answers in one token): without
+  think tags the whole response is the answer section, and without a box an explicitly marked final
+  answer ("the answer is ...") is accepted.
+A `<think>` left open after the last `</think>` is never graded under either rule.
+
+Everything here is linear in the response length (no backtracking regexes), so 100 kB responses cost
+milliseconds.
 """
 
 from __future__ import annotations
@@ -23,10 +32,30 @@ _ANSWER_MARKER = re.compile(r"final answer is|final answer:|the answer is|answer
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
 
 
+FORMAT_RULE_KEY = "custom_reward_function.reward_kwargs.format_rule"
+
+
+class FormatRule(str, enum.Enum):
+    STRICT = "strict"
+    RELAXED = "relaxed"
+
+
+def parse_format_rule(value: object) -> FormatRule:
+    """A FormatRule from its config value; anything else is one clear error naming the key."""
+    if isinstance(value, FormatRule):
+        return value
+    try:
+        return FormatRule(value)
+    except ValueError:
+        allowed = ", ".join(rule.value for rule in FormatRule)
+        raise ValueError(f"{FORMAT_RULE_KEY}={value!r}: must be one of {allowed}") from None
+
+
 class AnswerSource(enum.Enum):
     BOXED = "boxed"
     MARKED = "marked"
-    NONE = "none"  # no box and no marked final answer
+    NONE = "none"  # no box (and, relaxed, no marked final answer)
+    NO_THINK_CLOSE = "no_think_close"  # strict rule: the response never closed its reasoning
     UNCLOSED_THINK = "unclosed_think"  # reasoning never finished: nothing is graded
     MALFORMED_BOX = "malformed_box"  # the last box has no matching closing brace
 
@@ -137,14 +166,19 @@ def marked_answer(text: str) -> str | None:
     return phrase or None
 
 
-def extract_final_answer(response: str) -> ExtractedAnswer:
-    """The graded answer of a response and where it came from."""
+def extract_final_answer(response: str, rule: FormatRule = FormatRule.STRICT) -> ExtractedAnswer:
+    """The graded answer of a response under `rule`, and where it came from."""
+    if rule is FormatRule.STRICT and THINK_CLOSE not in response:
+        source = AnswerSource.UNCLOSED_THINK if THINK_OPEN in response else AnswerSource.NO_THINK_CLOSE
+        return ExtractedAnswer(None, source)
     section = final_section(response)
     if section is None:
         return ExtractedAnswer(None, AnswerSource.UNCLOSED_THINK)
     boxed = last_boxed(section)
     if boxed is not None:
         return boxed
+    if rule is FormatRule.STRICT:
+        return ExtractedAnswer(None, AnswerSource.NONE)
     marked = marked_answer(section)
     if marked is not None:
         return ExtractedAnswer(marked, AnswerSource.MARKED)

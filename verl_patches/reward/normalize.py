@@ -1,25 +1,30 @@
 """Canonical answer strings and the fast comparison that settles most answers without sympy.
 
 The canonical form removes notation that never changes the value (`\\left`, `\\!`, `\\dfrac`,
-`^\\circ`, `\\%`, `\\text{cm}` units, `x =` prefixes, thousands separators, spacing). Comparison then
-tries, in order: equal canonical strings; exact rational values of plain numbers (integers, decimals,
-fractions, scientific notation); tuples, intervals and sets of plain numbers. When both sides are
-plain numbers (or same-kind brackets of plain numbers) the answer is decided here, right or wrong;
-anything else is left to the symbolic path. All steps are linear-time regexes and small loops.
+`^\\circ`, `\\%`, units such as `\\text{ m/s}`, `x =` prefixes, thousands separators, spacing), turns
+unicode mathematics into LaTeX and numbers written in words into digits, and writes a solution list
+(`x=1 or x=2`) as a comma list of its values. Comparison then tries, in order: equal canonical
+strings; exact values of plain numbers (see `numbers`); tuples, intervals, sets and solution lists
+of plain numbers. When both sides are plain numbers (or same-kind brackets of them) the answer is
+decided here, right or wrong; anything else is left to the symbolic path, except two shapes that
+are never right: a bare value for an equation (`5` for `x+y=5`) and several alternatives for a
+single-valued ground truth (`1 or 2` for `2`). All steps are linear-time scans and small loops.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
-# Digits accepted in one numeric literal; Python refuses int() beyond 4300 digits anyway.
-_MAX_NUMBER_DIGITS = 400
-# Largest power of ten accepted in scientific notation, so 1e999999999 never builds a huge integer.
-_MAX_DECIMAL_EXPONENT = 400
-# A decimal answer equals an exact value when both round to the same 6 decimals (as math-verify does).
-DECIMAL_ROUNDING_PLACES = 6
+from verl_patches.reward.numbers import (  # noqa: F401  (re-exported: the plain-number API lives here too)
+    PlainNumber,
+    number_from_words,
+    numbers_equal,
+    parse_plain_number,
+)
+from verl_patches.reward.solutions import is_equation, solution_values, split_assignment
+from verl_patches.reward.unicode_math import unicode_to_latex
+from verl_patches.reward.units import strip_units
 
 
 @dataclass(frozen=True)
@@ -28,43 +33,26 @@ class CanonicalAnswer:
     percent: bool = False  # a `%` was stripped: the value may be read as v or v/100
 
 
-@dataclass(frozen=True)
-class PlainNumber:
-    value: Fraction
-    inexact: bool  # written with a decimal point: compared after rounding
-
-
 _SIZING = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)(?![A-Za-z])\.?")
-_SPACING = re.compile(r"\\[!,;: ]|\\q?quad(?![A-Za-z])|~")
+_NEGATIVE_SPACE = re.compile(r"\\!")
+_SPACING = re.compile(r"\\[,;: ]|\\q?quad(?![A-Za-z])|~")
 _DISPLAY = re.compile(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])")
 _FRAC_VARIANT = re.compile(r"\\[dtc]frac(?![A-Za-z])")
 _BINOM_VARIANT = re.compile(r"\\[dt]binom(?![A-Za-z])")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°")
 _CURRENCY = re.compile(r"\\\$")
-_PERCENT = re.compile(r"\\%|%|\\percent(?![A-Za-z])")
-_TRAILING_TEXT_UNIT = re.compile(
-    r"\\(?:text|mbox|mathrm|textrm|textnormal)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\s*\{?\s*[23]\s*\}?)?\s*$"
-)
+_PERCENT = re.compile(r"\\%|%|\\percent(?![A-Za-z])|\\text\{\s*percent\s*\}|(?<![A-Za-z])percent$")
+_CONNECTOR_TEXT = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*(or|and)\s*\}")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mbox|mathrm|textrm|textnormal|textbf|mathbf|textit|mathit)\s*\{([^{}]*)\}")
-_MATH_WORDS = {"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "and", "or", "to", "i", "e", "inf", "infinity"}
-_TRAILING_WORD_UNIT = re.compile(r"^(?P<head>[-+]?[\d.,/]*\d)\s+(?P<unit>[A-Za-z]{2,}\.?(?:\s+[A-Za-z]{2,}\.?){0,3})(?:\^\s*\{?\s*[23]\s*\}?)?$")
-_SIMPLE_LHS = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z]\))?\s*$")
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _FRAC_SHORT_BOTH = re.compile(r"\\frac(\d)(\d)")
 _FRAC_SHORT_DEN = re.compile(r"\\frac\{([^{}]*)\}(\d)")
 _FRAC_SHORT_NUM = re.compile(r"\\frac(\d)\{")
 _SQRT_SHORT = re.compile(r"\\sqrt(\d)")
 _MULTIPLE_CHOICE = re.compile(r"^\(([A-Ea-e])\)$")
 _CONTROL_WORD_END = re.compile(r"\\[A-Za-z]+$")
-
-_INTEGER = re.compile(r"[-+]?\d+")
-_DECIMAL = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+)")
-_SCIENTIFIC = re.compile(
-    r"(?P<mantissa>[-+]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:[eE](?P<e>[-+]?\d{1,3})|(?:\\times|\\cdot|\*|×)10\^(?:\{(?P<braced>[-+]?\d{1,3})\}|(?P<bare>\d)))"
-)
-_LATEX_FRACTION = re.compile(r"(?P<sign>[-+]?)\\frac\{(?P<num>[^{}]+)\}\{(?P<den>[^{}]+)\}")
-_SLASH_FRACTION = re.compile(r"(?P<num>[-+]?[\d.]+)/(?P<den>[-+]?[\d.]+)")
+# Ground truths with several values in one expression: a list of alternatives may match them.
+_MULTI_VALUED = re.compile(r"\\(?:pm|mp|begin|cup)(?![A-Za-z])")
 
 
 def _strip_delimiters(text: str) -> str:
@@ -97,46 +85,33 @@ def _remove_whitespace(text: str) -> str:
     return "".join(pieces)
 
 
-def _strip_simple_assignment(text: str) -> str:
-    """`x = 3` -> `3`; systems (`x=1, y=2`) and relations are kept for the symbolic path."""
-    if text.count("=") != 1 or "," in text or "<" in text or ">" in text or "\\le" in text or "\\ge" in text:
-        return text
-    lhs, rhs = text.split("=")
-    if rhs.strip() and _SIMPLE_LHS.match(lhs):
-        return rhs.strip()
-    return text
+def balanced(text: str) -> bool:
+    """Whether every `{` has its `}` (escaped `\\{ \\}` aside); canonical forms must keep this."""
+    depth = 0
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return False
+        i += 1
+    return depth == 0
 
 
-def _strip_units(text: str) -> str:
-    unit = _TRAILING_TEXT_UNIT.search(text)
-    if unit and any(ch.isdigit() for ch in text[: unit.start()]):
-        text = text[: unit.start()].strip()
+def _canonical_item(text: str) -> str:
+    """Canonical form of one value (an answer, or one item of a solution list)."""
+    text = strip_units(text)
     text = _TEXT_WRAPPER.sub(lambda m: m.group(1), text)
-    match = _TRAILING_WORD_UNIT.match(text.strip())
-    if match and not any(word.rstrip(".").lower() in _MATH_WORDS for word in match.group("unit").split()):
-        text = match.group("head")
-    return text
-
-
-def canonical_answer(answer: str) -> CanonicalAnswer:
-    """A canonical string for an answer; equal strings mean equal answers."""
-    text = _strip_delimiters(answer).replace("\u2212", "-")
-    text = _DISPLAY.sub("", text)
-    text = _SIZING.sub("", text)
-    text = _SPACING.sub(" ", text)
-    text = _FRAC_VARIANT.sub(r"\\frac", text)
-    text = _BINOM_VARIANT.sub(r"\\binom", text)
-    text = _DEGREES.sub("", text)
-    text = _CURRENCY.sub("", text)
-    percent = bool(_PERCENT.search(text))
-    text = _PERCENT.sub("", text)
-    text = _strip_units(text)
-    text = text.replace("{,}", ",")
-    text = text.strip().rstrip(".").strip()
-    text = _strip_simple_assignment(text)
+    text = strip_units(text).strip().rstrip(".").strip()
+    variable, value = split_assignment(text)
+    if variable is not None:
+        text = strip_units(value)
+    words = number_from_words(text)
+    if words is not None:
+        text = str(words.numerator) if words.denominator == 1 else f"\\frac{{{words.numerator}}}{{{words.denominator}}}"
     text = _remove_whitespace(text)
-    if _THOUSANDS.match(text):
-        text = text.replace(",", "")
     text = _FRAC_SHORT_BOTH.sub(r"\\frac{\1}{\2}", text)
     text = _FRAC_SHORT_DEN.sub(r"\\frac{\1}{\2}", text)
     text = _FRAC_SHORT_NUM.sub(r"\\frac{\1}{", text)
@@ -146,62 +121,31 @@ def canonical_answer(answer: str) -> CanonicalAnswer:
         text = choice.group(1)
     if text.startswith("+"):
         text = text[1:]
-    return CanonicalAnswer(text=text, percent=percent)
+    return text
 
 
-def _simple_number(text: str) -> PlainNumber | None:
-    if len(text) > _MAX_NUMBER_DIGITS:
-        return None
-    if _INTEGER.fullmatch(text):
-        return PlainNumber(Fraction(int(text)), inexact=False)
-    if _DECIMAL.fullmatch(text):
-        return PlainNumber(Fraction(text), inexact=True)
-    return None
-
-
-def parse_plain_number(text: str) -> PlainNumber | None:
-    """The exact value of an integer, decimal, fraction or scientific-notation literal, else None."""
-    simple = _simple_number(text)
-    if simple is not None:
-        return simple
-    if len(text) > _MAX_NUMBER_DIGITS:
-        return None
-    sci = _SCIENTIFIC.fullmatch(text)
-    if sci:
-        exponent = int(sci.group("e") or sci.group("braced") or sci.group("bare"))
-        if abs(exponent) > _MAX_DECIMAL_EXPONENT:
-            return None
-        mantissa = _simple_number(sci.group("mantissa"))
-        if mantissa is None:
-            return None
-        return PlainNumber(mantissa.value * Fraction(10) ** exponent, inexact=mantissa.inexact)
-    frac = _LATEX_FRACTION.fullmatch(text) or _SLASH_FRACTION.fullmatch(text)
-    if frac:
-        num = _simple_number(frac.group("num"))
-        den = _simple_number(frac.group("den"))
-        if num is None or den is None or den.value == 0:
-            return None
-        value = num.value / den.value
-        if frac.groupdict().get("sign") == "-":
-            value = -value
-        return PlainNumber(value, inexact=num.inexact or den.inexact)
-    return None
-
-
-def _values(number: PlainNumber, percent: bool) -> tuple[Fraction, ...]:
-    # "25%" answers a question whose ground truth is written either as 25 or as 0.25.
-    return (number.value, number.value / 100) if percent else (number.value,)
-
-
-def numbers_equal(a: PlainNumber, b: PlainNumber, a_percent: bool = False, b_percent: bool = False) -> bool:
-    inexact = a.inexact or b.inexact
-    for x in _values(a, a_percent):
-        for y in _values(b, b_percent):
-            if x == y:
-                return True
-            if inexact and round(x, DECIMAL_ROUNDING_PLACES) == round(y, DECIMAL_ROUNDING_PLACES):
-                return True
-    return False
+def canonical_answer(answer: str) -> CanonicalAnswer:
+    """A canonical string for an answer; equal strings mean equal answers."""
+    text = unicode_to_latex(_strip_delimiters(answer))
+    text = _DISPLAY.sub("", text)
+    text = _SIZING.sub("", text)
+    text = _NEGATIVE_SPACE.sub("", text)
+    text = _SPACING.sub(" ", text)
+    text = _FRAC_VARIANT.sub(r"\\frac", text)
+    text = _BINOM_VARIANT.sub(r"\\binom", text)
+    text = _DEGREES.sub("", text)
+    text = _CURRENCY.sub("", text)
+    text = text.replace("{,}", ",").strip().rstrip(".").strip()
+    percent = bool(_PERCENT.search(text))
+    text = _PERCENT.sub("", text).strip()
+    text = _CONNECTOR_TEXT.sub(lambda m: f" {m.group(1)} ", text)
+    compact = _remove_whitespace(text)
+    if _THOUSANDS.fullmatch(compact) and ", " not in text:
+        text = compact.replace(",", "")
+    values = solution_values(text)
+    if values is None:
+        return CanonicalAnswer(text=_canonical_item(text), percent=percent)
+    return CanonicalAnswer(text=",".join(_canonical_item(value) for value in values), percent=percent)
 
 
 @dataclass(frozen=True)
@@ -282,27 +226,35 @@ def _same_multiset(a: list[PlainNumber], b: list[PlainNumber]) -> bool:
     return not remaining
 
 
+def _unordered(opening: str) -> bool:
+    # A set and a bare list (alternatives, or the solutions of an equation) have no order.
+    return opening in ("{", "")
+
+
 def fast_verdict(pred: CanonicalAnswer, truth: CanonicalAnswer) -> bool | None:
     """True/False when plain strings or numbers decide it; None when only symbolic math can."""
     if pred.text == truth.text:
         return bool(pred.text)
-    if not pred.text or not truth.text:
+    if not pred.text or not truth.text or not balanced(pred.text) or not balanced(truth.text):
         return False
+    if is_equation(truth.text) and not is_equation(pred.text):
+        return False  # one side of an equation is not the equation (`5` for `x+y=5`)
     a, b = parse_plain_number(pred.text), parse_plain_number(truth.text)
     if a is not None and b is not None:
         return numbers_equal(a, b, pred.percent, truth.percent)
     sa, sb = split_bracketed(pred.text), split_bracketed(truth.text)
+    if sa is not None and sa.opening == "" and sb is None and not _MULTI_VALUED.search(truth.text):
+        return False  # several alternatives for one value: hedging is never right
     if sa is None or sb is None:
         return None
     na, nb = _numbers(sa.items), _numbers(sb.items)
-    if na is None or nb is None or (sa.opening, sa.closing) != (sb.opening, sb.closing):
+    if na is None or nb is None:
+        return None
+    unordered = _unordered(sa.opening) and _unordered(sb.opening)
+    if not unordered and (sa.opening, sa.closing) != (sb.opening, sb.closing):
         return None
     if len(na) != len(nb):
         return False
-    if sa.opening == "{":
+    if unordered:
         return _same_multiset(na, nb)
-    if all(numbers_equal(x, y) for x, y in zip(na, nb)):
-        return True
-    if sa.opening == "" and _same_multiset(na, nb):
-        return None  # a bare list may be an unordered list of solutions
-    return False
+    return all(numbers_equal(x, y) for x, y in zip(na, nb))

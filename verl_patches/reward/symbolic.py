@@ -3,11 +3,22 @@
 Runs only inside guarded worker processes (see `grading_worker`): math-verify's own timeouts use
 `signal.alarm`, which works only in a main thread and cannot interrupt long C-level integer
 operations, so they are switched off here and the worker's caller enforces the deadline instead.
+
+math-verify compares a decimal with anything by rounding both to 6 places, which makes every value
+below 5e-7 equal to 0 and to each other. When one side is a plain decimal, its verdict is checked
+again with our rule (`numbers.stands_for`: rounded to the places written, to a relative precision).
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import lru_cache
+from typing import Any
+
+from verl_patches.reward.numbers import parse_plain_number, stands_for
+
+# Digits of the numeric value a decimal is checked against; far beyond any precision a decimal claims.
+_CHECK_DIGITS = 40
 
 
 @lru_cache(maxsize=1)
@@ -20,6 +31,31 @@ def _math_verify():
     return math_verify, gold_config, pred_config
 
 
+def _numeric_value(expr: Any) -> Fraction | None:
+    """The real value of a parsed constant expression, to `_CHECK_DIGITS` digits; None if it has none."""
+    try:
+        if not getattr(expr, "is_number", False):
+            return None
+        value = expr.evalf(_CHECK_DIGITS)
+        if value.is_real is not True or value.is_finite is not True:
+            return None
+        return Fraction(str(value))
+    except Exception:  # sympy raises many types for expressions it cannot evaluate
+        return None
+
+
+def _decimals_hold(pred: str, truth: str, target: list, gold: list) -> bool:
+    """False when a plain decimal on one side does not stand for the other side's value."""
+    for text, other in ((pred, gold), (truth, target)):
+        number = parse_plain_number(text)
+        if number is None or not number.inexact or not other:
+            continue
+        value = _numeric_value(other[0])
+        if value is not None and not stands_for(number, value):
+            return False
+    return True
+
+
 def symbolic_equal(pred: str, truth: str) -> bool:
     """Whether two canonical answers are mathematically equal according to math-verify."""
     math_verify, gold_config, pred_config = _math_verify()
@@ -29,4 +65,6 @@ def symbolic_equal(pred: str, truth: str) -> bool:
     target = math_verify.parse("\\boxed{" + pred + "}", pred_config, parsing_timeout=None)
     if not gold or not target:
         return False
-    return bool(math_verify.verify(gold, target, timeout_seconds=None))
+    if not math_verify.verify(gold, target, timeout_seconds=None):
+        return False
+    return _decimals_hold(pred, truth, target, gold)
