@@ -20,6 +20,9 @@ DECLARATION_MODULES = (
     "verl_patches.patches.verl.workers.megatron_declarations",
     "verl_patches.patches.megatron.declarations",
     "verl_patches.patches.mindspeed.declarations",
+    "verl_patches.patches.verl.models.mcore.weight_converter_declarations",
+    "verl_patches.patches.verl.utils.sync_declarations",
+    "verl_patches.patches.verl.workers.sharding_manager.declarations",
 )
 
 

@@ -24,10 +24,46 @@ from verl_patches.reshard.layout import MegatronLayout
 
 
 @dataclass(frozen=True)
+class DpRankMap:
+    """The Megatron DP rank of every global rank, as the MEGATRON_COMPUTE_PROTO dispatch hands it to the
+    workers (B1, ``meta_info["global_megatron_dp_ranks"]``); stands in for a `MegatronLayout` in the plan.
+
+    Every DP rank ``0..dp-1`` must appear, each on the same number of ranks.
+    """
+
+    dp_ranks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        ranks = self.dp_ranks
+        if not ranks:
+            raise InvalidLayoutError("dp_rank_map_not_empty", "the global Megatron DP rank map is empty")
+        dp = max(ranks) + 1
+        counts = [ranks.count(d) for d in range(dp)]
+        if min(ranks) < 0 or len(set(counts)) != 1:
+            raise InvalidLayoutError(
+                "dp_rank_map_balanced",
+                f"global Megatron DP rank map {list(ranks)}: every DP rank 0..{dp - 1} must appear on the same "
+                f"number of ranks (counts {counts})")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.dp_ranks)
+
+    @property
+    def dp(self) -> int:
+        return max(self.dp_ranks) + 1
+
+    def dp_rank(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise InvalidLayoutError("rank_in_range", f"rank {rank} not in [0, {self.world_size})")
+        return self.dp_ranks[rank]
+
+
+@dataclass(frozen=True)
 class DpRelayoutPlan:
     """Rows ``chunk_rows[g]`` start on rank ``g``; rank ``r`` ends with slice ``dp_rank(r)``."""
 
-    training: MegatronLayout
+    training: MegatronLayout | DpRankMap
     chunk_rows: tuple[int, ...]
 
     def __post_init__(self) -> None:
@@ -99,7 +135,7 @@ def _overlap(a: range, b: range) -> range:
     return range(max(a.start, b.start), max(max(a.start, b.start), min(a.stop, b.stop)))
 
 
-def plan_dp_relayout(training: MegatronLayout, chunk_rows: Sequence[int]) -> DpRelayoutPlan:
+def plan_dp_relayout(training: MegatronLayout | DpRankMap, chunk_rows: Sequence[int]) -> DpRelayoutPlan:
     """Plan moving one rollout chunk per global rank into Megatron's data-parallel layout."""
     return DpRelayoutPlan(training, tuple(int(n) for n in chunk_rows))
 

@@ -18,3 +18,18 @@ PATCHES = [
         devices=("cpu",),
     ),
 ]
+
+PATCHES.append(
+    Patch(
+        name="verl.dispatch.megatron_dp_rank_map",
+        target="verl.single_controller.base.decorator:get_predefined_dispatch_fn",
+        kind=Kind.WRAP,
+        fingerprint="sha256:acb2891f52de8bb0",
+        fingerprint_of=("verl.single_controller.base.decorator:get_predefined_dispatch_fn",
+                        "verl.single_controller.base.decorator:dispatch_megatron_compute_data_proto"),
+        replacement=lazy_call("verl_patches.patches.verl.single_controller.dispatch:with_dp_rank_map"),
+        vendor_item="B1",
+        reason="MEGATRON_COMPUTE_PROTO writes meta_info['global_megatron_dp_ranks'] so workers can reshard "
+               "batch data between rollout chunks and Megatron DP slices on the device (C2)",
+    )
+)

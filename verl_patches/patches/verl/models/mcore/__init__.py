@@ -1,0 +1,1 @@
+"""Patches of verl.models.mcore.* owned by the weight sync (G10)."""

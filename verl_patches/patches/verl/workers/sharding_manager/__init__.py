@@ -1,0 +1,1 @@
+"""Patches of verl.workers.sharding_manager.* (the weight sync's E1)."""

@@ -1,0 +1,162 @@
+"""The Megatron → rollout sharding manager (vendor item E1), replacing verl's ``MegatronVLLMShardingManager``.
+
+``__enter__`` (train → rollout):
+  1. build the streamed weight generator (`verl_patches.sync.generator` through the patched
+     ``per_tensor_generator``: lockstep PP exchange, expert all-to-all-v, or the all-gather path);
+  2. bring the rollout's weights back onto the device (``rollout.onload_model_weights()``; without a rollout
+     object, vLLM's ``wake_up(tags=["weights"])`` as upstream);
+  3. re-attach vLLM's MoE weight loaders (verl's ``patch_vllm_moe_model_weight_loader``);
+  4. stream the generator into ``model.load_weights``;
+  5. rebuild the MLA absorbed matrices from the new ``kv_b_proj`` (the rollout's hook
+     ``rebuild_mla_absorbed()`` when it has one, else `verl_patches.sync.mla.rebuild_mla_absorbed`), after
+     *every* load, so the rollout never decodes with the previous step's attention weights.
+``__exit__`` (rollout → train): ``rollout.free_cache_engine()``, ``rollout.offload_model_weights()`` (or vLLM's
+``sleep(level=1)``), every actor chunk ``.train()``, then the device's ``empty_cache``.
+
+Data pre/post-processing is upstream's: all-gather the batch over the rollout TP group, keep this TP rank's
+chunk afterwards. The constructor accepts upstream's keyword arguments plus ``rollout`` (the rollout
+object, whose lifecycle methods come from the rollout engine); the collaborators that need vLLM or Megatron
+are resolved lazily, and can be injected (tests).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from verl_patches.sync.mla import rebuild_mla_absorbed
+
+logger = logging.getLogger(__name__)
+SWITCH_TIME_ATTR = "_verl_patches_enter_s"   # read by verl_patches.patches.verl.workers.step_timing
+
+Weights = Iterable[tuple[str, torch.Tensor]]
+
+
+def _engine_model(inference_engine: Any) -> Any:
+    return inference_engine.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+
+def _default_weights(manager: "MegatronRolloutShardingManager") -> Weights:
+    from verl.utils.megatron_utils import per_tensor_generator  # our patched generator once patches apply
+
+    return per_tensor_generator(manager.actor_module, manager.model_config, manager.weight_converter,
+                                manager.transformer_config, manager.layer_name_mapping)
+
+
+def _default_prepare(model: Any) -> None:
+    from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
+
+    patch_vllm_moe_model_weight_loader(model)
+
+
+def _default_empty_cache() -> None:
+    from verl_patches.device import empty_cache
+
+    empty_cache()
+
+
+class MegatronRolloutShardingManager:
+    def __init__(self, actor_module: Any, inference_engine: Any = None, model_config: Any = None,
+                 transformer_config: Any = None, layer_name_mapping: Any = None, weight_converter: Any = None,
+                 module: Any = None, *, rollout: Any = None,
+                 weights_fn: Callable[["MegatronRolloutShardingManager"], Weights] = _default_weights,
+                 prepare_model: Callable[[Any], None] = _default_prepare,
+                 empty_cache: Callable[[], None] = _default_empty_cache,
+                 infer_tp: tuple[int, int, Any] | None = None) -> None:
+        self.actor_module = actor_module
+        self.rollout = rollout
+        self.inference_engine = inference_engine if inference_engine is not None else getattr(
+            rollout, "inference_engine", None)
+        self.model_config = model_config
+        self.transformer_config = transformer_config
+        self.layer_name_mapping = layer_name_mapping
+        self.weight_converter = weight_converter
+        self.module = module
+        self._weights_fn, self._prepare, self._empty_cache = weights_fn, prepare_model, empty_cache
+        self._infer_tp = infer_tp
+        self.loaded_params = 0
+        self.mla_layers_rebuilt = 0
+
+    # ------------------------------------------------------------------------------ rollout access
+
+    @property
+    def rollout_model(self) -> Any:
+        model = getattr(self.rollout, "model", None) if self.rollout is not None else None
+        return model if model is not None else _engine_model(self.inference_engine)
+
+    def _lifecycle(self, name: str) -> Callable[[], Any] | None:
+        return getattr(self.rollout, name, None) if self.rollout is not None else None
+
+    def _onload(self) -> None:
+        onload = self._lifecycle("onload_model_weights")
+        if onload is not None:
+            onload()
+        else:
+            self.inference_engine.wake_up(tags=["weights"])
+
+    def _offload(self) -> None:
+        free = self._lifecycle("free_cache_engine")
+        offload = self._lifecycle("offload_model_weights")
+        if free is not None or offload is not None:
+            if free is not None:
+                free()
+            if offload is not None:
+                offload()
+        else:
+            self.inference_engine.sleep(level=1)
+
+    def _rebuild_mla(self, model: Any) -> int:
+        hook = self._lifecycle("rebuild_mla_absorbed")
+        return int(hook() or 0) if hook is not None else rebuild_mla_absorbed(model)
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "MegatronRolloutShardingManager":
+        start = time.perf_counter()
+        try:
+            weights = self._weights_fn(self)
+            self._onload()
+            model = self.rollout_model
+            self._prepare(model)
+            loaded = model.load_weights(weights)
+            self.loaded_params = len(loaded) if loaded is not None else 0
+            self.mla_layers_rebuilt = self._rebuild_mla(model)
+            logger.info("weight sync: %d parameters loaded, MLA rebuilt in %d layers",
+                        self.loaded_params, self.mla_layers_rebuilt)
+        finally:
+            setattr(self, SWITCH_TIME_ATTR, time.perf_counter() - start)
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self._offload()
+        for chunk in self.actor_module:
+            chunk.train()
+        self._empty_cache()
+
+    # ------------------------------------------------------------------------------ data (as upstream)
+
+    def _tp(self) -> tuple[int, int, Any]:
+        if self._infer_tp is None:
+            from verl.third_party.vllm import parallel_state as vllm_ps
+
+            group = vllm_ps.get_tensor_model_parallel_group()
+            self._infer_tp = (vllm_ps.get_tensor_model_parallel_world_size(),
+                              vllm_ps.get_tensor_model_parallel_rank(), getattr(group, "device_group", group))
+        return self._infer_tp
+
+    def preprocess_data(self, data: Any) -> Any:
+        size, _, group = self._tp()
+        if size == 1:
+            return data
+        from verl.protocol import all_gather_data_proto
+
+        all_gather_data_proto(data, group)
+        return data
+
+    def postprocess_data(self, data: Any) -> Any:
+        size, rank, _ = self._tp()
+        if size == 1:
+            return data
+        return data.chunk(chunks=size)[rank]
