@@ -279,7 +279,8 @@ def test_added_keys_exist_with_documented_defaults() -> None:
     c = composed("base")
     ours = {f"{A}.recompute_old_log_prob": False, f"{A}.use_packed_seq": False, f"{A}.max_packing_token_size": 2048,
             f"{M}.swap_optimizer": False, f"{M}.pipeline_parallel_num_layer_list": None, f"{M}.fix_router": False,
-            f"{R}.trust_remote_code": False, "overlay.profile": "custom", "overlay.dies_per_card": 2}
+            f"{R}.trust_remote_code": False, "overlay.profile": "custom", "overlay.dies_per_card": 2,
+            "overlay.fused_actor_rollout_ref": True}
     for key, default in ours.items():
         assert OmegaConf.select(upstream, key, default="<absent>") == "<absent>", f"{key} is not ours: verl has it"
         assert sel(c, key) == default, key
@@ -382,3 +383,51 @@ def test_every_problem_is_listed_and_raised() -> None:
         raise_on_problems(cfg)
     for key in (f"{A}.ppo_epochs", f"{M}.optimizer_offload", "data.train_batch_size"):
         assert key in str(e.value)
+
+
+# ---- skipped old-log-prob and D2D (vendor items A2, C2) ---------------------------------------------
+
+D2D_ON = {"D2D_DATA_TRANSFER": "1"}
+
+
+def test_skip_needs_the_megatron_actor_and_sync_rollout() -> None:
+    problems = _problems(f"{A}.strategy=fsdp", f"{REF}.strategy=fsdp", "critic.strategy=fsdp")
+    assert any(f"{A}.strategy=megatron" in p and "fsdp" in p for p in problems)
+    problems = _problems(f"{R}.mode=async")
+    assert len(problems) == 1 and f"{R}.mode=sync" in problems[0]
+
+
+@pytest.mark.parametrize("override, key", [
+    (f"{A}.use_kl_loss=False", f"{A}.use_kl_loss"),
+    ("algorithm.use_kl_in_reward=True", "algorithm.use_kl_in_reward"),
+    ("trainer.balance_batch=True", "trainer.balance_batch"),
+    (f"{A}.recompute_old_log_prob=True", f"{A}.recompute_old_log_prob"),
+    ("overlay.fused_actor_rollout_ref=False", "overlay.fused_actor_rollout_ref"),
+    ("reward_model.enable=True", "reward_model.enable"),
+])
+def test_d2d_refuses_what_needs_tensors_on_the_driver(override: str, key: str) -> None:
+    cfg = composed("a3_256die_true_weight", override)
+    assert check_config(cfg, environ={}) == []
+    problems = check_config(cfg, environ=D2D_ON)
+    assert len(problems) == 1 and key in problems[0] and "D2D_DATA_TRANSFER" in problems[0], problems
+
+
+def test_d2d_refuses_a_critic_estimator() -> None:
+    cfg = composed("a3_256die_true_weight", "algorithm.adv_estimator=gae", f"{A}.recompute_old_log_prob=True")
+    problems = check_config(cfg, environ=D2D_ON)
+    assert any("algorithm.adv_estimator" in p and "D2D_DATA_TRANSFER" in p for p in problems)
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), ("off", False), ("true", True)])
+def test_d2d_flag_reading(value: str, on: bool) -> None:
+    from verl_patches.trainer.step_plan import d2d_enabled, plan_steps
+
+    assert d2d_enabled({"D2D_DATA_TRANSFER": value}) is on
+    assert d2d_enabled({}) is False
+    plan = plan_steps(composed("a3_256die_true_weight"), {"D2D_DATA_TRANSFER": value})
+    assert plan.d2d is on and plan.skip_old_log_prob and plan.fused_role
+
+
+def test_the_a3_profiles_pass_with_d2d() -> None:
+    for profile in PROD_PROFILES:
+        assert check_config(composed(profile), environ=D2D_ON) == []

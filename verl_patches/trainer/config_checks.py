@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
@@ -21,8 +21,9 @@ def get(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
     return node
 
 
-def check_config(cfg: DictConfig) -> list[str]:
-    """Return the problems found (empty when the config is consistent)."""
+def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Return the problems found (empty when the config is consistent); `environ` (default os.environ)
+    is where D2D_DATA_TRANSFER is read."""
     problems: list[str] = []
     a = "actor_rollout_ref.actor"
     if get(cfg, f"{a}.recompute_old_log_prob") is False:
@@ -37,6 +38,15 @@ def check_config(cfg: DictConfig) -> list[str]:
             problems.append(f"{a}.recompute_old_log_prob=False needs data.train_batch_size "
                             f"({get(cfg, 'data.train_batch_size')}) == {a}.ppo_mini_batch_size "
                             f"({get(cfg, f'{a}.ppo_mini_batch_size')}): one optimizer step per rollout")
+        if get(cfg, f"{a}.strategy") != "megatron":
+            # verl's FSDP actor reads old_log_probs from the batch; only our Megatron actor (C3) reuses
+            # its own detached log-probs.
+            problems.append(f"{a}.recompute_old_log_prob=False needs {a}.strategy=megatron "
+                            f"(found {get(cfg, f'{a}.strategy')}): verl's FSDP actor needs old_log_probs")
+        if get(cfg, "actor_rollout_ref.rollout.mode", "sync") != "sync":
+            problems.append(f"{a}.recompute_old_log_prob=False needs actor_rollout_ref.rollout.mode=sync "
+                            f"(found {get(cfg, 'actor_rollout_ref.rollout.mode')})")
+    problems += d2d_problems(cfg, environ)
     m = f"{a}.megatron"
     if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.optimizer_offload"):
         problems.append(f"{m}.swap_optimizer=True replaces optimizer offload: set {m}.optimizer_offload=False")
@@ -57,7 +67,34 @@ def check_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def raise_on_problems(cfg: DictConfig) -> None:
-    problems = check_config(cfg)
+def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """With D2D_DATA_TRANSFER on, the driver never holds input_ids, position_ids, ref_log_prob or
+    old_log_probs, and the workers rely on the row order of generate: everything that needs one of those
+    on the driver is refused here, each naming its key."""
+    from verl_patches.reshard.tensor_cache import PRECONDITIONS
+    from verl_patches.trainer.step_plan import D2D_ENV, FUSED_ROLE_KEY, d2d_enabled
+
+    if not d2d_enabled(environ):
+        return []
+    problems = []
+    why = f"with {D2D_ENV} on"
+    for key, (want, reason) in PRECONDITIONS.items():
+        found = get(cfg, key)
+        if found != want:
+            problems.append(f"{key}={found!r} {why}: {reason}")
+    rules = (("actor_rollout_ref.actor.recompute_old_log_prob", False,
+              "the old-log-prob pass would need input_ids on the driver"),
+             (FUSED_ROLE_KEY, True, "generate, ref and update must run in one worker group to share the cache"),
+             ("reward_model.enable", False, "a reward model worker reads input_ids from the driver's batch"),
+             ("actor_rollout_ref.rollout.mode", "sync", "the async rollout server does not fill the cache"))
+    for key, want, reason in rules:
+        found = get(cfg, key)
+        if found != want:
+            problems.append(f"{key}={found!r} {why} must be {want!r}: {reason}")
+    return problems
+
+
+def raise_on_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> None:
+    problems = check_config(cfg, environ)
     if problems:
         raise OverlayConfigError("inconsistent trainer config:\n  - " + "\n  - ".join(problems))

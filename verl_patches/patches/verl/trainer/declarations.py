@@ -25,4 +25,27 @@ PATCHES = [
                "on CPU, Ray offers logical GPU slots for verl's resource pools",
         devices=ALL_DEVICES,
     ),
+    Patch(
+        name="trainer.fused_actor_rollout_ref",
+        target="verl.trainer.ppo.ray_trainer:RayPPOTrainer.init_workers",
+        kind=Kind.WRAP,
+        fingerprint="sha256:75e2048defa69674",
+        replacement=lazy_call("verl_patches.trainer.fused_role:with_fused_role"),
+        vendor_item="A1",
+        reason="with overlay.fused_actor_rollout_ref=True one actor_rollout_ref worker group plays actor, rollout "
+               "and reference on one pool (ref_policy_wg is actor_rollout_wg); otherwise upstream's init",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="trainer.fit_step_plan",
+        target="verl.trainer.ppo.ray_trainer:RayPPOTrainer.fit",
+        kind=Kind.WRAP,
+        fingerprint="sha256:8473f7a548dfc9a8",
+        replacement=lazy_call("verl_patches.trainer.fit_loop:with_overlay_fit"),
+        vendor_item="A2",
+        reason="skip the old-log-prob pass when recompute_old_log_prob=False (exact on-policy only), ship only "
+               "what D2D_DATA_TRANSFER leaves to the driver, log the rollout/train log-prob mismatch every step "
+               "and the worker classes that ran; REMAX keeps upstream's fit",
+        devices=ALL_DEVICES,
+    ),
 ]

@@ -1,0 +1,212 @@
+"""Our RayPPOTrainer.fit (vendor item A2) run with fake worker groups that record every DataProto they
+receive: the old-log-prob pass is skipped exactly when configured, with D2D the ref call gets a tensor-less
+batch of the right size and update_actor only `advantages` plus the whole meta_info, the driver never ships
+input_ids/position_ids/ref_log_prob/old_log_probs, and the log-prob mismatch is logged every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from verl_patches.trainer import fit_loop, logprob_mismatch
+from verl_patches.trainer.config_compose import compose_config, resolved
+from verl_patches.trainer.step_payloads import NEVER_SHIPPED_WITH_D2D
+from verl_patches.trainer.step_plan import StepPlan
+
+B, N, P, R, STEPS = 4, 2, 5, 3, 3  # prompts per step, samples per prompt, prompt and response length
+
+
+@dataclass
+class Call:
+    method: str
+    keys: list[str]
+    rows: int
+    meta: dict[str, Any]
+
+
+@dataclass
+class FakeWorkerGroup:
+    """Records every call; answers like verl's workers (D2D: like the cache-holding workers)."""
+
+    d2d: bool
+    skip_old_log_prob: bool
+    calls: list[Call] = field(default_factory=list)
+    drift: float = 0.01  # train log-prob - rollout log-prob on every response token
+    world_size: int = 2
+
+    def _record(self, method: str, data: Any) -> None:
+        self.calls.append(Call(method, sorted(data.batch.keys()), len(data), dict(data.meta_info)))
+
+    def generate_sequences(self, data: Any) -> Any:
+        from verl import DataProto
+
+        self._record("generate_sequences", data)
+        rows = len(data) * N
+        prompts = data.batch["input_ids"].repeat_interleave(N, dim=0)
+        responses = torch.randint(3, 10, (rows, R))
+        mask = torch.ones(rows, P + R, dtype=torch.long)
+        mask[0, -1] = 0  # one padded response token
+        tensors = {"prompts": prompts, "responses": responses, "attention_mask": mask,
+                   "rollout_log_probs": -torch.rand(rows, R)}
+        if not self.d2d:
+            tensors["input_ids"] = torch.cat([prompts, responses], dim=1)
+            tensors["position_ids"] = torch.arange(P + R).expand(rows, -1).clone()
+        self.rollout_lp = tensors["rollout_log_probs"]
+        return DataProto.from_dict(tensors)
+
+    def compute_log_prob(self, data: Any) -> Any:
+        from verl import DataProto
+
+        self._record("compute_log_prob", data)
+        old = data.batch["rollout_log_probs"] + self.drift
+        return DataProto.from_dict({"old_log_probs": old, "entropys": torch.ones(len(data), R)})
+
+    def compute_ref_log_prob(self, data: Any) -> Any:
+        from tensordict import TensorDict
+        from verl import DataProto
+
+        self._record("compute_ref_log_prob", data)
+        if self.d2d:  # the workers keep ref_log_prob in their cache
+            return DataProto(batch=TensorDict({}, batch_size=[len(data)]))
+        return DataProto.from_dict({"ref_log_prob": torch.zeros(len(data), R)})
+
+    def update_actor(self, data: Any) -> Any:
+        from verl import DataProto
+
+        self._record("update_actor", data)
+        metrics: dict[str, list[float]] = {"actor/pg_loss": [0.5]}
+        if self.skip_old_log_prob:  # the actor reports the mismatch from its own forward pass
+            metrics[logprob_mismatch.ABS_DIFF] = [self.drift]
+        return DataProto(meta_info={"metrics": metrics})
+
+    def methods(self) -> list[str]:
+        return [c.method for c in self.calls]
+
+
+class Recorder:
+    logged: list[tuple[int, dict[str, Any]]] = []
+
+    def __init__(self, **_: Any) -> None:
+        Recorder.logged = []
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        Recorder.logged.append((step, dict(data)))
+
+
+class FakePools:
+    def get_n_gpus(self) -> int:
+        return 2
+
+
+def reward_fn(data: Any, return_dict: bool = False) -> Any:
+    scores = torch.zeros(len(data), R)
+    scores[::2, -1] = 1.0
+    return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+
+
+@pytest.fixture(scope="module")
+def base_cfg() -> Any:
+    return resolved(compose_config("ppo_mindspeed_trainer", [
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+        "trainer.logger=[console]", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
+        "algorithm.adv_estimator=grpo"]))
+
+
+def make_trainer(base_cfg: Any, monkeypatch: pytest.MonkeyPatch, plan: StepPlan, **cfg_over: Any) -> tuple[Any, FakeWorkerGroup]:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    cfg = OmegaConf.create(OmegaConf.to_container(base_cfg))
+    with open_dict(cfg):
+        cfg.trainer.total_training_steps = STEPS
+        cfg.trainer.resume_mode = "disable"
+        for k, v in cfg_over.items():
+            OmegaConf.update(cfg, k, v)
+    monkeypatch.setattr("verl.utils.tracking.Tracking", Recorder)
+    wg = FakeWorkerGroup(d2d=plan.d2d, skip_old_log_prob=plan.skip_old_log_prob)
+    t = object.__new__(RayPPOTrainer)
+    ids = torch.randint(3, 10, (B, P))
+    batch_dict = {"input_ids": ids, "attention_mask": torch.ones(B, P, dtype=torch.long),
+                  "position_ids": torch.arange(P).expand(B, -1).clone(),
+                  "raw_prompt_ids": np.array([list(r) for r in ids.tolist()], dtype=object)}
+    t.__dict__.update(config=cfg, tokenizer=None, reward_fn=reward_fn, val_reward_fn=None, use_rm=False,
+                      use_critic=False, use_reference_policy=True, ref_in_actor=False, actor_rollout_wg=wg,
+                      ref_policy_wg=wg, async_rollout_mode=False, train_dataloader=[batch_dict] * 10,
+                      total_training_steps=STEPS, resource_pool_manager=FakePools(), role_worker_mapping={},
+                      hybrid_engine=True)
+    return t, wg
+
+
+def payloads(wg: FakeWorkerGroup, method: str) -> list[Call]:
+    return [c for c in wg.calls if c.method == method]
+
+
+def test_skip_with_d2d_ships_only_what_the_workers_cannot_hold(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = StepPlan(skip_old_log_prob=True, d2d=True, fused_role=True)
+    t, wg = make_trainer(base_cfg, monkeypatch, plan, **{"trainer.balance_batch": True})
+    fit_loop.run_fit(t, plan)
+    assert "compute_log_prob" not in wg.methods()
+    assert wg.methods() == ["generate_sequences", "compute_ref_log_prob", "update_actor"] * STEPS
+    for ref in payloads(wg, "compute_ref_log_prob"):
+        assert ref.keys == [] and ref.rows == B * N
+    for upd in payloads(wg, "update_actor"):
+        assert upd.keys == ["advantages"] and upd.rows == B * N
+        assert len(upd.meta["global_token_num"]) == B * N and sum(upd.meta["global_token_num"]) == B * N * (P + R) - 1
+        assert "multi_turn" in upd.meta
+    for c in wg.calls:
+        if c.method != "generate_sequences":  # the prompts' input_ids go to generation, as upstream
+            assert not set(c.keys) & set(NEVER_SHIPPED_WITH_D2D)
+    steps = [s for s, _ in Recorder.logged]
+    assert steps == [1, 2, 3]
+    assert all(m[logprob_mismatch.ABS_DIFF] == pytest.approx(0.01) for _, m in Recorder.logged)
+    assert all("critic/advantages/mean" in m for _, m in Recorder.logged)
+
+
+def test_skip_without_d2d_ships_the_batch_but_never_old_log_probs(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False)
+    t, wg = make_trainer(base_cfg, monkeypatch, plan)
+    fit_loop.run_fit(t, plan)
+    assert "compute_log_prob" not in wg.methods()
+    for upd in payloads(wg, "update_actor"):
+        assert {"input_ids", "position_ids", "ref_log_prob", "advantages", "rollout_log_probs"} <= set(upd.keys)
+        assert "old_log_probs" not in upd.keys
+    assert all("timing_s/old_log_prob" not in m for _, m in Recorder.logged)
+    assert all(m[logprob_mismatch.ABS_DIFF] == pytest.approx(0.01) for _, m in Recorder.logged)
+
+
+def test_recompute_runs_the_old_log_prob_pass_and_the_driver_measures_the_mismatch(
+        base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
+    t, wg = make_trainer(base_cfg, monkeypatch, plan)
+    fit_loop.run_fit(t, plan)
+    assert wg.methods() == ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"] * STEPS
+    assert all("old_log_probs" in c.keys for c in payloads(wg, "update_actor"))
+    for _, m in Recorder.logged:
+        assert m[logprob_mismatch.ABS_DIFF] == pytest.approx(0.01, rel=1e-5)
+        assert m[logprob_mismatch.RATIO_DEV] == pytest.approx(np.expm1(0.01), rel=1e-5)
+        assert m[logprob_mismatch.TOKENS] == B * N * R - 1
+        assert "actor/entropy_loss" in m and "timing_s/old_log_prob" in m
+
+
+def test_remax_keeps_upstreams_fit(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
+    t, _ = make_trainer(base_cfg, monkeypatch, plan, **{"algorithm.adv_estimator": "remax"})
+    seen = []
+    fit_loop.with_overlay_fit(lambda self: seen.append(self))(t)
+    assert seen == [t]
+
+
+def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl.trainer.ppo.ray_trainer import Role
+
+    plan = StepPlan(skip_old_log_prob=True, d2d=True, fused_role=True)
+    t, _ = make_trainer(base_cfg, monkeypatch, plan)
+    t.role_worker_mapping = {Role.ActorRollout: FakeWorkerGroup}
+    line = fit_loop.worker_summary(t, plan)
+    assert "ActorRollout=" in line and "FakeWorkerGroup" in line
+    assert "ref runs in the actor/rollout worker group: True" in line
+    assert "old-log-prob pass skipped" in line and "D2D tensor cache on" in line

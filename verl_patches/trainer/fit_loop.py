@@ -1,0 +1,238 @@
+"""`RayPPOTrainer.fit` for the overlay (vendor item A2): verl v0.4.0's loop with the step plan applied.
+
+Differences from upstream, all decided by `step_plan.plan_steps` before the first step:
+
+* the old-log-prob pass runs only when ``actor.recompute_old_log_prob`` is not False (the config checks
+  allow False only where it is exact);
+* with D2D the ref and update calls get the payloads of `step_payloads` instead of the whole batch, and
+  ``trainer.balance_batch`` is never applied (the config checks refuse it);
+* every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
+  log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
+* the first step logs the worker classes and the plan, so a run's log says which path ran.
+
+Every other line of behaviour (validation, checkpoints, critic, reward model, async rollout, metrics)
+follows upstream, calling upstream's helpers through their module so that other patches (step metrics)
+apply. REMAX (a second greedy generation per step) is left to upstream's own fit by the wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+
+from verl_patches.trainer import logprob_mismatch
+from verl_patches.trainer.step_payloads import ref_payload, update_payload
+from verl_patches.trainer.step_plan import StepPlan, plan_steps
+
+logger = logging.getLogger("verl_patches")
+
+GEN_BATCH_KEYS = ("input_ids", "attention_mask", "position_ids")
+GEN_NON_TENSOR_KEYS = ("raw_prompt_ids",)
+GEN_NON_TENSOR_OPTIONAL = ("multi_modal_data", "raw_prompt", "tools_kwargs")
+
+
+def with_overlay_fit(fit: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(fit)
+    def overlay_fit(self: Any) -> Any:
+        if str(self.config.algorithm.adv_estimator) in ("remax", "AdvantageEstimator.REMAX"):
+            return fit(self)
+        return run_fit(self, plan_steps(self.config))
+
+    return overlay_fit
+
+
+def worker_summary(trainer: Any, plan: StepPlan) -> str:
+    """One line naming what runs: worker classes, groups and the step plan."""
+    names = []
+    for role, cls in getattr(trainer, "role_worker_mapping", {}).items():
+        inner = getattr(cls, "__ray_actor_class__", None) or getattr(cls, "cls", None) or cls
+        names.append(f"{getattr(role, 'name', role)}={getattr(inner, '__module__', '?')}."
+                     f"{getattr(inner, '__qualname__', getattr(inner, '__name__', repr(inner)))}")
+    fused = getattr(trainer, "ref_policy_wg", None) is getattr(trainer, "actor_rollout_wg", None)
+    return (f"verl_patches fit: workers [{', '.join(names)}]; ref runs in the actor/rollout worker group: "
+            f"{fused and getattr(trainer, 'use_reference_policy', False)}; {plan.describe()}")
+
+
+def _generation_batch(batch: Any) -> Any:
+    non_tensor = list(GEN_NON_TENSOR_KEYS) + [k for k in GEN_NON_TENSOR_OPTIONAL if k in batch.non_tensor_batch]
+    return batch.pop(batch_keys=list(GEN_BATCH_KEYS), non_tensor_batch_keys=non_tensor)
+
+
+def _generate(trainer: Any, gen_batch: Any) -> Any:
+    if not trainer.async_rollout_mode:
+        return trainer.actor_rollout_wg.generate_sequences(gen_batch)
+    trainer.async_rollout_manager.wake_up()
+    out = trainer.async_rollout_manager.generate_sequences(gen_batch)
+    trainer.async_rollout_manager.sleep()
+    return out
+
+
+def _old_log_prob(trainer: Any, batch: Any, metrics: dict[str, Any]) -> Any:
+    from verl.trainer.ppo import ray_trainer as rt
+
+    old = trainer.actor_rollout_wg.compute_log_prob(batch)
+    entropys = old.batch.pop("entropys")
+    entropy = rt.agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
+                          loss_agg_mode=trainer.config.actor_rollout_ref.actor.loss_agg_mode)
+    metrics["actor/entropy_loss"] = entropy.detach().item()
+    return batch.union(old)
+
+
+def _advantages(trainer: Any, batch: Any, reward_tensor: Any, extra: dict[str, list],
+                metrics: dict[str, Any]) -> Any:
+    from verl.trainer.ppo import ray_trainer as rt
+
+    cfg = trainer.config
+    batch.batch["token_level_scores"] = reward_tensor
+    if extra:
+        batch.non_tensor_batch.update({k: np.array(v) for k, v in extra.items()})
+    if cfg.algorithm.use_kl_in_reward:
+        batch, kl_metrics = rt.apply_kl_penalty(batch, kl_ctrl=trainer.kl_ctrl_in_reward,
+                                                kl_penalty=cfg.algorithm.kl_penalty)
+        metrics.update(kl_metrics)
+    else:
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    return rt.compute_advantage(
+        batch, adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+        num_repeat=cfg.actor_rollout_ref.rollout.n,
+        norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
+        multi_turn=cfg.actor_rollout_ref.rollout.multi_turn.enable, use_pf_ppo=cfg.algorithm.use_pf_ppo,
+        pf_ppo_reweight_method=cfg.algorithm.pf_ppo.reweight_method,
+        pf_ppo_weight_pow=cfg.algorithm.pf_ppo.weight_pow)
+
+
+def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], timing_raw: dict[str, float],
+             is_last_step: bool) -> tuple[Any, Any]:
+    """One step on `batch` (a fresh DataProto of prompts); returns (final batch, validation metrics or None)."""
+    import ray
+    from verl.trainer.ppo import ray_trainer as rt
+
+    cfg = trainer.config
+    timer = rt._timer
+    gen_batch = _generation_batch(batch)
+    last_val = None
+    with timer("step", timing_raw):
+        with timer("gen", timing_raw):
+            gen_out = _generate(trainer, gen_batch)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch.batch))], dtype=object)
+        batch = batch.repeat(repeat_times=cfg.actor_rollout_ref.rollout.n, interleave=True)
+        batch = batch.union(gen_out)
+        batch.batch["response_mask"] = rt.compute_response_mask(batch)
+        if cfg.trainer.balance_batch and not plan.d2d:
+            trainer._balance_batch(batch, metrics=metrics)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
+
+        with timer("reward", timing_raw):
+            if trainer.use_rm:
+                batch = batch.union(trainer.rm_wg.compute_rm_score(batch))
+            if cfg.reward_model.launch_reward_fn_async:
+                future_reward = rt.compute_reward_async.remote(batch, cfg, trainer.tokenizer)
+            else:
+                reward_tensor, reward_extra = rt.compute_reward(batch, trainer.reward_fn)
+
+        if not plan.skip_old_log_prob:
+            with timer("old_log_prob", timing_raw):
+                batch = _old_log_prob(trainer, batch, metrics)
+
+        if trainer.use_reference_policy:
+            with timer("ref", timing_raw):
+                wg = trainer.actor_rollout_wg if trainer.ref_in_actor else trainer.ref_policy_wg
+                batch = batch.union(wg.compute_ref_log_prob(ref_payload(batch, plan.d2d)))
+
+        if trainer.use_critic:
+            with timer("values", timing_raw):
+                batch = batch.union(trainer.critic_wg.compute_values(batch))
+
+        with timer("adv", timing_raw):
+            if cfg.reward_model.launch_reward_fn_async:
+                reward_tensor, reward_extra = ray.get(future_reward)
+            batch = _advantages(trainer, batch, reward_tensor, reward_extra, metrics)
+
+        if trainer.use_critic:
+            with timer("update_critic", timing_raw):
+                critic_out = trainer.critic_wg.update_critic(batch)
+            metrics.update(rt.reduce_metrics(critic_out.meta_info["metrics"]))
+
+        if cfg.trainer.critic_warmup <= trainer.global_steps:
+            with timer("update_actor", timing_raw):
+                batch.meta_info["multi_turn"] = cfg.actor_rollout_ref.rollout.multi_turn.enable
+                actor_out = trainer.actor_rollout_wg.update_actor(update_payload(batch, plan.d2d))
+            metrics.update(rt.reduce_metrics(actor_out.meta_info["metrics"]))
+
+        metrics.update(logprob_mismatch.batch_mismatch_metrics(batch))
+
+        dump_dir = cfg.trainer.get("rollout_data_dir", None)
+        if dump_dir:
+            with timer("dump_rollout_generations", timing_raw):
+                trainer._dump_generations(
+                    inputs=trainer.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True),
+                    outputs=trainer.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True),
+                    scores=batch.batch["token_level_scores"].sum(-1).cpu().tolist(),
+                    reward_extra_infos_dict=reward_extra, dump_path=dump_dir)
+
+        if trainer.val_reward_fn is not None and cfg.trainer.test_freq > 0 and \
+                (is_last_step or trainer.global_steps % cfg.trainer.test_freq == 0):
+            with timer("testing", timing_raw):
+                val_metrics = trainer._validate()
+            metrics.update(val_metrics)
+            last_val = val_metrics if is_last_step else None
+
+        if cfg.trainer.save_freq > 0 and (is_last_step or trainer.global_steps % cfg.trainer.save_freq == 0):
+            with timer("save_checkpoint", timing_raw):
+                trainer._save_checkpoint()
+    return batch, last_val
+
+
+def run_fit(trainer: Any, plan: StepPlan) -> None:
+    from omegaconf import OmegaConf
+    from tqdm import tqdm
+    from verl import DataProto
+    from verl.trainer.ppo import ray_trainer as rt
+    from verl.utils.tracking import Tracking
+
+    cfg = trainer.config
+    tracker = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
+                       default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True))
+    summary = worker_summary(trainer, plan)
+    logger.warning(summary)
+    print(summary, flush=True)
+    trainer.global_steps = 0
+    trainer._load_checkpoint()
+    if trainer.val_reward_fn is not None and cfg.trainer.get("val_before_train", True):
+        val_metrics = trainer._validate()
+        if not val_metrics:
+            raise RuntimeError("validation before training returned no metrics")
+        tracker.log(data=val_metrics, step=trainer.global_steps)
+        if cfg.trainer.get("val_only", False):
+            return
+    progress = tqdm(total=trainer.total_training_steps, initial=trainer.global_steps, desc="Training Progress")
+    trainer.global_steps += 1
+    missing_mismatch_reported = False
+    for epoch in range(cfg.trainer.total_epochs):
+        for batch_dict in trainer.train_dataloader:
+            metrics: dict[str, Any] = {}
+            timing_raw: dict[str, float] = {}
+            is_last_step = trainer.global_steps >= trainer.total_training_steps
+            batch, last_val = run_step(trainer, DataProto.from_single_dict(batch_dict), plan, metrics, timing_raw,
+                                       is_last_step)
+            if logprob_mismatch.ABS_DIFF not in metrics and not missing_mismatch_reported:
+                missing_mismatch_reported = True
+                logger.warning("no rollout/training log-prob mismatch this step: the batch lacks %s or %s and "
+                               "update_actor reported no %s", logprob_mismatch.ROLLOUT_KEY, logprob_mismatch.TRAIN_KEY,
+                               logprob_mismatch.ABS_DIFF)
+            metrics.update({"training/global_step": trainer.global_steps, "training/epoch": epoch})
+            metrics.update(rt.compute_data_metrics(batch=batch, use_critic=trainer.use_critic))
+            metrics.update(rt.compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+            metrics.update(rt.compute_throughout_metrics(batch=batch, timing_raw=timing_raw,
+                                                         n_gpus=trainer.resource_pool_manager.get_n_gpus()))
+            tracker.log(data=metrics, step=trainer.global_steps)
+            progress.update(1)
+            trainer.global_steps += 1
+            if is_last_step:
+                print(f"Final validation metrics: {last_val}", flush=True)
+                progress.close()
+                return

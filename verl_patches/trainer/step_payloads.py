@@ -1,0 +1,58 @@
+"""What the driver ships to each worker call of a step (pure; vendor item A2 with C2's D2D cache).
+
+Without D2D every call gets the driver's whole batch, as upstream. With D2D the rollout tensors stay in
+the workers' TensorCache, so:
+
+* ``compute_ref_log_prob`` gets a DataProto with the batch size and the meta_info but no tensor (the
+  workers read responses/input_ids/attention_mask/position_ids from their cache and keep ref_log_prob
+  there);
+* ``update_actor`` gets ``advantages`` and the whole meta_info (``global_token_num``, ``multi_turn``,
+  ...; the workers add the cached tensors).
+
+The driver never ships `NEVER_SHIPPED_WITH_D2D` in either call; `payload_keys` states it as data for
+tests and logs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+NEVER_SHIPPED_WITH_D2D = ("input_ids", "position_ids", "ref_log_prob", "old_log_probs")
+UPDATE_KEYS_WITH_D2D = ("advantages",)
+
+
+def payload_keys(call: str, batch_keys: list[str], d2d: bool) -> list[str]:
+    """Tensor keys a worker call receives, given the driver's batch keys (pure)."""
+    if call not in ("compute_ref_log_prob", "update_actor"):
+        raise ValueError(f"payload_keys: unknown call {call!r}")
+    if not d2d:
+        return list(batch_keys)
+    if call == "compute_ref_log_prob":
+        return []
+    missing = [k for k in UPDATE_KEYS_WITH_D2D if k not in batch_keys]
+    if missing:
+        raise KeyError(f"update_actor with D2D needs {missing} in the driver's batch (has {sorted(batch_keys)})")
+    return list(UPDATE_KEYS_WITH_D2D)
+
+
+def _restricted(batch: Any, keys: list[str]) -> Any:
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    tensors = TensorDict({k: batch.batch[k] for k in keys}, batch_size=[len(batch)])
+    return DataProto(batch=tensors, non_tensor_batch={}, meta_info=copy.copy(batch.meta_info))
+
+
+def ref_payload(batch: Any, d2d: bool) -> Any:
+    """The DataProto for ``compute_ref_log_prob``."""
+    if not d2d:
+        return batch
+    return _restricted(batch, payload_keys("compute_ref_log_prob", list(batch.batch.keys()), d2d))
+
+
+def update_payload(batch: Any, d2d: bool) -> Any:
+    """The DataProto for ``update_actor``."""
+    if not d2d:
+        return batch
+    return _restricted(batch, payload_keys("update_actor", list(batch.batch.keys()), d2d))
