@@ -58,11 +58,11 @@ def _mirrors(items: list[str]) -> dict[str, list[str]]:
     for item in items:
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
-            raise SystemExit(f"setup_sources.sh: --mirror expects NAME=URL, got {item!r}")
+            raise SourceError(f"--mirror expects NAME=URL, got {item!r}")
         try:
             names.git_url(url)
         except ValueError as e:
-            raise SystemExit(f"setup_sources.sh: --mirror {name}=: {e}") from None
+            raise SourceError(f"--mirror {name}=: {e}") from None
         out.setdefault(name, []).append(url)
     return out
 
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     routes = ["cache", "git", "pypi"] if args.route == "auto" else [args.route]
     if args.route == "auto" and args.cache is None:
         routes.remove("cache")
-    opts = SetupOptions(root=root, lock=lock, cache=user_cache_dir(), routes=routes, cache_dir=args.cache,
-                        index_url=args.index_url, mirrors=_mirrors(args.mirror), offline=args.offline,
-                        force=args.force, device=device)
     try:
+        opts = SetupOptions(root=root, lock=lock, cache=user_cache_dir(), routes=routes, cache_dir=args.cache,
+                            index_url=args.index_url, mirrors=_mirrors(args.mirror), offline=args.offline,
+                            force=args.force, device=device)
         unknown = sorted(set(opts.mirrors) - set(lock.components))
         if unknown:
             raise SourceError(f"--mirror {unknown[0]}=...: no component {unknown[0]!r} in {lock.path.name}")

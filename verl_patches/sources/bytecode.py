@@ -21,7 +21,7 @@ from pathlib import Path
 from verl_patches.sources.paths import user_cache_dir
 
 BYTECODE_SUFFIXES = (".pyc", ".pyo")
-_PYC_NAME = re.compile(r"^(?P<stem>.+)\.(?P<tag>[A-Za-z0-9_-]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
+_PYC_NAME = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[^.]+)(?:\.opt-(?P<opt>[12]))?\.pyc$")
 _CACHE_FORMAT = "1"
 
 
