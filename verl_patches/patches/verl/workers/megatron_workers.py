@@ -24,10 +24,6 @@ import torch
 from verl_patches.patches.verl.workers.legacy_checkpoint import load_legacy_weights
 
 
-def process_group_backend(device: str) -> str:
-    return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[device]
-
-
 def normalize_ref_batch_sizes(ref_config: Any, dp_size: int) -> None:
     """verl's reference normalisation (global micro-batch -> per-rank), for every role that holds a ref."""
     if ref_config.get("log_prob_micro_batch_size", None):
@@ -37,18 +33,42 @@ def normalize_ref_batch_sizes(ref_config: Any, dp_size: int) -> None:
         raise ValueError("actor_rollout_ref.ref: set log_prob_micro_batch_size_per_gpu (or log_prob_micro_batch_size)")
 
 
+def trainer_config_view(config: Any) -> Any:
+    """The full-trainer-config shape D1's translation reads, from what the worker is given.
+
+    verl hands its Megatron worker only ``actor_rollout_ref``. Everything D1 needs from elsewhere is mirrored
+    there by verl's own interpolations: the rollout's ``prompt_length``/``response_length`` are
+    ``data.max_*_length``, and before normalisation ``actor.ppo_mini_batch_size`` is the prompts per update
+    (our trainer entry requires it to equal ``data.train_batch_size`` for the A3 profiles). The advantage
+    estimator is not visible here; the trainer entry refuses anything but grpo before workers start.
+    """
+    from omegaconf import OmegaConf
+
+    if "actor_rollout_ref" in config:
+        return config
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": "grpo"},
+        "data": {"train_batch_size": config.actor.ppo_mini_batch_size,
+                 "max_prompt_length": config.rollout.prompt_length,
+                 "max_response_length": config.rollout.response_length},
+        "actor_rollout_ref": config,
+        "trainer": {},
+    })
+
+
 def bring_up(config: Any) -> None:
     """Process group + Megatron/MindSpeed initialisation, once per process."""
     from megatron.core import parallel_state as mpu
 
-    from verl_patches.device import current_device
+    from verl_patches.device import dist_backend
 
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend=process_group_backend(current_device()))
+        torch.distributed.init_process_group(backend=dist_backend())
     if not mpu.model_parallel_is_initialized():
-        from verl_patches.train_engine import initialize_megatron
+        from verl_patches.train_engine.initialize import initialize_megatron
+        from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
-        initialize_megatron(config)
+        initialize_megatron(translate_verl_train_configs_to_megatron(trainer_config_view(config)))
 
 
 def wrap_init(original: Callable) -> Callable:
@@ -147,8 +167,10 @@ def init_model(self) -> None:
                                       hf_config=self.hf_config, tf_config=self.tf_config,
                                       actor_module=self.actor_module, actor_optimizer=self.actor_optimizer)
     if self._is_rollout:
+        # rollout.trust_remote_code (our key) lets the rollout load remote code the training side does not need
         self.rollout, self.sharding_manager = self._build_rollout(
-            trust_remote_code=self.config.model.get("trust_remote_code", False))
+            trust_remote_code=bool(self.config.model.get("trust_remote_code", False)
+                                   or self.config.rollout.get("trust_remote_code", False)))
         self.rollout.sharding_manager = self.sharding_manager
     if self._is_ref:
         self.ref_module, self.ref_model_config = self._build_model_optimizer(
