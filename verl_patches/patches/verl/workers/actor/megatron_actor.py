@@ -96,7 +96,8 @@ def compute_log_prob(self, data: Any, calculate_entropy: bool = False) -> tuple[
         zeros = torch.zeros(batch_size, response_length, dtype=torch.float32, device=device)
         return zeros, zeros.clone()
 
-    use_dynamic_bsz = data.meta_info.get("use_dynamic_bsz", False)
+    # the worker says per call; the role's own use_dynamic_bsz (our key for the reference) is the default
+    use_dynamic_bsz = bool(data.meta_info.get("use_dynamic_bsz", self.config.get("use_dynamic_bsz", False)))
     micro_batch_size = data.meta_info.get("micro_batch_size", None)
     if micro_batch_size is None and not use_dynamic_bsz:
         raise ValueError("meta_info['micro_batch_size'] is needed to compute log-probs")

@@ -1,0 +1,79 @@
+"""Every key our trainer config and A3 profiles add beyond verl's own ppo_megatron_trainer.yaml is read by
+some code: a key read by nothing is a setting that silently does nothing on the cluster.
+
+Each added key must appear in CONSUMERS with the file that reads it and the exact text that reads it; the
+test fails for an added key without an entry, for an entry whose text is no longer in that file, and for an
+entry whose key no config adds any more. Behaviour tests of the recipe-specific keys are named next to them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_patches.trainer.config_compose import VERL_CONFIG_DIR, compose_config
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = sorted(p.stem for p in (REPO / "verl_patches/trainer/config/profile").glob("*.yaml"))
+A = "actor_rollout_ref.actor"
+ACTOR_PY = "verl_patches/patches/verl/workers/actor/megatron_actor.py"
+TRANSLATE_PY = "verl_patches/train_engine/translate.py"
+
+# key -> (file, text that reads it[, behaviour test])
+CONSUMERS: dict[str, tuple[str, str, str]] = {
+    f"{A}.recompute_old_log_prob": (ACTOR_PY, 'get("recompute_old_log_prob", True)',
+                                    "test_actor_loss::test_recompute_old_log_prob_false_is_reinforce_with_ratio_one"),
+    f"{A}.use_packed_seq": (ACTOR_PY, 'get("use_packed_seq", False)',
+                            "test_actor_loss::test_packed_sequences_are_refused_with_the_key_to_change"),
+    f"{A}.max_packing_token_size": (ACTOR_PY, 'get("max_packing_token_size", None)', ""),
+    "actor_rollout_ref.ref.use_packed_seq": (ACTOR_PY, 'get("use_packed_seq", False)', ""),
+    "actor_rollout_ref.ref.max_packing_token_size": (ACTOR_PY, 'get("max_packing_token_size", None)', ""),
+    "actor_rollout_ref.ref.use_dynamic_bsz": (ACTOR_PY, 'self.config.get("use_dynamic_bsz", False)', ""),
+    f"{A}.megatron.pipeline_parallel_num_layer_list": (TRANSLATE_PY, "pipeline_parallel_num_layer_list",
+                                                       "test_golden::test_golden_pp2_uneven_layer_list"),
+    f"{A}.megatron.swap_optimizer": (TRANSLATE_PY, "swap_optimizer", "tests/train_engine (D1)"),
+    f"{A}.megatron.fix_router": (TRANSLATE_PY, "fix_router", "tests/train_engine (D1)"),
+    "actor_rollout_ref.rollout.trust_remote_code": ("verl_patches/patches/verl/workers/megatron_workers.py",
+                                                    'self.config.rollout.get("trust_remote_code", False)', ""),
+    "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
+    "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
+    "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),
+    "overlay.fused_actor_rollout_ref": ("verl_patches/trainer/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
+    "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
+}
+
+
+def leaves(node, prefix: str = "") -> set[str]:
+    if isinstance(node, dict):
+        out: set[str] = set()
+        for k, v in node.items():
+            if k == "defaults" and not prefix:
+                continue
+            out |= leaves(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]}
+
+
+@pytest.fixture(scope="module")
+def added_keys() -> set[str]:
+    verl = leaves(OmegaConf.to_container(OmegaConf.load(Path(VERL_CONFIG_DIR) / "ppo_megatron_trainer.yaml")))
+    ours: set[str] = set()
+    for overrides in [[]] + [[f"profile={p}"] for p in PROFILES]:
+        cfg = compose_config("ppo_mindspeed_trainer", overrides)
+        ours |= leaves(OmegaConf.to_container(cfg, resolve=False))
+    # a key verl has as an empty mapping ({}) and a profile fills in is verl's own
+    return {k for k in ours - verl if not any(k.startswith(v + ".") for v in verl)}
+
+
+def test_every_added_key_has_a_consumer(added_keys: set[str]) -> None:
+    missing = sorted(added_keys - set(CONSUMERS))
+    assert not missing, f"keys our configs add that nothing is known to read: {missing}"
+
+
+@pytest.mark.parametrize("key", sorted(CONSUMERS))
+def test_consumer_still_reads_the_key(key: str, added_keys: set[str]) -> None:
+    assert key in added_keys, f"{key} is no longer added by our configs: drop its CONSUMERS entry"
+    path, text, _ = CONSUMERS[key]
+    source = (REPO / path).read_text(encoding="utf-8") if (REPO / path).is_file() else ""
+    assert text in source, f"{key}: {path} does not read it any more (looked for {text!r})"
