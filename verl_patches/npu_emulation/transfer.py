@@ -75,6 +75,36 @@ def _to_host(self, device=None, non_blocking: bool = False, **kwargs):
     return self.to("cpu", non_blocking=non_blocking) if isinstance(self, torch.Tensor) else self.to("cpu")
 
 
+def _device_type_name(fn):
+    """Tensor.type() with no argument: transfer_to_npu reports device tensors as torch.cuda.*Tensor
+    (Megatron's optimizers check those names); here every tensor lives on the emulated device."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        name = fn(self, *args, **kwargs)
+        if not args and not kwargs and isinstance(name, str) and name.startswith("torch.") \
+                and not name.startswith("torch.cuda."):
+            return "torch.cuda." + name[len("torch."):]
+        return name
+
+    wrapper.__verl_patches_transfer__ = fn
+    return wrapper
+
+
+def _histc_any_dtype(fn):
+    """torch.histc on integer tensors: the NPU kernel takes them (MindSpeed-LLM's router counts tokens per
+    expert with it), the CPU kernel does not. Same bins, result in the input's dtype."""
+
+    @functools.wraps(fn)
+    def wrapper(input, *args, **kwargs):
+        if isinstance(input, torch.Tensor) and not input.is_floating_point() and "out" not in kwargs:
+            return fn(input.double(), *args, **kwargs).to(input.dtype)
+        return fn(input, *args, **kwargs)
+
+    wrapper.__verl_patches_transfer__ = fn
+    return wrapper
+
+
 def _init_process_group(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -104,6 +134,9 @@ def _cuda_names_to_npu() -> None:
                  "Stream", "Event", "current_stream", "default_stream", "stream", "device", "_lazy_call",
                  "_lazy_init", "default_generators", "set_per_process_memory_fraction"):
         setattr(torch.cuda, name, getattr(npu, name))
+    for name in ("FloatTensor", "HalfTensor", "BFloat16Tensor", "DoubleTensor", "IntTensor", "LongTensor",
+                 "ByteTensor", "BoolTensor"):
+        setattr(torch.cuda, name, getattr(torch, name))  # legacy typed constructors and isinstance checks
 
 
 def apply() -> None:
@@ -120,6 +153,9 @@ def apply() -> None:
         setattr(torch.Tensor, name, _map_device_kwarg(getattr(torch.Tensor, name)))
     torch.Tensor.to = _map_to(torch.Tensor.to)
     torch.nn.Module.to = _map_to(torch.nn.Module.to)
+    torch.histc = _histc_any_dtype(torch.histc)
+    torch.jit._builtins._register_builtin(torch.histc, "aten::histc")
+    torch.Tensor.type = _device_type_name(torch.Tensor.type)
     torch.Tensor.cuda = _to_host
     torch.Tensor.npu = _to_host
     torch.nn.Module.cuda = _to_host

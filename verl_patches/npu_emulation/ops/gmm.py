@@ -89,14 +89,19 @@ def npu_gmm_backward_fusion(grad: Sequence[torch.Tensor], weight: Sequence[torch
 
 
 def npu_groupmatmul_add_fp32(x: torch.Tensor, dy: torch.Tensor, group_list, grad: torch.Tensor) -> None:
-    """grad[e] += x[rows of e]^T @ dy[rows of e] in fp32 (group_list cumulative), in place."""
-    groups = grad.shape[0]
+    """grad[e] += x[rows of e]^T @ dy[rows of e] in fp32 (group_list cumulative), in place; grad is the
+    main_grad of the stacked expert weight, any shape holding E * K * N elements."""
+    groups = len(group_list)
+    k, n = x.shape[-1], dy.shape[-1]
+    if grad.numel() != groups * k * n:
+        raise ValueError(f"npu_groupmatmul_add_fp32: grad has {grad.numel()} elements, expected {groups}x{k}x{n}")
     dw = grouped_weight_grad(x.float(), dy.float(), group_list, 0, groups)
-    grad.add_(dw.view_as(grad).to(grad.dtype))
+    grad.view(groups, k, n).add_(dw.to(grad.dtype))
 
 
-def npu_matmul_add_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, grad: torch.Tensor) -> None:
-    """grad += grad_output^T @ total_input in fp32, in place (dense-layer gradient-accumulation fusion)."""
+def npu_matmul_add_fp32(grad_output: torch.Tensor, total_input: torch.Tensor, grad: torch.Tensor) -> None:
+    """The builder op as MindSpeed calls it (dy first): grad += dy^T @ x in fp32, in place
+    (dense-layer gradient-accumulation fusion)."""
     go = grad_output.reshape(-1, grad_output.shape[-1]).float()
     ti = total_input.reshape(-1, total_input.shape[-1]).float()
     grad.add_((go.t() @ ti).to(grad.dtype))
