@@ -5,8 +5,9 @@ Runs only inside guarded worker processes (see `grading_worker`): math-verify's 
 operations, so they are switched off here and the worker's caller enforces the deadline instead.
 
 math-verify compares a decimal with anything by rounding both to 6 places, which makes every value
-below 5e-7 equal to 0 and to each other. When one side is a plain decimal, its verdict is checked
-again with our rule (`numbers.stands_for`: rounded to the places written, to a relative precision).
+below 5e-7 equal to 0 and to each other. So when one side is a plain decimal and the other has a
+numeric value, our rule decides instead (`numbers.stands_for`: the decimal is that value rounded to
+the places written, to a relative precision); math-verify decides everything else.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _numeric_value(expr: Any) -> Fraction | None:
     try:
         if not getattr(expr, "is_number", False):
             return None
-        value = expr.evalf(_CHECK_DIGITS)
+        value = expr.doit().evalf(_CHECK_DIGITS)
         if value.is_real is not True or value.is_finite is not True:
             return None
         return Fraction(str(value))
@@ -44,16 +45,16 @@ def _numeric_value(expr: Any) -> Fraction | None:
         return None
 
 
-def _decimals_hold(pred: str, truth: str, target: list, gold: list) -> bool:
-    """False when a plain decimal on one side does not stand for the other side's value."""
+def _decimal_verdict(pred: str, truth: str, target: list, gold: list) -> bool | None:
+    """Our verdict when one side is a plain decimal and the other a number; None otherwise."""
     for text, other in ((pred, gold), (truth, target)):
         number = parse_plain_number(text)
         if number is None or not number.inexact or not other:
             continue
         value = _numeric_value(other[0])
-        if value is not None and not stands_for(number, value):
-            return False
-    return True
+        if value is not None:
+            return stands_for(number, value)
+    return None
 
 
 def symbolic_equal(pred: str, truth: str) -> bool:
@@ -63,8 +64,9 @@ def symbolic_equal(pred: str, truth: str) -> bool:
     # math-verify integration does for ground truths.
     gold = math_verify.parse("\\boxed{" + truth + "}", gold_config, parsing_timeout=None)
     target = math_verify.parse("\\boxed{" + pred + "}", pred_config, parsing_timeout=None)
+    decided = _decimal_verdict(pred, truth, target, gold)
+    if decided is not None:
+        return decided
     if not gold or not target:
         return False
-    if not math_verify.verify(gold, target, timeout_seconds=None):
-        return False
-    return _decimals_hold(pred, truth, target, gold)
+    return bool(math_verify.verify(gold, target, timeout_seconds=None))
