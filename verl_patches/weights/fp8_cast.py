@@ -194,6 +194,7 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
     keep_below = layers if drop_mtp else None
 
     index = CheckpointIndex.load(inp)
+    carried = carried_over_files(inp)  # a refused symlink stops the run before anything is written
     headers = {f: read_header(inp / f) for f in index.files()}
     # a shard holding only scales or dropped MTP tensors has no output file
     tasks = [t for t in plan_fp8_cast(index, headers, block, keep_below) if t.items]
@@ -243,7 +244,7 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
     if drop_mtp:
         new_cfg["num_nextn_predict_layers"] = 0
     write_json_atomically(out / CONFIG_FILE, new_cfg)
-    for p in carried_over_files(inp):
+    for p in carried:
         copy_file_atomically(p, out / p.name)
     manifest["complete"] = True
     write_json_atomically(out / MANIFEST_FILE, manifest)

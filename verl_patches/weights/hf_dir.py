@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from verl_patches.weights.atomic_io import copy_file_atomically, write_text_atomically
+from verl_patches.weights.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -15,14 +17,37 @@ MCORE_TO_HF_MANIFEST = "export_manifest.json"
 _NOT_CARRIED = {CONFIG_FILE, INDEX_FILE, FP8_CAST_MANIFEST, HF_TO_MCORE_MANIFEST, MCORE_TO_HF_MANIFEST}
 
 
+def _link_allowed(src_dir: Path, link: Path) -> bool:
+    """A symlink is followed only inside the model folder, or into the blob store of a Hugging Face hub
+    cache snapshot (`models--X/snapshots/REV/f -> ../../blobs/H`, how `huggingface-cli download` lays
+    files out). Anything else (e.g. `tokenizer.json -> ~/.ssh/id_rsa`) would be copied with its target's
+    contents into an output folder that may be shared."""
+    target = link.resolve()
+    base = src_dir.resolve()
+    if target.is_relative_to(base):
+        return True
+    if base.parent.name == "snapshots" and base.parent.parent.name.startswith("models--"):
+        return target.is_relative_to(base.parent.parent / "blobs")
+    return False
+
+
 def carried_over_files(src_dir: Path) -> list[Path]:
     """Top-level files to copy next to converted weights: tokenizer, generation config, remote code, docs.
 
-    Weights, the index and config (rewritten by the converter) and our manifests are not carried.
+    Weights, the index and config (rewritten by the converter) and our manifests are not carried; only
+    regular files are, and a symlink only where `_link_allowed` says so (else an error names it).
     """
-    return sorted(p for p in Path(src_dir).iterdir()
-                  if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".safetensors")
-                  and p.name not in _NOT_CARRIED)
+    src_dir = Path(src_dir)
+    out = []
+    for p in sorted(src_dir.iterdir()):
+        if p.name.startswith(".") or p.name.endswith(".safetensors") or p.name in _NOT_CARRIED:
+            continue
+        if p.is_symlink() and not _link_allowed(src_dir, p):
+            raise CheckpointError(f"{p}: a symlink to {os.readlink(p)!r}, outside the model folder; copy the file "
+                                  f"itself into {src_dir} or remove the link")
+        if p.is_file():
+            out.append(p)
+    return out
 
 
 def auto_map_modules(cfg: Mapping[str, Any]) -> set[str]:

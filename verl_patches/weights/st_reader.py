@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,19 @@ from verl_patches.weights.hf_dir import INDEX_FILE
 from verl_patches.weights.st_writer import TORCH_DTYPES
 
 DEFAULT_REMAP_BYTES = 256 << 20
+
+
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\.safetensors$")
+
+
+def check_shard_name(fname: str, where: str) -> str:
+    """A shard is a plain `*.safetensors` file name in the checkpoint folder: converters write an
+    output shard of the same name, so '../x' or an absolute name would write outside the output folder
+    (or over the input itself)."""
+    if not _SHARD_NAME.match(fname):
+        raise CheckpointError(f"{where}: shard name {fname!r} is not a plain '*.safetensors' file name "
+                              f"in the checkpoint folder")
+    return fname
 
 
 @dataclass
@@ -51,7 +65,10 @@ class CheckpointIndex:
             wm = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
                 raise CheckpointError(f"{index_path}: key 'weight_map' must map tensor names to file names")
-            idx = cls(root, dict(wm), dict(data.get("metadata") or {}), True)
+            for tensor, fname in wm.items():
+                check_shard_name(fname, f"{index_path}: weight_map[{tensor!r}]")
+            meta = data.get("metadata") or {}
+            idx = cls(root, dict(wm), dict(meta) if isinstance(meta, dict) else {}, True)
         else:
             files = sorted(p.name for p in root.glob("*.safetensors"))
             if not files:
