@@ -100,11 +100,19 @@ def balanced(text: str) -> bool:
     return depth == 0
 
 
+def _drop_full_stop(text: str) -> str:
+    """Strip spaces and one sentence-ending period; an ellipsis (`0.333...`) is part of the value."""
+    text = text.strip()
+    if text.endswith(".") and not text.endswith("..."):
+        text = text[:-1].rstrip()
+    return text
+
+
 def _canonical_item(text: str) -> str:
     """Canonical form of one value (an answer, or one item of a solution list)."""
     text = strip_units(text)
     text = _TEXT_WRAPPER.sub(lambda m: m.group(1), text)
-    text = strip_units(text).strip().rstrip(".").strip()
+    text = _drop_full_stop(strip_units(text))
     variable, value = split_assignment(text)
     if variable is not None:
         text = strip_units(value)
@@ -135,14 +143,15 @@ def canonical_answer(answer: str) -> CanonicalAnswer:
     text = _BINOM_VARIANT.sub(r"\\binom", text)
     text = _DEGREES.sub("", text)
     text = _CURRENCY.sub("", text)
-    text = text.replace("{,}", ",").strip().rstrip(".").strip()
+    text = _drop_full_stop(text.replace("{,}", ","))
     percent = bool(_PERCENT.search(text))
     text = _PERCENT.sub("", text).strip()
     text = _CONNECTOR_TEXT.sub(lambda m: f" {m.group(1)} ", text)
     compact = _remove_whitespace(text)
     if _THOUSANDS.fullmatch(compact) and ", " not in text:
         text = compact.replace(",", "")
-    values = solution_values(text)
+    # Before splitting at "and": `one hundred and five` is one number.
+    values = None if number_from_words(text) is not None else solution_values(text)
     if values is None:
         return CanonicalAnswer(text=_canonical_item(text), percent=percent)
     return CanonicalAnswer(text=",".join(_canonical_item(value) for value in values), percent=percent)

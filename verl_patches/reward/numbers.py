@@ -214,7 +214,7 @@ def number_from_words(text: str) -> Fraction | None:
     if words[0] in ("negative", "minus"):
         sign, words = -1, words[1:]
     if words and words[-1] in _DENOMINATORS:
-        numerator = _cardinal(words[:-1])
+        numerator = 1 if words[:-1] == ["a"] else _cardinal(words[:-1])
         if numerator is None:
             return None
         return sign * Fraction(numerator, _DENOMINATORS[words[-1]])
