@@ -241,7 +241,9 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
                             sequence_parallel=self.tf_config.sequence_parallel, pack_seqs=pack_seqs,
                             logits_processor=logits_processor,
                             logits_processor_args={"label": label, "label_mask": label_mask})
-        meta_info = {"clip_ratio": self.config.clip_ratio, "clip_ratio_c": self.config.get("clip_ratio_c", 3.0)}
+        # the reference's config has no PPO clip settings; only the loss reads them
+        meta_info = {} if forward_only else {"clip_ratio": self.config.clip_ratio,
+                                             "clip_ratio_c": self.config.get("clip_ratio_c", 3.0)}
         return output, partial(loss_func, data=batch, meta_info=meta_info)
 
     batch_generator = make_batch_generator(micro_batches, vpp_size=len(self.actor_module))
