@@ -126,6 +126,9 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
     kv_heads = int(_hf(hf, "num_key_value_heads", heads))
     if heads % kv_heads:
         raise TranslationError(f"HF config: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    if tp > 1 and not _bool(config, f"{mg}.sequence_parallel", False):
+        raise TranslationError(f"{mg}.sequence_parallel must be true with tensor_model_parallel_size={tp}: "
+                               "MindSpeed's TP-extend-EP MoE path (moe_tp_extend_ep) splits tokens by sequence")
     warmup = _get(config, f"{ACTOR}.optim.lr_warmup_steps", -1)
     warmup = -1 if warmup is None else int(warmup)
     counts = layer_list(config, num_layers, pp)
@@ -162,7 +165,7 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
         "pipeline_model_parallel_size": pp,
         "expert_model_parallel_size": ep,
         "context_parallel_size": cp,
-        "sequence_parallel": _bool(config, f"{mg}.sequence_parallel", False) and tp > 1,
+        "sequence_parallel": tp > 1,
         "use_distributed_optimizer": _bool(config, f"{mg}.use_distributed_optimizer", True),
         "num_layer_list": ",".join(str(c) for c in counts) if counts else None,
         "distributed_backend": "nccl",
