@@ -202,10 +202,10 @@ def test_ratio_must_be_inside_zero_one(tmp_path, ratio):
         convert(write_json(tmp_path / "in.json", rows(5)), tmp_path / "out", train_ratio=ratio)
 
 
-def test_existing_outputs_are_replaced_whole_and_no_temp_files_remain(tmp_path):
+def test_existing_outputs_are_replaced_whole_with_overwrite_and_no_temp_files_remain(tmp_path):
     out = tmp_path / "out"
     convert(write_json(tmp_path / "a.json", rows(50)), out)
-    report = convert(write_json(tmp_path / "b.json", rows(20, start=100)), out)
+    report = convert(write_json(tmp_path / "b.json", rows(20, start=100)), out, overwrite=True)
     assert report.train_rows + report.test_rows == 20
     assert len(read(out / "train.parquet")) + len(read(out / "test.parquet")) == 20
     assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]
@@ -228,5 +228,5 @@ def test_a_failed_write_leaves_previous_outputs_untouched(tmp_path, monkeypatch)
 
     monkeypatch.setattr(parquet_io.pq, "write_table", failing_write)
     with pytest.raises(OSError):
-        convert(write_json(tmp_path / "b.json", rows(20, start=100)), out)
+        convert(write_json(tmp_path / "b.json", rows(20, start=100)), out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

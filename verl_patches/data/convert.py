@@ -14,7 +14,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from verl_patches.data.errors import InvalidRowsError, RowError
-from verl_patches.data.parquet_io import write_tables_atomically
+from verl_patches.data.parquet_io import check_outputs_free, write_tables_atomically
 from verl_patches.data.reader import read_records
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA, verl_row
 from verl_patches.data.split import plan_split
@@ -84,16 +84,21 @@ def convert(
     template: str = DEFAULT_TEMPLATE,
     skip_invalid: bool = False,
     progress: bool = False,
+    overwrite: bool = False,
 ) -> ConversionReport:
     """Convert a deepscaler file; raises a `DeepscalerInputError` (nothing written) on bad input.
 
-    `template` is a template name (`r1_zero`, `none`) or a text containing `{problem}`.
+    `template` is a template name (`r1_zero`, `none`) or a text containing `{problem}`. Existing
+    `train.parquet`/`test.parquet` are replaced only with `overwrite` (or when an interrupted earlier
+    write left them half-done); otherwise `OutputExistsError` names the file before anything is read.
     """
     if not 0.0 < train_ratio < 1.0:
         raise ValueError(f"train ratio must be in (0, 1), got {train_ratio}")
     template_text = resolve_template(template)
     path = Path(json_path)
     output_dir = Path(output_dir)
+    targets = [output_dir / TRAIN_FILE, output_dir / TEST_FILE]
+    check_outputs_free(targets, overwrite)  # before the (long) read: a refusal costs nothing
     read = read_records(path)
     show = progress and read.rows_in >= _PROGRESS_MIN_ROWS
     text = read.text if read.has_undecodable_bytes else None
@@ -108,7 +113,7 @@ def convert(
     for split, positions in splits.items():
         rows = [verl_row(examples[p], split, index, template_text) for index, p in enumerate(positions)]
         tables[output_dir / f"{split}.parquet"] = pa.Table.from_pylist(rows, schema=VERL_RL_SCHEMA)
-    write_tables_atomically(tables)
+    write_tables_atomically(tables, overwrite=overwrite)
 
     side = {p: "train" for p in plan.train} | {p: "test" for p in plan.test}
     duplicates = [

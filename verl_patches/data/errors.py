@@ -38,3 +38,7 @@ class InvalidRowsError(DeepscalerInputError):
 
 class SplitError(DeepscalerInputError):
     """Too few valid rows (or distinct problems) to make a train and a test split."""
+
+
+class OutputExistsError(DeepscalerInputError):
+    """An output file exists (and is not this writer's own unfinished work) and --overwrite was not given."""

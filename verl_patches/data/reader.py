@@ -72,6 +72,10 @@ def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadRe
             except json.JSONDecodeError as exc:
                 line, col = lines.locate(exc.pos)
                 raise InputFileError(f"{path}:{line}:{col}: malformed JSON in row {len(result.records) + 1}: {exc.msg}") from None
+            except RecursionError:
+                line, col = lines.locate(pos)
+                raise InputFileError(f"{path}:{line}:{col}: row {len(result.records) + 1} is nested too deeply "
+                                     f"to be a deepscaler record") from None
             line, _ = lines.locate(pos)
             result.records.append(RawRecord(len(result.records) + 1, line, value, (pos, end)))
             pos = _WHITESPACE.match(text, end).end()
@@ -102,6 +106,9 @@ def _read_lines(path: Path, text: str, result: ReadResult) -> None:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             result.errors.append(RowError(path, row, line_number, None, f"malformed JSON at column {exc.colno}: {exc.msg}"))
+            continue
+        except RecursionError:
+            result.errors.append(RowError(path, row, line_number, None, "nested too deeply to be a deepscaler record"))
             continue
         result.records.append(RawRecord(row, line_number, value, span))
 
@@ -137,7 +144,7 @@ def read_records(path: str | Path) -> ReadResult:
 def _is_single_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,12 @@ def validate_record(path: Path, record: RawRecord, text: str | None = None) -> D
     return DeepscalerExample(record.row, record.line, fields["problem"], fields["answer"], fields["solution"])
 
 
+# Bounded depth and width: a value nested hundreds deep (still valid JSON) must not overflow the stack
+# or build a huge string just to be named in an error message.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 8, 4, 200, 200
+
+
 def json_repr(value: object, limit: int = 40) -> str:
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"prompt template: one of {sorted(TEMPLATES)} ('none' keeps the bare problem) or a text containing {{problem}} (default {DEFAULT_TEMPLATE})",
     )
     parser.add_argument("--skip-invalid", "--skip_invalid", dest="skip_invalid", action="store_true", help="convert the valid rows and report the invalid ones (default: write nothing if any row is invalid)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing train.parquet/test.parquet in --output_dir (default: refuse)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return parser
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             template=args.template,
             skip_invalid=args.skip_invalid,
             progress=args.progress,
+            overwrite=args.overwrite,
         )
     except InvalidRowsError as exc:
         for error in exc.errors[:MAX_ERRORS_SHOWN]:

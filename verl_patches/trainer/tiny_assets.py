@@ -127,7 +127,7 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     stamp.unlink(missing_ok=True)
     write_arithmetic_json(assets.raw_json, spec)
     convert(assets.raw_json, assets.train_parquet.parent, train_ratio=spec.train_ratio, seed=spec.seed,
-            template=spec.template, progress=progress)
+            template=spec.template, progress=progress, overwrite=True)  # rebuilding its own assets
     prompts = [m["content"] for p in (assets.train_parquet, assets.val_parquet)
                for msgs in pd.read_parquet(p)["prompt"] for m in msgs]
     assets.model_dir.mkdir(parents=True, exist_ok=True)
