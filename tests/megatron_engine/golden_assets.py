@@ -111,3 +111,44 @@ def worker_config(hf_dir: Path, ckpt: Path, tp: int, pp: int, ep: int, layer_lis
         cfg.actor_rollout_ref.actor.megatron.pipeline_parallel_num_layer_list = layer_list
         cfg.actor_rollout_ref.actor.megatron.sequence_parallel = tp > 1
     return cfg
+
+
+class DictSource:
+    """HF-named tensors held in memory, as the converter's ``TensorSource`` (to lay out HF gradients the way
+    a Megatron rank holds its parameters)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.t = tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.t[name]
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.t[name][start:stop]
+
+    def cols(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.t[name][:, start:stop]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.t[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.t[name].dtype
+
+
+def expert_grads_as_rank(hf_grads: dict[str, torch.Tensor], cfg: dict, hf_layer: int, tp: int, pp: int, ep: int,
+                         rank: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+    """HF autograd gradients of one MoE layer's routed experts, in the grouped-GEMM layout rank (tp, pp, ep)
+    holds (``weight1``: gate/up of its experts, ``weight2``: down), built by the converter's own layout code."""
+    from verl_patches.weights import tensor_layout as tl
+    from verl_patches.weights.layout import ParallelLayout, Rank, expert_slice_index, expert_tp, local_experts
+
+    layout = ParallelLayout(tp=tp, pp=pp, ep=ep, moe_grouped_gemm=True, moe_tp_extend_ep=True)
+    r = Rank(*rank)
+    src = DictSource(hf_grads)
+    hp = f"model.layers.{hf_layer}.mlp.experts."
+    experts = local_experts(layout, cfg["n_routed_experts"], r)
+    parts, idx = expert_tp(layout), expert_slice_index(layout, r)
+    w1 = tl.build_grouped_w1(src, [(f"{hp}{e}.gate_proj.weight", f"{hp}{e}.up_proj.weight") for e in experts], parts, idx)
+    w2 = tl.build_grouped_w2(src, [f"{hp}{e}.down_proj.weight" for e in experts], parts, idx)
+    return {"weight1": w1, "weight2": w2}
