@@ -105,9 +105,13 @@ def _tp_merge(p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None
     if not p.is_tp_split or len(ranks) == 1:
         return shard, []
     shard = shard.contiguous()
-    parts = [torch.empty_like(shard) for _ in ranks]
     n = shard.numel() * shard.element_size()
     _record(meter, "all_gather", rank, ranks, [n] * len(ranks), [n] * len(ranks))
+    if p.kind == "tp_rows":   # row shards tile the merged tensor: gather straight into it, no merge copy
+        full = shard.new_empty(p.full_shape)
+        dist.all_gather_into_tensor(full, shard, group=group)
+        return full, [full]
+    parts = [torch.empty_like(shard) for _ in ranks]
     dist.all_gather(parts, shard, group=group)
     parts[ranks.index(rank)] = shard   # our own slot stays a view of the training shard
     full = merge_tp(p.kind, parts)
