@@ -14,7 +14,8 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unpinned|unreadable",
 "detail"}], "summary": {"components_matching", "components_total", "diff_lines", "patches_total",
 "patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
-"status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}]}
+"status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}],
+"weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"}}
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
         "schema": AUDIT_SCHEMA, "lock": sources["lock"], "device": device,
         "components": sources["components"], "patches": patches,
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
+        "weight_sync": _weight_sync(),
         "summary": {
             "components_matching": sum(c["status"] == "match" for c in sources["components"]),
             "components_total": len(sources["components"]),
@@ -56,6 +58,11 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
             "patches_unpinned": sum(p["status"] == "unpinned" for p in patches),
         },
     }
+
+
+def _weight_sync() -> dict:
+    from verl_patches.sync.path import describe_sync_path  # standard library only
+    return describe_sync_path()
 
 
 def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:
@@ -78,6 +85,9 @@ def render_text(report: dict) -> str:
         from verl_patches.sources.dist_info import render as render_dists
         out += ["", "== Generated distribution metadata (.dist-info folders outside every upstream folder)",
                 render_dists(report["distributions"])]
+    if report.get("weight_sync"):
+        w = report["weight_sync"]
+        out += ["", "== Weight sync (Megatron -> rollout)", f"{w['path']} ({w['flag']}): {w['detail']}"]
     out += ["", "== At runtime (declared patches)"]
     for p in report["patches"]:
         out.append(f"{p['status'].upper():<14} {p['vendor_item']:<6} {p['kind']:<13} {p['target']}")
