@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_patches.sync.mla import rebuild_mla_absorbed
+from verl_patches.rollout.lifecycle import rebuild_mla
 from verl_patches.sync.sharding_manager import SWITCH_TIME_ATTR, MegatronRolloutShardingManager
 
 
@@ -119,7 +119,7 @@ def test_rebuild_skips_layers_without_mla_and_counts_the_rest():
     log = []
     model = FakeModel(log, layers=3)
     model.model.layers[1].self_attn = torch.nn.Module()      # e.g. a PP-missing layer
-    assert rebuild_mla_absorbed(model) == 2
+    assert rebuild_mla(model) == 2
 
 
 def test_a_rollout_hook_replaces_the_generic_mla_walk():
@@ -129,6 +129,16 @@ def test_a_rollout_hook_replaces_the_generic_mla_walk():
     with manager:
         pass
     assert "rollout hook" in log and "process_weights_after_loading" not in log
+
+
+def test_a_rollout_lifecycle_with_load_weights_loads_and_rebuilds_itself():
+    log = []
+    manager, model = make(log, new_kv_b(0))
+    manager.rollout.load_weights = lambda weights: (log.append("lifecycle load"), model.load_weights(weights))[1]
+    with manager:
+        pass
+    assert log.index("lifecycle load") < log.index("load_weights") and "process_weights_after_loading" not in log
+    assert manager.mla_layers_rebuilt is None
 
 
 def test_without_a_rollout_object_it_uses_vllm_wake_up_and_sleep():

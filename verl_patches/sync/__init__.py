@@ -6,7 +6,6 @@
   convert           TP merge and Megatron → HF tensor split (MLA fused qkv, gate/up)
   generator         executes a plan on one rank and streams ``(hf_name, tensor)`` for ``load_weights``
   megatron_source   reads the plan inputs (layouts, groups, shards) from a live Megatron model
-  mla               rebuilds vllm-ascend's MLA absorbed matrices after every load
   sharding_manager  the E1 sharding manager that drives the rollout lifecycle around the sync
 
 Importing this package has no side effects.

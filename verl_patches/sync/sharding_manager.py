@@ -6,10 +6,12 @@
   2. bring the rollout's weights back onto the device (``rollout.onload_model_weights()``; without a rollout
      object, vLLM's ``wake_up(tags=["weights"])`` as upstream);
   3. re-attach vLLM's MoE weight loaders (verl's ``patch_vllm_moe_model_weight_loader``);
-  4. stream the generator into ``model.load_weights``;
-  5. rebuild the MLA absorbed matrices from the new ``kv_b_proj`` (the rollout's hook
-     ``rebuild_mla_absorbed()`` when it has one, else `verl_patches.sync.mla.rebuild_mla_absorbed`), after
-     *every* load, so the rollout never decodes with the previous step's attention weights.
+  4. stream the generator into the rollout: ``rollout.load_weights`` when the rollout object has it (the
+     rollout engine's lifecycle, `verl_patches.rollout.lifecycle.RolloutLifecycle`, which loads and
+     rebuilds MLA), else the model runner's ``model.load_weights``;
+  5. in the second case rebuild the MLA absorbed matrices from the new ``kv_b_proj`` (the rollout's
+     ``rebuild_mla_absorbed()`` hook, else `verl_patches.rollout.lifecycle.rebuild_mla`), after *every*
+     load, so the rollout never decodes with the previous step's attention weights.
 ``__exit__`` (rollout → train): ``rollout.free_cache_engine()``, ``rollout.offload_model_weights()`` (or vLLM's
 ``sleep(level=1)``), every actor chunk ``.train()``, then the device's ``empty_cache``.
 
@@ -25,8 +27,6 @@ import time
 from typing import Any, Callable, Iterable
 
 import torch
-
-from verl_patches.sync.mla import rebuild_mla_absorbed
 
 logger = logging.getLogger(__name__)
 SWITCH_TIME_ATTR = "_verl_patches_enter_s"   # read by verl_patches.patches.verl.workers.step_timing
@@ -77,7 +77,7 @@ class MegatronRolloutShardingManager:
         self._weights_fn, self._prepare, self._empty_cache = weights_fn, prepare_model, empty_cache
         self._infer_tp = infer_tp
         self.loaded_params = 0
-        self.mla_layers_rebuilt = 0
+        self.mla_layers_rebuilt: int | None = 0
 
     # ------------------------------------------------------------------------------ rollout access
 
@@ -107,9 +107,18 @@ class MegatronRolloutShardingManager:
         else:
             self.inference_engine.sleep(level=1)
 
-    def _rebuild_mla(self, model: Any) -> int:
+    def _load(self, model: Any, weights: Weights) -> tuple[Any, int | None]:
+        """Load, then rebuild MLA; returns (loaded names, layers rebuilt or None when the rollout did it)."""
+        load = self._lifecycle("load_weights")
+        if load is not None:
+            return load(weights), None
+        loaded = model.load_weights(weights)
         hook = self._lifecycle("rebuild_mla_absorbed")
-        return int(hook() or 0) if hook is not None else rebuild_mla_absorbed(model)
+        if hook is not None:
+            return loaded, int(hook() or 0)
+        from verl_patches.rollout.lifecycle import rebuild_mla
+
+        return loaded, rebuild_mla(model)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -120,11 +129,11 @@ class MegatronRolloutShardingManager:
             self._onload()
             model = self.rollout_model
             self._prepare(model)
-            loaded = model.load_weights(weights)
+            loaded, rebuilt = self._load(model, weights)
             self.loaded_params = len(loaded) if loaded is not None else 0
-            self.mla_layers_rebuilt = self._rebuild_mla(model)
-            logger.info("weight sync: %d parameters loaded, MLA rebuilt in %d layers",
-                        self.loaded_params, self.mla_layers_rebuilt)
+            self.mla_layers_rebuilt = rebuilt
+            logger.info("weight sync: %d parameters loaded, MLA rebuilt (%s layers)", self.loaded_params,
+                        "by the rollout" if rebuilt is None else rebuilt)
         finally:
             setattr(self, SWITCH_TIME_ATTR, time.perf_counter() - start)
         return self
