@@ -24,6 +24,7 @@ DECLARATION_MODULES = (
     "verl_patches.patches.verl.models.mcore.weight_converter_declarations",
     "verl_patches.patches.verl.utils.sync_declarations",
     "verl_patches.patches.verl.workers.sharding_manager.declarations",
+    "verl_patches.patches.verl.utils.checkpoint.declarations",
 )
 
 

@@ -1,0 +1,104 @@
+"""The driver's side of a step checkpoint and of a resume (``RayPPOTrainer._save_checkpoint`` /
+``_load_checkpoint`` under our declared patches).
+
+Save: the workers write into ``.staging-global_step_N/<role>``, the driver adds the dataloader position,
+checks every rank's record, writes the manifest and renames the folder into place (`commit.commit_step`),
+then prunes to ``trainer.max_actor_ckpt_to_keep``. Resume: the newest complete checkpoint (or
+``trainer.resume_from_path``), its actor (and critic) through the workers' ``load_checkpoint``, the
+dataloader position, the step counter; one line says from where. MindSpeed's D1 flags ``finetune``,
+``no_load_optim`` and ``no_load_rng`` only concern the first load from a converted checkpoint (C1 reads
+weights only); a resume always restores the optimizer and RNG states.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl_patches.checkpoint import commit
+from verl_patches.checkpoint.manifest import CheckpointIncomplete
+from verl_patches.checkpoint.plan import parse_step_dir, step_dir_name
+from verl_patches.weights.atomic_io import write_atomically
+
+DATA_FILE = "data.pt"
+LOG_PREFIX = "verl_patches checkpoint:"
+RESUME_PREFIX = "verl_patches resume:"
+
+
+def checkpoint_root(trainer_cfg: Any) -> Path:
+    if trainer_cfg.get("default_hdfs_dir", None) is not None:
+        raise NotImplementedError("trainer.default_hdfs_dir: remote checkpoints are not supported by the overlay; "
+                                  "set it to null and point trainer.default_local_dir at shared storage")
+    return Path(os.path.abspath(trainer_cfg.default_local_dir))
+
+
+def keep_last(trainer_cfg: Any) -> int | None:
+    if trainer_cfg.get("remove_previous_ckpt_in_save", False):
+        return 1
+    keep = trainer_cfg.get("max_actor_ckpt_to_keep", None)
+    return int(keep) if keep else None
+
+
+def save_step(trainer: Any) -> Path:
+    """Write, check and commit the checkpoint of ``trainer.global_steps``; prune old ones."""
+    t0 = time.monotonic()
+    cfg = trainer.config.trainer
+    root, step = checkpoint_root(cfg), int(trainer.global_steps)
+    staging = commit.begin_step(root, step)
+    trainer.actor_rollout_wg.save_checkpoint(str(staging / "actor"), None, step, max_ckpt_to_keep=None)
+    if getattr(trainer, "use_critic", False):
+        trainer.critic_wg.save_checkpoint(str(staging / "critic"), None, step, max_ckpt_to_keep=None)
+    write_atomically(staging / DATA_FILE, lambda p: torch.save(trainer.train_dataloader.state_dict(), p))
+    final = commit.commit_step(root, staging, step, extra={"total_training_steps": trainer.total_training_steps})
+    pruned = commit.prune(root, keep_last(cfg), protect=(final.name,))
+    print(f"{LOG_PREFIX} step {step} saved to {final} in {time.monotonic() - t0:.1f}s"
+          f"{f'; pruned {pruned}' if pruned else ''}", flush=True)
+    return final
+
+
+def resume_dir(trainer_cfg: Any) -> tuple[Path | None, str]:
+    """The step folder to resume from (or None) and a note for the log line."""
+    mode = trainer_cfg.get("resume_mode", "auto")
+    root = checkpoint_root(trainer_cfg)
+    if mode == "disable":
+        return None, "resume_mode=disable"
+    if mode == "resume_path":
+        given = trainer_cfg.get("resume_from_path", None)
+        if not isinstance(given, str) or parse_step_dir(Path(given).name) is None:
+            raise ValueError(f"trainer.resume_from_path={given!r}: must name a global_step_N folder")
+        path = Path(os.path.abspath(given))
+        commit.read_manifest(path)  # a clear error when it is not a complete checkpoint
+        if not commit.is_complete(path):
+            raise CheckpointIncomplete(f"trainer.resume_from_path={given!r}: a file listed in "
+                                       f"{path / 'checkpoint.json'} is missing or has another size")
+        return path, "trainer.resume_from_path"
+    if mode != "auto":
+        raise ValueError(f"trainer.resume_mode={mode!r}: expected auto, resume_path or disable")
+    point = commit.find_resume(root)
+    if point is None:
+        return None, f"no complete checkpoint under {root}"
+    return root / point.name, point.note
+
+
+def load_latest(trainer: Any) -> int:
+    """Resume the trainer in place; returns the step resumed from (0: from scratch)."""
+    path, note = resume_dir(trainer.config.trainer)
+    if path is None:
+        print(f"{RESUME_PREFIX} starting from step 0 ({note})", flush=True)
+        return 0
+    manifest = commit.read_manifest(path)
+    step = manifest["step"]
+    trainer.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
+    if getattr(trainer, "use_critic", False):
+        trainer.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
+    data = path / DATA_FILE
+    trainer.train_dataloader.load_state_dict(torch.load(data, weights_only=True))
+    trainer.global_steps = step
+    actor = manifest["roles"].get("actor")
+    layout = (f"actor TP{actor['tp']}xPP{actor['pp']}xEP{actor['ep']} DP{actor['dp']}; " if actor else "")
+    print(f"{RESUME_PREFIX} from {path} (step {step}; {layout}model, optimizer, RNG and dataloader restored)"
+          f"{f'; {note}' if note else ''}", flush=True)
+    return step

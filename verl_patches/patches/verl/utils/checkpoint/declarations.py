@@ -1,0 +1,54 @@
+"""Checkpoint and resume (issue #16): verl's Megatron checkpoint manager and the trainer's save/load."""
+
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_object
+
+_M = "verl.utils.checkpoint.megatron_checkpoint_manager:MegatronCheckpointManager"
+_T = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
+_IMPL = "verl_patches.patches.verl.utils.checkpoint"
+
+PATCHES = [
+    Patch(
+        name="checkpoint.megatron_manager.save",
+        target=f"{_M}.save_checkpoint",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:f66d6da7ea88abd9",
+        replacement=lazy_object(f"{_IMPL}.megatron_manager:save_checkpoint"),
+        vendor_item="local",
+        reason="per-(tp,pp,ep) model shards in the converter's layout (exportable to HF), distributed optimizer "
+               "state with the EP index and its step count, every RNG, a per-rank record the driver checks",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.megatron_manager.load",
+        target=f"{_M}.load_checkpoint",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:e62b33c707fd7bf1",
+        replacement=lazy_object(f"{_IMPL}.megatron_manager:load_checkpoint"),
+        vendor_item="local",
+        reason="resume model, optimizer and RNG state regardless of D1's no_load_optim/no_load_rng; a layout "
+               "change other than DP is refused naming both layouts and the conversion",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.trainer.save",
+        target=f"{_T}._save_checkpoint",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:cb278748657f4828",
+        replacement=lazy_object(f"{_IMPL}.trainer:_save_checkpoint"),
+        vendor_item="local",
+        reason="a step checkpoint appears by one rename once every rank's files are checked (a crash while "
+               "saving leaves the previous one valid); keep-last pruning",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.trainer.load",
+        target=f"{_T}._load_checkpoint",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:c4f100f1f314ffc6",
+        replacement=lazy_object(f"{_IMPL}.trainer:_load_checkpoint"),
+        vendor_item="local",
+        reason="resume from the newest complete checkpoint (a stale tracker or an interrupted save is "
+               "skipped) and say so in one line",
+        devices=ALL_DEVICES,
+    ),
+]
