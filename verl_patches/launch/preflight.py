@@ -31,6 +31,7 @@ from verl_patches.trainer.config_compose import CONFIG_NAMES
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {"a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_weight"),
             "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
+            "a3_16die_smoke": ("ppo_mindspeed_trainer", "a3_16die_smoke"),
             "tiny": ("ppo_tiny_local", None)}
 PATH_SETTINGS = ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH")  # read by the profiles through ${oc.env:...}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -195,7 +196,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         epilog="exit status: 0 no check failed; 1 a check failed; 2 bad usage or a config that does not compose. "
                "On a host without NPUs the cluster-only checks are listed as not-checked-here.")
     p.add_argument("--profile", choices=sorted(set(PROFILES) | {k.replace("_", "-") for k in PROFILES}),
-                   metavar="{a3_256die_true_weight,a3_256die_random_init,tiny}",
+                   metavar="{" + ",".join(PROFILES) + "}",
                    help="sets the config name and the profile (dashes or underscores)")
     p.add_argument("--config-name", default=None, choices=CONFIG_NAMES,
                    help="trainer config (default ppo_mindspeed_trainer, or the profile's)")
@@ -258,15 +259,28 @@ def report(cfg: DictConfig, config_name: str, overrides: list[str], settings: Cl
         host = probe_host()
     findings = run_preflight(cfg, settings, root, host, die)
     status = exit_status(findings)
+    tables = rank_tables(cfg, settings, root, host)
+    from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text
+
     if as_json:
         print(json.dumps({"config_name": config_name, "overrides": overrides, "host": host.device,
                           "die": {"name": die.name, "hbm_gib": die.hbm_bytes / GIB, "source": die.source},
                           "findings": [f.as_dict() for f in findings], "summary": summary(findings),
-                          "exit_status": status}, indent=2))
+                          "exit_status": status, "rank_layout": rank_layout_json(tables)}, indent=2))
     else:
         print(f"preflight of {' '.join([config_name, *overrides])} on this {host.device} host\n")
         print(render_text(findings))
+        print("\n" + rank_layout_text(tables))
     return status
+
+
+def rank_tables(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts) -> dict[str, Any]:
+    """The per-rank training and rollout layout of the checked config (verl_patches.launch.preflight_rank_table)."""
+    from verl_patches.launch.preflight_files import model_findings
+    from verl_patches.launch.preflight_rank_table import rank_tables_for_config
+
+    _, model = model_findings(Context(cfg=cfg, settings=settings, root=Path(root), host=host))
+    return rank_tables_for_config(cfg, model)
 
 
 if __name__ == "__main__":
