@@ -82,7 +82,8 @@ def _root_argument(text: str, start: int) -> tuple[str, int]:
         j = i + 1
         while j < n and text[j].isalpha():
             j += 1
-        return text[i:j], j
+        if j > i + 1:  # a command word such as \pi; `\{` or `\\` is no radicand
+            return text[i:j], j
     return "", start
 
 
