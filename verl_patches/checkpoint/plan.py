@@ -71,10 +71,10 @@ def choose_resume(listing: Mapping[str, bool], tracker_text: str | None) -> Resu
         note = f"no {TRACKER_FILE}; newest complete checkpoint used"
     elif tracked is None:
         note = f"{TRACKER_FILE} is unreadable ({tracker_text.strip()[:40]!r}); newest complete checkpoint used"
+    elif step_dir_name(tracked) in listing and not listing[step_dir_name(tracked)]:
+        note = f"{TRACKER_FILE} names step {tracked}, whose checkpoint is incomplete; newest complete one used"
     elif tracked > step or step_dir_name(tracked) not in listing:
         note = f"{TRACKER_FILE} names step {tracked}, which is not a complete checkpoint; newest complete one used"
-    elif not listing[step_dir_name(tracked)]:
-        note = f"{TRACKER_FILE} names step {tracked}, whose checkpoint is incomplete; newest complete one used"
     else:
         note = f"{TRACKER_FILE} names step {tracked}, a newer checkpoint was committed after it"
     return ResumePoint(step, name, note)
