@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_patches.launch.settings import (SETTINGS, ClusterSettings, SettingsError, describe_settings,
-                                          load_settings, validate_for_cluster)
+from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, SETTINGS, ClusterSettings, SettingsError,
+                                          dashboard_exposure, describe_settings, load_settings, validate_for_cluster)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--env-file", type=Path, help="KEY=VALUE file with the settings below")
     p.add_argument("--dry-run", action="store_true", help="run the preflight only and exit")
     p.add_argument("--tiny", action="store_true", help="the tiny local profile on this host (no cluster)")
+    p.add_argument(ALLOW_REMOTE_DASHBOARD_FLAG, dest="allow_remote_dashboard", action="store_true",
+                   help="accept a RAY_DASHBOARD_HOST other than loopback (anyone who reaches the dashboard can run "
+                        "code on every node; a warning is printed)")
     for s in SETTINGS:
         p.add_argument(f"--{s.name.lower().replace('_', '-')}", dest=s.name, metavar=s.name)
     args, rest = p.parse_known_args(argv)
@@ -123,10 +126,18 @@ def base_env() -> dict[str, str]:
     return env
 
 
+SOURCE_SCRIPT = 'for f in "$@"; do source "$f" >/dev/null 2>&1; done; env -0'
+
+
 def source_scripts(paths: list[str]) -> dict[str, str]:
-    """The environment after `source`-ing shell scripts (the CANN set_env.sh files), as a dict."""
-    script = "; ".join(f'source "{p}" >/dev/null 2>&1' for p in paths) + "; env -0"
-    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    """The environment after `source`-ing shell scripts (the CANN set_env.sh files), as a dict.
+
+    The paths reach bash as positional arguments, never inside the command text, so a quote or `$(...)`
+    in a path is only a file name; absolute, so none can start with '-'.
+    """
+    args = [str(Path(p).absolute()) for p in paths]
+    out = subprocess.run(["bash", "-c", SOURCE_SCRIPT, "source_scripts", *args], capture_output=True,
+                         check=True).stdout
     return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
 
 
@@ -208,10 +219,12 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
 
     config_name, needs_ckpt = PROFILES[args.profile]
-    errors = validate_for_cluster(settings, needs_checkpoint=needs_ckpt)
+    errors = validate_for_cluster(settings, needs_checkpoint=needs_ckpt,
+                                  allow_remote_dashboard=args.allow_remote_dashboard)
     if errors:
         print("launch: cannot start:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 2
+    exposure = dashboard_exposure(settings, args.allow_remote_dashboard)
     node_ip = interface_ipv4(settings.get("SOCKET_IFNAME") or "")
     master = resolve_ipv4(settings.get("MASTER_ADDR") or "")
     role = decide_role(settings)
@@ -248,6 +261,8 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         finally:
             node.stop()
 
+    if exposure:
+        launch.say(exposure)
     if run_preflight(args, settings) != 0:
         launch.say("preflight failed: nothing was started")
         return 1

@@ -41,7 +41,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CANN_TOOLKIT_ENV", "/usr/local/Ascend/ascend-toolkit/set_env.sh", "CANN toolkit environment script"),
     Setting("CANN_NNAL_ENV", "/usr/local/Ascend/nnal/atb/set_env.sh", "CANN NNAL/ATB environment script"),
     Setting("JEMALLOC_LIB", "auto", "libjemalloc.so.2 to preload; auto searches the usual places, none disables"),
-    Setting("RAY_DASHBOARD_HOST", "127.0.0.1", "address the Ray dashboard binds to (localhost unless you ask)"),
+    Setting("RAY_DASHBOARD_HOST", "127.0.0.1", "address the Ray dashboard binds to (loopback; any other address "
+            "also needs --allow-remote-dashboard)"),
     Setting("RAY_DASHBOARD_PORT", "8260", "Ray dashboard port"),
     Setting("HCCL_IF_BASE_PORT", "64247", "first port HCCL uses on the host NIC (set once)"),
     Setting("WAIT_TIMEOUT_S", "1800", "how long the head waits for every node's NPUs, and workers for the head"),
@@ -141,9 +142,41 @@ def validate_address(name: str, value: str | None, where: str) -> str:
     return value
 
 
-def validate_for_cluster(settings: ClusterSettings, needs_checkpoint: bool) -> list[str]:
+ALLOW_REMOTE_DASHBOARD_FLAG = "--allow-remote-dashboard"
+
+
+def dashboard_exposure(settings: ClusterSettings, allow_remote: bool) -> str | None:
+    """None for a dashboard on loopback; a warning when it listens beyond this host and that was asked
+    for with --allow-remote-dashboard; else SettingsError. The dashboard accepts job submissions, i.e.
+    runs code on every node for whoever can reach it."""
+    raw = settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1"
+    where = settings.where("RAY_DASHBOARD_HOST")
+    if raw == "localhost":
+        return None
+    try:
+        addr = ipaddress.ip_address(raw)
+    except ValueError:
+        raise SettingsError(f"RAY_DASHBOARD_HOST={raw!r} ({where}): expected an IP address such as 127.0.0.1") from None
+    if addr.is_loopback:
+        return None
+    scope = "every interface" if addr.is_unspecified else f"{raw}"
+    if not allow_remote:
+        raise SettingsError(f"RAY_DASHBOARD_HOST={raw} ({where}): the Ray dashboard would listen on {scope}, and "
+                            f"anyone who reaches it can run code on every node; use 127.0.0.1 (and an SSH tunnel), "
+                            f"or pass {ALLOW_REMOTE_DASHBOARD_FLAG} to accept that")
+    return (f"WARNING: the Ray dashboard listens on {scope}:{settings.get('RAY_DASHBOARD_PORT')} "
+            f"({ALLOW_REMOTE_DASHBOARD_FLAG}); anyone who reaches that port can submit jobs that run on every node: "
+            f"firewall it")
+
+
+def validate_for_cluster(settings: ClusterSettings, needs_checkpoint: bool,
+                         allow_remote_dashboard: bool = False) -> list[str]:
     """Errors that make a cluster launch impossible, each naming the variable."""
     errors: list[str] = []
+    try:
+        dashboard_exposure(settings, allow_remote_dashboard)
+    except SettingsError as e:
+        errors.append(str(e))
     try:
         validate_address("MASTER_ADDR", settings.get("MASTER_ADDR"), settings.where("MASTER_ADDR"))
     except SettingsError as e:
@@ -177,4 +210,5 @@ def describe_settings() -> str:
                      for s in SETTINGS)
 
 
-__all__ = ["ClusterSettings", "SETTINGS", "SettingsError", "load_settings", "read_env_file", "validate_for_cluster", "describe_settings"]
+__all__ = ["ClusterSettings", "SETTINGS", "SettingsError", "load_settings", "read_env_file", "validate_for_cluster",
+           "describe_settings", "dashboard_exposure", "ALLOW_REMOTE_DASHBOARD_FLAG"]
