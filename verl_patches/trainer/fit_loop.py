@@ -8,7 +8,8 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
   ``trainer.balance_batch`` is never applied (the config checks refuse it);
 * every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
   log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
-* the first step logs the worker classes and the plan, so a run's log says which path ran.
+* the first step logs the worker classes and the plan, so a run's log says which path ran;
+* every step records each worker's peak memory (`rank_memory`) for the golden-metrics check.
 
 Every other line of behaviour (validation, checkpoints, critic, reward model, async rollout, metrics)
 follows upstream, calling upstream's helpers through their module so that other patches (step metrics)
@@ -25,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from verl_patches.trainer import logprob_mismatch
+from verl_patches.trainer.rank_memory import StepMemory
 from verl_patches.trainer.step_payloads import ref_payload, update_payload
 from verl_patches.trainer.step_plan import StepPlan, plan_steps
 
@@ -212,6 +214,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
     progress = tqdm(total=trainer.total_training_steps, initial=trainer.global_steps, desc="Training Progress")
     trainer.global_steps += 1
     missing_mismatch_reported = False
+    step_memory = StepMemory()
     for epoch in range(cfg.trainer.total_epochs):
         for batch_dict in trainer.train_dataloader:
             metrics: dict[str, Any] = {}
@@ -224,6 +227,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
                 logger.warning("no rollout/training log-prob mismatch this step: the batch lacks %s or %s and "
                                "update_actor reported no %s", logprob_mismatch.ROLLOUT_KEY, logprob_mismatch.TRAIN_KEY,
                                logprob_mismatch.ABS_DIFF)
+            metrics.update(step_memory(trainer.actor_rollout_wg, trainer.global_steps))
             metrics.update({"training/global_step": trainer.global_steps, "training/epoch": epoch})
             metrics.update(rt.compute_data_metrics(batch=batch, use_critic=trainer.use_critic))
             metrics.update(rt.compute_timing_metrics(batch=batch, timing_raw=timing_raw))

@@ -1,0 +1,191 @@
+"""Golden-metrics check (issue 15 item 4) on synthetic runs written the way a real run writes them:
+TensorBoard scalars through torch's SummaryWriter (what verl's tracking uses), console step lines, and
+rank_memory.jsonl from the fit loop's per-rank probe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_patches.trainer import golden, rank_memory
+from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
+
+STEPS = 30
+
+
+def write_run(folder: Path, reward_shift: float = 0.0, mem: dict[int, float] | None = None, mismatch: float = 2e-4,
+              step_time: float = 1.0, console_only: bool = False, steps: int = STEPS) -> Path:
+    folder.mkdir(parents=True)
+    rows = {}
+    for s in range(1, steps + 1):
+        rows[s] = {golden.REWARD_KEY: min(1.0, 0.05 + 0.02 * s) + reward_shift, ABS_DIFF: mismatch * (1 + 0.1 * (s % 3)),
+                   RATIO_DEV: mismatch * 1.01, golden.STEP_TIME_KEY: (3.0 if s == 1 else step_time)}
+    if console_only:
+        lines = [f"step:{s} - " + " - ".join(f"{k}:{v:.3f}" for k, v in m.items()) for s, m in rows.items()]
+        (folder / "trainer.log").write_text("noise\n" + "\n".join(lines) + "\n")
+    else:
+        from torch.utils.tensorboard import SummaryWriter
+
+        w = SummaryWriter(str(folder / "tensorboard"))
+        for s, m in rows.items():
+            for k, v in m.items():
+                w.add_scalar(k, v, s)
+        w.close()
+    mem = {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1} if mem is None else mem
+    for s in range(1, steps + 1):
+        rank_memory.append(folder / rank_memory.FILE_NAME, s,
+                           [{"rank": r, "peak_gib": v * min(1.0, 0.5 + s / steps)} for r, v in mem.items()])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("golden")
+    run = write_run(root / "base")
+    out = root / "baseline.json"
+    assert golden.main([str(run), "--write-baseline", str(out), "--note", "synthetic"]) == 0
+    return out
+
+
+def check(tmp_path: Path, baseline: Path, *extra: str, **run_kw) -> tuple[int, dict]:
+    run = write_run(tmp_path / "run", **run_kw)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = golden.main([str(run), "--check-against", str(baseline), "--json", *extra])
+    return rc, json.loads(buf.getvalue())
+
+
+def regressions(report: dict) -> list[dict]:
+    return [c for c in report["checks"] if c["status"] == "regression"]
+
+
+def test_baseline_content(baseline: Path) -> None:
+    doc = json.loads(baseline.read_text())
+    assert doc["schema"] == 1 and doc["note"] == "synthetic"
+    assert doc["reward"]["steps"] == list(range(1, STEPS + 1))
+    assert doc["rank_peak_gib"] == {"0": 1.0, "1": 1.2, "2": 0.9, "3": 1.1}
+    assert doc["mismatch_max"][ABS_DIFF] == pytest.approx(2.4e-4, rel=1e-5)
+    assert doc["step_time_median_s"] == pytest.approx(1.0)
+    assert not list(baseline.parent.glob("*.tmp"))
+
+
+def test_the_same_run_passes(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline)
+    assert rc == 0 and rep["passed"] and regressions(rep) == []
+    assert {c["metric"] for c in rep["checks"]} >= {golden.REWARD_KEY, "memory", ABS_DIFF, RATIO_DEV, golden.STEP_TIME_KEY}
+
+
+def test_small_noise_is_within_tolerance(tmp_path: Path, baseline: Path) -> None:
+    rc, _ = check(tmp_path, baseline, reward_shift=-0.05, mem={0: 1.05, 1: 1.25, 2: 0.95, 3: 1.15}, mismatch=3e-4)
+    assert rc == 0
+
+
+def test_lower_reward_names_the_window(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, reward_shift=-0.2)
+    assert rc == 1
+    assert [c["where"] for c in regressions(rep)] == ["steps 1-10", "steps 11-20", "steps 21-30"]
+    assert all(c["metric"] == golden.REWARD_KEY for c in regressions(rep))
+
+
+def test_higher_reward_is_not_a_regression(tmp_path: Path, baseline: Path) -> None:
+    assert check(tmp_path, baseline, reward_shift=0.3)[0] == 0
+
+
+def test_missing_steps_are_a_regression(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, steps=20)
+    assert rc == 1 and regressions(rep)[0]["where"] == "steps 21-30"
+
+
+def test_memory_growth_names_the_rank(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, mem={0: 1.0, 1: 1.2, 2: 0.9, 3: 1.5})
+    assert rc == 1 and [(c["metric"], c["where"]) for c in regressions(rep)] == [("memory", "rank 3")]
+    rc, rep = check(tmp_path / "b", baseline, mem={0: 1.0, 1: 1.2})
+    assert rc == 1 and regressions(rep)[0]["where"] == "ranks"
+
+
+def test_mismatch_growth_is_a_regression(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, mismatch=1e-3)
+    assert rc == 1 and {c["metric"] for c in regressions(rep)} == {ABS_DIFF, RATIO_DEV}
+    assert regressions(rep)[0]["where"].startswith("step ")
+
+
+def test_step_time_is_reported_and_gated_only_when_asked(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, step_time=2.0)
+    st = [c for c in rep["checks"] if c["metric"] == golden.STEP_TIME_KEY][0]
+    assert rc == 0 and st["status"] == "info" and "2.00x" in st["message"]
+    rc, rep = check(tmp_path / "b", baseline, "--gate-step-time", step_time=2.0)
+    assert rc == 1 and regressions(rep)[0]["metric"] == golden.STEP_TIME_KEY
+
+
+def test_console_log_is_read_when_there_is_no_tensorboard(tmp_path: Path) -> None:
+    run = golden.read_run(write_run(tmp_path / "r", console_only=True))
+    assert run.source.endswith("trainer.log") and len(run.steps) == STEPS
+    assert run.steps[30][golden.REWARD_KEY] == pytest.approx(0.65)
+
+
+def test_bad_inputs_exit_2_naming_file_and_key(tmp_path: Path, baseline: Path, capsys) -> None:
+    run = write_run(tmp_path / "r")
+    assert golden.main([str(tmp_path / "nope"), "--check-against", str(baseline)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    doc = json.loads(baseline.read_text())
+    del doc["tolerances"]["reward_abs"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert golden.main([str(run), "--check-against", str(bad)]) == 2
+    assert "'tolerances'" in capsys.readouterr().err
+    bad.write_text("{\n oops")
+    assert golden.main([str(run), "--check-against", str(bad)]) == 2
+    assert "bad.json:2" in capsys.readouterr().err
+    (run / rank_memory.FILE_NAME).write_text('{"step": 1}\n')
+    assert golden.main([str(run), "--check-against", str(baseline)]) == 2
+    assert "rank_memory.jsonl:1" in capsys.readouterr().err
+
+
+def test_rank_memory_summary_and_run_dir() -> None:
+    rows = [{"rank": 0, "peak_gib": 1.0}, {"rank": 1, "peak_gib": 3.0}, {"rank": 2, "peak_gib": 2.0}]
+    assert rank_memory.summary_metrics(rows) == {"memory/peak_gib_max": 3.0, "memory/peak_gib_min": 1.0,
+                                                 "memory/peak_gib_mean": 2.0, "memory/peak_rank": 1.0}
+    assert rank_memory.run_dir({"TENSORBOARD_DIR": "/x/run/tensorboard"}) == Path("/x/run")
+    assert rank_memory.run_dir({"VERL_PATCHES_RUN_DIR": "/y", "TENSORBOARD_DIR": "/x/t"}) == Path("/y")
+    assert rank_memory.run_dir({}) is None
+    p = rank_memory.probe()
+    assert p["kind"] == "host" and p["peak_gib"] > 0 and p["current_gib"] > 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
+    """The probe runs inside each actor process through __ray_call__, as on verl's worker groups."""
+    import os
+
+    import ray
+
+    from verl_patches.launch.ray_runtime import worker_pythonpath
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def ping(self) -> int:
+            return os.getpid()
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+    try:
+        workers = [Worker.options(runtime_env={"env_vars": {"RANK": str(r)}}).remote() for r in range(2)]
+        pids = ray.get([w.ping.remote() for w in workers])
+
+        class Group:
+            _workers = workers
+
+        hook = rank_memory.StepMemory({"VERL_PATCHES_RUN_DIR": str(tmp_path)})
+        metrics = hook(Group(), 1)
+        rows = [json.loads(x) for x in (tmp_path / rank_memory.FILE_NAME).read_text().splitlines()]
+        assert [r["rank"] for r in rows[0]["ranks"]] == [0, 1] and {r["pid"] for r in rows[0]["ranks"]} == set(pids)
+        assert metrics["memory/peak_gib_max"] > 0 and metrics["memory/peak_rank"] in (0.0, 1.0)
+        assert golden.read_rank_memory(tmp_path / rank_memory.FILE_NAME).keys() == {0, 1}
+    finally:
+        ray.shutdown()

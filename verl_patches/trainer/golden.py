@@ -1,0 +1,323 @@
+"""Golden-metrics check of a finished run against a stored baseline (issue 15 item 4).
+
+    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time] [--json]
+    python -m verl_patches.trainer.golden RUN_DIR --write-baseline BASELINE.json
+
+RUN_DIR is a launch log folder (``logs/<profile>-<time>-<role>-<host>/``). Metrics come from what the run
+wrote there: TensorBoard scalars under ``tensorboard/`` (full precision), else the console step lines of
+``trainer.log`` (``step:N - key:value``, three decimals); per-rank memory from ``rank_memory.jsonl``
+(`rank_memory`).
+
+Compared, each with the tolerance stored in the baseline (defaults in `DEFAULT_TOLERANCES`):
+
+* reward curve (``critic/score/mean``): the run must have at least the baseline's steps; the mean over
+  each window of ``reward_window`` steps may fall at most ``reward_abs`` below the baseline's;
+* per-rank memory: each rank's peak may exceed the baseline's by at most ``memory_rel`` (relative) plus
+  ``memory_abs_gib``; the ranks must be the same;
+* log-prob mismatch (``rollout_mismatch/*``, see `logprob_mismatch`): the largest per-step value may be
+  at most ``mismatch_factor`` times the baseline's largest plus ``mismatch_abs``;
+* step time (median ``timing_s/step`` without the first step): always reported; a regression only with
+  ``--gate-step-time``, when slower than ``1 + step_time_rel`` times the baseline.
+
+Exit status: 0 no regression, 1 a regression (each named with metric, step window or rank), 2 bad input.
+Higher reward, lower memory, smaller mismatch and faster steps are reported, never failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
+
+SCHEMA = 1
+REWARD_KEY = "critic/score/mean"
+STEP_TIME_KEY = "timing_s/step"
+MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
+DEFAULT_TOLERANCES = {"reward_window": 10, "reward_abs": 0.1, "memory_rel": 0.10, "memory_abs_gib": 0.05,
+                      "mismatch_factor": 2.0, "mismatch_abs": 1e-5, "step_time_rel": 0.25}
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
+
+
+class GoldenInputError(ValueError):
+    """A run folder or baseline that cannot be read; the message names the file and key."""
+
+
+@dataclass
+class RunMetrics:
+    steps: dict[int, dict[str, float]]
+    rank_peak_gib: dict[int, float] = field(default_factory=dict)  # each rank's largest peak over the run
+    source: str = ""
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(s, m[key]) for s, m in sorted(self.steps.items()) if key in m]
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    where: str
+    status: str  # ok | regression | info
+    message: str
+
+    def line(self) -> str:
+        return f"{self.status.upper():<10} {self.metric} [{self.where}]: {self.message}"
+
+
+# ---- reading a run -------------------------------------------------------------------------------
+
+def read_tensorboard(folder: Path) -> dict[int, dict[str, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps: dict[int, dict[str, float]] = {}
+    for events in sorted(folder.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            for ev in acc.Scalars(tag):
+                steps.setdefault(int(ev.step), {})[tag] = float(ev.value)
+    return steps
+
+
+def parse_console(text: str) -> dict[int, dict[str, float]]:
+    steps: dict[int, dict[str, float]] = {}
+    for m in STEP_LINE.finditer(text):
+        row = steps.setdefault(int(m.group(1)), {})
+        for item in m.group(2).split(" - "):
+            key, _, value = item.strip().partition(":")
+            try:
+                row[key] = float(value)
+            except ValueError:
+                continue
+    return steps
+
+
+def read_rank_memory(path: Path) -> dict[int, float]:
+    peaks: dict[int, float] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            for row in json.loads(line)["ranks"]:
+                r, v = int(row["rank"]), float(row["peak_gib"])
+                peaks[r] = max(peaks.get(r, 0.0), v)
+        except (ValueError, KeyError, TypeError) as e:
+            raise GoldenInputError(f"{path}:{n}: not a rank-memory record ({type(e).__name__}: {e})") from None
+    return peaks
+
+
+def read_run(run_dir: Path) -> RunMetrics:
+    from verl_patches.trainer.rank_memory import FILE_NAME
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise GoldenInputError(f"{run_dir}: not a run folder")
+    tb = run_dir / "tensorboard"
+    steps, source = {}, ""
+    if tb.is_dir() and any(tb.rglob("events.out.tfevents.*")):
+        steps, source = read_tensorboard(tb), str(tb)
+    if not steps and (run_dir / "trainer.log").is_file():
+        steps = parse_console((run_dir / "trainer.log").read_text(encoding="utf-8", errors="replace"))
+        source = str(run_dir / "trainer.log")
+    if not steps:
+        raise GoldenInputError(f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)")
+    mem = run_dir / FILE_NAME
+    return RunMetrics(steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.is_file() else {}, source=source)
+
+
+# ---- baseline ------------------------------------------------------------------------------------
+
+def _median_step_time(run: RunMetrics) -> float | None:
+    times = [v for _, v in run.series(STEP_TIME_KEY)][1:]  # the first step includes warm-up
+    return statistics.median(times) if times else None
+
+
+def make_baseline(run: RunMetrics, tolerances: dict[str, float] | None = None, note: str = "") -> dict[str, Any]:
+    """The baseline document of a finished run (pure)."""
+    tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+    reward = run.series(REWARD_KEY)
+    if not reward:
+        raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
+    return {"schema": SCHEMA, "note": note, "source": run.source, "tolerances": tol,
+            "reward": {"key": REWARD_KEY, "steps": [s for s, _ in reward], "values": [v for _, v in reward]},
+            "rank_peak_gib": {str(r): v for r, v in sorted(run.rank_peak_gib.items())},
+            "mismatch_max": {k: max(v for _, v in run.series(k)) for k in MISMATCH_KEYS if run.series(k)},
+            "step_time_median_s": _median_step_time(run)}
+
+
+def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
+    def bad(key: str, why: str) -> GoldenInputError:
+        return GoldenInputError(f"{where}: key {key!r} {why}")
+
+    if not isinstance(doc, dict):
+        raise GoldenInputError(f"{where}: not a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise bad("schema", f"is {doc.get('schema')!r}, expected {SCHEMA}")
+    tol = doc.get("tolerances")
+    if not isinstance(tol, dict) or any(not isinstance(tol.get(k), (int, float)) for k in DEFAULT_TOLERANCES):
+        raise bad("tolerances", f"must hold numbers for {sorted(DEFAULT_TOLERANCES)}")
+    if int(tol["reward_window"]) < 1:
+        raise bad("tolerances.reward_window", "must be >= 1")
+    rw = doc.get("reward")
+    if not isinstance(rw, dict) or not isinstance(rw.get("values"), list) or not isinstance(rw.get("steps"), list) \
+            or len(rw["values"]) != len(rw["steps"]) or not rw["values"]:
+        raise bad("reward", "must hold equally long, non-empty 'steps' and 'values' lists")
+    if not isinstance(doc.get("rank_peak_gib"), dict):
+        raise bad("rank_peak_gib", "must be an object {rank: GiB}")
+    if not isinstance(doc.get("mismatch_max"), dict):
+        raise bad("mismatch_max", "must be an object {metric: value}")
+    return doc
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise GoldenInputError(f"{path}: cannot read the baseline ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise GoldenInputError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+    return validate_baseline(doc, str(path))
+
+
+def write_baseline(doc: dict[str, Any], path: Path) -> None:
+    """Atomically: a temp file beside the target, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---- comparison (pure) ---------------------------------------------------------------------------
+
+def compare_reward(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
+    tol = base["tolerances"]
+    w, slack = int(tol["reward_window"]), float(tol["reward_abs"])
+    want = dict(zip(base["reward"]["steps"], base["reward"]["values"]))
+    have = dict(run.series(REWARD_KEY))
+    missing = [s for s in want if s not in have]
+    if missing:
+        return [Check(REWARD_KEY, f"steps {missing[0]}-{missing[-1]}", "regression",
+                      f"the run has no reward for {len(missing)} of the baseline's {len(want)} steps")]
+    out = []
+    steps = sorted(want)
+    for i in range(0, len(steps), w):
+        window = steps[i:i + w]
+        b = sum(want[s] for s in window) / len(window)
+        c = sum(have[s] for s in window) / len(window)
+        where = f"steps {window[0]}-{window[-1]}"
+        if c < b - slack:
+            out.append(Check(REWARD_KEY, where, "regression", f"mean {c:.4f} < baseline {b:.4f} - {slack}"))
+        else:
+            out.append(Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (baseline {b:.4f}, tolerance -{slack})"))
+    return out
+
+
+def compare_memory(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
+    tol = base["tolerances"]
+    want = {int(r): float(v) for r, v in base["rank_peak_gib"].items()}
+    if not want:
+        return [Check("memory", "all ranks", "info", "the baseline has no per-rank memory")]
+    have = run.rank_peak_gib
+    if not have:
+        return [Check("memory", "all ranks", "regression", "the run wrote no per-rank memory (rank_memory.jsonl)")]
+    out = []
+    if set(have) != set(want):
+        out.append(Check("memory", "ranks", "regression", f"ranks {sorted(have)} differ from the baseline's {sorted(want)}"))
+    common = sorted(set(have) & set(want))
+    for r in common:
+        limit = want[r] * (1 + float(tol["memory_rel"])) + float(tol["memory_abs_gib"])
+        if have[r] > limit:
+            out.append(Check("memory", f"rank {r}", "regression",
+                             f"peak {have[r]:.3f} GiB > {limit:.3f} (baseline {want[r]:.3f} GiB + "
+                             f"{tol['memory_rel']:.0%} + {tol['memory_abs_gib']} GiB)"))
+    if common and not any(c.status == "regression" for c in out):
+        worst = max(common, key=lambda r: have[r] - want[r])
+        out.append(Check("memory", f"{len(want)} ranks", "ok",
+                         f"largest growth on rank {worst}: {have[worst]:.3f} GiB vs baseline {want[worst]:.3f} GiB"))
+    return out
+
+
+def compare_mismatch(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
+    tol = base["tolerances"]
+    out = []
+    for key, b in sorted(base["mismatch_max"].items()):
+        series = run.series(key)
+        if not series:
+            out.append(Check(key, "all steps", "regression", "the run logged no value (the baseline has one)"))
+            continue
+        step, worst = max(series, key=lambda sv: sv[1])
+        limit = float(b) * float(tol["mismatch_factor"]) + float(tol["mismatch_abs"])
+        status = "regression" if worst > limit else "ok"
+        out.append(Check(key, f"step {step}", status, f"max {worst:.3g} {'>' if status != 'ok' else '<='} {limit:.3g} "
+                                                       f"(baseline max {float(b):.3g})"))
+    return out
+
+
+def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list[Check]:
+    b, c = base.get("step_time_median_s"), _median_step_time(run)
+    if not b or c is None:
+        return [Check(STEP_TIME_KEY, "median", "info", f"not compared (run {c}, baseline {b})")]
+    ratio = c / float(b)
+    limit = 1 + float(base["tolerances"]["step_time_rel"])
+    status = "regression" if gate and ratio > limit else ("ok" if gate else "info")
+    return [Check(STEP_TIME_KEY, "median", status, f"{c:.3f} s vs baseline {float(b):.3f} s ({ratio:.2f}x; "
+                                                   f"{'gated at' if gate else 'not gated, limit would be'} {limit:.2f}x)")]
+
+
+def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False) -> list[Check]:
+    return (compare_reward(run, base) + compare_memory(run, base) + compare_mismatch(run, base)
+            + compare_step_time(run, base, gate_step_time))
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.golden",
+                                description="Compare a finished run with a stored baseline, or write one.")
+    p.add_argument("run_dir", type=Path, help="the run's log folder (tensorboard/, trainer.log, rank_memory.jsonl)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--check-against", type=Path, metavar="BASELINE.json")
+    g.add_argument("--write-baseline", type=Path, metavar="BASELINE.json")
+    p.add_argument("--gate-step-time", action="store_true", help="a slower median step is a regression")
+    p.add_argument("--note", default="", help="free text stored in a written baseline")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        run = read_run(args.run_dir)
+        if args.write_baseline:
+            doc = make_baseline(run, note=args.note)
+            write_baseline(doc, args.write_baseline)
+            print(f"golden: wrote {args.write_baseline} from {run.source} ({len(doc['reward']['values'])} steps, "
+                  f"{len(doc['rank_peak_gib'])} ranks)")
+            return EXIT_OK
+        checks = compare(run, load_baseline(args.check_against), args.gate_step_time)
+    except GoldenInputError as e:
+        print(f"golden: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    bad = [c for c in checks if c.status == "regression"]
+    if args.json:
+        print(json.dumps({"passed": not bad, "checks": [c.__dict__ for c in checks]}, indent=2))
+    else:
+        print("\n".join(c.line() for c in checks))
+        print(f"golden: {'PASS' if not bad else 'REGRESSION'} ({len(bad)} regression(s), run {run.source})")
+    return EXIT_REGRESSION if bad else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
