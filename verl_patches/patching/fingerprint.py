@@ -22,7 +22,7 @@ PREFIX = "sha256:"
 # when it triggers a full garbage collection in a process that has torch loaded: fingerprints are
 # cached on disk, keyed by the sha256 of the file contents (so an edited file is always re-checked).
 CACHE_ENV = "VERL_PATCHES_FINGERPRINT_CACHE"  # cache directory, or "off"
-_CACHE_FORMAT = "2"
+_CACHE_FORMAT = "3"  # 3: imports, tuple targets and branch conditions are part of a definition
 
 
 class FingerprintError(LookupError):
@@ -68,46 +68,105 @@ def _parse(path: Path) -> ast.Module:
     return _parse_source(path.read_bytes(), str(path))
 
 
+def _target_names(target: ast.expr) -> set[str]:
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_target_names(t) for t in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return set()
+
+
 def _assigned_names(node: ast.stmt) -> set[str]:
+    """Names a simple statement binds at its level: assignments (also `f, g = ...`) and imports."""
     if isinstance(node, ast.Assign):
-        targets = node.targets
-    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-        targets = [node.target]
-    else:
-        return set()
-    return {t.id for t in targets if isinstance(t, ast.Name)}
+        return set().union(*(_target_names(t) for t in node.targets))
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return _target_names(node.target)
+    if isinstance(node, ast.Import):  # `import a.b` binds `a`; `import a.b as c` binds `c`
+        return {a.asname or a.name.split(".")[0] for a in node.names}
+    if isinstance(node, ast.ImportFrom):
+        return {a.asname or a.name for a in node.names}
+    return set()
+
+
+# Blocks of compound statements whose bodies run at the enclosing level, and the parts of the statement
+# that decide which block runs (its "guard"): a definition in one branch is only the code that runs if
+# the condition still selects it, so the condition is part of the fingerprint.
+_BLOCKS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    ast.If: (("body", "orelse"), ("test",)),
+    ast.While: (("body", "orelse"), ("test",)),
+    ast.For: (("body", "orelse"), ("target", "iter")),
+    ast.AsyncFor: (("body", "orelse"), ("target", "iter")),
+    ast.With: (("body",), ("items",)),
+    ast.AsyncWith: (("body",), ("items",)),
+    ast.Try: (("body", "orelse", "finalbody"), ()),
+}
+if hasattr(ast, "TryStar"):  # Python 3.11+
+    _BLOCKS[ast.TryStar] = (("body", "orelse", "finalbody"), ())
+
+
+def _nested_defs(node: ast.stmt, name: str) -> list[ast.AST]:
+    """Definitions of `name` inside a compound statement, preceded by what selects them."""
+    found: list[ast.AST] = []
+    guards: list[ast.AST] = []
+    kind = _BLOCKS.get(type(node))
+    if kind is not None:
+        blocks, guard_fields = kind
+        for block in blocks:
+            found += _defs_in(getattr(node, block, []), name)
+        guards = [getattr(node, f) for f in guard_fields if getattr(node, f, None) is not None]
+        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            for h in node.handlers:
+                sub = _defs_in(h.body, name)
+                if sub:
+                    found += ([h.type] if h.type is not None else []) + sub
+    elif isinstance(node, ast.Match):
+        for case in node.cases:
+            sub = _defs_in(case.body, name)
+            if sub:
+                found += [case.pattern] + ([case.guard] if case.guard is not None else []) + sub
+        guards = [node.subject]
+    if not found:
+        return []
+    # the guard is a list of expressions (or withitems); wrapped so canonical() sees one node per guard
+    return [ast.Expr(value=g) if isinstance(g, ast.expr) else ast.Expr(value=ast.Tuple(
+        elts=[i.context_expr for i in g], ctx=ast.Load())) for g in guards] + found
 
 
 def _defs_in(body: list[ast.stmt], name: str) -> list[ast.AST]:
-    """Every definition of `name` at this level, including inside if/try/with blocks (all may run)."""
+    """Every definition of `name` at this level, including inside if/try/with/for/while/match blocks
+    (all may run), with the conditions that choose among them."""
     found: list[ast.AST] = []
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             found.append(node)
         elif name in _assigned_names(node):
             found.append(node)
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            for block in ("body", "orelse", "finalbody", "handlers"):
-                sub = getattr(node, block, [])
-                if block == "handlers":
-                    for h in sub:
-                        found += _defs_in(h.body, name)
-                else:
-                    found += _defs_in(sub, name)
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and name in _target_names(node.target):
+            found.append(node)  # the loop variable is the definition; the whole loop decides its value
+        else:
+            found += _nested_defs(node, name)
     return found
 
 
 def source_nodes(path: Path, qualname: str) -> list[ast.AST]:
     tree = _parse(path)
     scopes: list[ast.AST] = [tree]
-    for part in qualname.split("."):
+    outer: list[ast.AST] = []  # conditions (and bindings) met on the way down: they select the scopes
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
         nxt: list[ast.AST] = []
         for scope in scopes:
             nxt += _defs_in(getattr(scope, "body", []), part)
         if not nxt:
             raise FingerprintError(f"{path}: no definition of {qualname!r} (missing part {part!r})")
+        if i < len(parts) - 1:
+            outer += [n for n in nxt if not isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+            nxt = [n for n in nxt if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
         scopes = nxt
-    return scopes
+    return outer + scopes
 
 
 def canonical(node: object) -> str:
