@@ -107,6 +107,26 @@ def test_package_outside_the_root_is_refused_even_with_force(tmp_path, upstream)
         _no_traceback(r)
 
 
+def test_package_naming_our_own_folder_is_refused(tmp_path, upstream):
+    comp = alpha_component(upstream)
+    comp["package"] = "verl_patches"
+    lock = write_lock(tmp_path / "lock" / "sources.lock", {"alpha": comp})
+    r = run_setup("--route", "git", "--force", lock=lock, root=tmp_path / "root")
+    assert r.rc == 2 and "components.alpha.package" in r.err and "'verl_patches'" in r.err, r.text
+
+
+def test_a_file_where_the_package_folder_goes_is_never_replaced(tmp_path, upstream):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "alpha").write_text("a file the user keeps\n")
+    r = run_setup("--route", "git", "--force", lock=_lock(tmp_path, upstream), root=root)
+    assert r.rc == 1, r.text
+    assert "exists and is not a folder" in r.text
+    assert (root / "alpha").read_text() == "a file the user keeps\n"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".sources_state")) == ["alpha"]
+    _no_traceback(r)
+
+
 def test_pypi_file_with_dotdot_cannot_delete_a_file_outside_the_cache(tmp_path, upstream, isolated_env):
     victim = tmp_path / "victim.whl"
     victim.write_bytes(b"not the artifact\n")

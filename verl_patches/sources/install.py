@@ -186,9 +186,11 @@ def _recover_interrupted_swap(root: Path, comp: Component) -> None:
 
 def _package_folder(root: Path, comp: Component) -> Path:
     """root/package, refused unless it is a direct child of root (the lock allow-lists the name too)."""
-    folder = root / names.plain_name(comp.package)
+    folder = root / names.package_folder(comp.package)
     if folder.parent.resolve() != root.resolve():
         raise SourceError(f"{comp.package!r}: the package folder must be a direct child of {root}")
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise SourceError(f"{folder}: exists and is not a folder (a file or a link); it is never replaced")
     return folder
 
 

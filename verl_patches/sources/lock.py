@@ -136,7 +136,7 @@ def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
     for d in needed:
         if d not in ("npu", "cuda", "cpu"):
             raise LockError(f"{where}.needed_on: unknown device '{d}'")
-    return Component(name=name, package=_checked(names.plain_name, _req(table, "package", where, str),
+    return Component(name=name, package=_checked(names.package_folder, _req(table, "package", where, str),
                                                   f"{where}.package"),
                      git_urls=tuple(urls), ref=_checked(names.git_ref, _req(table, "ref", where, str), f"{where}.ref"),
                      commit=commit,

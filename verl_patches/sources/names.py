@@ -31,6 +31,20 @@ def plain_name(value: object) -> str:
     return value
 
 
+# Top-level entries of this repository that a lock's `package` must never name (setup --force would
+# replace them with an upstream tree).
+RESERVED_PACKAGES = frozenset({"verl_patches", "tests", "bench", "shared"})
+
+
+def package_folder(value: object) -> str:
+    """A package folder at the repo root: an importable top-level name that is not one of ours."""
+    name = plain_name(value)
+    if not name.isidentifier() or name in RESERVED_PACKAGES:
+        raise ValueError(f"{value!r} is not an upstream package folder name (a Python identifier other than "
+                         f"{', '.join(sorted(RESERVED_PACKAGES))})")
+    return name
+
+
 def relative_path(value: object) -> str:
     """A relative posix path inside a folder: plain components separated by '/'."""
     if not isinstance(value, str) or not value.strip("/"):
