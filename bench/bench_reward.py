@@ -3,7 +3,14 @@
 One training step's worth of responses (512 prompts x 16 samples = 8192) is generated with known
 labels: each answer is either an equivalent rendering of the ground truth or a wrong one, wrapped
 in `<think>...</think>` responses; a small share is adversarial (unclosed reasoning, a right answer
-only inside the reasoning, power towers, deep nesting, 100 kB responses, slow sympy inputs).
+only inside the reasoning, power towers, deep nesting, 100 kB responses, slow sympy inputs) or a
+reward hack (a bound of a sum, one side of an equation, alternatives joined by "or", percent on
+both sides, values below 5e-7).
+
+The format rule is DeepScaleR's and R1-Zero's (our default): no `</think>`, or no box after the last
+`</think>`, scores 0 and is labelled 0. Both graders see it: math-verify is asked only about
+responses that pass it (the rule is re-implemented here), and the agreement figure leaves the
+format cases out (they agree by construction; their count is printed).
 
 Measured side by side in one run, with the same number of worker processes for both:
 - ours: `grade_batch` (fast path in-process, symbolic checks in guarded worker processes), cold
@@ -13,8 +20,9 @@ Measured side by side in one run, with the same number of worker processes for b
 - the vendor rule re-implemented from its description: 1 if the ground truth is a substring of the
   response or equals the last boxed content.
 
-Goals (issue 3): agreement with math-verify >= 99 % on non-adversarial items and our wall time <=
-math-verify's. Usage: .venv/bin/python bench/bench_reward.py [--n 8192] [--workers N]
+Goals (issues 3 and 17): agreement with math-verify >= 99 % on non-adversarial items that pass the
+format rule, and our cold wall time over all items <= 0.2 x math-verify's in the same run.
+Usage: .venv/bin/python bench/bench_reward.py [--n 8192] [--workers N]
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ from verl_patches.reward.deepscaler import clear_caches, grade, grade_batch  # n
 from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig  # noqa: E402
 
 
+# Our cold wall time over all items, as a fraction of math-verify's in the same run (issue 17).
+TIME_RATIO_GOAL = 0.2
+
+
 @dataclass(frozen=True)
 class Item:
     response: str
@@ -44,6 +56,7 @@ class Item:
     label: float  # 1.0: the final answer is equivalent to the truth
     category: str
     adversarial: bool
+    format_ok: bool = True  # passes the R1-Zero format rule (`r1_zero_format_ok`)
 
 
 # --- answer renderings ------------------------------------------------------------------------------
@@ -210,17 +223,55 @@ CHATTER = [
 def wrap(rng: random.Random, answer: str) -> str:
     reasoning = " ".join(rng.sample(CHATTER, rng.randint(1, 4)))
     style = rng.random()
-    if style < 0.45:
+    if style < 0.42:
         return f"<think>{reasoning}</think>\n\nThe final answer is $\\boxed{{{answer}}}$."
-    if style < 0.75:
+    if style < 0.72:
         return f"<think>{reasoning}</think> \\boxed{{{answer}}}"
-    if style < 0.9:
+    if style < 0.87:
         return f"{reasoning}</think> So we get \\boxed{{{answer}}}."
-    return f"<think>{reasoning}</think> Therefore, the answer is ${answer}$."
+    if style < 0.95:  # no box after </think>: 0 under the format rule
+        return f"<think>{reasoning}</think> Therefore, the answer is ${answer}$."
+    return f"{reasoning} So the answer is \\boxed{{{answer}}}."  # no </think>: 0 under the format rule
 
 
-def adversarial(rng: random.Random, truth: str) -> tuple[str, float, str]:
-    kind = rng.randrange(8)
+def r1_zero_format_ok(response: str) -> bool:
+    """DeepScaleR's and R1-Zero's format rule, written out independently for the baseline grader."""
+    if "</think>" not in response:
+        return False
+    tail = response.rsplit("</think>", 1)[1]
+    return "<think>" not in tail and ("\\boxed" in tail or "\\fbox" in tail)
+
+
+def boxed_response(rng: random.Random, answer: str) -> str:
+    return f"<think>{' '.join(rng.sample(CHATTER, 2))}</think> \\boxed{{{answer}}}"
+
+
+def reward_hack(rng: random.Random) -> tuple[str, str, str]:
+    """(response, truth, kind) of a wrong answer a policy could learn to exploit; every label is 0."""
+    kind = rng.randrange(5)
+    t = rng.randint(2, 40)
+    if kind == 0:
+        return boxed_response(rng, "1"), f"\\sum_{{k=1}}^{{{t}}} k", "hack_sum_bound"
+    if kind == 1:
+        return boxed_response(rng, str(t)), f"x + y = {t}", "hack_equation_side"
+    if kind == 2:
+        return boxed_response(rng, f"x = {t + 1} \\text{{ or }} x = {t}"), str(t), "hack_hedge_or"
+    if kind == 3:
+        return boxed_response(rng, f"{t}\\%"), f"{t / 100}\\%", "hack_percent_both_sides"
+    return boxed_response(rng, f"0.000000{rng.randint(1, 4)}"), f"0.000000{rng.randint(5, 9)}", "hack_tiny_values"
+
+
+def adversarial(rng: random.Random, truth: str) -> tuple[str, str, float, str]:
+    """(response, truth, label, kind)."""
+    kind = rng.randrange(13)
+    if kind >= 8:
+        response, hacked_truth, name = reward_hack(rng)
+        return response, hacked_truth, 0.0, name
+    response, label, name = _classic_adversarial(rng, truth, kind)
+    return response, truth, label, name
+
+
+def _classic_adversarial(rng: random.Random, truth: str, kind: int) -> tuple[str, float, str]:
     if kind == 0:
         return f"<think>clearly \\boxed{{{truth}}} is right", 0.0, "adv_unclosed_think"
     if kind == 1:
@@ -251,12 +302,14 @@ def generate(n: int, n_adversarial: int, seed: int = 20240601) -> list[Item]:
         for _ in range(samples_per_prompt):
             correct = rng.random() < p_correct
             answer = rng.choice(right if correct else wrong)
-            items.append(Item(wrap(rng, answer), truth, 1.0 if correct else 0.0, make.__name__.removeprefix("problem_"), False))
+            response = wrap(rng, answer)
+            ok = r1_zero_format_ok(response)
+            label = 1.0 if correct and ok else 0.0
+            items.append(Item(response, truth, label, make.__name__.removeprefix("problem_"), False, ok))
     items = items[: n - n_adversarial]
     for _ in range(n_adversarial):
-        truth = str(rng.randint(1, 99))
-        response, label, kind = adversarial(rng, truth)
-        items.insert(rng.randrange(len(items) + 1), Item(response, truth, label, kind, True))
+        response, truth, label, kind = adversarial(rng, str(rng.randint(1, 99)))
+        items.insert(rng.randrange(len(items) + 1), Item(response, truth, label, kind, True, r1_zero_format_ok(response)))
     return items
 
 
@@ -290,13 +343,18 @@ def _quiet() -> None:
 
 
 def run_math_verify(items: list[Item], workers: int) -> tuple[list[float], float, list[float]]:
-    """(scores, wall time, per-item seconds)."""
+    """(scores, wall time, per-item seconds). The same format rule as ours: a response that fails
+    it scores 0 without being asked (and costs math-verify nothing)."""
+    asked = [i for i, it in enumerate(items) if it.format_ok]
     ctx = multiprocessing.get_context("fork")
     started = time.perf_counter()
     with ctx.Pool(workers, initializer=_quiet) as pool:
-        results = pool.map(_math_verify_one, [(it.response, it.truth) for it in items], chunksize=32)
+        results = pool.map(_math_verify_one, [(items[i].response, items[i].truth) for i in asked], chunksize=32)
     elapsed = time.perf_counter() - started
-    return [score for score, _ in results], elapsed, [seconds for _, seconds in results]
+    scores, seconds = [0.0] * len(items), [0.0] * len(items)
+    for i, (score, spent) in zip(asked, results):
+        scores[i], seconds[i] = score, spent
+    return scores, elapsed, seconds
 
 
 def run_ours(items: list[Item], workers: int) -> tuple[list, float, float, float]:
@@ -359,8 +417,11 @@ def main() -> int:
     per_call = run_ours_per_call(items)
     vendor = [vendor_rule(it.response, it.truth) for it in items]
 
-    agree = sum(ours[i] == mv[i] for i in normal) / len(normal)
-    disagreements = Counter((items[i].category, ours[i], mv[i]) for i in normal if ours[i] != mv[i])
+    # Format cases are left out of the agreement figure: both graders score them 0 by the same rule.
+    graded = [i for i in normal if items[i].format_ok]
+    format_cases = [i for i in normal if not items[i].format_ok]
+    agree = sum(ours[i] == mv[i] for i in graded) / len(graded)
+    disagreements = Counter((items[i].category, ours[i], mv[i]) for i in graded if ours[i] != mv[i])
 
     def accuracy(scores: list[float], idx: list[int]) -> float:
         return sum(scores[i] == items[i].label for i in idx) / len(idx)
@@ -377,10 +438,13 @@ def main() -> int:
     print(f"math-verify (verl's integration), process pool, all items:         {mv_time:8.2f} s "
           f"(non-adversarial {mv_normal:.2f} s + adversarial {mv_adv:.2f} s, mostly its own 5 s timeouts)")
     print(f"time ratio ours/math-verify: all items (ours cold) {ours_cold / mv_time:.3f}, "
-          f"non-adversarial items {ours_normal / mv_normal:.3f}")
+          f"non-adversarial items (ours warm) {ours_normal / mv_normal:.3f}")
 
     print("\n-- agreement and accuracy --")
-    print(f"agreement with math-verify, non-adversarial: {100 * agree:.2f} % ({sum(disagreements.values())} of {len(normal)} differ)")
+    print(f"format rule (R1-Zero): {len(format_cases)} non-adversarial responses fail it; ours scores "
+          f"{sum(ours[i] == 0.0 for i in format_cases)} of them 0 (math-verify is not asked about them)")
+    print(f"agreement with math-verify, non-adversarial, format rule passed: {100 * agree:.2f} % "
+          f"({sum(disagreements.values())} of {len(graded)} differ)")
     for (category, o, m), count in disagreements.most_common(12):
         print(f"   {count:5d} x {category:<12} ours={o:.0f} math-verify={m:.0f}")
     print(f"accuracy vs generator labels, non-adversarial: ours {100 * accuracy(ours, normal):.2f} %, "
@@ -389,14 +453,20 @@ def main() -> int:
           f"vendor rule {100 * accuracy(vendor, adv):.1f} %")
     print(f"false-positive rate on wrong answers: vendor rule {100 * false_positive_rate(vendor):.2f} %, "
           f"ours {100 * false_positive_rate(ours):.2f} %, math-verify {100 * false_positive_rate(mv):.2f} %")
+    kinds = sorted({items[i].category for i in adv})
+    print("adversarial and reward-hack items by kind (right / total): ours, math-verify, vendor rule")
+    for kind in kinds:
+        idx = [i for i in adv if items[i].category == kind]
+        right = [sum(scores[i] == items[i].label for i in idx) for scores in (ours, mv, vendor)]
+        print(f"   {kind:<24} {right[0]:3d} {right[1]:3d} {right[2]:3d}  / {len(idx)}")
     reasons = Counter(g.reason.value for g in grades)
     print("our outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
 
     ok_agree = agree >= 0.99
-    ok_time = ours_cold <= mv_time and ours_normal <= mv_normal
+    ok_time = ours_cold <= TIME_RATIO_GOAL * mv_time
     print(f"\n{'PASS' if ok_agree else 'FAIL'}: agreement with math-verify {100 * agree:.2f} % (goal >= 99 %)")
-    print(f"{'PASS' if ok_time else 'FAIL'}: our wall time <= math-verify's: all items {ours_cold:.2f} s vs {mv_time:.2f} s, "
-          f"non-adversarial {ours_normal:.2f} s vs {mv_normal:.2f} s")
+    print(f"{'PASS' if ok_time else 'FAIL'}: our cold wall time over all items {ours_cold:.2f} s = "
+          f"{ours_cold / mv_time:.3f} x math-verify's {mv_time:.2f} s (goal <= {TIME_RATIO_GOAL} x)")
     return 0 if ok_agree and ok_time else 1
 
 

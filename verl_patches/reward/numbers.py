@@ -178,6 +178,7 @@ _DENOMINATORS = {
     "ninth": 9, "ninths": 9, "tenth": 10, "tenths": 10,
 }
 _WORD_SPLIT = re.compile(r"[\s\-]+")
+_WORD_LIKE = re.compile(r"[A-Za-z][A-Za-z\s\-]*\.?")
 _MAX_WORDS = 12
 
 
@@ -207,6 +208,8 @@ def _cardinal(words: list[str]) -> int | None:
 
 def number_from_words(text: str) -> Fraction | None:
     """The value of a number written in words (`five`, `negative twenty-one`, `two thirds`), else None."""
+    if not _WORD_LIKE.fullmatch(text):
+        return None
     words = [w for w in _WORD_SPLIT.split(text.strip().lower().rstrip(".")) if w]
     if not words or len(words) > _MAX_WORDS or not all(w.isalpha() for w in words):
         return None

@@ -29,6 +29,8 @@ _CLOSE = ")]}"
 
 def top_level_positions(text: str, token: str) -> list[int]:
     """Start indices of `token` outside every (), [], {} and \\{ \\} group."""
+    if token not in text:
+        return []
     found: list[int] = []
     depth = 0
     i, n = 0, len(text)
