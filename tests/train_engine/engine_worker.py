@@ -1,0 +1,110 @@
+"""One rank of the train-engine proof: run as `python -m tests.train_engine.engine_worker OUT_JSON` with
+RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TP, EP, SP set. Starts like a Ray worker (Ray's argv,
+prelude first), brings MindSpeed up through initialize_megatron, builds the tiny DeepSeek-V3 GPTModel,
+runs forward, backward and a distributed-optimizer step, and writes what it saw as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.argv = [sys.argv[0], "--raylet-name=/tmp/ray/raylet", "--node-ip-address=127.0.0.1", sys.argv[1]]
+OUT = sys.argv[-1]
+ORIGINAL_ARGV = list(sys.argv)
+
+import verl_patches.prelude_patch  # noqa: E402,F401  (as every Ray worker of ours does first)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+REAL_COMPILE = torch.compile
+
+
+def main() -> dict:
+    from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
+    from verl_patches.npu_emulation import builder_ops
+    from verl_patches.train_engine.initialize import initialize_megatron
+    from verl_patches.train_engine.model import build_model, build_optimizer
+    from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
+
+    tp, ep, sp = int(os.environ["TP"]), int(os.environ["EP"]), os.environ.get("SP", "0") == "1"
+    dist.init_process_group("gloo")
+    cfg = translate_verl_train_configs_to_megatron(
+        verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp), TINY_HF_CONFIG)
+    args = initialize_megatron(cfg)
+    from megatron.core import parallel_state as mpu
+
+    seen = {"argv_restored": sys.argv == ORIGINAL_ARGV, "compile_is_real": torch.compile is REAL_COMPILE,
+            "rank_generator_module": mpu.RankGenerator.get_ranks.__module__,
+            "tp": mpu.get_tensor_model_parallel_world_size(), "ep": mpu.get_expert_model_parallel_world_size(),
+            "dp": mpu.get_data_parallel_world_size(),
+            "flags": {k: bool(getattr(args, k)) for k in (
+                "use_fused_rmsnorm", "use_flash_attn", "use_fused_swiglu", "use_fused_rotary_pos_emb", "moe_grouped_gemm",
+                "moe_tp_extend_ep", "moe_alltoall_overlap_comm", "moe_permutation_async_comm",
+                "gemm_gradient_accumulation_fusion", "use_fused_moe_token_permute_and_unpermute",
+                "moe_router_enable_expert_bias", "multi_head_latent_attention", "use_distributed_optimizer",
+                "sequence_parallel")}}
+
+    calls: dict[str, int] = {}
+    real_ops = builder_ops.emulated_ops
+
+    def counting(name):
+        calls["builder:" + name] = calls.get("builder:" + name, 0) + 1
+        return real_ops(name)
+
+    builder_ops.emulated_ops = counting
+    import torch_npu
+
+    for op in ("npu_rms_norm", "npu_fusion_attention", "npu_swiglu"):
+        fn = getattr(torch_npu, op)
+
+        def wrapped(*a, _fn=fn, _op=op, **k):
+            calls[_op] = calls.get(_op, 0) + 1
+            return _fn(*a, **k)
+
+        setattr(torch_npu, op, wrapped)
+
+    model = build_model(args)
+    optimizer = build_optimizer(model, args)
+    gpt = model[0].module.module  # DDP -> Float16Module -> GPTModel
+    layers = gpt.decoder.layers
+    seen["layers"] = [type(layer.mlp).__name__ for layer in layers]
+    seen["attention"] = type(layers[0].self_attention).__name__
+    moe = layers[-1].mlp
+    seen["experts"] = type(moe.experts).__name__
+    seen["shared_experts"] = moe.shared_experts is not None if hasattr(moe, "shared_experts") else False
+    seen["expert_bias"] = getattr(moe.router, "expert_bias", None) is not None
+
+    torch.manual_seed(1)
+    tokens = torch.randint(0, TINY_HF_CONFIG["vocab_size"], (2, 16))
+    position_ids = torch.arange(16).unsqueeze(0).expand(2, -1)
+    mask = torch.ones(2, 1, 16, 16, dtype=torch.bool).triu(1)
+    names = [n for n, _ in gpt.named_parameters()]
+    before = [p.detach().clone() for p in gpt.parameters()]
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    logits = model[0](tokens, position_ids, mask)
+    loss = logits.float().pow(2).mean()
+    loss.backward()
+    for chunk in model:
+        chunk.finish_grad_sync()
+    ok, grad_norm, _ = optimizer.step()
+    # overlap_param_gather: each rank updated its shard; as in Megatron's loop, zero_grad launches the first
+    # all-gather and the next forward's pre-hooks gather the other shards.
+    optimizer.zero_grad()
+    with torch.no_grad():
+        model[0](tokens, position_ids, mask)
+    after = list(gpt.parameters())
+    seen.update(loss=float(loss), step_ok=bool(ok), grad_norm=float(grad_norm),
+                changed=sum(int(not torch.equal(a, b.detach())) for a, b in zip(before, after)),
+                unchanged=[n for n, a, b in zip(names, before, after) if torch.equal(a, b.detach())],
+                params=len(before), logits_shape=list(logits.shape), calls=calls)
+    return seen
+
+
+if __name__ == "__main__":
+    result = main()
+    with open(OUT, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
