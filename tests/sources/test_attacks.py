@@ -371,3 +371,72 @@ def test_honest_byte_code_passes_verify_and_foreign_or_sourceless_byte_code_fail
     assert "byte-code: alpha/gone.pyc: byte-code outside __pycache__" in r.out
     assert "byte-code: alpha/__pycache__/__init__.cpython-39.pyc: byte-code of cpython-39" in r.out
     assert f"byte-code: alpha/__pycache__/{orphan.name}: byte-code without a source file" in r.out
+
+
+# --------------------------------------------------------------------------- attacks of our own, same classes
+
+def test_deeply_nested_lock_is_one_line(tmp_path):
+    lock = tmp_path / "sources.lock"
+    lock.write_text("schema = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    r = run_setup("--verify", lock=lock, root=tmp_path / "root")
+    assert r.rc == 2 and "nested too deeply" in r.err, r.text
+    _no_traceback(r)
+
+
+def test_index_page_cannot_send_an_http_install_to_a_local_file(tmp_path, upstream, index):
+    outside = tmp_path / "outside.whl"
+    outside.write_bytes(make_wheel(V1_FILES))
+    comp = alpha_component(upstream, index)
+    page = index.base / "simple" / "alpha" / "index.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f'<a href="file://{outside}#sha256={comp["pypi"]["sha256"]}">{comp["pypi"]["file"]}</a>\n'.replace(
+        str(outside), str(outside.with_name(comp["pypi"]["file"]))))
+    outside.rename(outside.with_name(comp["pypi"]["file"]))
+    lock = write_lock(tmp_path / "lock" / "sources.lock", {"alpha": comp})
+    r = run_setup("--route", "pypi", "--index-url", index.simple_url, lock=lock, root=tmp_path / "root")
+    assert r.rc == 1 and "scheme 'file' refused" in r.text, r.text
+    assert not (tmp_path / "root" / "alpha").exists()
+
+
+@pytest.mark.parametrize("member", ["alpha//etc/planted.py", "alpha/../planted.py", "alpha/x/../../../planted.py"])
+def test_zip_members_cannot_leave_the_folder(tmp_path, member):
+    import zipfile
+    archive = tmp_path / "evil.whl"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("alpha/__init__.py", "x = 1\n")
+        z.writestr(member, "planted = 1\n")
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(IntegrityError, match="escapes"):
+        extract.extract_subdir(archive, "alpha", out)
+    assert not list(tmp_path.rglob("planted.py"))
+
+
+def test_zip_member_declaring_a_huge_size_is_refused_before_reading(tmp_path, monkeypatch):
+    import zipfile
+    archive = tmp_path / "big.whl"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("alpha/__init__.py", b"\0" * (4 << 20))
+    monkeypatch.setenv("VERL_OVERLAY_MAX_FILE_BYTES", str(1 << 20))
+    with pytest.raises(IntegrityError, match="declares 4194304 bytes"):
+        extract.extract_subdir(archive, "alpha", tmp_path / "out")
+    assert not (tmp_path / "out" / "__init__.py").exists()
+
+
+def test_unchecked_hash_pyc_and_a_symlinked_pycache_fail_verify(installed, tmp_path):
+    lock, root = installed
+    init = root / "alpha" / "__init__.py"
+    evil = tmp_path / "evil.py"
+    evil.write_bytes(PLANTED)
+    cache = root / "alpha" / "__pycache__"
+    py_compile.compile(str(evil), cfile=str(cache / f"__init__.{sys.implementation.cache_tag}.pyc"), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    r = run_setup("--verify", lock=lock, root=root)
+    assert r.rc == 1 and "__init__" in r.out and "its code differs from its source" in r.out, r.text
+    import shutil
+    shutil.rmtree(cache)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, cache)
+    r = run_setup("--verify", lock=lock, root=root)
+    assert r.rc == 1 and "added: alpha/__pycache__" in r.out, r.text
+    assert init.exists()

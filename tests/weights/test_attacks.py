@@ -89,3 +89,17 @@ def test_links_inside_the_folder_and_hub_cache_snapshots_are_still_followed(tmp_
     (repo / "blobs" / "f00d").write_text("{}")
     os.symlink("../../blobs/f00d", snap / "tokenizer.json")
     assert [p.name for p in carried_over_files(snap)] == ["tokenizer.json"]
+
+
+def test_deeply_nested_index_and_config_are_one_clear_error(tmp_path):
+    from verl_patches.weights.config import read_config_json
+    from verl_patches.weights.errors import ConfigError
+    from verl_patches.weights.st_reader import CheckpointIndex
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / INDEX).write_text('{"weight_map": ' + deep + "}")
+    (tmp_path / "config.json").write_text('{"a": ' + deep + "}")
+    with pytest.raises(CheckpointError, match="plausible depth"):
+        CheckpointIndex.load(tmp_path)
+    with pytest.raises(ConfigError, match="plausible depth"):
+        read_config_json(tmp_path)

@@ -154,6 +154,10 @@ def load_lock(path: Path) -> Lock:
         raise LockError(f"{path}: lock file not found") from None
     except _toml.TOMLDecodeError as e:
         raise LockError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise LockError(f"{path}: nested too deeply to be a lock file") from None
+    except UnicodeDecodeError as e:
+        raise LockError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if data.get("schema") != 1:
         raise LockError(f"{path}: key 'schema' must be 1 (found {data.get('schema')!r})")
     comps = data.get("components")

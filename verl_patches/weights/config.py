@@ -245,6 +245,8 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{p}: line {err.lineno}: invalid JSON: {err.msg}") from None
+    except (RecursionError, UnicodeDecodeError):
+        raise ConfigError(f"{p}: not UTF-8 JSON of a plausible depth") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a JSON object")
     return data

@@ -19,6 +19,8 @@ def read_manifest(out_dir: Path, manifest_file: str) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ResumeError(f"{path}: line {err.lineno}: corrupt manifest ({err.msg}); pass --overwrite") from None
+    except (RecursionError, UnicodeDecodeError):
+        raise ResumeError(f"{path}: corrupt manifest (not UTF-8 JSON of a plausible depth); pass --overwrite") from None
 
 
 def resume_manifest(out_dir: Path, key: Mapping[str, Any], overwrite: bool, items: str,

@@ -62,6 +62,8 @@ class CheckpointIndex:
                 data = json.loads(index_path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as err:
                 raise CheckpointError(f"{index_path}: line {err.lineno}: invalid JSON: {err.msg}") from None
+            except (RecursionError, UnicodeDecodeError):
+                raise CheckpointError(f"{index_path}: not UTF-8 JSON of a plausible depth") from None
             wm = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
                 raise CheckpointError(f"{index_path}: key 'weight_map' must map tensor names to file names")
@@ -113,7 +115,7 @@ def _header(path: Path) -> dict[str, dict[str, Any]]:
             if n <= 0 or n > 1 << 30:
                 raise ValueError(f"implausible header length {n}")
             hdr = json.loads(f.read(n))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     hdr.pop("__metadata__", None)
     return hdr
