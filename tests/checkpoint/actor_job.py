@@ -1,8 +1,13 @@
 """One rank of a small Megatron training job that checkpoints and resumes (run by test_kill_resume.py).
 
 Usage (environment: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT):
-    python tests/checkpoint/actor_job.py --root DIR --steps 6 --save-freq 2 --keep 2 --tp 1 --ep 2 \
-        [--kill-rank R --kill-at S --kill-phase step|save]
+    python tests/checkpoint/actor_job.py --root DIR --steps 6 --save-freq 2 --keep 2 --tp 1 --ep 2
+
+The test injects failures through CKPT_TEST_KILL="RANK:STEP:PHASE" so every launch is the same command:
+``save``: that rank dies (SIGKILL) while saving STEP, after its model shard and before its record;
+``step``: that rank dies before computing STEP; ``job``: after STEP's metrics, RANK writes ``.kill_job`` and
+every rank waits for the harness to SIGKILL the whole job. A checkpoint that cannot be resumed at this
+layout ends the process with exit status 3 and the error on stderr.
 
 The model is MindSpeed-LLM's DeepSeek-V3 GPTModel (tests/train_engine/tiny_dsv3.py) built through our
 D1 bring-up, wrapped in Megatron's DDP, with Megatron's distributed optimizer (chained: dense and expert
@@ -60,7 +65,9 @@ def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, clip_grad=1.0,
                                                  use_distributed_optimizer=True, params_dtype=torch.float32,
                                                  adam_beta1=0.9, adam_beta2=0.95), model)
-    return model, opt, TINY_HF_CONFIG
+    from verl_patches.weights.config import make_tiny_config
+
+    return model, opt, make_tiny_config(**TINY_HF_CONFIG)  # the full config.json the export tool checks
 
 
 def train_step(model, opt, data_position: int) -> dict:
@@ -106,15 +113,15 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--layer-list", default="")
-    ap.add_argument("--kill-rank", type=int, default=-1)
-    ap.add_argument("--kill-at", type=int, default=-1)
-    ap.add_argument("--kill-phase", choices=("step", "save"), default="step")
     a = ap.parse_args()
+    kill = os.environ.get("CKPT_TEST_KILL", "")
+    a.kill_rank, a.kill_at, a.kill_phase = (int(kill.split(":")[0]), int(kill.split(":")[1]),
+                                            kill.split(":")[2]) if kill else (-1, -1, "")
     torch.set_num_threads(1)
 
     import verl_patches.prelude_patch  # noqa: F401  (as in every worker process)
     from verl_patches.checkpoint import actor_state, commit
-    from verl_patches.checkpoint.manifest import rank_record_name
+    from verl_patches.checkpoint.manifest import LayoutChangeError, rank_record_name
     from verl_patches.checkpoint.plan import is_save_step
 
     rank = int(os.environ["RANK"])
@@ -128,7 +135,11 @@ def main() -> None:
     point = commit.find_resume(root)
     if point is not None:
         step_dir = root / point.name
-        note = actor_state.load_actor(step_dir / "actor", model, opt, use_distributed_optimizer=True)
+        try:
+            note = actor_state.load_actor(step_dir / "actor", model, opt, use_distributed_optimizer=True)
+        except LayoutChangeError as err:
+            print(f"LayoutChangeError: {err}", file=sys.stderr, flush=True)
+            os._exit(3)
         data_position = json.loads((step_dir / "trainer_state.json").read_text())["data_position"]
         start = point.step
         if rank == 0:
@@ -141,7 +152,12 @@ def main() -> None:
         data_position += 1
         if rank == 0:
             with open(log, "a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+                f.write(json.dumps({"step": step, "launch": os.environ.get("CKPT_TEST_LAUNCH", ""), **metrics}) + "\n")
+        if step == a.kill_at and a.kill_phase == "job":
+            if rank == a.kill_rank:
+                (root / ".kill_job").write_text(str(step))
+            while True:  # the harness kills every process of the job
+                time.sleep(1)
         if is_save_step(step, a.save_freq, step == a.steps):
             staging = root / commit.staging_dir_name(step) if rank else commit.begin_step(root, step)
             barrier()
