@@ -15,7 +15,9 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "detail"}], "summary": {"components_matching", "components_total", "diff_lines", "patches_total",
 "patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
 "status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}],
-"weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"}}
+"weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"},
+"npu_emulation": {"site", "packages", "active_in_this_process", "applies_when", "emulated_ops": [{"name",
+"provider", "implementation", "reference"}], "cpu_limits": [{"feature", "reason"}]}}
 """
 
 from __future__ import annotations
@@ -111,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     lock = load_lock(args.lock)
     report = full_report(args.lock.parent.resolve(), lock, detect_device(), args.only)
-    print(json.dumps(report, indent=2) if args.json else render_text(report))
+    from verl_patches.npu_emulation import emulation_report, emulation_report_text
+    report["npu_emulation"] = emulation_report()  # emulated torch_npu ops, MindSpeed features CPU cannot run
+    print(json.dumps(report, indent=2) if args.json
+          else render_text(report) + emulation_report_text(report["npu_emulation"]))
     return audit_exit_status(report)
 
 

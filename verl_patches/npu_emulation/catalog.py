@@ -76,7 +76,8 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
     CpuLimit("torchair graph mode (GE converters, torch.compile backend)",
              "Ascend graph engine only; converters are registered and never called on CPU"),
     CpuLimit("swap_optimizer (optimizer state swapped host<->device)",
-             "on a CPU host the device is the host: the swap is a copy within host memory, it moves nothing"),
+             "not exercised by the CPU proof: on a CPU host the device memory is host memory, so the swap could not "
+             "show its effect; the translation (D1) test checks the flag reaches MindSpeed-LLM"),
     CpuLimit("overlap_grad_reduce / overlap_param_gather / moe_alltoall_overlap_comm / moe_permutation_async_comm",
              "run with the same code, but gloo collectives and the single CPU 'stream' serialise them: "
              "no overlap happens, results are identical"),
