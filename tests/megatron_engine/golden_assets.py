@@ -1,5 +1,5 @@
 """Assets and rank-side steps of the golden test: a tiny DeepSeek-V3 in HF format (random init, MLA, 1 dense +
-2 MoE layers, 4 routed experts, a shared expert, a non-zero routing bias), converted by our converter, and the
+2 MoE layers, 8 routed experts, a shared expert, a non-zero routing bias), converted by our converter, and the
 verl worker calls the A3 job makes (actor and reference through ``ActorRolloutRefWorker``), compared with
 HF transformers' per-token log-probs and autograd gradients.
 """
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 HF_OVERRIDES = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-                    first_k_dense_replace=1, n_routed_experts=4, n_group=1, topk_group=1, num_experts_per_tok=2,
+                    first_k_dense_replace=1, n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2,
                     n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
 PROMPT, RESPONSE, BATCH = 6, 5, 4
 TEMPERATURE = 0.9  # the A3 profile's rollout.temperature
@@ -29,8 +29,10 @@ def build_hf_model(root: Path, seed: int = 0) -> Path:
     vocab = (len(tok) + 3) // 4 * 4
     cfg = make_tiny_config(vocab_size=vocab, **HF_OVERRIDES)
     cfg["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
+    # aux_loss_alpha=0: HF's DeepseekV3 has no load-balancing loss, MindSpeed-LLM's sequence aux loss would add
+    # its gradient (through the next MoE layer's router) to the expert gradients compared with HF autograd
     cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-               torch_dtype="float32")
+               torch_dtype="float32", aux_loss_alpha=0.0)
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg))
     g = torch.Generator().manual_seed(seed + 1)

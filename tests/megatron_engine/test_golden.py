@@ -2,7 +2,8 @@
 reference) on core_r0.8.0 + MindSpeed-LLM + MindSpeed over gloo, against HF transformers' DeepseekV3.
 
 A tiny DeepSeek-V3 (random init, MLA, 1 dense + 2 MoE layers, 4 routed experts, a shared expert, a non-zero
-routing bias) is saved by transformers, converted by our converter to the legacy layout, and loaded by the
+routing bias; 8 routed experts so each of the 4 TP x EP ranks holds two: with one local expert
+MindSpeed's overlapped dispatcher frees the expert input it hands on, on NPU too) is saved by transformers, converted by our converter to the legacy layout, and loaded by the
 worker's own loading code (``use_dist_checkpointing``). Through the worker methods the A3 job calls
 (``init_model``, ``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``; called directly, each rank
 given its data-parallel share as verl's MEGATRON_COMPUTE_PROTO dispatch would), at the A3 profile's sampling
@@ -31,9 +32,12 @@ from golden_assets import (BATCH, RESPONSE, TEMPERATURE, build_hf_model, convert
                            hf_log_probs, make_batch, worker_config)
 
 FP32_TOL = 1e-4
-# bf16 weights and activations against the fp32 reference: bf16 keeps 8 mantissa bits (relative rounding
-# 2^-9 ~ 2e-3 per op); over 3 layers and a 100-way softmax the measured worst case is below a tenth of this
-BF16_TOL = 0.1
+# bf16 weights and activations against HF's fp32 log-probs. bf16 keeps 8 significant bits (relative rounding
+# 2^-9 ~ 2e-3 per value); the weights alone move each logit by about that fraction of its size, and the error
+# grows through 3 layers, the routing (a near-tie between experts can flip) and a 44-way log-softmax.
+# Measured here: worst token 0.09, mean 0.012 (log-probs around -3.8). The bounds leave about 1.5x and 2.5x room.
+BF16_TOL = 0.15
+BF16_MEAN_TOL = 0.03
 MOE_LAYER = 1  # the first MoE layer (layer 0 is dense)
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
@@ -135,7 +139,8 @@ def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep:
         out["changed"] = len(changed)
         out["params"] = len(params)
         out["finite"] = all(bool(torch.isfinite(p).all()) for p in params.values())
-        out["optimizer"] = type(actor.actor_optimizer).__name__
+        opt = actor.actor_optimizer
+        out["optimizer"] = sorted({type(o).__name__ for o in getattr(opt, "chained_optimizers", [opt])})
         out["metrics"] = sorted(metrics.meta_info["metrics"])
 
     if bf16:
@@ -148,6 +153,7 @@ def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep:
         lp16 = ref16.compute_ref_log_prob(_proto(inputs)).batch["ref_log_prob"]
         out["bf16_dtype"] = str(next(unwrap_model(ref16.ref_module[0]).parameters()).dtype)
         out["bf16"] = float((lp16 - ref_lp)[mask].abs().max())
+        out["bf16_mean"] = float((lp16 - ref_lp)[mask].abs().mean())
     return out
 
 
@@ -161,8 +167,8 @@ def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
         assert r["grad_scale"] > 1e-3, r  # the compared gradients are not all zero
         assert r["grad_weight1"] < FP32_TOL and r["grad_weight2"] < FP32_TOL, r
         assert r["finite"] and r["changed"] > 0.9 * r["params"], r
-        assert r["optimizer"] == "DistributedOptimizer", r
-        assert r["bf16_dtype"] == "torch.bfloat16" and r["bf16"] < BF16_TOL, r
+        assert r["optimizer"] == ["DistributedOptimizer"], r  # dense and expert parameters, each distributed
+        assert r["bf16_dtype"] == "torch.bfloat16" and r["bf16"] < BF16_TOL and r["bf16_mean"] < BF16_MEAN_TOL, r
 
 
 def test_golden_pp2_uneven_layer_list(assets: dict[str, str]) -> None:

@@ -8,7 +8,8 @@ What changes against verl v0.4.0, and why:
   ``initialize_megatron`` (MindSpeed-LLM's argument parsing + MindSpeed's adaptor, vendor item D1), before
   upstream's ``__init__`` runs, so its own block is skipped. Afterwards the reference's batch sizes and
   offload flag are normalised for the fused ``actor_rollout_ref`` role too (upstream's ``elif`` skips them,
-  and ``init_model`` then fails on the missing ``_ref_is_offload_param``).
+  and ``init_model`` then fails on the missing ``_ref_is_offload_param``), and a stand-alone actor's
+  mini-batch is made per data-parallel rank as in the hybrid role.
 - ``_build_model_optimizer`` gains ``is_for_actor``: upstream builds the actor only when the role is also a
   rollout and builds nothing at all for a plain ``actor``; the fused role would build the actor twice.
 - Weights with ``use_dist_checkpointing`` come from our converter's legacy layout (``legacy_checkpoint``).
@@ -75,6 +76,11 @@ def wrap_init(original: Callable) -> Callable:
     def __init__(self, config: Any, role: str) -> None:
         bring_up(config)
         original(self, config, role)
+        if self._is_actor and not self._is_rollout:  # upstream normalises the actor only inside the hybrid role
+            from megatron.core import parallel_state as mpu
+
+            self.config.actor.ppo_mini_batch_size *= self.config.rollout.n
+            self.config.actor.ppo_mini_batch_size //= mpu.get_data_parallel_world_size()
         if self._is_actor and self._is_ref:  # upstream's elif skipped the reference block for the fused role
             from megatron.core import parallel_state as mpu
 
