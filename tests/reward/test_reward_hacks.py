@@ -185,6 +185,8 @@ SUB_EXPRESSION_TABLE = [
     ("2x+1", "2x+1=y"),
     ("1", "x=1, y=2"),
     ("2", "x=1, y=2"),
+    ("x = 1", "x=1, y=2"),
+    ("y = 2", "x=1, y=2"),
     ("5", "5\\sqrt{2}"),
     ("2", "5\\sqrt{2}"),
     ("10", "\\binom{10}{3}"),
@@ -213,6 +215,8 @@ def test_sub_expression_table(pool, answer, truth):
         ("3", "f(x) = 3"),
         ("5", "a_1 = 5"),
         ("2x+1", "y = 2x+1"),
+        ("y = 2x+1", "2x+1=y"),  # compared as an equation, since the truth is one
+        ("x = 1, y = 2", "x=1, y=2"),
         ("(1, 2)", "x \\in (1, 2)"),
     ],
 )

@@ -23,6 +23,7 @@ from verl_patches.reward.grading_worker import Verdict
 from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig, default_pool
 from verl_patches.reward.limits import SymbolicLimits, symbolic_refusal
 from verl_patches.reward.normalize import CanonicalAnswer, canonical_answer, fast_verdict
+from verl_patches.reward.solutions import is_equation
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,8 @@ def prejudge(
     if len(extracted.text) > MAX_ANSWER_CHARS:
         same = extracted.text.strip() == truth_text.strip()
         return Grade(1.0, GradeReason.EQUAL_FAST) if same else Grade(0.0, GradeReason.TOO_COMPLEX)
-    pred, truth = canonical_answer(extracted.text), _canonical_truth(truth_text)
+    truth = _canonical_truth(truth_text)
+    pred = canonical_answer(extracted.text, keep_assignment=is_equation(truth.text))
     verdict = fast_verdict(pred, truth)
     if verdict is not None:
         return Grade(1.0, GradeReason.EQUAL_FAST) if verdict else Grade(0.0, GradeReason.NOT_EQUAL)

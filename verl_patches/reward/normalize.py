@@ -108,13 +108,13 @@ def _drop_full_stop(text: str) -> str:
     return text
 
 
-def _canonical_item(text: str) -> str:
+def _canonical_item(text: str, keep_assignment: bool) -> str:
     """Canonical form of one value (an answer, or one item of a solution list)."""
     text = strip_units(text)
     text = _TEXT_WRAPPER.sub(lambda m: m.group(1), text)
     text = _drop_full_stop(strip_units(text))
     variable, value = split_assignment(text)
-    if variable is not None:
+    if variable is not None and not keep_assignment:
         text = strip_units(value)
     words = number_from_words(text)
     if words is not None:
@@ -132,8 +132,12 @@ def _canonical_item(text: str) -> str:
     return text
 
 
-def canonical_answer(answer: str) -> CanonicalAnswer:
-    """A canonical string for an answer; equal strings mean equal answers."""
+def canonical_answer(answer: str, keep_assignment: bool = False) -> CanonicalAnswer:
+    """A canonical string for an answer; equal strings mean equal answers.
+
+    `x = 3` becomes `3`, unless keep_assignment: an answer compared with an equation (`2x+1=y`) keeps
+    its `y =`, so that it is compared as an equation and never as one side of it.
+    """
     text = unicode_to_latex(_strip_delimiters(answer))
     text = _DISPLAY.sub("", text)
     text = _SIZING.sub("", text)
@@ -153,8 +157,8 @@ def canonical_answer(answer: str) -> CanonicalAnswer:
     # Before splitting at "and": `one hundred and five` is one number.
     values = None if number_from_words(text) is not None else solution_values(text)
     if values is None:
-        return CanonicalAnswer(text=_canonical_item(text), percent=percent)
-    return CanonicalAnswer(text=",".join(_canonical_item(value) for value in values), percent=percent)
+        return CanonicalAnswer(text=_canonical_item(text, keep_assignment), percent=percent)
+    return CanonicalAnswer(text=",".join(_canonical_item(value, keep_assignment) for value in values), percent=percent)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def split_assignment(text: str) -> tuple[str | None, str]:
     equals = _equals_positions(text)
     if len(equals) == 1:
         lhs, rhs = text[: equals[0]], text[equals[0] + 1 :]
-        if _ORDER.search(rhs):
+        if _ORDER.search(rhs) or _ORDER.search(lhs):
             return None, text
     else:
         members = top_level_positions(text, "\\in")
