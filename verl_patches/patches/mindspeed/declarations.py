@@ -1,6 +1,6 @@
 """MindSpeed / MindSpeed-LLM on a CPU host (over the torch_npu emulation) and MindSpeed fixes."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_object
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 PATCHES = [
     Patch(
@@ -46,5 +46,15 @@ PATCHES = [
         reason="ATB builders (GroupMatmulAdd, MatmulAdd: fp32 main_grad accumulation) need the CANN NNAL package; "
                "on a CPU host they hand out the plain-torch emulation",
         devices=("cpu",),
+    ),
+    Patch(
+        name="mindspeed.moe.async_all_to_all_waitable_handle",
+        target="mindspeed.core.transformer.moe.comm_utils:async_all_to_all",
+        kind=Kind.WRAP,
+        fingerprint="sha256:6dc40f0c687a7855",
+        replacement=lazy_call("verl_patches.patches.mindspeed.comm_utils:waitable_single_rank_all_to_all"),
+        vendor_item="local",
+        reason="MindSpeed bug, not an NPU one: with a one-rank expert group async_all_to_all returns handle=None and "
+               "the all-to-all overlap backward calls .wait() on it (moe_layer_overlap_all2all.py:574)",
     ),
 ]
