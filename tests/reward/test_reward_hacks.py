@@ -192,6 +192,12 @@ SUB_EXPRESSION_TABLE = [
     ("10", "\\binom{10}{3}"),
     ("32", "\\log_{2} 32"),
     ("1", "\\sum_{n=1}^{10} n"),
+    ("1", "\\sum\\limits_{k=1}^{5} k^2"),
+    ("0", "\\int\\limits_0^1 x\\,dx"),
+    ("0", "\\lim\\limits_{x\\to 0} \\frac{\\sin x}{x}"),
+    ("3", "\\sqrt[3]{5}"),
+    ("4", "f(4) = 7"),
+    ("n", "\\sum_{i=1}^{n} i"),
 ]
 
 
@@ -216,6 +222,9 @@ def test_sub_expression_table(pool, answer, truth):
         ("5", "a_1 = 5"),
         ("2x+1", "y = 2x+1"),
         ("y = 2x+1", "2x+1=y"),  # compared as an equation, since the truth is one
+        ("55", "\\sum\\limits_{k=1}^{5} k^2"),
+        ("\\frac12", "\\int\\limits_0^1 x\\,dx"),
+        ("7", "f(4) = 7"),
         ("x = 1, y = 2", "x=1, y=2"),
         ("(1, 2)", "x \\in (1, 2)"),
     ],

@@ -36,7 +36,7 @@ class CanonicalAnswer:
 _SIZING = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)(?![A-Za-z])\.?")
 _NEGATIVE_SPACE = re.compile(r"\\!")
 _SPACING = re.compile(r"\\[,;: ]|\\q?quad(?![A-Za-z])|~")
-_DISPLAY = re.compile(r"\\(?:displaystyle|textstyle|scriptstyle)(?![A-Za-z])")
+_DISPLAY = re.compile(r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits)(?![A-Za-z])")
 _FRAC_VARIANT = re.compile(r"\\[dtc]frac(?![A-Za-z])")
 _BINOM_VARIANT = re.compile(r"\\[dt]binom(?![A-Za-z])")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°")

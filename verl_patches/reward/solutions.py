@@ -16,7 +16,7 @@ import re
 
 _SIMPLE_LHS = re.compile(
     r"\s*(?P<name>[A-Za-z]|\\[A-Za-z]+)(?P<sub>_(?:\{\s*[A-Za-z0-9]+\s*\}|[A-Za-z0-9]))?"
-    r"(?:\(\s*[A-Za-z]\s*\))?\s*"
+    r"(?:\(\s*-?[A-Za-z0-9]+\s*\))?\s*"
 )
 _GREEK_OR_VARIABLE = re.compile(r"\\(?:alpha|beta|gamma|delta|theta|lambda|mu|phi|varphi|psi|omega|rho|sigma|tau)")
 _RELATION = re.compile(r"<|>|\\(?:le|ge|leq|geq|lt|gt|ne|neq|approx|in|subset|subseteq|to|iff|implies)(?![A-Za-z])")
