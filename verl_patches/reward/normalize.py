@@ -168,9 +168,6 @@ class Bracketed:
     items: tuple[str, ...]
 
 
-_OPENERS = {"(": ")", "[": "]", "{": "}"}
-
-
 def _split_top_level(body: str) -> list[str] | None:
     items, depth, start, i = [], 0, 0, 0
     while i < len(body):

@@ -96,21 +96,19 @@ def split_assignment(text: str) -> tuple[str | None, str]:
     return variable, rhs.strip()
 
 
-def _split_items(text: str) -> tuple[list[str], bool]:
-    """Top-level items separated by commas, semicolons, "or"/"and" words or \\lor; and whether a word joined them."""
+def _split_items(text: str) -> list[str]:
+    """Top-level items separated by commas, semicolons, the words "or"/"and", or \\lor / \\vee."""
     cuts: list[tuple[int, int]] = []
     for separator in (",", ";") + _OR_COMMANDS:
         cuts += [(i, i + len(separator)) for i in top_level_positions(text, separator)]
-    worded = bool(cuts) and any(text.startswith(command, start) for start, _ in cuts for command in _OR_COMMANDS)
     for word in _OR_WORDS:
         for i in top_level_positions(text, word):
             before = text[i - 1] if i > 0 else " "
             after = text[i + len(word)] if i + len(word) < len(text) else " "
             if before.isspace() and after.isspace():
                 cuts.append((i, i + len(word)))
-                worded = True
     if not cuts:
-        return [text], False
+        return [text]
     cuts.sort()
     items, start = [], 0
     for begin, end in cuts:
@@ -119,13 +117,12 @@ def _split_items(text: str) -> tuple[list[str], bool]:
         items.append(text[start:begin])
         start = end
     items.append(text[start:])
-    return [item.strip() for item in items], worded
+    return [item.strip() for item in items]
 
 
 def solution_values(text: str) -> list[str] | None:
     """The values of a solution list (`x=1 or x=2` -> ["1", "2"]), or None when text is not one."""
-    items, _ = _split_items(text)
-    items = [item for item in items if item]
+    items = [item for item in _split_items(text) if item]
     if len(items) < 2:
         return None
     values: list[str] = []
