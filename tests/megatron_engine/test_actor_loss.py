@@ -38,6 +38,9 @@ class ToyModel(torch.nn.Module):
         assert attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1  # the NPU-FA mask (G11)
         return self.logits(input_ids)
 
+    def set_input_tensor(self, tensor) -> None:
+        pass
+
     def finish_grad_sync(self) -> None:
         pass
 
@@ -98,10 +101,17 @@ def reference_log_probs(model: ToyModel, batch, temperature: float) -> tuple[tor
     return lp, ent
 
 
-def scenario_tempered_log_probs(rank: int, world: int) -> dict:
+def init_megatron_tp1() -> None:
+    """Parallel state for one rank, with the process-wide CUDA->NPU remap every A3 worker runs under
+    (MindSpeed imports it; here the NPU is the CPU emulation)."""
+    import torch_npu.contrib.transfer_to_npu  # noqa: F401
     from megatron.core import parallel_state as mpu
 
     mpu.initialize_model_parallel(1, 1)
+
+
+def scenario_tempered_log_probs(rank: int, world: int) -> dict:
+    init_megatron_tp1()
     out = {}
     for temperature in (1.0, 0.7):
         torch.manual_seed(0)
@@ -120,11 +130,9 @@ def scenario_tempered_log_probs(rank: int, world: int) -> dict:
 
 
 def scenario_skip_old_log_prob(rank: int, world: int) -> dict:
-    from megatron.core import parallel_state as mpu
-
     from verl_patches.patches.verl.workers.actor.megatron_actor import NOT_RECOMPUTED, TemperatureMissing
 
-    mpu.initialize_model_parallel(1, 1)
+    init_megatron_tp1()
     temperature = 0.9
     model = ToyModel()
     actor = make_actor(model, recompute_old_log_prob=False)
@@ -163,11 +171,9 @@ def scenario_skip_old_log_prob(rank: int, world: int) -> dict:
 
 
 def scenario_packed_refused(rank: int, world: int) -> str:
-    from megatron.core import parallel_state as mpu
-
     from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
 
-    mpu.initialize_model_parallel(1, 1)
+    init_megatron_tp1()
     try:
         make_actor(ToyModel(), use_packed_seq=True)
     except PackedSequencesUnsupported as e:
