@@ -31,7 +31,7 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "actor_rollout_ref.ref.max_packing_token_size": (ACTOR_PY, 'get("max_packing_token_size", None)', ""),
     "actor_rollout_ref.ref.use_dynamic_bsz": (ACTOR_PY, 'self.config.get("use_dynamic_bsz", False)', ""),
     f"{A}.megatron.pipeline_parallel_num_layer_list": (TRANSLATE_PY, "pipeline_parallel_num_layer_list",
-                                                       "test_golden::test_golden_pp2_uneven_layer_list"),
+                                                       "test_engine_golden::test_golden_pp2_uneven_layer_list"),
     f"{A}.megatron.swap_optimizer": (TRANSLATE_PY, "swap_optimizer", "tests/train_engine (D1)"),
     f"{A}.megatron.fix_router": (TRANSLATE_PY, "fix_router", "tests/train_engine (D1)"),
     "actor_rollout_ref.rollout.trust_remote_code": ("verl_patches/patches/verl/workers/megatron_workers.py",
