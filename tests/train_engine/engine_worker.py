@@ -24,19 +24,25 @@ def main() -> dict:
     from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
     from verl_patches.npu_emulation import builder_ops
     from verl_patches.train_engine.initialize import initialize_megatron
-    from verl_patches.train_engine.model import build_model, build_optimizer
+    from verl_patches.train_engine.model import attach_schedule_hooks, build_model, build_optimizer
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
     tp, ep, sp = int(os.environ["TP"]), int(os.environ["EP"]), os.environ.get("SP", "0") == "1"
+    pp = int(os.environ.get("PP", "1"))
+    layer_list = [int(c) for c in os.environ["LAYERS"].split(",")] if os.environ.get("LAYERS") else None
     dist.init_process_group("gloo")
     cfg = translate_verl_train_configs_to_megatron(
-        verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp), TINY_HF_CONFIG)
+        verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp,
+                    pipeline_model_parallel_size=pp, pipeline_parallel_num_layer_list=layer_list), TINY_HF_CONFIG)
     args = initialize_megatron(cfg)
     from megatron.core import parallel_state as mpu
 
     seen = {"argv_restored": sys.argv == ORIGINAL_ARGV, "compile_is_real": torch.compile is REAL_COMPILE,
             "rank_generator_module": mpu.RankGenerator.get_ranks.__module__,
-            "tp": mpu.get_tensor_model_parallel_world_size(), "ep": mpu.get_expert_model_parallel_world_size(),
+            "communicate_shapes": __import__("megatron.core.pipeline_parallel.p2p_communication",
+                                             fromlist=["x"])._communicate_shapes.__module__,
+            "tp": mpu.get_tensor_model_parallel_world_size(), "pp": mpu.get_pipeline_model_parallel_world_size(),
+            "pp_rank": mpu.get_pipeline_model_parallel_rank(), "ep": mpu.get_expert_model_parallel_world_size(),
             "dp": mpu.get_data_parallel_world_size(),
             "flags": {k: bool(getattr(args, k)) for k in (
                 "use_fused_rmsnorm", "use_flash_attn", "use_fused_swiglu", "use_fused_rotary_pos_emb", "moe_grouped_gemm",
@@ -66,9 +72,14 @@ def main() -> dict:
 
     model = build_model(args)
     optimizer = build_optimizer(model, args)
+    attach_schedule_hooks(model, optimizer, args)
     gpt = model[0].module.module  # DDP -> Float16Module -> GPTModel
     layers = gpt.decoder.layers
     seen["layers"] = [type(layer.mlp).__name__ for layer in layers]
+    seen["layer_numbers"] = [layer.layer_number for layer in layers]
+    if pp > 1:
+        seen.update(pipeline_step(model, optimizer, args))
+        return seen
     seen["attention"] = type(layers[0].self_attention).__name__
     moe = layers[-1].mlp
     seen["experts"] = type(moe.experts).__name__
@@ -101,6 +112,38 @@ def main() -> dict:
                 unchanged=[n for n, a, b in zip(names, before, after) if torch.equal(a, b.detach())],
                 params=len(before), logits_shape=list(logits.shape), calls=calls)
     return seen
+
+
+def pipeline_step(model, optimizer, args) -> dict:
+    """One training step through Megatron's pipeline schedule (variable sequence lengths: the stages exchange
+    shapes first, D3), 2 micro-batches of different lengths."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    torch.manual_seed(2)
+    batches = [torch.randint(0, 128, (2, n)) for n in (12, 16)]
+    losses = []
+
+    def forward_step(data_iterator, chunk):
+        tokens = next(data_iterator)
+        n = tokens.shape[1]
+        pos = torch.arange(n).unsqueeze(0).expand(2, -1)
+        mask = torch.ones(2, 1, n, n, dtype=torch.bool).triu(1)
+        out = chunk(tokens, pos, mask)
+
+        def loss_func(output):
+            loss = output.float().pow(2).mean()
+            losses.append(float(loss))
+            return loss, {"loss": loss.detach()}
+
+        return out, loss_func
+
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+                                num_microbatches=2, seq_length=16, micro_batch_size=2, forward_only=False)
+    ok, grad_norm, _ = optimizer.step()
+    return {"pp_losses": losses, "step_ok": bool(ok), "grad_norm": float(grad_norm)}
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool) -> list[dict]:
+def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool, pp: int = 1, layers: str = "") -> list[dict]:
     port, world = _port(), 2
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_PATCHES_DEVICE")}
         env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TP=str(tp), EP=str(ep), SP="1" if sp else "0",
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TP=str(tp), EP=str(ep), SP="1" if sp else "0", PP=str(pp), LAYERS=layers,
                    VERL_PATCHES_QUIET="1", OMP_NUM_THREADS="1")
         out = tmp_path / f"rank{rank}.json"
         log = open(tmp_path / f"rank{rank}.log", "w")
@@ -79,3 +79,17 @@ def test_tp2_sequence_parallel_tp_extend_ep(tmp_path):
     for r in results:
         check_common(r)
         assert (r["tp"], r["ep"], r["dp"]) == (2, 1, 1) and r["flags"]["sequence_parallel"]
+
+
+def test_pp2_uneven_layer_list_pipeline_schedule_step(tmp_path):
+    """PP2 with layers [1, 2] (D4): stage 0 builds the dense layer 1, stage 1 the MoE layers 2 and 3; a
+    pipeline step over micro-batches of different lengths exchanges shapes first (D3, our one-pass
+    version in place of MindSpeed's); EP=1 takes MindSpeed's all-to-all overlap path (handle fix)."""
+    first, last = run_engine(tmp_path, tp=1, ep=1, sp=False, pp=2, layers="1,2")
+    assert (first["pp_rank"], last["pp_rank"]) == (0, 1)
+    assert first["layers"] == ["MLP"] and first["layer_numbers"] == [1]
+    assert last["layers"] == ["MoELayer", "MoELayer"] and last["layer_numbers"] == [2, 3]
+    for r in (first, last):
+        assert r["communicate_shapes"] == "verl_patches.patches.megatron.p2p_shapes"
+        assert r["step_ok"] and r["grad_norm"] > 0 and r["argv_restored"] and r["compile_is_real"]
+    assert len(last["pp_losses"]) == 2 and all(v > 0 for v in last["pp_losses"])

@@ -5,6 +5,7 @@ The exact calls, for verl's Megatron workers or a test:
     args = initialize_megatron(translate_verl_train_configs_to_megatron(config, hf_config))
     model = build_model(args)                      # list of DDP-wrapped model chunks (Megatron get_model)
     optimizer = build_optimizer(model, args)       # Megatron's (distributed) optimizer over MindSpeed's AdamW
+    attach_schedule_hooks(model, optimizer, args)  # no_sync / finalize_model_grads for the pipeline schedules
     # or, to plug into verl's own get_model: gpt_model_provider(pre_process, post_process)
 
 The layer spec is the one `--spec` names (MindSpeed-LLM's deepseek_spec: MLA, dense layers then MoE
@@ -70,3 +71,28 @@ def build_optimizer(model: list, args: Any = None) -> Any:
         if hasattr(args, field):
             kwargs[field] = getattr(args, field)
     return get_megatron_optimizer(OptimizerConfig(**kwargs), model)
+
+
+def attach_schedule_hooks(model: list, optimizer: Any, args: Any = None) -> Any:
+    """What Megatron's train() sets on the model config before running the pipeline schedules: loss
+    scaling, no_sync while grads of earlier micro-batches accumulate (overlap_grad_reduce), the grad/param
+    sync hooks, and finalize_model_grads. Returns the config. Call once after build_optimizer."""
+    from megatron.core.distributed import DistributedDataParallel as DDP
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+    from megatron.training import get_args
+
+    args = args or get_args()
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss
+    if isinstance(model[0], DDP) and args.overlap_grad_reduce and config.no_sync_func is None:
+        no_sync = [chunk.no_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        if args.delay_grad_reduce:
+            grad_sync = [chunk.start_grad_sync for chunk in model]
+            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if args.overlap_param_gather and args.delay_param_gather:
+        param_sync = [lambda x, i=i: optimizer.finish_param_sync(i, x) for i in range(len(model))]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    return config
