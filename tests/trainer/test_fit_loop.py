@@ -194,10 +194,25 @@ def test_recompute_runs_the_old_log_prob_pass_and_the_driver_measures_the_mismat
 
 def test_remax_keeps_upstreams_fit(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
-    t, _ = make_trainer(base_cfg, monkeypatch, plan, **{"algorithm.adv_estimator": "remax"})
+    t, _ = make_trainer(base_cfg, monkeypatch, plan, **{"algorithm.adv_estimator": "remax",
+                                                       "actor_rollout_ref.actor.recompute_old_log_prob": True})
     seen = []
     fit_loop.with_overlay_fit(lambda self: seen.append(self))(t)
     assert seen == [t]
+
+
+def test_inconsistent_config_stops_fit_before_any_worker_call(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_patches.trainer.config_checks import OverlayConfigError
+
+    plan = StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False)
+    t, wg = make_trainer(base_cfg, monkeypatch, plan, **{"actor_rollout_ref.actor.ppo_epochs": 2})
+    with pytest.raises(OverlayConfigError, match="ppo_epochs"):
+        fit_loop.with_overlay_fit(lambda self: None)(t)
+    monkeypatch.setenv("D2D_DATA_TRANSFER", "1")
+    t, wg = make_trainer(base_cfg, monkeypatch, plan)
+    with pytest.raises(OverlayConfigError, match="trainer.balance_batch"):  # the base config balances batches
+        fit_loop.with_overlay_fit(lambda self: None)(t)
+    assert wg.calls == []
 
 
 def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:

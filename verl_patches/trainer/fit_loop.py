@@ -40,6 +40,10 @@ GEN_NON_TENSOR_OPTIONAL = ("multi_modal_data", "raw_prompt", "tools_kwargs")
 def with_overlay_fit(fit: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(fit)
     def overlay_fit(self: Any) -> Any:
+        from verl_patches.trainer.config_checks import raise_on_problems
+
+        # Again here, in the process that drives the workers: verl's own entry points skip our entry's check.
+        raise_on_problems(self.config)
         if str(self.config.algorithm.adv_estimator) in ("remax", "AdvantageEstimator.REMAX"):
             return fit(self)
         return run_fit(self, plan_steps(self.config))
