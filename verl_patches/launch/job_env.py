@@ -78,7 +78,20 @@ def job_environment(settings: ClusterSettings, vllm_dp_size: int) -> list[EnvVar
     for key, value in settings.values.items():  # HCCL_*/ASCEND_*/VLLM_*/RAY_*/PYTORCH_* from the env file win
         if key.startswith(("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")) and key not in ("RAY_DASHBOARD_HOST", "RAY_DASHBOARD_PORT"):
             out = [v for v in out if v.name != key] + [EnvVar(key, value, f"env file ({settings.where(key)})")]
+    out.append(collective_watchdog_timeout(out))
     return out
+
+
+def collective_watchdog_timeout(variables: list[EnvVar]) -> EnvVar:
+    """The hang watchdog fires a little before HCCL's own execution time-out, which ends the job without
+    naming the stuck rank; it follows HCCL_EXEC_TIMEOUT as the env file sets it."""
+    hccl = next((v for v in variables if v.name == "HCCL_EXEC_TIMEOUT"), None)
+    try:
+        seconds = int(hccl.value) if hccl is not None else 600
+    except ValueError:
+        seconds = 600
+    return EnvVar("VERL_PATCHES_COLLECTIVE_TIMEOUT_S", str(max(30, seconds * 9 // 10)),
+                  f"verl_patches.resilience.collective_watchdog (90% of HCCL_EXEC_TIMEOUT={seconds})")
 
 
 def as_dict(variables: list[EnvVar]) -> dict[str, str]:
