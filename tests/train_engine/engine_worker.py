@@ -33,7 +33,8 @@ def main() -> dict:
     dist.init_process_group("gloo")
     cfg = translate_verl_train_configs_to_megatron(
         verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp,
-                    pipeline_model_parallel_size=pp, pipeline_parallel_num_layer_list=layer_list), TINY_HF_CONFIG)
+                    pipeline_model_parallel_size=pp, pipeline_parallel_num_layer_list=layer_list,
+                    fix_router=os.environ.get("FIX_ROUTER", "0") == "1"), TINY_HF_CONFIG)
     args = initialize_megatron(cfg)
     from megatron.core import parallel_state as mpu
 
@@ -85,6 +86,10 @@ def main() -> dict:
     seen["experts"] = type(moe.experts).__name__
     seen["shared_experts"] = moe.shared_experts is not None if hasattr(moe, "shared_experts") else False
     seen["expert_bias"] = getattr(moe.router, "expert_bias", None) is not None
+    with torch.no_grad():  # 6 tokens x top-2 through the router of the last MoE layer
+        probe = torch.randn(6, 1, TINY_HF_CONFIG["hidden_size"], generator=torch.Generator().manual_seed(0))
+        seen["router_indices"] = moe.router.routing(moe.router.gating(probe.to(torch.bfloat16)).view(
+            -1, TINY_HF_CONFIG["n_routed_experts"]))[1].tolist()
 
     torch.manual_seed(1)
     tokens = torch.randint(0, TINY_HF_CONFIG["vocab_size"], (2, 16))

@@ -24,13 +24,15 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool, pp: int = 1, layers: str = "") -> list[dict]:
+def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool, pp: int = 1, layers: str = "",
+               fix_router: bool = False) -> list[dict]:
     port, world = _port(), 2
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_PATCHES_DEVICE")}
         env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TP=str(tp), EP=str(ep), SP="1" if sp else "0", PP=str(pp), LAYERS=layers,
+                   FIX_ROUTER="1" if fix_router else "0",
                    VERL_PATCHES_QUIET="1", OMP_NUM_THREADS="1")
         out = tmp_path / f"rank{rank}.json"
         log = open(tmp_path / f"rank{rank}.log", "w")
@@ -72,13 +74,22 @@ def test_ep2_forward_backward_distributed_optimizer_step(tmp_path):
     for r in results:
         check_common(r)
         assert (r["tp"], r["ep"], r["dp"]) == (1, 2, 2)
+        assert r["router_indices"] != FIXED_ROUTING  # learned routing unless fix_router is set
 
 
-def test_tp2_sequence_parallel_tp_extend_ep(tmp_path):
-    results = run_engine(tmp_path, tp=2, ep=1, sp=True)
+FIXED_ROUTING = [[(2 * t + k) % 4 for k in range(2)] for t in range(6)]  # MindSpeed-LLM's fix_router rule
+
+
+def test_tp2_sequence_parallel_tp_extend_ep_with_fix_router(tmp_path):
+    results = run_engine(tmp_path, tp=2, ep=1, sp=True, fix_router=True)
     for r in results:
         check_common(r)
         assert (r["tp"], r["ep"], r["dp"]) == (2, 1, 1) and r["flags"]["sequence_parallel"]
+    # fix_router (random-init benchmark profile): token slots go round-robin over the experts. With TP-extend-EP
+    # the router keeps this rank's share of the tokens, so the rule holds on each rank's slice.
+    for r in results:
+        flat = [e for row in r["router_indices"] for e in row]
+        assert flat == [i % 4 for i in range(len(flat))], r["router_indices"]
 
 
 def test_pp2_uneven_layer_list_pipeline_schedule_step(tmp_path):
