@@ -122,3 +122,14 @@ def test_emulation_report_lists_ops_and_cpu_limits():
         assert must in names
     assert all(lim["reason"] for lim in rep["cpu_limits"]) and len(rep["cpu_limits"]) >= 5
     json.dumps(rep)
+
+
+def test_ray_workers_get_the_stand_in_through_the_runtime_env():
+    res = run_fresh(
+        "import json, os\n"
+        "import verl_patches.prelude_patch  # the trainer entry does this before starting Ray\n"
+        "from verl_patches.launch.ray_runtime import runtime_env\n"
+        "env = runtime_env()\n"
+        "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep), 'hook': env['worker_process_setup_hook']}))\n")
+    assert str(npu_emulation.SITE_DIR) in res["pp"] and str(REPO) in res["pp"]
+    assert res["hook"] == "verl_patches.prelude_patch.activate"  # which installs it again in the worker
