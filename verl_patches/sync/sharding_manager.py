@@ -148,7 +148,7 @@ class MegatronRolloutShardingManager:
 
     def _tp(self) -> tuple[int, int, Any]:
         if self._infer_tp is None:
-            from verl.third_party.vllm import parallel_state as vllm_ps
+            from vllm.distributed import parallel_state as vllm_ps
 
             group = vllm_ps.get_tensor_model_parallel_group()
             self._infer_tp = (vllm_ps.get_tensor_model_parallel_world_size(),

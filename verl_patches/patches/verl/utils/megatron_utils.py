@@ -65,7 +65,7 @@ def per_tensor_generator(actor_module: Any, model_config: Any, weight_converter:
                          ) -> Iterator[tuple[str, torch.Tensor]]:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
-    from verl.third_party.vllm import parallel_state as vllm_ps
+    from vllm.distributed import parallel_state as vllm_ps
     from verl.utils.megatron_utils import unwrap_model
 
     from verl_patches.sync import megatron_source as src
