@@ -190,6 +190,7 @@ def test_tiny_profile_values() -> None:
     c = composed("tiny")
     assets = Path(sel(c, "overlay.tiny_assets_dir"))
     assert sel(c, "overlay.profile") == "tiny"
+    assert sel(c, "overlay.fused_actor_rollout_ref") is True
     assert sel(c, "overlay.dies_per_card") == 1
     assert assets.is_absolute() and assets.is_relative_to(REPO_ROOT)
     assert sel(c, "data.train_files") == str(assets / "data" / "train.parquet")
