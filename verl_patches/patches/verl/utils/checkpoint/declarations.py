@@ -1,9 +1,10 @@
 """Checkpoint and resume (issue #16): verl's Megatron checkpoint manager and the trainer's save/load."""
 
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_object
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
 
 _M = "verl.utils.checkpoint.megatron_checkpoint_manager:MegatronCheckpointManager"
 _T = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
+_W = "verl.workers.megatron_workers:ActorRolloutRefWorker"
 _IMPL = "verl_patches.patches.verl.utils.checkpoint"
 
 PATCHES = [
@@ -49,6 +50,17 @@ PATCHES = [
         vendor_item="local",
         reason="resume from the newest complete checkpoint (a stale tracker or an interrupted save is "
                "skipped) and say so in one line",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.megatron_worker.save_without_barrier",
+        target=f"{_W}.save_checkpoint",
+        kind=Kind.WRAP,
+        fingerprint="sha256:d2161384f9bd2067",
+        replacement=lazy_call(f"{_IMPL}.megatron_worker:keep_dispatch"),
+        vendor_item="local",
+        reason="the trailing barrier is redundant (the driver waits for every worker and checks every rank's "
+               "record) and fails on the CPU npu emulation; offloaded parameters are handled as upstream",
         devices=ALL_DEVICES,
     ),
 ]
