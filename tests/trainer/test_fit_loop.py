@@ -218,6 +218,7 @@ def test_inconsistent_config_stops_fit_before_any_worker_call(base_cfg: Any, mon
 def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from verl.trainer.ppo.ray_trainer import Role
 
+    monkeypatch.delenv("NO_ALL_TO_ALL_RESHARD", raising=False)
     plan = StepPlan(skip_old_log_prob=True, d2d=True, fused_role=True)
     t, _ = make_trainer(base_cfg, monkeypatch, plan)
     t.role_worker_mapping = {Role.ActorRollout: FakeWorkerGroup}
@@ -225,3 +226,4 @@ def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytes
     assert "ActorRollout=" in line and "FakeWorkerGroup" in line
     assert "ref runs in the actor/rollout worker group: True" in line
     assert "old-log-prob pass skipped" in line and "D2D tensor cache on" in line
+    assert "weight sync: Megatron -> vllm, all-to-all (NO_ALL_TO_ALL_RESHARD unset)" in line

@@ -60,7 +60,21 @@ def worker_summary(trainer: Any, plan: StepPlan) -> str:
                      f"{getattr(inner, '__qualname__', getattr(inner, '__name__', repr(inner)))}")
     fused = getattr(trainer, "ref_policy_wg", None) is getattr(trainer, "actor_rollout_wg", None)
     return (f"verl_patches fit: workers [{', '.join(names)}]; ref runs in the actor/rollout worker group: "
-            f"{fused and getattr(trainer, 'use_reference_policy', False)}; {plan.describe()}")
+            f"{fused and getattr(trainer, 'use_reference_policy', False)}; {plan.describe()}; "
+            f"weight sync: {sync_summary(trainer.config)}")
+
+
+def sync_summary(cfg: Any) -> str:
+    """The train -> rollout weight path: ours (verl_patches.sync) on the Megatron path, else verl's own."""
+    from verl_patches.trainer.config_checks import get
+
+    strategy, rollout = get(cfg, "actor_rollout_ref.actor.strategy"), get(cfg, "actor_rollout_ref.rollout.name")
+    if strategy != "megatron":
+        return f"verl's {strategy} -> {rollout} sharding manager"
+    from verl_patches.sync.path import describe_sync_path
+
+    d = describe_sync_path()
+    return f"Megatron -> {rollout}, {d['path']} ({d['flag']})"
 
 
 def _generation_batch(batch: Any) -> Any:
