@@ -15,6 +15,7 @@ Two layouts, 2 ranks each, the distributed optimizer, fp32 (as the engine's gold
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -74,7 +75,10 @@ def rank_save_resume(rank: int, world: int, hf: str, ckpt: str, root: str, tp: i
         worker.config.actor.recompute_old_log_prob = True
         return worker.compute_log_prob(_proto(inputs)).batch["old_log_probs"]
 
-    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor")
+    def worker():  # each worker normalises its own copy of the config, as each Ray worker process does
+        return ActorRolloutRefWorker(copy.deepcopy(cfg.actor_rollout_ref), "actor")
+
+    actor = worker()
     actor.init_model()
     if train:
         trained_step(actor)
@@ -89,7 +93,7 @@ def rank_save_resume(rank: int, world: int, hf: str, ckpt: str, root: str, tp: i
         commit.commit_step(root_p, staging, 1)
     _barrier()
 
-    resumed = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor")
+    resumed = worker()
     resumed.init_model()  # the converted initial weights, as a restarted job builds them
     lp_initial = log_probs(resumed)
     resumed.load_checkpoint(str(root_p / "global_step_1" / "actor"), del_local_after_load=False)
