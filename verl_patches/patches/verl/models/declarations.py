@@ -80,4 +80,24 @@ PATCHES = [
                "(upstream's non-packed branch refuses it)",
         rebind=False,
     ),
+    Patch(
+        name="verl.models.cross_entropy_logits_max_no_fp32_copy",
+        target="megatron.core.tensor_parallel.cross_entropy:VocabParallelCrossEntropy.calculate_logits_max",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:f259ffe22521e5f3",
+        replacement=lazy_call(f"{_M}.cross_entropy:logits_max_staticmethod"),
+        vendor_item="G6",
+        reason="the max of the logits in their own dtype (exact), returned in fp32: no full fp32 copy of the "
+               "logits for verl's log-probs",
+    ),
+    Patch(
+        name="verl.models.cross_entropy_shift_out_of_place",
+        target="megatron.core.tensor_parallel.cross_entropy:VocabParallelCrossEntropy.calculate_predicted_logits",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:81b7e99d18685abc",
+        replacement=lazy_call(f"{_M}.cross_entropy:predicted_logits_staticmethod"),
+        vendor_item="G7",
+        reason="logits - max into one fp32 tensor (exp in place on it): upstream's in-place shift would round "
+               "bf16 logits once G6 stops copying them",
+    ),
 ]
