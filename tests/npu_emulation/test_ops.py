@@ -275,3 +275,17 @@ def test_scaled_masked_softmax():
     out = softmax.npu_scaled_masked_softmax(x, mask, scale=2.0)
     torch.testing.assert_close(out, torch.softmax((x * 2).masked_fill(mask, -10000.0), -1))
     torch.testing.assert_close(softmax.npu_scaled_masked_softmax(x, None, 2.0, fixed_triu_mask=True), out)
+
+
+@pytest.mark.parametrize("amsgrad, maximize", [(False, False), (True, False), (False, True)])
+def test_fused_adamw_v2_equals_torch_adamw(amsgrad, maximize):
+    lr, wd, b1, b2, eps = 1e-2, 0.1, 0.9, 0.95, 1e-8
+    p_ref = rand(6, grad=False).clone().requires_grad_(True)
+    opt = torch.optim.AdamW([p_ref], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, amsgrad=amsgrad, maximize=maximize)
+    p, m, v, mx = p_ref.detach().clone(), torch.zeros(6, dtype=D64), torch.zeros(6, dtype=D64), torch.zeros(6, dtype=D64)
+    for step in range(1, 5):
+        g = rand(6, grad=False, seed=10 + step)
+        p_ref.grad = g.clone()
+        opt.step()
+        optim.npu_apply_fused_adamw_v2(p, g, m, v, mx, torch.tensor(step), lr, b1, b2, wd, eps, amsgrad, maximize)
+        torch.testing.assert_close(p, p_ref.detach())

@@ -34,7 +34,8 @@ def main() -> dict:
     cfg = translate_verl_train_configs_to_megatron(
         verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp,
                     pipeline_model_parallel_size=pp, pipeline_parallel_num_layer_list=layer_list,
-                    fix_router=os.environ.get("FIX_ROUTER", "0") == "1"), TINY_HF_CONFIG)
+                    fix_router=os.environ.get("FIX_ROUTER", "0") == "1",
+                    swap_optimizer=os.environ.get("SWAP", "0") == "1"), TINY_HF_CONFIG)
     args = initialize_megatron(cfg)
     from megatron.core import parallel_state as mpu
 
@@ -74,6 +75,7 @@ def main() -> dict:
     model = build_model(args)
     optimizer = build_optimizer(model, args)
     attach_schedule_hooks(model, optimizer, args)
+    seen["optimizers"] = [type(o).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])]
     gpt = model[0].module.module  # DDP -> Float16Module -> GPTModel
     layers = gpt.decoder.layers
     seen["layers"] = [type(layer.mlp).__name__ for layer in layers]

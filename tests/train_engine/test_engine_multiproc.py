@@ -25,14 +25,14 @@ def _port() -> int:
 
 
 def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool, pp: int = 1, layers: str = "",
-               fix_router: bool = False) -> list[dict]:
+               fix_router: bool = False, swap_optimizer: bool = False) -> list[dict]:
     port, world = _port(), 2
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_PATCHES_DEVICE")}
         env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TP=str(tp), EP=str(ep), SP="1" if sp else "0", PP=str(pp), LAYERS=layers,
-                   FIX_ROUTER="1" if fix_router else "0",
+                   FIX_ROUTER="1" if fix_router else "0", SWAP="1" if swap_optimizer else "0",
                    VERL_PATCHES_QUIET="1", OMP_NUM_THREADS="1")
         out = tmp_path / f"rank{rank}.json"
         log = open(tmp_path / f"rank{rank}.log", "w")
@@ -69,12 +69,15 @@ def check_common(r: dict) -> None:
         assert r["calls"].get(op, 0) > 0, (op, r["calls"])
 
 
-def test_ep2_forward_backward_distributed_optimizer_step(tmp_path):
-    results = run_engine(tmp_path, tp=1, ep=2, sp=False)
+def test_ep2_forward_backward_swap_distributed_optimizer_step(tmp_path):
+    """EP2 with the A3 profile's swap optimizer (MindSpeed's SwapDistributedOptimizer over the emulated fused
+    AdamW): the step moves every weight (checked in check_common)."""
+    results = run_engine(tmp_path, tp=1, ep=2, sp=False, swap_optimizer=True)
     for r in results:
         check_common(r)
         assert (r["tp"], r["ep"], r["dp"]) == (1, 2, 2)
         assert r["router_indices"] != FIXED_ROUTING  # learned routing unless fix_router is set
+        assert r["optimizers"] and all(name == "SwapDistributedOptimizer" for name in r["optimizers"]), r["optimizers"]
 
 
 FIXED_ROUTING = [[(2 * t + k) % 4 for k in range(2)] for t in range(6)]  # MindSpeed-LLM's fix_router rule

@@ -22,6 +22,7 @@ BUILDER_OPS: dict[str, dict[str, str]] = {
     "npu_moe_token_permute": {"npu_moe_token_permute": f"{OPS}.moe:npu_moe_token_permute"},
     "npu_moe_token_unpermute": {"npu_moe_token_unpermute": f"{OPS}.moe:npu_moe_token_unpermute"},
     "npu_rotary_position_embedding": {"npu_rotary_position_embedding": f"{OPS}.rotary:npu_rotary_position_embedding"},
+    "npu_apply_fused_adamw_v2": {"npu_apply_fused_adamw_v2": f"{OPS}.optim:npu_apply_fused_adamw_v2"},
     "fusion_attention_v2": {"npu_fusion_attention_v2": f"{OPS}.attention:npu_fusion_attention_v2",
                             "npu_fusion_attention_grad_v2": f"{OPS}.attention:npu_fusion_attention_grad_v2"},
 }

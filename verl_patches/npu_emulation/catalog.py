@@ -65,6 +65,9 @@ OPS: tuple[EmulatedOp, ...] = (
                "verl_patches.npu_emulation.ops.gmm:npu_matmul_add_fp32", "main_grad += dy^T x in fp32"),
     EmulatedOp("torch_npu.npu_apply_adam_w", "torch_npu", "verl_patches.npu_emulation.ops.optim:npu_apply_adam_w",
                "torch.optim.AdamW step t, given beta^(t-1) as MindSpeed passes it"),
+    EmulatedOp("mindspeed npu_apply_fused_adamw_v2", "MindSpeed builder FusedAdamWV2OpBuilder (swap optimizer)",
+               "verl_patches.npu_emulation.ops.optim:npu_apply_fused_adamw_v2",
+               "torch.optim.AdamW step t (amsgrad, maximize)"),
 )
 
 # MindSpeed features (A3 profile) and NPU facilities that do not run on a CPU host.
@@ -76,8 +79,8 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
     CpuLimit("torchair graph mode (GE converters, torch.compile backend)",
              "Ascend graph engine only; converters are registered and never called on CPU"),
     CpuLimit("swap_optimizer (optimizer state swapped host<->device)",
-             "not exercised by the CPU proof: on a CPU host the device memory is host memory, so the swap could not "
-             "show its effect; the translation (D1) test checks the flag reaches MindSpeed-LLM"),
+             "runs (MindSpeed's SwapDistributedOptimizer, emulated fused AdamW), but on a CPU host device memory is "
+             "host memory and streams are one: the swap moves nothing and its memory saving cannot show"),
     CpuLimit("overlap_grad_reduce / overlap_param_gather / moe_alltoall_overlap_comm / moe_permutation_async_comm",
              "run with the same code, but gloo collectives and the single CPU 'stream' serialise them: "
              "no overlap happens, results are identical"),

@@ -45,10 +45,16 @@ def _map_device_kwarg(fn):
     def wrapper(*args, **kwargs):
         if "device" in kwargs:
             kwargs["device"] = host_device(kwargs["device"])
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False  # pinned host memory serves device copies; the device is the host here
         return fn(*args, **kwargs)
 
     wrapper.__verl_patches_transfer__ = fn
     return wrapper
+
+
+def _pinned_is_plain(self, *args, **kwargs):
+    return self
 
 
 def _is_device_like(a: Any) -> bool:
@@ -156,6 +162,7 @@ def apply() -> None:
     torch.histc = _histc_any_dtype(torch.histc)
     torch.jit._builtins._register_builtin(torch.histc, "aten::histc")
     torch.Tensor.type = _device_type_name(torch.Tensor.type)
+    torch.Tensor.pin_memory = _pinned_is_plain
     torch.Tensor.cuda = _to_host
     torch.Tensor.npu = _to_host
     torch.nn.Module.cuda = _to_host

@@ -9,6 +9,7 @@ import torch
 
 from torch_npu import _C, _device  # noqa: F401
 from torch_npu import npu  # noqa: F401  (the torch.npu module)
+from torch_npu import _hccl_backend  # noqa: F401  (an `hccl` backend carried by gloo, for vllm-ascend)
 
 from verl_patches.npu_emulation.ops.activation import npu_swiglu, npu_swiglu_backward  # noqa: F401
 from verl_patches.npu_emulation.ops.attention import npu_fusion_attention, npu_fusion_attention_grad  # noqa: F401

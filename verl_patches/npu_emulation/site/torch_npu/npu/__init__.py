@@ -14,6 +14,8 @@ from torch_npu.npu.memory import (  # noqa: F401
     memory_stats, reset_max_memory_allocated, reset_peak_memory_stats, set_per_process_memory_fraction,
 )
 from torch_npu.npu.streams import Event, Stream, current_stream, default_stream, stream  # noqa: F401
+from torch_npu.npu.graphs import ExternalEvent, NPUGraph, graph  # noqa: F401  (vllm-ascend)
+from torch_npu.npu import config  # noqa: F401  (vllm-ascend sets config.allow_internal_format)
 from torch_npu.npu.utils import get_soc_version  # noqa: F401
 
 _initialized = True
