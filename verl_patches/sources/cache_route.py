@@ -7,6 +7,7 @@ by the lock's sha256); git trees are stored as tars named by commit (checked by 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from verl_patches.sources import names
@@ -32,10 +33,10 @@ def read_index(cache_dir: Path) -> dict:
     return data
 
 
-def _field(p: Path, name: str, entry: dict, key: str, check=None) -> str:
+def _field(p: Path, name: str, entry: dict, key: str, check: Callable[[str], str] | None = None) -> str:
     value = entry.get(key)
     if not isinstance(value, str):
-        raise IntegrityError(f"{p}: components.{name}.{key}: expected a string, got {value!r}")
+        raise IntegrityError(f"{p}: components.{name}.{key}: expected a string, got {type(value).__name__}")
     if check is not None:
         try:
             check(value)
@@ -95,7 +96,7 @@ def write_index(cache_dir: Path, updates: dict[str, dict]) -> None:
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     p = cache_dir / MANIFEST
-    data = json.loads(p.read_text(encoding="utf-8")) if p.exists() else {"schema": 1, "components": {}}
+    data = read_index(cache_dir) if p.exists() else {"schema": 1, "components": {}}
     data["components"].update(updates)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
