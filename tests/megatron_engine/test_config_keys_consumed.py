@@ -32,8 +32,11 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "actor_rollout_ref.ref.use_dynamic_bsz": (ACTOR_PY, 'self.config.get("use_dynamic_bsz", False)', ""),
     f"{A}.megatron.pipeline_parallel_num_layer_list": (TRANSLATE_PY, "pipeline_parallel_num_layer_list",
                                                        "test_engine_golden::test_golden_pp2_uneven_layer_list"),
-    f"{A}.megatron.swap_optimizer": (TRANSLATE_PY, "swap_optimizer", "tests/train_engine (D1)"),
-    f"{A}.megatron.fix_router": (TRANSLATE_PY, "fix_router", "tests/train_engine (D1)"),
+    f"{A}.megatron.swap_optimizer": (TRANSLATE_PY, "swap_optimizer",
+                                     "tests/train_engine/test_engine_multiproc.py (swap_optimizer=True run)"),
+    f"{A}.megatron.fix_router": (TRANSLATE_PY, "fix_router",
+                                 "tests/train_engine/test_engine_multiproc.py::"
+                                 "test_tp2_sequence_parallel_tp_extend_ep_with_fix_router"),
     "actor_rollout_ref.rollout.trust_remote_code": ("verl_patches/patches/verl/workers/megatron_workers.py",
                                                     'self.config.rollout.get("trust_remote_code", False)', ""),
     "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
