@@ -140,3 +140,25 @@ def test_compile_toggle_keeps_the_real_torch_compile(monkeypatch):
     with compile_toggle.mindspeed_compile():
         assert torch.compile is torch.jit.script
     assert torch.compile is real
+
+
+def test_reference_role_uses_its_micro_batch_and_shares_the_layout():
+    cfg = a3_config()
+    cfg.actor_rollout_ref.ref = {"log_prob_micro_batch_size_per_gpu": 8, "megatron": {"tensor_model_parallel_size": 4}}
+    ref = translate_verl_train_configs_to_megatron(cfg, DSV3, role="ref")
+    actor = translate_verl_train_configs_to_megatron(cfg, DSV3)
+    assert ref["micro_batch_size"] == 8 and actor["micro_batch_size"] == 1
+    assert {k: v for k, v in ref.items() if k != "micro_batch_size"} == \
+        {k: v for k, v in actor.items() if k != "micro_batch_size"}
+    cfg.actor_rollout_ref.ref.megatron.tensor_model_parallel_size = 2
+    with pytest.raises(TranslationError, match="ref.megatron.tensor_model_parallel_size=2"):
+        translate_verl_train_configs_to_megatron(cfg, DSV3, role="ref")
+
+
+def test_adaptor_switch_check_ignores_values(monkeypatch):
+    from verl_patches.train_engine import initialize
+
+    monkeypatch.setattr(initialize, "_ADAPTOR_ARGV", ["p", "--use-flash-attn", "--micro-batch-size=1"])
+    initialize.apply_mindspeed_adaptor(["p", "--use-flash-attn", "--micro-batch-size=8"])  # no error, no re-import
+    with pytest.raises(initialize.TrainEngineInitError, match="--moe-grouped-gemm"):
+        initialize.apply_mindspeed_adaptor(["p", "--use-flash-attn", "--moe-grouped-gemm"])

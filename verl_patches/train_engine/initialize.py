@@ -49,11 +49,13 @@ def apply_mindspeed_adaptor(argv: list[str]) -> None:
     from verl_patches.patches.mindspeed.compile_toggle import capture_real_compile, restore_real_compile
 
     if _ADAPTOR_ARGV is not None:
-        if _ADAPTOR_ARGV[1:] != argv[1:]:
-            differing = sorted(set(_ADAPTOR_ARGV[1:]) ^ set(argv[1:]))
+        # The adaptor patched Megatron by the feature switches (bare flags); values such as the micro-batch
+        # may differ between actor and reference, the switches may not.
+        differing = sorted(_switches(_ADAPTOR_ARGV) ^ _switches(argv))
+        if differing:
             raise TrainEngineInitError(
-                "MindSpeed's adaptor already ran in this process with other arguments; it patches Megatron once per "
-                f"process, so the actor and reference must share these: {differing[:8]}")
+                "MindSpeed's adaptor already ran in this process with other feature switches; it patches Megatron "
+                f"once per process, so the actor and reference must share them: {differing}")
         return
     if ADAPTOR_MODULE in sys.modules:
         raise TrainEngineInitError(
@@ -66,6 +68,10 @@ def apply_mindspeed_adaptor(argv: list[str]) -> None:
     finally:
         restore_real_compile()
     _ADAPTOR_ARGV = list(argv)
+
+
+def _switches(argv: list[str]) -> set[str]:
+    return {a for a in argv[1:] if a.startswith("--") and "=" not in a}
 
 
 def _ensure_process_group(backend: str, timeout_minutes: int) -> None:

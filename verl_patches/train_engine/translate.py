@@ -104,13 +104,35 @@ def layer_list(config: Any, num_layers: int, pp: int) -> list[int] | None:
     return counts
 
 
-def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str, Any] | None = None) -> MegatronConfig:
-    """The MindSpeed-LLM arguments for the actor/reference of a GRPO job on DeepSeek-V3.
+ROLES = ("actor", "ref")
+PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                 "context_parallel_size")
+
+
+def check_ref_layout(config: Any) -> None:
+    """The reference shares the actor's process and parallel state (fused ActorRolloutRef worker): any
+    parallel size it sets must equal the actor's."""
+    for key in PARALLEL_KEYS:
+        ref = _get(config, f"actor_rollout_ref.ref.megatron.{key}", None)
+        actor = _get(config, f"{ACTOR}.megatron.{key}", 1)
+        if ref is not None and ref != actor:
+            raise TranslationError(f"actor_rollout_ref.ref.megatron.{key}={ref} differs from the actor's {actor}: "
+                                   "actor and reference share one parallel state per process")
+
+
+def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str, Any] | None = None,
+                                             role: str = "actor") -> MegatronConfig:
+    """The MindSpeed-LLM arguments for the actor (role="actor") or reference (role="ref") of a GRPO job
+    on DeepSeek-V3. Both give the same MindSpeed feature flags; the reference's micro-batch is its
+    log-prob micro-batch.
 
     config: verl's full trainer config (OmegaConf or nested mappings): `algorithm`, `data`,
       `actor_rollout_ref`, `trainer`. hf_config: the model's config.json as a dict (read from
       `actor_rollout_ref.model.path` when None).
     """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    check_ref_layout(config)
     estimator = _get(config, "algorithm.adv_estimator")
     if estimator != "grpo":
         raise TranslationError(f"algorithm.adv_estimator={estimator!r}: the A3 train engine supports grpo only")
@@ -138,7 +160,8 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
         "seed": _int(config, f"{mg}.seed", 42),
         "bf16": True,
         "global_batch_size": _int(config, "data.train_batch_size", minimum=1) * n,
-        "micro_batch_size": _int(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, 1),
+        "micro_batch_size": (_int(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, 1) if role == "actor" else
+                             _int(config, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, 1)),
         "seq_length": _int(config, "data.max_prompt_length", minimum=1) + _int(config, "data.max_response_length", minimum=1),
         "variable_seq_lengths": True,
         "attention_dropout": 0.0,
