@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ exit status: 0 complete; 3 complete except components this host does not need (f
 CPU machine that cannot reach git); 1 something this host needs is missing or differs from the lock;
 2 bad usage.
 environment: VERL_OVERLAY_CACHE (download cache, default ~/.cache/verl_overlay),
+VERL_OVERLAY_SOURCES_CACHE (an exported cache directory, used as --cache DIR when that option is absent),
 VERL_OVERLAY_GIT_MIRROR_<NAME>=url1,url2 (mirrors tried first, e.g. VERL_OVERLAY_GIT_MIRROR_MINDSPEED),
 PIP_INDEX_URL (PyPI mirror), VERL_OVERLAY_DEVICE=npu|cuda|cpu (override host detection).
 """
@@ -35,7 +37,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--route", choices=("auto",) + ROUTES, default="auto",
                    help="where sources come from; auto tries cache, git, then PyPI (default)")
-    p.add_argument("--cache", metavar="DIR", type=Path, help="directory made by --export-cache (offline install)")
+    env_cache = os.environ.get("VERL_OVERLAY_SOURCES_CACHE") or None
+    p.add_argument("--cache", metavar="DIR", type=Path, default=Path(env_cache) if env_cache else None,
+                   help="directory made by --export-cache (offline install); default: $VERL_OVERLAY_SOURCES_CACHE")
     p.add_argument("--export-cache", metavar="DIR", type=Path,
                    help="write every component's artifact into DIR for an air-gapped cluster, then stop")
     p.add_argument("--mirror", metavar="NAME=URL", action="append", default=[],
@@ -92,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         report = sources_report(root, lock, device, args.only, with_diff=args.audit)
         report["distributions"] = dist_info.report(root, lock, args.only)  # generated .dist-info folders
         if args.audit:
-            from verl_patches.audit import render_text, full_report
+            from verl_patches.audit import audit_exit_status, full_report, render_text
             report = full_report(root, lock, device, args.only, sources=report)
             print(json.dumps(report, indent=2) if args.json else render_text(report))
+            return audit_exit_status(report)
         else:
             print(json.dumps(report, indent=2) if args.json else
                   render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"]))
