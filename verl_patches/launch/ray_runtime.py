@@ -18,6 +18,24 @@ SETUP_HOOK = "verl_patches.prelude_patch.activate"
 UPSTREAM_ENV_VARS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "VLLM_LOGGING_LEVEL": "WARN",
                      "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
 
+# Switches read inside the workers (not by the driver): a worker joining a cluster started by someone else
+# inherits that raylet's environment, not ours, so they travel in the runtime env explicitly.
+FORWARDED_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VLLM_", "HCCL_", "ASCEND_", "PYTORCH_NPU_")
+FORWARDED_NAMES = frozenset({
+    "D2D_DATA_TRANSFER",       # verl_patches.trainer.step_plan / reshard.tensor_cache (A2/C2)
+    "PRINT_MEMORY",            # verl_patches.tools (C8)
+    "PROFILE_UPDATE",          # verl_patches.profiler (C9)
+    "NO_ALL_TO_ALL_RESHARD",   # verl_patches.sync.path (E2/E3 vs the all-gather path)
+    "TASK_QUEUE_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "LCAL_COMM_ID", "MALLOC_MMAP_THRESHOLD_",
+    "TENSORBOARD_DIR",
+})
+
+
+def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of `environ` (default: this process) that every worker must see (pure)."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
+
 
 def worker_pythonpath() -> str:
     from verl_patches.sources.dist_info import path_entry  # vllm/vllm_ascend metadata and entry points
@@ -29,9 +47,7 @@ def worker_pythonpath() -> str:
 def runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(UPSTREAM_ENV_VARS)
     env["PYTHONPATH"] = worker_pythonpath()
-    for key, value in os.environ.items():  # our own switches (device override, drift override, ...)
-        if key.startswith("VERL_PATCHES_"):
-            env[key] = value
+    env.update(forwarded_env())
     env.update(extra_env or {})
     return {"env_vars": env, "worker_process_setup_hook": SETUP_HOOK}
 
