@@ -29,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
     "a3_256die_true_weight": ("ppo_mindspeed_trainer", True),
     "a3_256die_random_init": ("ppo_mindspeed_trainer", False),
+    "a3_16die_smoke": ("ppo_mindspeed_trainer", False),
 }
 TINY_CONFIG = "ppo_tiny_local"
 NPU_RESOURCE = "NPU"
