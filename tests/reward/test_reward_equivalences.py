@@ -311,3 +311,28 @@ def test_canonical_answer_keeps_braces_balanced(text):
 @given(st.text(max_size=60))
 def test_canonical_answer_never_raises(text):
     canonical_answer(text)
+
+
+POLYNOMIAL_PAIRS = [
+    ("(x+3)^2", "x^2+6x+9"), ("9+6x+x^2", "x^2+6x+9"), ("(x-3)^2", "x^2+6x+9"), ("x^2+3x+9", "x^2+6x+9"),
+    ("(x+1)(x-1)", "x^2-1"), ("(a+b)^3", "a^3+3a^2b+3ab^2+b^3"), ("(a+b)^3", "a^3+b^3"), ("\\frac{x}{2}", "0.5x"),
+    ("y^2+1", "x^2+1"), ("\\frac{x^2-1}{x-1}", "x+1"), ("\\sqrt{x^2}", "x"), ("2x", "x+x"), ("(x+1)^{40}", "x^{40}+1"),
+]
+
+
+@pytest.mark.parametrize("pred, truth", POLYNOMIAL_PAIRS)
+def test_polynomial_shortcut_agrees_with_math_verify(pred, truth):
+    """The expand() shortcut in the worker decides only what math-verify decides the same way."""
+    import math_verify
+
+    from verl_patches.reward.symbolic import _polynomial_verdict
+
+    gold = math_verify.parse("\\boxed{" + truth + "}", (math_verify.LatexExtractionConfig(),), parsing_timeout=None)
+    target = math_verify.parse("\\boxed{" + pred + "}", (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()), parsing_timeout=None)
+    shortcut = _polynomial_verdict(gold[0], target[0])
+    if shortcut is not None:
+        assert shortcut == math_verify.verify(gold, target, timeout_seconds=None)
+    if (pred, truth) in (("(x+3)^2", "x^2+6x+9"), ("(x-3)^2", "x^2+6x+9"), ("(a+b)^3", "a^3+3a^2b+3ab^2+b^3")):
+        assert shortcut is not None  # the cases it exists for
+    if pred in ("\\frac{x}{2}", "\\frac{x^2-1}{x-1}", "\\sqrt{x^2}", "(x+1)^{40}"):
+        assert shortcut is None  # a float, a rational function, a root, a degree above the bound

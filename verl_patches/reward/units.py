@@ -17,7 +17,7 @@ _TEXT_COMMANDS = ("text", "mbox", "mathrm", "textrm", "textnormal", "rm")
 UNIT_SYMBOLS = frozenset(
     """m cm mm km nm um dm s ms us ns h hr hrs min mins sec secs g kg mg lb lbs oz t ft yd mi in mph kph kmh
     L l mL ml cl dl N kN J kJ W kW MW V mV A mA Pa kPa MPa Hz kHz MHz GHz K mol cal deg rad sq cu ha ac
-    yr yrs wk wks day pt qt gal cc km2 m2 cm2 mm2 m3 cm3""".split()
+    yr yrs wk wks day pt qt gal cc""".split()
 )
 # Words of four letters or more that are mathematics, not units.
 _NOT_UNITS = frozenset(
