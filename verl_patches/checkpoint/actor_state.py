@@ -117,6 +117,15 @@ def model_state(modules: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
             if not k.endswith("_extra_state") and isinstance(v, torch.Tensor)}
 
 
+def optimizer_has_stepped(optimizer: Any) -> bool:
+    """Whether Adam holds moments yet (Megatron's DP gather of the state needs them)."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is not None and len(getattr(inner, "state", {})) > 0:
+            return True
+    return False
+
+
 def _save(obj: Any, target: Path) -> int:
     write_atomically(target, lambda p: torch.save(obj, p))
     return target.stat().st_size
@@ -137,7 +146,8 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
                            role / rel)
     if optimizer is not None:
         (role / OPTIM_DIR).mkdir(parents=True, exist_ok=True)
-        if hasattr(optimizer, "save_parameter_state") and use_distributed_optimizer:
+        stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
+        if stepped and hasattr(optimizer, "save_parameter_state") and use_distributed_optimizer:
             rel = optim_params_file(coords)
             tmp = role / f"{rel}.tmp-{place.rank}"
             optimizer.save_parameter_state(str(tmp))  # collective: the DP gather; DP rank 0 writes
@@ -146,7 +156,8 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
                 files[rel] = (role / rel).stat().st_size
         if writer:
             rel = optim_common_file(coords)
-            files[rel] = _save(optimizer.state_dict(), role / rel)
+            files[rel] = _save({"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
+                               role / rel)
     rel = rng_file(place.rank)
     files[rel] = _save(rng.capture(), role / rel)
 
@@ -211,9 +222,11 @@ def load_actor(role_dir: str | os.PathLike, modules: Sequence[torch.nn.Module], 
     load_model_into(modules, role / model_file(step, saved, grouped, coords))
 
     if load_optimizer and optimizer is not None:
-        optimizer.load_state_dict(_load(role / optim_common_file(coords)))
-        if hasattr(optimizer, "load_parameter_state") and use_distributed_optimizer:
-            optimizer.load_parameter_state(str(role / optim_params_file(coords)))  # collective: DP scatter
+        common = _load(role / optim_common_file(coords))
+        if common["stepped"]:  # a never-stepped optimizer is what a fresh one is: nothing to load
+            optimizer.load_state_dict(common["state_dict"])
+            if hasattr(optimizer, "load_parameter_state") and use_distributed_optimizer:
+                optimizer.load_parameter_state(str(role / optim_params_file(coords)))  # collective: DP scatter
     if load_rng:
         same = [r for r in records if r.rank == place.rank] if not note else \
             [r for r in records if r.model_parallel_coords == coords and r.dp_rank == 0]
