@@ -70,6 +70,22 @@ def bring_up(config: Any) -> None:
         from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
         initialize_megatron(translate_verl_train_configs_to_megatron(trainer_config_view(config)))
+        apply_params_dtype(trainer_config_view(config))
+
+
+def apply_params_dtype(config: Any) -> None:
+    """``actor.megatron.params_dtype: float32`` (the CPU proof's tiny run): fp32 parameters, set after
+    MindSpeed-LLM's argument check, which refuses grouped GEMM without --bf16. Absent or null keeps the
+    A3 job's bf16."""
+    want = config.actor_rollout_ref.actor.megatron.get("params_dtype", None)
+    if want is None:
+        return
+    if want not in ("float32", "fp32"):
+        raise ValueError(f"actor_rollout_ref.actor.megatron.params_dtype must be float32 or null, got {want!r}")
+    from megatron.training import get_args
+
+    args = get_args()
+    args.bf16, args.params_dtype = False, torch.float32
 
 
 def wrap_init(original: Callable) -> Callable:
