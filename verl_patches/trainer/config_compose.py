@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 VERL_CONFIG_DIR = REPO_ROOT / "verl" / "trainer" / "config"
-CONFIG_NAMES = ("ppo_mindspeed_trainer", "ppo_tiny_local")
+CONFIG_NAMES = ("ppo_mindspeed_trainer", "ppo_tiny_local", "ppo_tiny_local_fsdp")
 
 
 class ConfigCompositionError(ValueError):
