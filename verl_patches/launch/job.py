@@ -31,7 +31,8 @@ PROFILES = {
     "a3_256die_random_init": ("ppo_mindspeed_trainer", False),
     "a3_16die_smoke": ("ppo_mindspeed_trainer", False),
 }
-TINY_CONFIG = "ppo_tiny_local"
+TINY_CONFIG = "ppo_tiny_local"  # the A3 path: Megatron/MindSpeed actor+ref, vLLM-Ascend rollout seam, weight sync
+TINY_CONFIGS = {"megatron": TINY_CONFIG, "fsdp": "ppo_tiny_local_fsdp"}  # --tiny-engine
 NPU_RESOURCE = "NPU"
 
 
@@ -47,6 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--env-file", type=Path, help="KEY=VALUE file with the settings below")
     p.add_argument("--dry-run", action="store_true", help="run the preflight only and exit")
     p.add_argument("--tiny", action="store_true", help="the tiny local profile on this host (no cluster)")
+    p.add_argument("--tiny-engine", choices=sorted(TINY_CONFIGS), default="megatron",
+                   help="with --tiny: megatron (default; the A3 job's path) or fsdp (verl's FSDP actor + HF rollout)")
     p.add_argument(ALLOW_REMOTE_DASHBOARD_FLAG, dest="allow_remote_dashboard", action="store_true",
                    help="accept a RAY_DASHBOARD_HOST other than loopback (anyone who reaches the dashboard can run "
                         "code on every node; a warning is printed)")
@@ -147,9 +150,11 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
     env = base_env()
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
-    rc = run_logged(trainer_command(TINY_CONFIG, args.overrides), launch.log_dir / "trainer.log", env,
-                    launch, "trainer")
-    launch.say(f"trainer exited with status {rc}; TensorBoard logs: {env['TENSORBOARD_DIR']}")
+    start = time.monotonic()
+    rc = run_logged(trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides), launch.log_dir / "trainer.log",
+                    env, launch, "trainer")
+    launch.say(f"trainer exited with status {rc} after {time.monotonic() - start:.0f} s wall time "
+               f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}")
     return rc
 
 
@@ -171,7 +176,7 @@ def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch import preflight
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
-    config_name = TINY_CONFIG if args.tiny else PROFILES[args.profile][0]
+    config_name = TINY_CONFIGS[args.tiny_engine] if args.tiny else PROFILES[args.profile][0]
     overrides = job_overrides(args, settings)
     try:
         cfg = preflight.compose(config_name, overrides, settings, REPO_ROOT)
