@@ -73,7 +73,8 @@ def test_kill_one_worker_kill_the_job_resume_and_export(tmp_path: Path) -> None:
     other = launch(2, root, ["--steps", "9", "--save-freq", "2", "--keep", "2", "--ep", "1"], launch_id="4")
     assert 3 in other.returncodes, other.text
     err = next(o for o in other.outputs if "LayoutChangeError" in o)
-    assert "TP1xPP1xEP2 (DP2, 2 ranks)" in err and "TP1xPP1xEP1 (DP2, 2 ranks)" in err
+    assert "saved at TP1xPP1xEP2 (DP2, 2 ranks, TP-extend-EP)" in err
+    assert "cannot be resumed at TP1xPP1xEP1 (DP2, 2 ranks, TP-extend-EP) (ep 2 -> 1)" in err
     assert "convert_ckpt_deepseek3.py --reverse" in err and "expert_model_parallel_size=2" in err
 
     check_export_round_trip(root / "global_step_8" / "actor", tmp_path)
