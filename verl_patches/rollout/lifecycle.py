@@ -80,21 +80,23 @@ class RolloutLifecycle:
         self.model = model_of(llm)
         first = next(self.model.parameters())
         self.device = torch.device(device) if device is not None else first.device
-        self.weights_on_device = not is_placeholder(first.data)
+
+    @property
+    def weights_on_device(self) -> bool:
+        """Read from the parameters, so several lifecycle objects over one engine always agree."""
+        return not any(is_placeholder(p.data) for p in self.model.parameters())
 
     # ---- weights ------------------------------------------------------------------------------
     def offload_model_weights(self) -> None:
         for p in self.model.parameters():
             p.data = host_placeholder(p.data)  # shape/dtype kept, device storage released, nothing copied
         clear_mla(self.model)
-        self.weights_on_device = False
         _empty_cache()
 
     def onload_model_weights(self) -> None:
         for p in self.model.parameters():
             if is_placeholder(p.data) or p.data.device != self.device:
                 p.data = torch.empty(p.shape, dtype=p.dtype, device=self.device)  # no copy: the sync fills it
-        self.weights_on_device = True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The model runner's own loader, then the MLA rebuild (what the sharding manager calls)."""

@@ -1,0 +1,66 @@
+"""verl v0.4.0's own vLLMRollout on a CPU host through our declared patches: `LLM` is the stand-in
+(CPU only), verl's `sleep(level=1)` frees KV + offloads, the lifecycle drives a weight load and KV
+init, and verl's generate_sequences runs on a DataProto. Plus the A3 engine arguments (pure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_patches.patches.verl.workers.rollout.declarations import PATCHES
+from verl_patches.patching.fingerprint import fingerprint_target
+from verl_patches.rollout.engine_factory import rollout_llm_kwargs
+from verl_patches.sources import dist_info
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
+    if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
+        from verl_patches.sources.lock import load_lock
+        dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("verl_rollout_probe.py")), str(tiny_model_dir)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["llm_class"] == out["LLM_name_in_verl"] == "verl_patches.rollout.standin.engine.StandinLLM"
+    assert out["applied"] == ["cpu.verl.vllm_rollout_spmd.LLM.standin",
+                              "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
+                              "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile"]
+    assert out["loaded"] > 0 and out["rollout_log_probs_finite"] is True
+    assert out["responses_shape"] == [4, 5] and out["input_ids_shape"] == [4, 11]  # 2 prompts x n=2
+    assert out["bytes_after_build"] == out["bytes_after_sleep"]  # verl's sleep(level=1): back to baseline
+
+
+def test_a3_engine_arguments() -> None:
+    verl_kwargs = {"model": "/m", "enable_sleep_mode": True, "enable_prefix_caching": True, "max_num_seqs": 64,
+                   "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
+    kw = rollout_llm_kwargs(verl_kwargs, {"VLLM_DP_SIZE": "64", "VLLM_ENABLE_GRAPH_MODE": "1"})
+    assert kw["enable_sleep_mode"] is False and kw["enable_prefix_caching"] is False
+    assert kw["enable_expert_parallel"] is True
+    graph = kw["additional_config"]["torchair_graph_config"]
+    assert graph["enabled"] is True and graph["graph_batch_sizes"] == [64] and graph["enable_kv_nz"] is False
+    assert kw["additional_config"]["ascend_scheduler_config"]["enabled"] is True
+    assert {k: kw[k] for k in ("model", "tensor_parallel_size", "distributed_executor_backend")} == \
+        {"model": "/m", "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
+    single = rollout_llm_kwargs({"max_num_seqs": 8}, {})
+    assert "enable_expert_parallel" not in single and single["additional_config"]["torchair_graph_config"]["enabled"] is False
+    assert verl_kwargs["enable_sleep_mode"] is True  # the caller's dict is not modified
+
+
+def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
+    by_name = {p.name: p for p in PATCHES}
+    assert by_name["cpu.verl.vllm_rollout_spmd.LLM.standin"].devices == ("cpu",)
+    assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu",)
+    for p in PATCHES:
+        assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
+        if p.kind.value == "wrap":
+            assert callable(p.replacement(lambda *a, **k: None))

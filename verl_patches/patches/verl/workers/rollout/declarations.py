@@ -1,0 +1,58 @@
+"""Patches of verl.workers.rollout.vllm_rollout (verl v0.4.0's SPMD vLLM rollout)."""
+
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
+
+_SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
+_USES_LLM = (f"{_SPMD}:vLLMRollout.__init__", f"{_SPMD}:vLLMRollout.generate_sequences")
+
+PATCHES = [
+    Patch(
+        name="cpu.verl.vllm_rollout_spmd.LLM.standin",
+        target=f"{_SPMD}:LLM",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:3c1c605129261085",
+        fingerprint_of=_USES_LLM,
+        replacement=lazy_object("verl_patches.rollout.standin.engine:StandinLLM"),
+        vendor_item="local",
+        reason="CPU rollout stand-in: vLLM's LLM surface verl uses (generate, model_runner.model.load_weights with "
+               "vLLM's own DeepSeek loader, KV init/free, offload/onload) backed by transformers' "
+               "DeepseekV3ForCausalLM; vllm-ascend's kernels need an NPU",
+        devices=("cpu",),
+        rebind=False,  # only verl's rollout module builds the stand-in
+    ),
+    Patch(
+        name="verl.vllm_rollout_spmd.LLM.lifecycle",
+        target=f"{_SPMD}:LLM",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:3c1c605129261085",
+        fingerprint_of=_USES_LLM,
+        replacement=lazy_object("verl_patches.rollout.engine_factory:build_llm"),
+        vendor_item="E1,F1",
+        reason="vLLM's LLM without sleep mode (camem) or prefix caching: sleep/wake_up become KV free/init and "
+               "weight offload/onload; EP on with VLLM_DP_SIZE>1; TorchAir/scheduler additional_config; built "
+               "under the real torch.compile",
+        devices=("npu",),
+        rebind=False,
+    ),
+    Patch(
+        name="verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
+        target=f"{_SPMD}:vLLMRollout.__init__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:7d4430ccf148ca6c",
+        replacement=lazy_call("verl_patches.rollout.verl_hooks:wrap_rollout_init"),
+        vendor_item="F1,F2",
+        reason="export VLLM_DP_* per rank before vLLM's parallel state is built (expert parallelism in the "
+               "rollout) and build the engine under the real torch.compile, not MindSpeed's jit.script",
+        devices=("npu", "cpu"),
+    ),
+    Patch(
+        name="verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile",
+        target=f"{_SPMD}:vLLMRollout.generate_sequences",
+        kind=Kind.WRAP,
+        fingerprint="sha256:dee252dabf7e0d16",
+        replacement=lazy_call("verl_patches.rollout.verl_hooks:wrap_generate_sequences"),
+        vendor_item="F1",
+        reason="the rollout runs under the real torch.compile; MindSpeed's substitute applies only while training",
+        devices=("npu", "cpu"),
+    ),
+]
