@@ -68,10 +68,11 @@ def serve(requests: Connection, responses: Connection, memory_limit_mb: int | No
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the trainer, which stops us
     signal.signal(signal.SIGALRM, _raise_soft_deadline)
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    # Import sympy/math-verify, compile math-verify's regexes and load sympy's polynomial code before
-    # reporting ready, so the first real judgement is not charged for them.
-    symbolic_equal("1", "1")
-    symbolic_equal("(x+1)^2", "x^2+2x+1")
+    # Import sympy/math-verify, compile math-verify's regexes and load the sympy code that polynomials,
+    # radicals and intervals need before reporting ready, so the first real judgements are not charged
+    # for it (cold, each costs up to a second on a busy host).
+    for pred, truth in (("1", "1"), ("(x+1)^2", "x^2+2x+1"), ("5", "2\\sqrt{3}"), ("[1,2]", "(1,2]")):
+        symbolic_equal(pred, truth)
     _limit_memory(memory_limit_mb)
     responses.send(READY)
     while True:
