@@ -256,6 +256,7 @@ def test_strip_units(text, stripped):
         ("x = 1 \\lor x = 2", ["1", "2"]),
         ("(1,2), (3,4)", ["(1,2)", "(3,4)"]),
         ("x=1, y=2", None),
+        ("f(1) = 2, f(2) = 5", None),  # values at two points, not two solutions
         ("x > 1 or x < -1", None),
         ("(1, 2)", None),
         ("5", None),
@@ -272,7 +273,8 @@ def test_solution_values(text, values):
     "text, variable, rhs",
     [
         ("x = 3", "x", "3"),
-        ("f(x) = x^2", "f", "x^2"),
+        ("f(x) = x^2", "f(x)", "x^2"),
+        ("f(4) = 7", "f(4)", "7"),
         ("a_{1} = 5", "a", "5"),
         ("\\theta = \\frac{\\pi}{2}", "\\theta", "\\frac{\\pi}{2}"),
         ("x \\in (1, 2)", "x", "(1, 2)"),

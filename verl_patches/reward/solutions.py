@@ -16,7 +16,7 @@ import re
 
 _SIMPLE_LHS = re.compile(
     r"\s*(?P<name>[A-Za-z]|\\[A-Za-z]+)(?P<sub>_(?:\{\s*[A-Za-z0-9]+\s*\}|[A-Za-z0-9]))?"
-    r"(?:\(\s*-?[A-Za-z0-9]+\s*\))?\s*"
+    r"(?P<call>\(\s*-?[A-Za-z0-9]+\s*\))?\s*"
 )
 _GREEK_OR_VARIABLE = re.compile(r"\\(?:alpha|beta|gamma|delta|theta|lambda|mu|phi|varphi|psi|omega|rho|sigma|tau)")
 _RELATION = re.compile(r"<|>|\\(?:le|ge|leq|geq|lt|gt|ne|neq|approx|in|subset|subseteq|to|iff|implies)(?![A-Za-z])")
@@ -67,14 +67,16 @@ def is_equation(text: str) -> bool:
 
 
 def _variable(lhs: str) -> str | None:
-    """The variable an assignment's left side names (`x`, `x_1` -> `x`, `f(x)` -> `f`), else None."""
+    """What an assignment's left side names: `x`; `x_1` -> `x` (indexed solutions of one unknown);
+    `f(2)` -> `f(2)` (values at different points are different unknowns); None if not a variable."""
     match = _SIMPLE_LHS.fullmatch(lhs)
     if not match:
         return None
     name = match.group("name")
     if name.startswith("\\") and not _GREEK_OR_VARIABLE.fullmatch(name):
         return None  # `\pi = 3`, `\sin = ...`: a constant or function name is not a variable
-    return name
+    call = match.group("call")
+    return name + re.sub(r"\s+", "", call) if call else name
 
 
 def split_assignment(text: str) -> tuple[str | None, str]:
