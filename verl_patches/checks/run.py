@@ -1,0 +1,176 @@
+"""The whole check: prepare the (truncated) model folders, score the sequences with HF, launch the engines'
+ranks, compare, report.
+
+Model folders the engines read (all in a temporary folder, removed afterwards):
+- HF: ``--hf`` itself, or its first ``--layers`` layers / ``--experts`` experts (`truncate.truncate_hf`).
+- Megatron: ``--mcore`` as it is (its converter manifest must name the check's layout); with ``--layers`` or
+  ``--experts``, the same slice read out of ``--mcore`` by the reverse converter and converted again to the
+  check's layout; without ``--mcore``, the HF folder converted by our converter.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from verl_patches.checks.compare import EngineDiff, compare, verdict
+
+ENGINES = ("megatron", "rollout")
+
+
+class CheckRequestError(ValueError):
+    """A request that cannot be run; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    hf: Path
+    mcore: Path | None = None
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    num_layer_list: tuple[int, ...] | None = None
+    moe_tp_extend_ep: bool = False
+    engines: tuple[str, ...] = ENGINES
+    tokens: int = 16
+    seed: int = 0
+    layers: int | None = None
+    experts: int | None = None
+    rollout_tp: int = 1
+    rollout_ep: int | None = None   # default: the whole world (one rollout instance)
+    tolerance: float = 1e-3
+    dtype: str = "float32"
+    timeout_s: float = 1200.0
+
+    @property
+    def world(self) -> int:
+        """One data-parallel rank per expert-parallel rank: the smallest world holding the layout."""
+        return self.tp * self.pp * self.ep
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    @property
+    def rollout_ep_size(self) -> int:
+        return self.rollout_ep if self.rollout_ep is not None else self.world
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    lines: list[str]
+    diffs: list[EngineDiff] = field(default_factory=list)
+
+
+def validate_request(req: CheckRequest) -> None:
+    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--rollout-tp", req.rollout_tp),
+                    ("--rollout-ep", req.rollout_ep_size), ("--tokens", req.tokens)):
+        if not isinstance(v, int) or v < 1:
+            raise CheckRequestError(f"{flag} must be a positive integer, got {v!r}")
+    bad = [e for e in req.engines if e not in ENGINES]
+    if bad or not req.engines:
+        raise CheckRequestError(f"--engines {','.join(req.engines)}: choose from {','.join(ENGINES)}")
+    if req.world % req.rollout_ep_size:
+        raise CheckRequestError(f"--rollout-ep {req.rollout_ep_size} does not divide the {req.world} ranks "
+                                f"(tp*pp*ep = {req.tp}*{req.pp}*{req.ep})")
+    if req.rollout_ep_size % req.rollout_tp:
+        raise CheckRequestError(f"--rollout-tp {req.rollout_tp} does not divide --rollout-ep {req.rollout_ep_size} "
+                                f"(an EP instance is rollout TP x VLLM_DP_SIZE ranks)")
+    if req.num_layer_list is not None and len(req.num_layer_list) != req.pp:
+        raise CheckRequestError(f"--num-layer-list has {len(req.num_layer_list)} entries, --pp is {req.pp}")
+    if not req.tolerance > 0:
+        raise CheckRequestError(f"--tolerance must be positive, got {req.tolerance!r}")
+    if req.dtype not in ("float32", "bfloat16"):
+        raise CheckRequestError(f"--dtype {req.dtype!r}: float32 or bfloat16")
+
+
+def _layout(req: CheckRequest):
+    from verl_patches.weights.layout import ParallelLayout
+
+    # the A3 engine always runs grouped GEMM with MindSpeed's TP-extend-EP (D1) and its loader refuses any
+    # other layout, so the check converts to that layout whatever --moe-tp-extend-ep says
+    return ParallelLayout(tp=req.tp, pp=req.pp, ep=req.ep, num_layer_list=req.num_layer_list, moe_grouped_gemm=True,
+                          moe_tp_extend_ep=True)
+
+
+def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) -> tuple[Path, Path]:
+    """(HF folder, Megatron folder) every engine reads, both the same (truncated) model."""
+    from verl_patches.checks.truncate import truncate_hf, truncate_mcore_to_hf
+    from verl_patches.weights.errors import LayoutError
+    from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore, load_manifest
+    from verl_patches.weights.layout import ParallelLayout
+
+    truncating = req.layers is not None or req.experts is not None
+    hf = req.hf
+    if truncating:
+        log(f"truncating {req.hf} to layers={req.layers or 'all'} experts={req.experts or 'all'}")
+        hf = truncate_hf(req.hf, work / "hf", req.layers, req.experts)
+    layout = _layout(req)
+    if req.mcore is None:
+        log(f"converting {hf} to the Megatron layout {layout.to_json()}")
+        convert_hf_to_mcore(hf, work / "mcore", layout, progress=False)
+        return hf, work / "mcore"
+    if truncating:
+        log(f"reading the same slice out of {req.mcore} and converting it to the layout {layout.to_json()}")
+        sliced = truncate_mcore_to_hf(req.mcore, work / "mcore_hf", req.layers, req.experts, tokenizer_dir=req.hf)
+        convert_hf_to_mcore(sliced, work / "mcore", layout, progress=False)
+        return hf, work / "mcore"
+    man = load_manifest(req.mcore)
+    if man is not None and ParallelLayout.from_json(man["layout"]) != layout:
+        raise LayoutError(f"{req.mcore}: converted with layout {man['layout']}, the check runs the A3 engine's "
+                          f"{layout.to_json()}; give the --tp/--pp/--ep/--num-layer-list it was converted with "
+                          f"(the A3 engine needs --moe-tp-extend-ep --moe-grouped-gemm conversions)")
+    return hf, req.mcore
+
+
+def collect(req: CheckRequest, out_dir: Path, dp: int) -> dict[str, torch.Tensor]:
+    """The engines' log-probs as written by the ranks (Megatron's data-parallel shares in order)."""
+    got = {}
+    if "megatron" in req.engines:
+        parts = []
+        for d in range(dp):
+            p = out_dir / f"megatron_dp{d}.pt"
+            if not p.is_file():
+                raise RuntimeError(f"megatron: data-parallel rank {d} wrote no log-probs ({p})")
+            parts.append(torch.load(p))
+        got["megatron"] = torch.cat(parts)
+    if "rollout" in req.engines:
+        got["rollout"] = torch.load(out_dir / "rollout.pt")
+    return got
+
+
+def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: Path | None = None) -> CheckResult:
+    from verl_patches.checks.engine_ranks import rank_check
+    from verl_patches.checks.launch import run_ranks
+    from verl_patches.checks.reference import hf_log_probs
+    from verl_patches.checks.sequences import make_sequences, sequence_shape
+    from verl_patches.weights.config import load_config
+
+    validate_request(req)
+    with tempfile.TemporaryDirectory(prefix="check_logprobs_", dir=work_dir) as tmp:
+        work = Path(tmp)
+        hf, mcore = prepare_models(req, work, log)
+        cfg = load_config(hf)
+        shape = sequence_shape(req.tokens, req.dp)
+        batch = make_sequences(shape, cfg["vocab_size"], req.seed)
+        torch.save(batch, work / "batch.pt")
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[req.dtype]
+        log(f"reference: HF transformers on {shape.batch} sequences of {shape.total} tokens "
+            f"({shape.response} scored each), {req.dtype}")
+        reference = hf_log_probs(hf, batch, dtype)
+        (work / "out").mkdir()
+        log(f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
+            f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})")
+        run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
+                  tp=req.tp, pp=req.pp, ep=req.ep,
+                  layer_list=list(req.num_layer_list) if req.num_layer_list else None, engines=list(req.engines),
+                  rollout_tp=req.rollout_tp, rollout_ep=req.rollout_ep_size, batch_file=str(work / "batch.pt"),
+                  out_dir=str(work / "out"), dtype=req.dtype)
+        got = collect(req, work / "out", req.dp)
+    diffs = [compare(name, reference, lp, batch["input_ids"]) for name, lp in got.items()]
+    ok, lines = verdict(diffs, req.tolerance)
+    return CheckResult(ok, lines, diffs)
