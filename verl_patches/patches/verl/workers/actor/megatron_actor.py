@@ -46,6 +46,9 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
 
 
+ROLLOUT_LOG_PROBS = "rollout_log_probs"
+
+
 def minibatch_keys(recompute_old_log_prob: bool, use_kl_loss: bool) -> list[str]:
     keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages"]
     if recompute_old_log_prob:
@@ -136,7 +139,10 @@ def make_minibatch_iterator(self, data: Any) -> Iterable[Any]:
     recompute = self.config.get("recompute_old_log_prob", True)
     if not recompute and self.config.ppo_epochs != 1:
         raise ValueError("recompute_old_log_prob=False needs ppo_epochs=1 (old = current only on the first pass)")
-    data = data.select(batch_keys=minibatch_keys(recompute, self.config.use_kl_loss))
+    keys = minibatch_keys(recompute, self.config.use_kl_loss)
+    if not recompute and ROLLOUT_LOG_PROBS in data.batch.keys():  # for the per-step rollout/train mismatch
+        keys.append(ROLLOUT_LOG_PROBS)
+    data = data.select(batch_keys=keys)
     return data.make_iterator(mini_batch_size=self.config.ppo_mini_batch_size, epochs=self.config.ppo_epochs,
                               seed=self.config.data_loader_seed, dataloader_kwargs={"shuffle": self.config.shuffle})
 
@@ -201,6 +207,12 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
             response_mask=response_mask, cliprange=clip_ratio, cliprange_low=low, cliprange_high=high,
             clip_ratio_c=meta_info["clip_ratio_c"], loss_agg_mode=mode)
         policy_loss = pg_loss
+        if not recompute and ROLLOUT_LOG_PROBS in data.keys():
+            # the driver never holds the training log-probs when the old-log-prob pass is skipped: report the
+            # rollout/train mismatch of the sampled tokens from here (both at the sampling temperature)
+            from verl_patches.trainer.logprob_mismatch import mismatch_metrics
+
+            metrics.update(mismatch_metrics(data[ROLLOUT_LOG_PROBS], log_prob.detach(), response_mask))
         if self.config.use_kl_loss:
             kld = kl_penalty(logprob=log_prob, ref_logprob=data["ref_log_prob"], kl_penalty=self.config.kl_loss_type)
             kl_loss = agg_loss(loss_mat=kld, loss_mask=response_mask, loss_agg_mode=mode)
