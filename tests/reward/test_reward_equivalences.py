@@ -63,6 +63,7 @@ CASES = [
     ("9.8 \\, \\mathrm{m/s^2}", "9.8", 1.0),
     ("9.8 \\text{ m/s}^2", "9.8", 1.0),
     ("60 \\text{ km/h}", "60", 1.0),
+    ("9.8 \\frac{\\text{m}}{\\text{s}^2}", "9.8", 1.0),
     ("60 km/h", "60", 1.0),
     ("3 \\text{ m}^2", "3", 1.0),
     ("3 \\text{ cm}^{3}", "3", 1.0),
@@ -232,6 +233,10 @@ def test_repeating_decimals_are_exact(text, value):
         ("12 inches", "12"),
         ("3 cm^2", "3"),
         ("4 \\text{ square units}", "4"),
+        ("5 \\frac{\\text{m}}{\\text{s}}", "5"),
+        ("5\\,\\frac{\\mathrm{km}}{\\mathrm{h}}", "5"),
+        ("5 \\frac{x}{y}", "5 \\frac{x}{y}"),
+        ("2\\frac{1}{2}", "2\\frac{1}{2}"),
         ("3 xy^2", "3 xy^2"),
         ("5 m", "5 m"),  # a bare single letter may be a variable
         ("5/s", "5/s"),

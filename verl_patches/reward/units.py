@@ -29,6 +29,7 @@ _SINGLE_LETTER_UNITS = frozenset("m s g h t l L N J W V A K".split())
 
 _SEPARATOR_COMMANDS = ("\\,", "\\;", "\\:", "\\!", "\\ ", "\\cdot")
 _TRAILING_EXPONENT = re.compile(r"\^\s*(?:\{\s*-?\s*\d\s*\}|-?\d)$")
+_TEXT_GROUP = re.compile(r"\\(?:text|mbox|mathrm|textrm|textnormal|rm)\s*\{([^{}]*)\}")
 _TEXT_CONTENT_NOISE = re.compile(r"\\[,;:! ]|\^\s*\{?\s*-?\s*\d\s*\}?|\\cdot|[\s/.~*]")
 
 
@@ -44,8 +45,8 @@ def _bare_unit(token: str) -> bool:
     return all(_unit_word(part, compound=len(parts) > 1) for part in parts)
 
 
-def _text_group_start(text: str, end: int) -> int | None:
-    """Start of a `\\text{...}`-like group ending at text[end - 1] == '}', if it is one."""
+def _group_open(text: str, end: int) -> int | None:
+    """Index of the `{` matching the `}` at text[end - 1]."""
     depth = 0
     for i in range(end - 1, -1, -1):
         if text[i] == "}":
@@ -53,12 +54,43 @@ def _text_group_start(text: str, end: int) -> int | None:
         elif text[i] == "{":
             depth -= 1
             if depth == 0:
-                head = text[:i].rstrip()
-                for command in _TEXT_COMMANDS:
-                    if head.endswith("\\" + command):
-                        return len(head) - len(command) - 1
-                return None
+                return i
     return None
+
+
+def _text_group_start(text: str, end: int) -> int | None:
+    """Start of a `\\text{...}`-like group ending at text[end - 1] == '}', if it is one."""
+    opening = _group_open(text, end)
+    if opening is None:
+        return None
+    head = text[:opening].rstrip()
+    for command in _TEXT_COMMANDS:
+        if head.endswith("\\" + command):
+            return len(head) - len(command) - 1
+    return None
+
+
+def _unit_content(content: str) -> bool:
+    """Whether a fraction's numerator or denominator is made of units (`\\text{m}`, `km`, `m^2`)."""
+    content = _TEXT_GROUP.sub(lambda m: f" {m.group(1)} ", content)
+    words = [w for w in re.split(r"[\s/.~*]+|\\[,;:! ]|\\cdot|\^\s*\{?\s*-?\s*\d\s*\}?", content) if w]
+    return bool(words) and all(w.isalpha() and _unit_word(w, compound=True) for w in words)
+
+
+def _unit_fraction_start(text: str, end: int) -> int | None:
+    """Start of a `\\frac{\\text{m}}{\\text{s}}` unit ending at text[end - 1] == '}', if it is one."""
+    denominator = _group_open(text, end)
+    if denominator is None or denominator == 0 or text[denominator - 1] != "}":
+        return None
+    numerator = _group_open(text, denominator)
+    if numerator is None:
+        return None
+    head = text[:numerator].rstrip()
+    if not head.endswith("\\frac"):
+        return None
+    if not (_unit_content(text[numerator + 1 : denominator - 1]) and _unit_content(text[denominator + 1 : end - 1])):
+        return None
+    return len(head) - len("\\frac")
 
 
 def _text_group_is_unit(group: str) -> bool:
@@ -109,6 +141,8 @@ def _peel(text: str) -> str:
         if end > 0 and text[end - 1] == "}":
             start = _text_group_start(text, end)
             if start is None or not _text_group_is_unit(text[start:end]):
+                start = _unit_fraction_start(text, end)
+            if start is None:
                 break
         else:
             start = _word_start(text, end)
