@@ -1,5 +1,6 @@
 # Atlas A3 image for the overlay: CANN 8.2.RC1 (A3), Python 3.11, torch 2.5.1 + torch_npu 2.5.1.post1,
-# jemalloc, apex for Ascend, the upstream sources exactly as sources.lock pins them, requirements.txt.
+# jemalloc, apex for Ascend, the upstream sources exactly as sources.lock pins them, requirements.txt,
+# vllm-ascend's kernels built from the pinned sdist.
 # UNTESTED ON HARDWARE: no NPU or docker engine was available where this was written; it is checked
 # statically (tests/launch/test_dockerfile.py). Build from the repo root:
 #   docker build -t verl-overlay-a3 .
@@ -44,7 +45,19 @@ RUN if [ -n "${SOURCES_CACHE}" ]; then \
     fi \
  && bash setup_sources.sh --verify
 
+# vLLM's and vllm-ascend's dependencies (and verl's, MindSpeed's): never the packages themselves, whose code
+# is the vendored folders above; their metadata and entry points are the generated .overlay_dist/.
 RUN python3 -m pip install -r requirements.txt
+
+# vllm-ascend's compiled kernels (vllm_ascend_C), built once from the pinned sdist in a temporary folder
+# and installed into site-packages/vllm_ascend_kernels: the vendored vllm_ascend/ stays as locked.
+RUN source /usr/local/Ascend/ascend-toolkit/set_env.sh \
+ && python3 -m pip install cmake==3.31.6 setuptools-scm==8.3.1 \
+ && python3 -m verl_patches.rollout.kernels build \
+ && bash setup_sources.sh --verify
+
+# Every process (and vLLM's model-inspection subprocess) sees the overlay and the generated metadata.
+ENV PYTHONPATH=/workspace/verl-overlay:/workspace/verl-overlay/.overlay_dist
 
 # The job's environment variables are set by the launch script, not baked into the image.
 CMD ["bash", "verl_patches/scripts/train_deepseekv3_256die_random_init.sh", "--help"]

@@ -142,3 +142,31 @@ def test_build_context_leaves_out_local_state() -> None:
 
 def test_dockerfile_says_it_is_untested_on_hardware() -> None:
     assert "UNTESTED ON HARDWARE" in DOCKERFILE.read_text()
+
+
+# ---- the rollout stack (issue 13): vLLM / vllm-ascend from the overlay, kernels from the pinned sdist ----
+def test_vllm_and_vllm_ascend_are_never_installed_as_second_copies(parsed) -> None:
+    text = " ".join(runs(parsed))
+    for pip in re.findall(r"pip install ([^&;]*)", text):
+        words = shlex.split(pip)
+        assert not any(re.match(r"^(vllm|vllm[-_]ascend)([=<>\[]|$)", w) for w in words), pip
+        assert "-e" not in words and "--editable" not in words, pip
+    req = (ROOT / "requirements.txt").read_text()
+    assert not re.search(r"^(vllm|vllm[-_]ascend)\b", req, re.M)  # their dependencies only
+
+
+def test_vllm_ascend_kernels_are_built_from_the_pinned_sdist_after_sources_and_requirements(parsed) -> None:
+    build = index_of(parsed, r"python3 -m verl_patches\.rollout\.kernels build")
+    assert index_of(parsed, r"pip install -r requirements\.txt") < build
+    assert index_of(parsed, r"bash setup_sources\.sh --verify") < build
+    step = parsed[build][1]
+    assert "ascend-toolkit/set_env.sh" in step  # CANN for the compiler
+    assert re.search(r"kernels build\s*&&\s*bash setup_sources\.sh --verify", step)  # the vendored tree is untouched
+    assert re.search(r"cmake==\S+", step) and re.search(r"setuptools-scm==\S+", step)
+
+
+def test_every_process_sees_the_overlay_and_its_generated_metadata(parsed) -> None:
+    env = " ".join(rest for word, rest in parsed if word == "ENV")
+    paths = re.search(r"PYTHONPATH=(\S+)", env).group(1).split(":")
+    assert paths == ["/workspace/verl-overlay", "/workspace/verl-overlay/.overlay_dist"]
+    assert index_of(parsed, r"^WORKDIR /workspace/verl-overlay") < index_of(parsed, r"PYTHONPATH=")

@@ -132,6 +132,7 @@ def test_declarations_are_npu_only_and_pinned() -> None:
         assert p.devices == ("npu",)
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
     f4 = [p for p in declarations.PATCHES if p.vendor_item == "F4"]
+    assert {p.name for p in declarations.PATCHES} >= {"npu.vllm_ascend.kernels_path"}
     assert len(f4) == 3 and all("NOT numerically" in p.reason for p in f4)
 
 
@@ -140,6 +141,10 @@ def test_wrap_factories_take_the_original() -> None:
         def forward(self):
             return 1
     for p in declarations.PATCHES:
-        wrapped = p.replacement(Dummy.forward) if "dist" not in p.name and "torch_npu" not in p.name else \
-            p.replacement(SimpleNamespace(all_reduce=None, npu_kv_rmsnorm_rope_cache=None))
-        assert wrapped is not None
+        if p.name.endswith("kernels_path"):
+            original = ["/vendored/vllm_ascend"]
+        elif p.name.endswith((".dist", ".torch_npu")):
+            original = SimpleNamespace(all_reduce=None, npu_kv_rmsnorm_rope_cache=None)
+        else:
+            original = Dummy.forward
+        assert p.replacement(original) is not None

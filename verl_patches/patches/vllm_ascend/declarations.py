@@ -65,3 +65,19 @@ PATCHES = [
         devices=("npu",),
     ),
 ]
+
+PATCHES.append(
+    Patch(
+        name="npu.vllm_ascend.kernels_path",
+        target="vllm_ascend:__path__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:4ddbef16d8c2f364",
+        fingerprint_of=("vllm_ascend.utils:enable_custom_op",),
+        replacement=lazy_call("verl_patches.rollout.kernels_path:with_kernel_dir"),
+        vendor_item="K3",
+        reason="vllm_ascend_C built once from the pinned sdist into a folder outside the vendored tree "
+               "(python -m verl_patches.rollout.kernels build); the package's search path includes it",
+        devices=("npu",),
+        rebind=False,
+    )
+)
