@@ -1,0 +1,58 @@
+"""check_logprobs.py's arguments: requests that cannot be checked stop with exit status 2 and one line naming
+the flag, before any model is read or any rank started."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_patches.checks.cli import build_parser, main, request_from_args
+from verl_patches.checks.run import CheckRequest, CheckRequestError, validate_request
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_arguments_become_a_request():
+    ns = build_parser().parse_args(["--hf", "/m", "--mcore", "/c", "--tp", "2", "--pp", "2", "--ep", "2",
+                                    "--num-layer-list", "1,2", "--moe-tp-extend-ep", "--engines", "megatron",
+                                    "--tokens", "9", "--seed", "4", "--layers", "3", "--experts", "16",
+                                    "--rollout-tp", "2", "--rollout-ep", "4", "--tolerance", "0.01"])
+    req = request_from_args(ns)
+    assert req == CheckRequest(hf=Path("/m"), mcore=Path("/c"), tp=2, pp=2, ep=2, num_layer_list=(1, 2),
+                               moe_tp_extend_ep=True, engines=("megatron",), tokens=9, seed=4, layers=3, experts=16,
+                               rollout_tp=2, rollout_ep=4, tolerance=0.01, timeout_s=1800.0)
+    assert req.world == 8 and req.dp == 2
+    validate_request(req)
+
+
+def test_default_tolerance_follows_the_dtype():
+    assert request_from_args(build_parser().parse_args(["--hf", "/m"])).tolerance == 1e-3
+    assert request_from_args(build_parser().parse_args(["--hf", "/m", "--dtype", "bfloat16"])).tolerance == 0.15
+
+
+@pytest.mark.parametrize("kw,flag", [
+    (dict(rollout_ep=3, ep=2), "--rollout-ep 3"), (dict(rollout_tp=2, rollout_ep=1), "--rollout-tp 2"),
+    (dict(tp=0), "--tp"), (dict(num_layer_list=(1, 2)), "--num-layer-list"), (dict(engines=("vllm",)), "--engines"),
+    (dict(tolerance=0.0), "--tolerance"), (dict(tokens=0), "--tokens"),
+])
+def test_invalid_requests_name_the_flag(kw, flag):
+    with pytest.raises(CheckRequestError, match=flag):
+        validate_request(CheckRequest(hf=Path("/m"), **kw))
+
+
+def test_unusable_request_exits_2_before_reading_anything(tmp_path, capsys):
+    assert main(["--hf", str(tmp_path / "absent"), "--ep", "2", "--rollout-ep", "3"]) == 2
+    assert "--rollout-ep 3" in capsys.readouterr().err
+
+
+def test_missing_model_folder_exits_2_naming_it(tmp_path, capsys):
+    assert main(["--hf", str(tmp_path / "absent"), "--layers", "1"]) == 2
+    assert str(tmp_path / "absent") in capsys.readouterr().err
+
+
+def test_script_runs_as_a_file():
+    out = subprocess.run([sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--help"],
+                         capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0 and "--experts" in out.stdout and "--rollout-ep" in out.stdout
