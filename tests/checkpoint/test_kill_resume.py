@@ -102,3 +102,26 @@ def check_export_round_trip(actor_dir: Path, tmp_path: Path) -> None:
         assert sorted(a) == sorted(b), sub.name
         for k in a:
             assert torch.equal(a[k], b[k]), (sub.name, k)
+
+
+def test_resume_at_another_data_parallel_size(tmp_path: Path) -> None:
+    """Saved at DP2 (2 ranks), resumed at DP1 (1 rank): the distributed optimizer's state is saved gathered
+    over DP, so the run continues as it would have at DP2 (every DP rank sees the same synthetic batch, so
+    the update is the same; the summed parameter norm counts each replica once per rank)."""
+    root = tmp_path / "ckpt"
+    args = ["--steps", "4", "--save-freq", "2", "--keep", "3", "--ep", "1"]
+    first = launch(2, root, args, launch_id="dp2")
+    assert first.returncodes == [0, 0], first.text
+    import shutil
+
+    shutil.rmtree(root / "global_step_4")  # resume from step 2; steps 3 and 4 of the DP2 run are the reference
+    second = launch(1, root, args, launch_id="dp1")
+    assert second.returncodes == [0], second.text
+    line = resume_lines(second)
+    assert len(line) == 1 and "(step 2)" in line[0] and "data-parallel size changed 2 -> 1" in line[0], line
+    m = metrics(root)
+    for step in (3, 4):
+        a, b = m["dp2"][step], m["dp1"][step]
+        assert (a["adam_step"], a["data_position"]) == (b["adam_step"], b["data_position"])
+        assert abs(a["param_sq"] / 2 - b["param_sq"]) <= 1e-12 * b["param_sq"], (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6 * b["grad_norm"], (a, b)
