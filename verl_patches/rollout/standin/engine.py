@@ -92,6 +92,7 @@ class StandinLLM:
         if enable_expert_parallel:  # vLLM: EP over the DP x TP ranks of the instance
             ep_size = int(os.environ.get("VLLM_DP_SIZE", "1")) * tensor_parallel_size
             ep_rank = int(os.environ.get("VLLM_DP_RANK", "0")) * tensor_parallel_size
+        _ensure_vllm_parallel_state(tensor_parallel_size)
         self.max_model_len = int(max_model_len or hf_config.max_position_embeddings)
         self.max_num_seqs = int(max_num_seqs)
         self.eos_token_id = hf_config.eos_token_id
@@ -218,6 +219,20 @@ class StandinLLM:
                                             logprobs=logprobs, finish_reason=reason))
         return RequestOutput(request_id=str(next(self._request_ids)), prompt=None, prompt_token_ids=prompt,
                              prompt_logprobs=None, outputs=outputs, finished=True)
+
+
+def _ensure_vllm_parallel_state(tp: int) -> None:
+    """vLLM's LLM (external_launcher) brings up vllm.distributed's groups over the job's process group;
+    verl's weight sync reads the rollout TP size from them. The stand-in does the same, over gloo."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as ps
+
+    if not dist.is_initialized() or ps.model_parallel_is_initialized():
+        return
+    ps.init_distributed_environment(world_size=dist.get_world_size(), rank=dist.get_rank(),
+                                    distributed_init_method="env://",
+                                    local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend="gloo")
+    ps.ensure_model_parallel_initialized(tp, 1)
 
 
 def _as_set(value: Any) -> set[int]:
