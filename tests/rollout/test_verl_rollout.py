@@ -64,3 +64,31 @@ def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
         if p.kind.value == "wrap":
             assert callable(p.replacement(lambda *a, **k: None))
+
+
+def test_rollout_runs_under_the_real_torch_compile_while_mindspeeds_substitute_is_set(monkeypatch) -> None:
+    """F1: MindSpeed-LLM sets torch.compile = torch.jit.script process-wide; verl's rollout construction
+    and generate_sequences must see the real torch.compile, and training code the substitute again."""
+    import torch
+
+    from verl_patches.patches.mindspeed import compile_toggle
+    from verl_patches.rollout.verl_hooks import wrap_generate_sequences, wrap_rollout_init
+
+    real = compile_toggle.capture_real_compile()
+    monkeypatch.setattr(torch, "compile", torch.jit.script)  # what MindSpeed-LLM's adaptor does
+    seen = []
+
+    class Rollout:
+        def __init__(self, model_path, config, *args, **kwargs):
+            seen.append(("init", torch.compile))
+
+        def generate_sequences(self, prompts):
+            seen.append(("generate", torch.compile))
+            return prompts
+
+    Rollout.__init__ = wrap_rollout_init(Rollout.__init__)
+    Rollout.generate_sequences = wrap_generate_sequences(Rollout.generate_sequences)
+    r = Rollout("/m", {"tensor_model_parallel_size": 1})
+    assert r.generate_sequences("batch") == "batch"
+    assert seen == [("init", real), ("generate", real)]
+    assert torch.compile is torch.jit.script  # training keeps MindSpeed's substitute
