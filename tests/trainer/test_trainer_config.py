@@ -185,6 +185,8 @@ def test_fix_router_only_in_random_init_and_checkpoint_only_in_true_weight() -> 
 
 
 def test_tiny_profile_values() -> None:
+    """The tiny run takes the A3 path: Megatron actor/ref (TP2 x EP2, fp32), the vllm rollout seam, fused role,
+    no old-log-prob pass, validation every 20 steps."""
     from verl_patches.device import device_kind
 
     c = composed("tiny")
@@ -197,18 +199,34 @@ def test_tiny_profile_values() -> None:
     assert sel(c, "data.val_files") == str(assets / "data" / "test.parquet")
     assert sel(c, "actor_rollout_ref.model.path") == str(assets / "model")
     assert sel(c, "algorithm.adv_estimator") == "grpo"
-    assert sel(c, f"{A}.strategy") == "fsdp"  # the FSDP actor of verl's own ppo_trainer.yaml
-    assert sel(c, f"{R}.name") == "hf"
-    assert sel(c, "actor_rollout_ref.model.use_remove_padding") is False
+    assert sel(c, f"{A}.strategy") == "megatron" and sel(c, f"{REF}.strategy") == "megatron"
+    assert sel(c, f"{R}.name") == "vllm" and sel(c, f"{R}.tensor_model_parallel_size") == 1
+    assert sel(c, f"{A}.recompute_old_log_prob") is False
+    assert sel(c, f"{A}.ppo_mini_batch_size") == sel(c, "data.train_batch_size")
+    for role in (A, REF):
+        assert sel(c, f"{role}.megatron.tensor_model_parallel_size") == 2
+        assert sel(c, f"{role}.megatron.expert_model_parallel_size") == 2
+        assert sel(c, f"{role}.megatron.dist_checkpointing_path") == str(assets / "mcore")
+    assert sel(c, f"{M}.params_dtype") == "float32" and sel(c, f"{R}.dtype") == "float32"
     assert sel(c, "data.dataloader_num_workers") == 0
-    assert sel(c, "ray_init.num_cpus") == 4
     assert sel(c, "trainer.device") == device_kind()
-    assert sel(c, "trainer.nnodes") == 1 and sel(c, "trainer.n_gpus_per_node") == 1
+    assert sel(c, "trainer.nnodes") == 1 and sel(c, "trainer.n_gpus_per_node") == 4
+    assert sel(c, "ray_init.num_cpus") >= sel(c, "trainer.n_gpus_per_node") + 1
+    assert sel(c, "trainer.test_freq") == 20 and sel(c, "trainer.total_training_steps") == 60
     assert sel(c, "trainer.balance_batch") is False
     assert sel(c, f"{A}.use_kl_loss") is True and sel(c, f"{A}.kl_loss_type") == "low_var_kl"
     assert "tensorboard" in sel(c, "trainer.logger")
     assert sel(c, "data.seed") == sel(c, "overlay.tiny_seed")
     assert Path(sel(c, "custom_reward_function.path")).is_file()
+    assert check_config(c) == []
+
+
+def test_tiny_fsdp_option_values() -> None:
+    c = resolved(compose_config("ppo_tiny_local_fsdp", []))
+    assert sel(c, f"{A}.strategy") == "fsdp" and sel(c, f"{R}.name") == "hf"
+    assert sel(c, "actor_rollout_ref.model.use_remove_padding") is False
+    assert sel(c, "overlay.fused_actor_rollout_ref") is True
+    assert sel(c, "trainer.nnodes") == 1 and sel(c, "trainer.n_gpus_per_node") == 1
     assert check_config(c) == []
 
 
@@ -248,7 +266,11 @@ def test_megatron_config_keeps_every_upstream_default_it_does_not_set(profile: s
 
 
 def test_tiny_config_keeps_every_upstream_default_it_does_not_set() -> None:
-    compared = _check_upstream_defaults("ppo_tiny_local", "ppo_trainer.yaml", [CONFIG_DIR / "ppo_tiny_local.yaml"])
+    compared = _check_upstream_defaults("ppo_tiny_local", "ppo_megatron_trainer.yaml",
+                                        [CONFIG_DIR / "ppo_mindspeed_trainer.yaml", CONFIG_DIR / "ppo_tiny_local.yaml"])
+    assert compared > 150
+    compared = _check_upstream_defaults("ppo_tiny_local_fsdp", "ppo_trainer.yaml",
+                                        [CONFIG_DIR / "ppo_tiny_local_fsdp.yaml"])
     assert compared > 150
 
 
@@ -303,7 +325,7 @@ def test_added_keys_accept_overrides() -> None:
 
 def test_nothing_is_written_into_the_vendored_verl_tree() -> None:
     ours = {p.name for p in CONFIG_DIR.glob("*.yaml")}
-    assert ours == {"ppo_mindspeed_trainer.yaml", "ppo_tiny_local.yaml"}
+    assert ours == {"ppo_mindspeed_trainer.yaml", "ppo_tiny_local.yaml", "ppo_tiny_local_fsdp.yaml"}
     assert not any((VERL_CONFIG_DIR / n).exists() for n in ours)
     assert not (REPO_ROOT / "verl" / "trainer" / "main_ppo_npu.py").exists()
 

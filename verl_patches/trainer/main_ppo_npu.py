@@ -49,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
     if cfg.get("overlay", {}).get("profile") == "tiny":
-        from pathlib import Path
+        from verl_patches.trainer.tiny_a3 import prepare_for
 
-        from verl_patches.trainer.tiny_assets import TinySpec, prepare
-
-        o = cfg.overlay
-        prepare(Path(o.tiny_assets_dir), TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand)))
+        try:
+            prepare_for(cfg)
+        except ValueError as e:
+            print(f"main_ppo_npu: {e}", file=sys.stderr)
+            return 2
 
     from verl.trainer.main_ppo import run_ppo  # wrapped by our patch: Ray starts with our runtime env
 

@@ -32,6 +32,7 @@ class TinySpec:
     train_ratio: float = 0.9
     template: str = "r1_zero"
     model_overrides: tuple[tuple[str, Any], ...] = ()
+    vocab_multiple: int = 1  # the model's vocabulary padded to a multiple (Megatron's TP/EP splits need it)
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -132,8 +133,27 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
                for msgs in pd.read_parquet(p)["prompt"] for m in msgs]
     assets.model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(assets.model_dir, prompts, spec.max_operand)
-    build_model(assets.model_dir, len(tok), spec.seed, tok, dict(spec.model_overrides))
+    vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple
+    build_model(assets.model_dir, vocab, spec.seed, tok, dict(spec.model_overrides))
     tmp = stamp.with_name(STAMP + ".tmp")
     tmp.write_text(json.dumps(spec.as_dict(), indent=2))
     tmp.replace(stamp)
     return assets
+
+
+def prepare_megatron(assets: TinyAssets, out_dir: Path, layout: Any, progress: bool = True) -> Path:
+    """The tiny model in our converter's Megatron layout (`layout`: a weights.layout.ParallelLayout), the
+    weights the Megatron actor and reference load; rebuilt when the model or the layout changes."""
+    from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
+
+    out_dir = Path(out_dir)
+    key = {"layout": layout.to_json(), "model": json.loads((assets.root / STAMP).read_text())}
+    stamp = out_dir / "tiny_mcore.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == key:
+        return out_dir
+    stamp.unlink(missing_ok=True)
+    convert_hf_to_mcore(assets.model_dir, out_dir, layout, overwrite=True, progress=progress)
+    tmp = stamp.with_name(stamp.name + ".tmp")
+    tmp.write_text(json.dumps(key, indent=2))
+    tmp.replace(stamp)
+    return out_dir

@@ -1,0 +1,75 @@
+"""The tiny local run on the A3 path: which assets it needs, derived from the composed config (pure), and
+building them (thin).
+
+On the A3 path (``actor.strategy=megatron``) the actor and the reference load our converter's Megatron
+checkpoint of the tiny HF model in the run's own layout (TP/PP/EP, uneven layer list, grouped GEMM,
+TP-extend-EP as the A3 job), and the rollout receives the actor's weights through the weight sync. The
+model there uses one routing group (MindSpeed-LLM's router and HF's agree without group-limited
+routing, as in the engine's golden test) and a vocabulary padded for the TP and EP splits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from verl_patches.trainer.config_checks import get
+from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, prepare, prepare_megatron
+
+MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
+    "n_group": 1, "topk_group": 1, "max_position_embeddings": 256,
+}
+VOCAB_MULTIPLE = 8
+MCORE_DIR = "mcore"
+
+
+def is_megatron(cfg: Any) -> bool:
+    return get(cfg, "actor_rollout_ref.actor.strategy") == "megatron"
+
+
+def tiny_spec(cfg: Any) -> TinySpec:
+    """The asset spec for this config (pure)."""
+    o = cfg.overlay
+    spec = TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand))
+    if not is_megatron(cfg):
+        return spec
+    from verl_patches.weights.config import official_config
+
+    rope = dict(official_config()["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
+    overrides = dict(MEGATRON_MODEL_OVERRIDES, rope_scaling=rope)
+    return TinySpec(seed=spec.seed, max_operand=spec.max_operand, vocab_multiple=VOCAB_MULTIPLE,
+                    model_overrides=tuple(sorted(overrides.items())))
+
+
+def megatron_layout(cfg: Any) -> Any:
+    """The actor's Megatron layout as our converter writes it (pure)."""
+    from verl_patches.weights.layout import ParallelLayout
+
+    m = "actor_rollout_ref.actor.megatron"
+    layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
+        if get(cfg, f"{m}.{key}") != get(cfg, f"actor_rollout_ref.ref.megatron.{key}"):
+            raise ValueError(f"tiny profile: actor_rollout_ref.ref.megatron.{key} must equal {m}.{key} "
+                             "(the reference loads the actor's checkpoint)")
+    return ParallelLayout(tp=int(get(cfg, f"{m}.tensor_model_parallel_size")),
+                          pp=int(get(cfg, f"{m}.pipeline_model_parallel_size")),
+                          ep=int(get(cfg, f"{m}.expert_model_parallel_size")),
+                          num_layer_list=tuple(int(n) for n in layers) if layers else None,
+                          moe_grouped_gemm=True, moe_tp_extend_ep=True)
+
+
+def checkpoint_dir(cfg: Any) -> Path:
+    return Path(cfg.overlay.tiny_assets_dir) / MCORE_DIR
+
+
+def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
+    """Build (or reuse) everything the resolved tiny config reads: data, tokenizer, model, and on the A3
+    path the Megatron checkpoint at `actor.megatron.dist_checkpointing_path`."""
+    assets = prepare(Path(cfg.overlay.tiny_assets_dir), tiny_spec(cfg), progress=progress)
+    if is_megatron(cfg):
+        target = get(cfg, "actor_rollout_ref.actor.megatron.dist_checkpointing_path")
+        if target is None or Path(target) != checkpoint_dir(cfg):
+            raise ValueError(f"tiny profile: actor_rollout_ref.actor.megatron.dist_checkpointing_path must be "
+                             f"{checkpoint_dir(cfg)} (built here), found {target!r}")
+        prepare_megatron(assets, checkpoint_dir(cfg), megatron_layout(cfg), progress=progress)
+    return assets
