@@ -343,3 +343,15 @@ def test_polynomial_shortcut_agrees_with_math_verify(pred, truth):
         assert shortcut is not None  # the cases it exists for
     if pred in ("\\frac{x}{2}", "\\frac{x^2-1}{x-1}", "\\sqrt{x^2}", "(x+1)^{40}"):
         assert shortcut is None  # a float, a rational function, a root, a degree above the bound
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_PIECES + ["y", "f(2)", "0.5", "1e-7"]), min_size=1, max_size=10).map("".join))
+def test_the_truth_itself_is_never_rejected_on_the_fast_path(text):
+    """Whatever the canonical form does, it does the same to both sides: the truth as an answer never
+    scores 0 there (the symbolic path may still be asked)."""
+    from verl_patches.reward.deepscaler import prejudge
+
+    result = prejudge("<think>x</think> \\boxed{" + text + "}", text)
+    if not isinstance(result, tuple) and canonical_answer(text).text:
+        assert result.score == 1.0, (text, result.reason)
