@@ -182,7 +182,8 @@ def scenario_packed_refused(rank: int, world: int) -> str:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(180)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
     (res,) = run_ranks(scenario_tempered_log_probs, 1)
     for t in ("1.0", "0.7"):
@@ -191,7 +192,8 @@ def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(180)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
     (res,) = run_ranks(scenario_skip_old_log_prob, 1)
     assert res["skipped"]
@@ -202,7 +204,8 @@ def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(180)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_packed_sequences_are_refused_with_the_key_to_change() -> None:
     (msg,) = run_ranks(scenario_packed_refused, 1)
     assert "use_packed_seq" in msg and "set it to False" in msg

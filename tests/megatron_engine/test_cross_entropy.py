@@ -41,7 +41,8 @@ def scenario(rank: int, world: int) -> dict:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(180)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_cross_entropy_without_fp32_copy_equals_the_fp32_reference() -> None:
     (res,) = run_ranks(scenario, 1)
     for dtype, r in res.items():

@@ -97,6 +97,7 @@ def test_with_deepseek_v3_replaces_exactly_one_entry() -> None:
         with_deepseek_v3({M.A: 1}, 3)
 
 
+@pytest.mark.slow
 def test_verl_mcore_imports_and_registries_point_at_ours() -> None:
     out = run_fresh("""
         import verl_patches.prelude_patch
@@ -123,6 +124,7 @@ def test_verl_mcore_imports_and_registries_point_at_ours() -> None:
     assert out[-1] == "verl.models.mcore.model_forward"  # other families keep upstream's
 
 
+@pytest.mark.slow
 def test_spec_shims_say_what_is_unsupported() -> None:
     out = run_fresh("""
         import verl_patches.prelude_patch

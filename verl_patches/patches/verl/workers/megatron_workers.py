@@ -121,9 +121,11 @@ def _build_model_optimizer(self, model_path: str, optim_config: Any, override_mo
     def provider(pre_process: bool, post_process: bool) -> Any:
         from verl.models.mcore import init_mcore_model
 
-        return init_mcore_model(self.tf_config, self.hf_config, pre_process, post_process,
-                                share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
-                                value=False, freeze_moe_router=freeze_router)
+        model = init_mcore_model(self.tf_config, self.hf_config, pre_process, post_process,
+                                 share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
+                                 value=False, freeze_moe_router=freeze_router)
+        model.cuda()  # as upstream; the process-wide CUDA->NPU remap places it on the device
+        return model
 
     role_cfg = self.config.actor if is_for_actor else self.config.ref
     if is_for_actor:
@@ -155,6 +157,7 @@ def _build_model_optimizer(self, model_path: str, optim_config: Any, override_mo
 def init_model(self) -> None:
     from omegaconf import OmegaConf
     from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager
+    from verl.utils.device import get_torch_device
     from verl.utils.flops_counter import FlopsCounter
     from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
     from megatron.training import get_args
@@ -211,6 +214,7 @@ def init_model(self) -> None:
             share_embeddings_and_output_weights=self.share_embeddings_and_output_weights, tokenizer=self.tokenizer,
             optimizer=self.actor_optimizer, use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer,
             checkpoint_contents=self.config.actor.checkpoint.contents)
+    get_torch_device().empty_cache()
 
 
 def wrap_with_temperature(original: Callable) -> Callable:
