@@ -106,10 +106,20 @@ def _tp_merge(p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None
         return shard, []
     shard = shard.contiguous()
     n = shard.numel() * shard.element_size()
-    _record(meter, "all_gather", rank, ranks, [n] * len(ranks), [n] * len(ranks))
+    if p.kind == "gate_up":
+        for _ in range(2):
+            _record(meter, "all_gather", rank, ranks, [n // 2] * len(ranks), [n // 2] * len(ranks))
+    else:
+        _record(meter, "all_gather", rank, ranks, [n] * len(ranks), [n] * len(ranks))
     if p.kind == "tp_rows":   # row shards tile the merged tensor: gather straight into it, no merge copy
         full = shard.new_empty(p.full_shape)
         dist.all_gather_into_tensor(full, shard, group=group)
+        return full, [full]
+    if p.kind == "gate_up":   # [gate_t; up_t]: gather the gate halves, then the up halves, into their places
+        full = shard.new_empty(p.full_shape)
+        half, rows = full.shape[0] // 2, shard.shape[0] // 2
+        dist.all_gather_into_tensor(full.narrow(0, 0, half), shard.narrow(0, 0, rows), group=group)
+        dist.all_gather_into_tensor(full.narrow(0, half, half), shard.narrow(0, rows, rows), group=group)
         return full, [full]
     parts = [torch.empty_like(shard) for _ in ranks]
     dist.all_gather(parts, shard, group=group)
@@ -134,6 +144,76 @@ def _broadcast(p_shape: tuple[int, ...], dtype: torch.dtype, tensor: torch.Tenso
     _record(meter, "broadcast", rank, ranks, [0] * len(ranks), [n if g == src else 0 for g in ranks])
     dist.broadcast(buf, src=src, group=group)
     return buf
+
+
+def _row_pieces(plan: SyncPlan, p: SyncParam) -> list[tuple[str, int, int]]:
+    """``(hf_name, first_row, rows)`` of each HF tensor inside one rank's shard (rows of the local shard)."""
+    rows = p.local_shape[0]
+    if p.kind == "gate_up":            # [gate_t; up_t]: each half TP-merges by rows into one HF tensor
+        return [(p.hf_names[0], 0, rows // 2), (p.hf_names[1], rows // 2, rows // 2)]
+    if p.kind == "concat_rows":        # replicated [q_a; kv_a]
+        q = int(plan.cfg["q_lora_rank"])
+        return [(p.hf_names[0], 0, q), (p.hf_names[1], q, rows - q)]
+    return [(p.hf_names[0], 0, rows)]
+
+
+def _piece_steps(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Mapping[str, torch.Tensor],
+                 groups: SyncGroups, meter: SyncMeter | None) -> Iterator[tuple[Named, list[torch.Tensor]]]:
+    """One non-expert parameter of another route's leftovers, one HF tensor per step, each allocated once.
+
+    Every HF tensor of the parameter is assembled straight in its final buffer: the owning stage's TP
+    shards are broadcast over the pipeline group *into their slot* of that buffer, then the TP group fills
+    the other slots in place (``all_gather_into_tensor`` with the input being this rank's own slot, the
+    in-place form NCCL and HCCL document). Column-split tensors (``linear_proj``, ``linear_fc2``) are
+    assembled transposed, where the shards are rows, and handed over as a transposed view. So a rank holds
+    one HF tensor at a time and receives each byte it lacks once.
+    """
+    tp_ranks, pp_ranks = group_ranks(groups.tp), group_ranks(groups.pp)
+    tp, t = len(tp_ranks), tp_ranks.index(rank)
+    owner = p.stage == stage
+    shard = local[p.local_name] if owner else None
+    src = pp_ranks[p.stage]
+    split = p.is_tp_split and tp > 1
+    cols = p.kind == "tp_cols" and split
+    for hf_name, first, rows in _row_pieces(plan, p):
+        piece = shard.narrow(0, first, rows) if owner else None
+        if cols:
+            piece = piece.t().contiguous() if owner else None      # the shard as rows of the transposed tensor
+            shape = (p.local_shape[1], rows)
+        else:
+            shape = (rows, *p.local_shape[1:])
+        n = torch.Size(shape).numel() * p.dtype.itemsize
+        allocated = []
+        if split:
+            full = torch.empty((tp * shape[0], *shape[1:]), dtype=p.dtype)
+            slot = full.narrow(0, t * shape[0], shape[0])
+            allocated.append(full)
+        else:
+            slot = None
+        if len(pp_ranks) > 1:
+            if owner:
+                if cols:
+                    allocated.append(piece)
+                send = piece.contiguous()
+                _record(meter, "broadcast", rank, pp_ranks, [n] * len(pp_ranks), [0] * len(pp_ranks))
+                dist.broadcast(send, src=src, group=groups.pp)
+            else:
+                if slot is None:
+                    slot = torch.empty(shape, dtype=p.dtype)
+                    allocated.append(slot)
+                _record(meter, "broadcast", rank, pp_ranks, [0] * len(pp_ranks),
+                        [n if g == src else 0 for g in pp_ranks])
+                dist.broadcast(slot, src=src, group=groups.pp)
+                piece = slot
+        elif cols and owner:
+            allocated.append(piece)
+        if split:
+            _record(meter, "all_gather", rank, tp_ranks, [n] * tp, [n] * tp)
+            dist.all_gather_into_tensor(full, piece if owner else slot, group=groups.tp)
+            tensor = full.t() if cols else full
+        else:
+            tensor = piece.t() if cols else piece
+        yield [(hf_name, tensor)], allocated
 
 
 def _legacy_step(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Mapping[str, torch.Tensor],
@@ -219,9 +299,14 @@ def iter_rollout_weights(plan: SyncPlan, rank: int, local: Mapping[str, torch.Te
             yield from emit(named, bufs, internal)
             del named, bufs
     for p in plan.legacy:
-        named, bufs = _legacy_step(plan, p, stage, rank, local, groups, meter)
-        yield from emit(named, bufs)
-        del named, bufs
+        if plan.path is SyncPath.ALL_TO_ALL:
+            for named, bufs in _piece_steps(plan, p, stage, rank, local, groups, meter):
+                yield from emit(named, bufs)
+                del named, bufs
+        else:   # the vendor's order: PP broadcast of the shard, then TP all-gather and concatenation
+            named, bufs = _legacy_step(plan, p, stage, rank, local, groups, meter)
+            yield from emit(named, bufs)
+            del named, bufs
     for layer, layer_stage, local_layer in plan.moe:
         for kind in KINDS:
             if plan.path is SyncPath.ALL_TO_ALL:
