@@ -170,6 +170,46 @@ def scenario_skip_old_log_prob(rank: int, world: int) -> dict:
             "missing": missing}
 
 
+def scenario_update_policy_profiles_the_second_step(rank: int, world: int, out_dir: str) -> dict:
+    import os
+
+    from verl_patches import profiler
+
+    init_megatron_tp1()
+    os.environ["PROFILE_UPDATE"] = "1"
+    traced: list = []
+
+    class Recorder:
+        def __init__(self, path, **kw):
+            traced.append(path)
+
+        def start(self):
+            pass
+
+        def step(self):
+            pass
+
+        def stop(self):
+            pass
+
+    profiler_cls = profiler.NPUProfiler
+
+    class Fake(profiler_cls):
+        def __init__(self, stage, **kw):
+            super().__init__(stage, root=out_dir, factory=Recorder, **kw)
+
+    profiler.NPUProfiler = Fake
+    model = ToyModel()
+    actor = make_actor(model, recompute_old_log_prob=False)
+    batch = make_batch()
+    batch.meta_info.update(temperature=1.0, micro_batch_size=2)
+    iterations = []
+    for _ in range(3):
+        actor.update_policy(actor.make_minibatch_iterator(batch))
+        iterations.append(actor.iteration)
+    return {"iterations": iterations, "traced": traced}
+
+
 def scenario_packed_refused(rank: int, world: int) -> str:
     from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
 
@@ -201,6 +241,15 @@ def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
     assert res["clipfrac"] == 0.0 and res["ppo_kl"] == 0.0
     assert res["grad_diff"] < 1e-6, res
     assert "meta_info['temperature'] is missing" in res["missing"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_update_policy_counts_steps_and_profiles_the_second_one(tmp_path) -> None:
+    (res,) = run_ranks(scenario_update_policy_profiles_the_second_step, 1, out_dir=str(tmp_path))
+    assert res["iterations"] == [1, 2, 3]
+    assert res["traced"] == [str(tmp_path / "update_actor")]
 
 
 @pytest.mark.multiproc

@@ -104,7 +104,8 @@ PATCHES = [
         fingerprint="sha256:852adec64a57bdf1",
         replacement=lazy_object(f"{_A}:update_policy"),
         vendor_item="C3",
-        reason="count optimizer steps; a skipped step is an error naming the cause",
+        reason="count optimizer steps, profile one with PROFILE_UPDATE=1 (C9), empty the device cache after (C8); "
+               "a skipped step is an error naming the cause",
     ),
     Patch(
         name="megatron_actor.vocab_parallel_entropy_eager",

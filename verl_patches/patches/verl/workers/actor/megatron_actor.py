@@ -13,6 +13,8 @@ Changes against verl v0.4.0, each for a reason:
 - The forward is the non-packed one with the NPU flash-attention mask (G11); ``use_packed_seq=True`` is
   refused at construction. ``use_dynamic_bsz`` packs micro-batches up to ``max_packing_token_size``.
 - ``entropy_coeff`` must be 0 (the recipe's loss has no entropy term and the A3 profile sets 0).
+- ``update_policy`` counts optimizer steps, traces the second one when ``PROFILE_UPDATE=1`` (C9) and empties
+  the device cache at the end (C8).
 """
 from __future__ import annotations
 
@@ -268,11 +270,21 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
     return result
 
 
+PROFILED_ITERATION = 1  # the second optimizer step: the first one pays for lazy allocations
+
+
 def update_policy(self, dataloader: Iterable[Any]) -> dict:
     from verl.utils.py_functional import append_to_dict
 
+    from verl_patches.profiler import NPUProfiler
+    from verl_patches.tools import empty_cache
+
     metrics: dict = {}
     for data in dataloader:
+        # PROFILE_UPDATE=1 traces one whole step on rank 0 to ./profiling/update_actor (vendor item C9)
+        profiler = NPUProfiler("update_actor") if self.iteration == PROFILED_ITERATION else None
+        if profiler is not None:
+            profiler.start()
         self.actor_optimizer.zero_grad()
         for chunk in self.actor_module:
             chunk.zero_grad_buffer()
@@ -283,8 +295,12 @@ def update_policy(self, dataloader: Iterable[Any]) -> dict:
         for item in out["output"]:
             append_to_dict(metrics, item[0])
         update_successful, grad_norm, _ = self.actor_optimizer.step()
+        if profiler is not None:
+            profiler.step()
+            profiler.stop()
         if not update_successful:
             raise RuntimeError("the optimizer step was skipped (non-finite gradients)")
         self.iteration += 1
         append_to_dict(metrics, {"actor/grad_norm": grad_norm, "actor/lr": self.actor_optimizer.param_groups[-1]["lr"]})
+    empty_cache()
     return metrics
