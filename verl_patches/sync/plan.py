@@ -7,7 +7,8 @@ Three routes, in this fixed global order (every rank walks the same list, so col
    over the pipeline group.
 2. *Legacy* (E3's "the rest"): every other non-expert parameter (embedding, final norm, output layer, the
    layers past the shortest stage, dense-vs-MoE mismatches): the owning stage broadcasts each TP shard over
-   the pipeline group, then every stage merges the TP shards.
+   the pipeline group, then every stage merges the TP shards - one HF tensor at a time, straight into its
+   final buffer (`verl_patches.sync.generator`), so no rank holds more than the tensor it hands over.
 3. *Experts* (E2): grouped-GEMM ``weight1``/``weight2`` of every MoE layer, routed straight from the owning
    stage to the rollout ranks that serve each expert (`verl_patches.reshard.ep_plan`, world group); a rank
    never receives an expert it does not serve.
