@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--instances", type=int, default=1, choices=(1, 2))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", type=Path, help="also write the per-rank measurements here")
     args = p.parse_args(argv)
     results = run(args)

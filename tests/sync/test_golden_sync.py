@@ -28,7 +28,7 @@ from verl_patches.weights.layout import Rank
 from verl_patches.weights.mcore_to_hf import hf_tensor_from_ranks
 from verl_patches.sync.param_table import weights_layout
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TAGS_A2A = ("initial", "two_inst", "updated", "one_expert")
 
@@ -36,7 +36,7 @@ TAGS_A2A = ("initial", "two_inst", "updated", "one_expert")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("golden_sync")
-    results = run_ranks(functools.partial(G.run_rank, out_dir=str(out)), L.WORLD, timeout_s=400)
+    results = run_ranks(functools.partial(G.run_rank, out_dir=str(out)), L.WORLD, timeout_s=800)
     assert_scenario(results, "golden")
     return out
 
