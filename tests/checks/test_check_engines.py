@@ -3,7 +3,8 @@ expert, non-zero routing bias): verl's Megatron worker on MindSpeed over gloo an
 the A3 weight sync, against HF transformers.
 
 - agreement at EP2 (2 ranks, HF converted by the check, truncated to 2 layers / 4 experts) and at PP2 with the
-  uneven layer list [1, 2] (2 ranks, a given --mcore checkpoint, full model);
+  uneven layer list [1, 2] (2 ranks, a given --mcore checkpoint, full model, rollout EP1: every rank serves
+  every expert);
 - a Megatron checkpoint converted from a different HF checkpoint fails, naming megatron and the worst token;
 - a Megatron checkpoint with one expert's weights changed fails for both engines (read through the --layers/
   --experts slice of the Megatron checkpoint).
@@ -62,7 +63,8 @@ def test_agreement_at_ep2_with_truncation(models, capsys):
 def test_agreement_at_pp2_uneven_from_a_given_megatron_checkpoint(models, tmp_path, capsys):
     mcore = _convert(models["hf"], tmp_path / "mcore", pp=2, num_layer_list=(1, 2))
     code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--pp", "2",
-                      "--num-layer-list", "1,2", "--moe-tp-extend-ep", "--tolerance", str(AGREE_TOL))
+                      "--num-layer-list", "1,2", "--moe-tp-extend-ep", "--rollout-ep", "1",
+                      "--tolerance", str(AGREE_TOL))
     print(text)
     assert code == 0, text
     assert _report(text, "megatron") < AGREE_TOL and _report(text, "rollout") < AGREE_TOL

@@ -9,13 +9,15 @@ Rollout: the weight sync of the A3 job (`verl_patches.sync.sharding_manager.Mega
 and the patched ``per_tensor_generator``) streams the Megatron model into the rollout stand-in's vLLM-named
 parameters (`verl_patches.rollout.standin`, vLLM's own DeepSeek loader), each rank serving its rollout
 expert-parallel share. The stand-in computes with EP size 1 only, so rank 0 gathers every rank's experts into
-one instance and scores the whole batch.
+one instance and scores the whole batch (with ``--rollout-ep 1`` every rank already holds every expert and
+rank 0 scores with its own instance). The Megatron model is freed once synced.
 
 Results are written under ``out_dir`` as ``megatron_dp{d}.pt`` (by the first rank of each data-parallel
 group holding the log-probs) and ``rollout.pt``.
 """
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,22 +101,29 @@ def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, 
 
     from verl_patches.checks.sequences import response_log_probs
 
-    experts = {"experts": list(standin.experts),
-               "params": {n: p.detach() for n, p in standin.named_parameters() if ".mlp.experts.w" in n}}
-    gathered: list[Any] = [None] * world if rank == 0 else []
-    dist.gather_object(experts, gathered if rank == 0 else None, dst=0)
-    if rank != 0:
-        return None
-    whole = _standin(cfg_hf, dtype, ep_size=1, ep_rank=0)
-    local = dict(standin.named_parameters())
+    if standin.ep_size == 1:  # every rank serves every expert: rank 0 scores with its own instance
+        if rank != 0:
+            return None
+        whole = standin
+    else:
+        experts = {"experts": list(standin.experts),
+                   "params": {n: p.detach() for n, p in standin.named_parameters() if ".mlp.experts.w" in n}}
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(experts, gathered if rank == 0 else None, dst=0)
+        if rank != 0:
+            return None
+        whole = _standin(cfg_hf, dtype, ep_size=1, ep_rank=0)
+        local = dict(standin.named_parameters())
+        with torch.no_grad():
+            for name, p in whole.named_parameters():
+                if ".mlp.experts.w" in name:
+                    for g in gathered:
+                        for i, e in enumerate(g["experts"]):
+                            p.data[e].copy_(g["params"][name][i])
+                else:
+                    p.data.copy_(local[name].data)
+        del gathered, local
     with torch.no_grad():
-        for name, p in whole.named_parameters():
-            if ".mlp.experts.w" in name:
-                for g in gathered:
-                    for i, e in enumerate(g["experts"]):
-                        p.data[e].copy_(g["params"][name][i])
-            else:
-                p.data.copy_(local[name].data)
         whole.bind_views()
         whole.process_weights_after_loading()
         logits = whole(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -161,6 +170,9 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
         standin = _standin(cfg_hf, torch_dtype, ep_size=rollout_ep, ep_rank=rank % rollout_ep)
         out["rollout_loaded_params"] = _sync_into_standin(ref, standin, rollout_tp)
         out["rollout_experts"] = list(standin.experts)
+        # the training model is no longer needed: free it before rank 0 builds the whole rollout instance
+        del ref
+        gc.collect()
         lp = _gathered_rollout_log_probs(standin, cfg_hf, torch_dtype, batch, rank, world)
         if lp is not None:
             torch.save(lp.float(), os.path.join(out_dir, "rollout.pt"))

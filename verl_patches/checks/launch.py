@@ -75,7 +75,8 @@ def run_ranks(target: Callable[..., Any], world: int, timeout_s: float, **kwargs
             procs[r].kill()
             procs[r].join()
         if hung:
-            raise RankFailure(f"ranks {hung} did not finish within {timeout_s:g} s")
+            raise RankFailure(f"ranks {hung} did not finish within {timeout_s:g} s; rank {hung[0]}'s log ends:\n"
+                              f"{_tail(tmp, hung[0])}")
         out = []
         for r in range(world):
             path = os.path.join(tmp, f"rank{r}.json")
