@@ -56,3 +56,17 @@ def test_script_runs_as_a_file():
     out = subprocess.run([sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--help"],
                          capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0 and "--experts" in out.stdout and "--rollout-ep" in out.stdout
+
+
+def test_megatron_checkpoint_of_another_layout_exits_2_naming_both(tmp_path, capsys):
+    from tests.megatron_engine.golden_assets import build_hf_model
+    from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
+    from verl_patches.weights.layout import ParallelLayout
+
+    hf = build_hf_model(tmp_path)
+    mcore = tmp_path / "mcore"
+    convert_hf_to_mcore(hf, mcore, ParallelLayout(ep=2, moe_grouped_gemm=True, moe_tp_extend_ep=True), progress=False)
+    assert main(["--hf", str(hf), "--mcore", str(mcore), "--ep", "1", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(mcore) in err and "'ep': 2" in err and "'ep': 1" in err
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("check_logprobs_")]  # temp folder removed
