@@ -65,11 +65,15 @@ def checkpoint_dir(cfg: Any) -> Path:
 def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
     """Build (or reuse) everything the resolved tiny config reads: data, tokenizer, model, and on the A3
     path the Megatron checkpoint at `actor.megatron.dist_checkpointing_path`."""
+    layout = None
+    if is_megatron(cfg):  # every check before anything is built
+        for role in ("actor", "ref"):
+            target = get(cfg, f"actor_rollout_ref.{role}.megatron.dist_checkpointing_path")
+            if target is None or Path(target) != checkpoint_dir(cfg):
+                raise ValueError(f"tiny profile: actor_rollout_ref.{role}.megatron.dist_checkpointing_path must be "
+                                 f"{checkpoint_dir(cfg)} (built here), found {target!r}")
+        layout = megatron_layout(cfg)
     assets = prepare(Path(cfg.overlay.tiny_assets_dir), tiny_spec(cfg), progress=progress)
-    if is_megatron(cfg):
-        target = get(cfg, "actor_rollout_ref.actor.megatron.dist_checkpointing_path")
-        if target is None or Path(target) != checkpoint_dir(cfg):
-            raise ValueError(f"tiny profile: actor_rollout_ref.actor.megatron.dist_checkpointing_path must be "
-                             f"{checkpoint_dir(cfg)} (built here), found {target!r}")
-        prepare_megatron(assets, checkpoint_dir(cfg), megatron_layout(cfg), progress=progress)
+    if layout is not None:
+        prepare_megatron(assets, checkpoint_dir(cfg), layout, progress=progress)
     return assets
