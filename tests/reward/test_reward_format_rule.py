@@ -107,6 +107,7 @@ def test_the_rule_is_not_passed_to_verls_own_scorers():
         ("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"], "strict"),
         ("ppo_mindspeed_trainer", ["profile=a3_256die_random_init"], "strict"),
         ("ppo_tiny_local", [], "relaxed"),
+        ("ppo_tiny_local_fsdp", [], "relaxed"),
     ],
 )
 def test_profiles_set_the_rule(monkeypatch, config_name, overrides, rule):
