@@ -175,3 +175,23 @@ def test_rollout_layout_and_layer_list_parsing():
         src.rollout_layout(8, 2, {"VLLM_DP_SIZE": "x"})
     assert src.layer_list_from("7, 7,8") == (7, 7, 8) and src.layer_list_from(None) is None
     assert src.layer_list_from([2, 3]) == (2, 3)
+
+
+def test_the_declared_patches_are_in_place_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import verl_patches.prelude_patch
+import verl.utils.megatron_utils as mu
+from verl.single_controller.base.decorator import Dispatch, get_predefined_dispatch_fn
+fn = get_predefined_dispatch_fn(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)["dispatch_fn"]
+print(mu.per_tensor_generator.__module__, mu.get_transformer_layer_offset.__module__, fn.__wrapped__.__name__)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # the MEGATRON_COMPUTE_PROTO dispatch is our annotating wrapper around upstream's function
+    assert r.stdout.split() == ["verl_patches.patches.verl.utils.megatron_utils"] * 2 + [
+        "dispatch_megatron_compute_data_proto"], r.stdout
