@@ -176,7 +176,7 @@ def test_smoke_profile_passes_preflight_on_one_node(tmp_path, capsys) -> None:
     assert main(["--profile", "a3_16die_smoke", "--nnodes", "1", "--model-path", str(model)], host=CPU) == 0
     out = capsys.readouterr().out
     assert "preflight: PASS" in out
-    assert "training ranks: TP2 CP1 EP4 DP4 PP2 over 16" in out and "pp1 layers 2-4 (3)" in out
+    assert "training ranks: TP2 CP1 EP4 DP4 PP2 over 16" in out and "pp1 layers 4 (1)" in out
     assert "1 instance(s), EP16" in out
     # the full 61-layer model, or the default 16 nodes, are refused naming what to change
     full = smoke_model_dir(tmp_path, 61)
@@ -201,5 +201,5 @@ def test_smoke_profile_keeps_the_cluster_jobs_features() -> None:
                       ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2), ("overlay.vllm_dp_size", 8),
                       ("trainer.nnodes", 1), ("trainer.n_gpus_per_node", 16), ("actor_rollout_ref.actor.load_weight", False)):
         assert get(cfg, key) == want, key
-    assert list(get(cfg, f"{m}.pipeline_parallel_num_layer_list")) == [2, 3]
+    assert list(get(cfg, f"{m}.pipeline_parallel_num_layer_list")) == [4, 1]
     assert check_config(cfg, environ={"D2D_DATA_TRANSFER": "1"}) == []

@@ -17,6 +17,7 @@ from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Find
 from verl_patches.launch.settings import SettingsError
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
+from verl_patches.train_engine.stages import dense_only_message, dense_only_stages
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
@@ -117,6 +118,9 @@ def layer_list_findings(cfg: Any, model: Mapping[str, Any], pp: int) -> list[Fin
         problems.append(f"sums to {sum(lst)}, not num_hidden_layers={layers}")
     if problems:
         return [Finding("layout.layer_list", FAIL, f"{lst} " + "; ".join(problems), LAYER_LIST)]
+    dense_stages = dense_only_stages(lst, dense, int(model.get("n_routed_experts") or 0))
+    if dense_stages:
+        return [Finding("layout.layer_list", FAIL, dense_only_message(lst, dense, dense_stages), LAYER_LIST)]
     where = "stage 0" if dense <= lst[0] else "stages 0.." + str(next(i for i in range(len(lst)) if sum(lst[:i + 1]) >= dense))
     return [Finding("layout.layer_list", OK, f"{lst} sums to num_hidden_layers={layers} over PP{pp}; "
                                              f"dense layers 0..{dense - 1} in {where}")]
