@@ -96,7 +96,9 @@ def _from_git(component: str, path: str) -> list[str]:
     proc = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{comp.commit}:{path}"],
                           capture_output=True, text=True)
     if proc.returncode:
-        pytest.skip(f"{component} @ {comp.commit[:12]} not in the git cache {git_dir}")
+        pytest.skip(f"{component} @ {comp.commit[:12]} not in the git cache {git_dir}: its requirements.txt sits "
+                    f"outside the package folder, so an exported cache (which carries the package folder only) "
+                    f"cannot supply it; this check needs git access once")
     return [body for _, body, _ in _lines(proc.stdout)]
 
 
