@@ -113,3 +113,21 @@ def test_timeout_setting_is_validated(monkeypatch) -> None:
         monkeypatch.setenv(TIMEOUT_ENV, bad)
         with pytest.raises(ValueError, match=TIMEOUT_ENV):
             configured_timeout()
+
+
+class DeadStore(FakeStore):
+    def set(self, k: str, v: str) -> None:
+        raise RuntimeError("Broken pipe")
+
+
+def test_an_over_time_collective_is_reported_even_when_the_store_is_gone() -> None:
+    """Rank 0 hosts the store and may exit first after reporting: its peers must still report, not hang."""
+    now = [0.0]
+    wd = CollectiveWatchdog(1, DeadStore(), timeout_s=5, poll_s=1, clock=lambda: now[0])
+    wd.set_step(9)
+    wd.enter("all_reduce", [0, 1, 2])
+    assert wd.check_once() is None
+    now[0] = 6
+    msg = wd.check_once()
+    assert msg.startswith("collective hang: rank 1 waited 6 s in all_reduce #1 on group [0,1,2] at step 9")
+    assert "the peers' status could not be read (the job's store is unreachable: Broken pipe)" in msg

@@ -94,8 +94,15 @@ class CollectiveWatchdog:
             return RankStatus(self.rank, self._step, self.clock(), dict(self._entered), cur, since)
 
     def check_once(self) -> str | None:
-        """Publish this rank's status; if its current collective is over time, the message naming the culprits."""
-        self._publish()
+        """Publish this rank's status; if its current collective is over time, the message naming the culprits.
+
+        When the store is unreachable (its host, rank 0, may itself have ended after reporting the hang), an
+        over-time collective is still reported, with the reason the peers could not be asked."""
+        store_error = None
+        try:
+            self._publish()
+        except Exception as e:
+            store_error = e
         with self._lock:
             inflight, step = self._inflight, self._step
         if inflight is None:
@@ -104,18 +111,19 @@ class CollectiveWatchdog:
         waited = self.clock() - since
         if waited < self.timeout_s:
             return None
-        statuses = {r: self._read(r) for r in members if r != self.rank}
-        return hang_message(self.rank, Hang(op, key, seq, step, waited), members, statuses, self.clock(),
-                            self.heartbeat_timeout_s)
+        hang = Hang(op, key, seq, step, waited)
+        if store_error is None:
+            try:
+                statuses = {r: self._read(r) for r in members if r != self.rank}
+                return hang_message(self.rank, hang, members, statuses, self.clock(), self.heartbeat_timeout_s)
+            except Exception as e:
+                store_error = e
+        return (hang_message(self.rank, hang, [self.rank], {}, self.clock(), self.heartbeat_timeout_s).split(";")[0]
+                + f"; the peers' status could not be read (the job's store is unreachable: {store_error})")
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            try:
-                message = self.check_once()
-            except Exception as e:  # the store itself went away: the job is ending anyway
-                message = None
-                if not self._stop.is_set():
-                    print(f"collective watchdog (rank {self.rank}): cannot reach the store: {e}", file=sys.stderr)
+            message = self.check_once()
             if message:
                 self.on_hang(message)
                 return
@@ -137,7 +145,12 @@ class CollectiveWatchdog:
 
 def _exit_with_message(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+    # rank 0 hosts the job's store: stay a moment so that peers timing out together can still read it
+    time.sleep(_EXIT_GRACE_S)
     os._exit(EXIT_HANG)
+
+
+_EXIT_GRACE_S = 3.0
 
 
 _WATCHDOG: CollectiveWatchdog | None = None
