@@ -1,7 +1,12 @@
-"""Every RNG a training rank draws from: Python, NumPy, torch (CPU), the accelerator and Megatron's tracker.
+"""Every RNG a training rank draws from: Python, NumPy, torch (CPU), the accelerator, Megatron's tracker and
+generators that components of the process own.
 
 The accelerator's generator is reached through `verl_patches.device` (npu on A3, cuda, nothing on a CPU
 host); Megatron's tensor-parallel tracker holds the per-TP/EP-rank streams used by dropout and init.
+On A3, vLLM samples from the device's default generator, so the "device" entry carries the rollout's
+sampling stream. The CPU rollout stand-in samples from a private generator instead; it registers it
+(`register_generator`) so that a resumed run draws the same tokens as an uninterrupted one: the rollout
+lives in the actor's process (the fused actor_rollout_ref worker), where the actor's checkpoint is written.
 """
 from __future__ import annotations
 
@@ -10,6 +15,27 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+# name -> generator; one entry per name (a newer owner replaces an older one: one rollout per process)
+_GENERATORS: dict[str, torch.Generator] = {}
+
+
+def register_generator(name: str, generator: torch.Generator) -> None:
+    """Save and restore ``generator`` with this process's RNG states under ``name``."""
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"register_generator({name!r}): expected a torch.Generator, got {type(generator).__name__}")
+    _GENERATORS[name] = generator
+
+
+def unregister_generator(name: str, generator: torch.Generator | None = None) -> None:
+    """Forget ``name`` (only if it is still ``generator``, when given)."""
+    if generator is None or _GENERATORS.get(name) is generator:
+        _GENERATORS.pop(name, None)
+
+
+def registered_generators() -> dict[str, torch.Generator]:
+    return dict(_GENERATORS)
 
 
 def _device_module() -> Any:
@@ -46,6 +72,8 @@ def capture() -> dict[str, Any]:
     tracker = _tracker()
     if tracker is not None:
         state["tracker"] = tracker.get_states()
+    if _GENERATORS:
+        state["generators"] = {name: g.get_state() for name, g in _GENERATORS.items()}
     return state
 
 
@@ -66,3 +94,10 @@ def restore(state: dict[str, Any], where: str) -> None:
         if not state.get("tracker"):
             raise KeyError(f"{where}: Megatron's RNG tracker states are missing")
         tracker.set_states(state["tracker"])
+    saved = state.get("generators") or {}
+    for name, generator in _GENERATORS.items():
+        # a generator this process samples from but the checkpoint lacks: the draws after the resume
+        # would silently differ from the run that wrote it
+        if name not in saved:
+            raise KeyError(f"{where}: RNG state of generator {name!r} is missing")
+        generator.set_state(saved[name])

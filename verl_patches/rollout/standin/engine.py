@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from verl_patches.checkpoint import rng
 from verl_patches.rollout.kv_cache_config import initialize_kv_caches_keeping_configs
 from verl_patches.rollout.standin import cache as kv
 from verl_patches.rollout.standin.model import StandinDeepseekV3
@@ -33,6 +34,7 @@ from verl_patches.rollout.standin.sampler import sample
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "half": torch.float16}
 BLOCK_SIZE = 16
+SAMPLING_GENERATOR = "rollout_standin.sampling"  # its name among the RNG states of a checkpoint
 
 
 class AttentionLayer:
@@ -117,7 +119,10 @@ class StandinLLM:
         self.llm_engine = SimpleNamespace(model_executor=executor, engine_core=SimpleNamespace(engine_core=core),
                                           vllm_config=vllm_config)
         self._slot_tokens = slot_blocks * BLOCK_SIZE
+        # vLLM seeds its sampling stream from `seed` once, at engine start; a resumed run must continue the
+        # stream where the saved run left it, so the actor's checkpoint (same process) carries its state.
         self._generator = torch.Generator().manual_seed(int(seed or 0))
+        rng.register_generator(SAMPLING_GENERATOR, self._generator)
         self._request_ids = itertools.count()
 
     # ---- verl's calls --------------------------------------------------------------------------
