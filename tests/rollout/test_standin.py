@@ -87,6 +87,17 @@ def test_sampler_semantics() -> None:
     torch.testing.assert_close(counts, p, atol=0.04, rtol=0)
 
 
+def test_sampler_reports_log_probs_at_the_sampling_temperature_before_truncation() -> None:
+    """The actor scores log_softmax(logits / T) (C3); top-k/top-p change what is drawn, not what is reported."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 500)
+    g = torch.Generator().manual_seed(0)
+    for t, top_k, top_p in [(0.7, -1, 1.0), (0.9, 2, 1.0), (1.3, -1, 0.8)]:
+        tok, lp = sample(logits, t, top_k, top_p, g)
+        want = torch.log_softmax(logits / t, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(lp, want)
+        assert not torch.allclose(lp, torch.log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+
+
 def test_generate_n_max_tokens_stop_and_logprobs(tiny_model_dir) -> None:
     from vllm import SamplingParams
     from verl_patches.rollout.standin.engine import StandinLLM

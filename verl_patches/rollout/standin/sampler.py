@@ -2,8 +2,9 @@
 
 temperature 0 -> greedy; otherwise logits / temperature, then top-k (-1 or 0 = all), then top-p (the
 smallest set whose probability reaches top_p, always keeping the most likely token), then a draw. The
-log-probability reported for a sampled token is from the model's distribution before temperature and
-truncation (vLLM 0.9.1's default: raw log-probs of the sampled token).
+log-probability reported for a sampled token is from ``log_softmax(logits / temperature)`` before top-k/top-p
+truncation (raw logits for greedy): what the real rollout reports with our declared vLLM sampler patch
+(verl_patches.rollout.tempered_logprobs), and the distribution the actor scores.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import torch
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] -> (tokens [B], log-probs of those tokens under the raw distribution [B])."""
+    """logits [B, V] -> (tokens [B], log-probs of those tokens at the sampling temperature [B])."""
     logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
-    if temperature < 1e-5:
+    greedy = temperature < 1e-5
+    reported = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
+    if greedy:
         tokens = logits.argmax(dim=-1)
     else:
         scaled = logits / temperature
@@ -33,4 +35,4 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
             scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
         probs = torch.softmax(scaled, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, raw_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, reported.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
