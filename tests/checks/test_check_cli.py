@@ -22,14 +22,24 @@ def test_arguments_become_a_request():
     req = request_from_args(ns)
     assert req == CheckRequest(hf=Path("/m"), mcore=Path("/c"), tp=2, pp=2, ep=2, num_layer_list=(1, 2),
                                moe_tp_extend_ep=True, engines=("megatron",), tokens=9, seed=4, layers=3, experts=16,
-                               rollout_tp=2, rollout_ep=4, tolerance=0.01, timeout_s=1800.0)
+                               rollout_tp=2, rollout_ep=4, tolerance=0.01, timeout_s=1800.0, dtype="auto")
     assert req.world == 8 and req.dp == 2
     validate_request(req)
 
 
-def test_default_tolerance_follows_the_dtype():
-    assert request_from_args(build_parser().parse_args(["--hf", "/m"])).tolerance == 1e-3
-    assert request_from_args(build_parser().parse_args(["--hf", "/m", "--dtype", "bfloat16"])).tolerance == 0.15
+def test_default_dtype_is_the_checkpoints_and_the_tolerance_follows_it():
+    import torch
+
+    from verl_patches.checks.run import default_tolerance, engine_dtype
+
+    req = request_from_args(build_parser().parse_args(["--hf", "/m"]))
+    assert req.dtype == "auto" and req.tolerance is None
+    assert engine_dtype(req, torch.bfloat16) == "bfloat16" and engine_dtype(req, torch.float32) == "float32"
+    with pytest.raises(CheckRequestError, match="--dtype auto: /m stores its weights as torch.float16"):
+        engine_dtype(req, torch.float16)
+    forced = request_from_args(build_parser().parse_args(["--hf", "/m", "--dtype", "float32"]))
+    assert engine_dtype(forced, torch.bfloat16) == "float32"
+    assert default_tolerance("float32") == 1e-3 and default_tolerance("bfloat16") == 0.15
 
 
 @pytest.mark.parametrize("kw,flag", [

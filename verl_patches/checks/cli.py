@@ -47,19 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout-ep", type=int, default=None, help="rollout EP size (default: all ranks, one instance)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="max |log-prob difference| allowed (default 1e-3 in float32, 0.15 in bfloat16)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype of every engine and of the reference")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="dtype of every engine and of the reference (auto: the one --hf's weights are stored in)")
+    p.add_argument("--skip-memory-check", action="store_true",
+                   help="run even when the memory estimate exceeds the host's available memory")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds the ranks may take")
     p.add_argument("--work-dir", type=Path, default=None, help="where the temporary model folders go")
     return p
 
 
 def request_from_args(ns: argparse.Namespace) -> CheckRequest:
-    tol = ns.tolerance if ns.tolerance is not None else (1e-3 if ns.dtype == "float32" else 0.15)
     return CheckRequest(hf=ns.hf, mcore=ns.mcore, tp=ns.tp, pp=ns.pp, ep=ns.ep, num_layer_list=ns.num_layer_list,
                         moe_tp_extend_ep=ns.moe_tp_extend_ep, engines=ns.engines, tokens=ns.tokens, seed=ns.seed,
                         layers=ns.layers, experts=ns.experts, rollout_tp=ns.rollout_tp, rollout_ep=ns.rollout_ep,
-                        tolerance=tol, dtype=ns.dtype, timeout_s=ns.timeout)
+                        tolerance=ns.tolerance, dtype=ns.dtype, timeout_s=ns.timeout,
+                        skip_memory_check=ns.skip_memory_check)
 
 
 def main(argv: list[str] | None = None) -> int:

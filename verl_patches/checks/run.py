@@ -12,11 +12,14 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from verl_patches.checks.compare import EngineDiff, compare, verdict
+
+if TYPE_CHECKING:
+    from verl_patches.checks.memory import MemoryEstimate
 
 ENGINES = ("megatron", "rollout")
 
@@ -41,9 +44,10 @@ class CheckRequest:
     experts: int | None = None
     rollout_tp: int = 1
     rollout_ep: int | None = None   # default: the whole world (one rollout instance)
-    tolerance: float = 1e-3
-    dtype: str = "float32"
+    tolerance: float | None = None   # default: 1e-3 in float32, 0.15 in bfloat16 (`default_tolerance`)
+    dtype: str = "auto"              # auto: the dtype the --hf weights are stored in
     timeout_s: float = 1200.0
+    skip_memory_check: bool = False
 
     @property
     def world(self) -> int:
@@ -82,10 +86,71 @@ def validate_request(req: CheckRequest) -> None:
                                 f"(an EP instance is rollout TP x VLLM_DP_SIZE ranks)")
     if req.num_layer_list is not None and len(req.num_layer_list) != req.pp:
         raise CheckRequestError(f"--num-layer-list has {len(req.num_layer_list)} entries, --pp is {req.pp}")
-    if not req.tolerance > 0:
+    if req.tolerance is not None and not req.tolerance > 0:
         raise CheckRequestError(f"--tolerance must be positive, got {req.tolerance!r}")
-    if req.dtype not in ("float32", "bfloat16"):
-        raise CheckRequestError(f"--dtype {req.dtype!r}: float32 or bfloat16")
+    if req.dtype not in ("auto", "float32", "bfloat16"):
+        raise CheckRequestError(f"--dtype {req.dtype!r}: auto, float32 or bfloat16")
+
+
+def default_tolerance(dtype: str) -> float:
+    return 1e-3 if dtype == "float32" else 0.15
+
+
+def engine_dtype(req: CheckRequest, stored: torch.dtype) -> str:
+    """The dtype every engine and the reference compute in: --dtype, or with auto the weights' own (a real
+    checkpoint's bf16 is never upcast unless asked)."""
+    if req.dtype != "auto":
+        return req.dtype
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    if stored not in names:
+        raise CheckRequestError(f"--dtype auto: {req.hf} stores its weights as {stored}; give --dtype float32 "
+                                f"or --dtype bfloat16")
+    return names[stored]
+
+
+def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) -> "MemoryEstimate":
+    """The check's memory estimate (`verl_patches.checks.memory`) from --hf's config.json and the flags."""
+    from verl_patches.checks.memory import DTYPES, checkpoint_dtype, estimate_memory
+    from verl_patches.checks.sequences import sequence_shape
+    from verl_patches.weights.config import load_config
+
+    stored = stored if stored is not None else checkpoint_dtype(req.hf)
+    truncating = req.layers is not None or req.experts is not None
+    return estimate_memory(load_config(req.hf), layers=req.layers, experts=req.experts, layout=_layout(req),
+                           world=req.world, rollout_ep=req.rollout_ep_size,
+                           engine_dtype=DTYPES[engine_dtype(req, stored)], checkpoint_dtype=stored,
+                           convert=req.mcore is None or truncating, engines=req.engines, tokens=req.tokens,
+                           batch=sequence_shape(req.tokens, req.dp).batch)
+
+
+def check_memory(req: CheckRequest, log: Callable[[str], None]) -> str:
+    """Print the estimate and refuse (naming the flags to change) when it exceeds the host's available
+    memory; returns the engines' dtype."""
+    from verl_patches.checks.memory import DTYPES, available_bytes, checkpoint_dtype, fit_problem
+
+    stored = checkpoint_dtype(req.hf)
+    dtype = engine_dtype(req, stored)
+    est = estimate_check_memory(req, stored)
+    for line in est.lines():
+        log(line)
+    problem = fit_problem(est, available_bytes(), layers=req.layers, experts=req.experts, dtype=DTYPES[dtype])
+    if problem and not req.skip_memory_check:
+        raise CheckRequestError(problem)
+    if problem:
+        log(f"warning (--skip-memory-check): {problem}")
+    return dtype
+
+
+def _release_freed_memory() -> None:
+    """Give the freed reference model back to the OS before the ranks start (glibc keeps freed small blocks)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _layout(req: CheckRequest):
@@ -151,6 +216,8 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
     from verl_patches.weights.config import load_config
 
     validate_request(req)
+    dtype_name = check_memory(req, log)
+    tolerance = req.tolerance if req.tolerance is not None else default_tolerance(dtype_name)
     with tempfile.TemporaryDirectory(prefix="check_logprobs_", dir=work_dir) as tmp:
         work = Path(tmp)
         hf, mcore = prepare_models(req, work, log)
@@ -158,10 +225,11 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
         shape = sequence_shape(req.tokens, req.dp)
         batch = make_sequences(shape, cfg["vocab_size"], req.seed)
         torch.save(batch, work / "batch.pt")
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[req.dtype]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
         log(f"reference: HF transformers on {shape.batch} sequences of {shape.total} tokens "
-            f"({shape.response} scored each), {req.dtype}")
+            f"({shape.response} scored each), {dtype_name}")
         reference = hf_log_probs(hf, batch, dtype)
+        _release_freed_memory()
         (work / "out").mkdir()
         log(f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
             f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})")
@@ -169,8 +237,8 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
                   tp=req.tp, pp=req.pp, ep=req.ep,
                   layer_list=list(req.num_layer_list) if req.num_layer_list else None, engines=list(req.engines),
                   rollout_tp=req.rollout_tp, rollout_ep=req.rollout_ep_size, batch_file=str(work / "batch.pt"),
-                  out_dir=str(work / "out"), dtype=req.dtype)
+                  out_dir=str(work / "out"), dtype=dtype_name)
         got = collect(req, work / "out", req.dp)
     diffs = [compare(name, reference, lp, batch["input_ids"]) for name, lp in got.items()]
-    ok, lines = verdict(diffs, req.tolerance)
+    ok, lines = verdict(diffs, tolerance)
     return CheckResult(ok, lines, diffs)
