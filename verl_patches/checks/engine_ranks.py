@@ -70,7 +70,24 @@ def _standin(cfg_hf: dict, dtype: torch.dtype, ep_size: int, ep_rank: int) -> An
 
     hf_config = DeepseekV3Config(**cfg_hf)
     hf_config._attn_implementation = "eager"
-    return StandinDeepseekV3(hf_config, dtype=dtype, ep_size=ep_size, ep_rank=ep_rank)
+    # Built on the meta device, then each vLLM-named parameter allocated once: constructed on the CPU, the
+    # stand-in would first build transformers' whole model in float32 with its random initialisation and
+    # then copy it (three copies of the slice next to the Megatron model). Every parameter is overwritten by
+    # the weight sync, so no initial value is needed.
+    with torch.device("meta"):
+        standin = StandinDeepseekV3(hf_config, dtype=dtype, ep_size=ep_size, ep_rank=ep_rank, device="meta")
+    for name, meta in list(standin.named_parameters()):
+        param = torch.nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
+        param.weight_loader = meta.weight_loader
+        module, _, leaf = name.rpartition(".")
+        standin.get_submodule(module).register_parameter(leaf, param)
+    rotary = standin.hf.model.rotary_emb  # its inv_freq is computed from the config, not loaded
+    standin.hf.model.rotary_emb = type(rotary)(config=hf_config)
+    leftover = [n for n, t in [*standin.named_parameters(), *standin.hf.named_buffers()] if t.is_meta]
+    if leftover:
+        raise RuntimeError(f"rollout stand-in: tensors left on the meta device: {leftover[:5]}")
+    standin.bind_views()
+    return standin
 
 
 def _sync_into_standin(ref: Any, standin: Any, rollout_tp: int) -> int:
