@@ -8,5 +8,7 @@ checkpoint and layout?
 - `launch`: the ranks (gloo on a CPU host, HCCL on A3), bounded in time.
 - `engine_ranks`: what each rank runs: verl's Megatron worker (the A3 loading code) and the rollout after
   the weight sync.
+- `memory`: the memory estimate per phase and process (pure), printed first and used to refuse up front.
+- `rss`: summed RSS / RssAnon of the check's process tree (the bench and the test holding it to the estimate).
 - `run`: the whole check, called by `verl_patches/scripts/check_logprobs.py`.
 """
