@@ -227,3 +227,17 @@ def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytes
     assert "ref runs in the actor/rollout worker group: True" in line
     assert "old-log-prob pass skipped" in line and "D2D tensor cache on" in line
     assert "weight sync: Megatron -> vllm, all-to-all (NO_ALL_TO_ALL_RESHARD unset)" in line
+
+
+@pytest.mark.parametrize("d2d", [True, False])
+def test_every_worker_call_carries_the_step_and_the_d2d_flag(base_cfg: Any, monkeypatch: pytest.MonkeyPatch,
+                                                             d2d: bool) -> None:
+    from verl_patches.trainer.step_payloads import D2D_META_KEY, STEP_META_KEY
+
+    plan = StepPlan(skip_old_log_prob=True, d2d=d2d, fused_role=True)
+    t, wg = make_trainer(base_cfg, monkeypatch, plan)
+    fit_loop.run_fit(t, plan)
+    per_step = len(wg.calls) // STEPS
+    for i, c in enumerate(wg.calls):
+        assert c.meta[STEP_META_KEY] == 1 + i // per_step, (i, c.method)
+        assert c.meta[D2D_META_KEY] is d2d, (i, c.method)

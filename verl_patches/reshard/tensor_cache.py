@@ -8,7 +8,10 @@ tensor under its name, in one of two row layouts:
 * ``"megatron_dp"``: this rank's Megatron data-parallel slice.
 
 `TensorCache.get` returns entries in the Megatron layout, resharding a rollout entry once with the DP
-re-layout plan and executor and replacing it, so the update finds it already resharded.
+re-layout plan and executor and replacing it, so the update finds it already resharded. The plan's
+Megatron DP rank of every global rank comes from the layout the cache was built with, or, once a call
+hands it over (`set_dp_rank_map`, ``get(..., dp_ranks=...)``), from the MEGATRON_COMPUTE_PROTO dispatch's
+map (B1, ``meta_info["global_megatron_dp_ranks"]``), which is what the driver's split follows.
 
 Differences from the vendor's cache, on purpose: putting a key that is already cached raises
 `TensorCacheKeyExistsError` unless ``overwrite=True`` (the vendor silently kept the stale tensor);
@@ -25,7 +28,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 import torch
 from omegaconf import OmegaConf
 
-from verl_patches.reshard.dp_plan import DpRelayoutPlan, equal_chunk_rows, plan_dp_relayout
+from verl_patches.reshard.dp_plan import DpRankMap, DpRelayoutPlan, equal_chunk_rows, plan_dp_relayout
 from verl_patches.reshard.errors import (PlanMismatchError, TensorCacheKeyExistsError,
                                          TensorCacheMissingKeyError, TensorCachePreconditionError)
 from verl_patches.reshard.executors import relayout_rows
@@ -85,7 +88,7 @@ class CacheSizeReport:
 class TensorCache:
     """Per-worker cache of batch tensors keyed by name (see the module docstring)."""
 
-    def __init__(self, training: MegatronLayout, rank: int, global_rows: int,
+    def __init__(self, training: MegatronLayout | DpRankMap, rank: int, global_rows: int,
                  group: Any = None, relayout: Relayout = relayout_rows) -> None:
         self.training = training
         self.rank = rank
@@ -117,6 +120,35 @@ class TensorCache:
     def layout_of(self, key: str) -> RowLayout:
         return self._entry(key)[1]
 
+    def dp_ranks(self) -> tuple[int, ...]:
+        """The Megatron DP rank of every global rank, as the current plan has it."""
+        return tuple(self.training.dp_rank(r) for r in range(self.training.world_size))
+
+    def set_dp_rank_map(self, dp_ranks: Sequence[int]) -> None:
+        """Plan the re-layout with this map (global rank -> Megatron DP rank) from now on.
+
+        Refused while an entry already resharded with a different map is held: its rows would be the
+        wrong slice. The world size must be the cache's.
+        """
+        ranks = tuple(int(d) for d in dp_ranks)
+        if ranks == self.dp_ranks():
+            return
+        new = DpRankMap(ranks)
+        if new.world_size != self.training.world_size:
+            raise PlanMismatchError(f"rank {self.rank}: the Megatron DP rank map has {new.world_size} entries, the "
+                                    f"tensor cache was built for world size {self.training.world_size}")
+        moved = [k for k, (_, lay) in self._entries.items() if lay == "megatron_dp"]
+        if moved:
+            raise PlanMismatchError(f"rank {self.rank}: the Megatron DP rank map changed to {list(ranks)} (was "
+                                    f"{list(self.dp_ranks())}) while {moved} are held in the old DP layout")
+        self.training = new
+        self._plan = plan_dp_relayout(new, self._plan.chunk_rows)
+
+    @property
+    def rows_per_dp_rank(self) -> int:
+        """Rows of an entry in the Megatron DP layout."""
+        return self._plan.rows_per_dp_rank
+
     def put(self, key: str, tensor: torch.Tensor, *, overwrite: bool = False,
             layout: RowLayout = "rollout") -> None:
         if key in self._entries and not overwrite:
@@ -129,19 +161,27 @@ class TensorCache:
 
     def cache_tensors(self, data: Any, keys: Iterable[str] | None = None, *,
                       keys_to_reserve: Sequence[str] = (), keys_no_cache: Sequence[str] = (),
-                      overwrite: bool = False) -> Any:
+                      overwrite: bool = False, device: Any = None) -> Any:
         """Cache batch tensors of a verl ``DataProto`` (rollout layout) and pop them from it.
 
         ``keys`` defaults to every batch key; ``keys_no_cache`` are left alone; ``keys_to_reserve`` are
-        cached but also left in ``data`` for the driver. Returns ``data``.
+        cached but also left in ``data`` for the driver. ``device``: where the cached copies live (the
+        reshard's collective runs on that device's backend; HCCL takes no host tensors); the tensors left
+        in ``data`` are not moved. All or nothing: nothing is cached when a key or a row count is wrong.
+        Returns ``data``.
         """
         names = list(data.batch.keys()) if keys is None else list(keys)
         names = [k for k in names if k not in keys_no_cache]
         for key in names:
             if key in self._entries and not overwrite:
                 raise TensorCacheKeyExistsError(key)
+            rows, expect = data.batch[key].shape[0], self._expected_rows("rollout")
+            if rows != expect:
+                raise PlanMismatchError(f"rank {self.rank}: {key!r} has {rows} rows, a rollout entry must have "
+                                        f"{expect}")
         for key in names:
-            self.put(key, data.batch[key], overwrite=overwrite)
+            tensor = data.batch[key]
+            self.put(key, tensor if device is None else tensor.to(device), overwrite=overwrite)
         for key in names:
             if key not in keys_to_reserve:
                 data.batch.pop(key)
@@ -160,13 +200,16 @@ class TensorCache:
             self._entries[key] = (tensor, "megatron_dp")
         return tensor
 
-    def get(self, keys: Sequence[str]) -> Any:
-        """A ``DataProto`` of the named entries, all in Megatron DP layout.
+    def get(self, keys: Sequence[str], dp_ranks: Sequence[int] | None = None) -> Any:
+        """A ``DataProto`` of the named entries, all in Megatron DP layout (``dp_ranks``: see
+        `set_dp_rank_map`).
 
         Every rank must call this with the same keys in the same order (each reshard is a collective).
         """
         from verl.protocol import DataProto
 
+        if dp_ranks is not None:
+            self.set_dp_rank_map(dp_ranks)
         return DataProto.from_dict(tensors={k: self.get_tensor(k) for k in keys})
 
     def clear(self) -> None:

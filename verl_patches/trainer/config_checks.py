@@ -23,7 +23,7 @@ def get(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
 
 def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """Return the problems found (empty when the config is consistent); `environ` (default os.environ)
-    is where D2D_DATA_TRANSFER is read."""
+    is where D2D_DATA_TRANSFER (which overrides overlay.d2d_tensor_cache) is read."""
     problems: list[str] = []
     a = "actor_rollout_ref.actor"
     if get(cfg, f"{a}.recompute_old_log_prob") is False:
@@ -68,16 +68,18 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
 
 
 def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
-    """With D2D_DATA_TRANSFER on, the driver never holds input_ids, position_ids, ref_log_prob or
-    old_log_probs, and the workers rely on the row order of generate: everything that needs one of those
-    on the driver is refused here, each naming its key."""
+    """With the D2D tensor cache on (overlay.d2d_tensor_cache, or D2D_DATA_TRANSFER which overrides it),
+    the driver never holds input_ids, position_ids, ref_log_prob or old_log_probs, and the workers rely on
+    the row order of generate: everything that needs one of those on the driver is refused here, each
+    naming its key and what turned the cache on."""
     from verl_patches.reshard.tensor_cache import PRECONDITIONS
-    from verl_patches.trainer.step_plan import D2D_ENV, FUSED_ROLE_KEY, d2d_enabled
+    from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
-    if not d2d_enabled(environ):
+    on, source = d2d_setting(cfg, environ)
+    if not on:
         return []
     problems = []
-    why = f"with {D2D_ENV} on"
+    why = f"with the D2D tensor cache on ({source})"
     for key, (want, reason) in PRECONDITIONS.items():
         found = get(cfg, key)
         if found != want:

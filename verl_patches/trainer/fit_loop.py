@@ -6,6 +6,9 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
   allow False only where it is exact);
 * with D2D the ref and update calls get the payloads of `step_payloads` instead of the whole batch, and
   ``trainer.balance_batch`` is never applied (the config checks refuse it);
+* every worker call of a step carries the trainer step and the D2D flag in its ``meta_info``
+  (`step_payloads.stamp`): the workers tell their collective watchdog the step, and take part in the D2D
+  flow exactly when the driver does (validation's generate, upstream's ``_validate``, carries neither);
 * every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
   log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
 * the first step logs the worker classes and the plan, so a run's log says which path ran;
@@ -27,7 +30,7 @@ import numpy as np
 
 from verl_patches.trainer import logprob_mismatch
 from verl_patches.trainer.rank_memory import StepMemory
-from verl_patches.trainer.step_payloads import ref_payload, update_payload
+from verl_patches.trainer.step_payloads import ref_payload, stamp, update_payload
 from verl_patches.trainer.step_plan import StepPlan, plan_steps
 
 logger = logging.getLogger("verl_patches")
@@ -94,7 +97,7 @@ def _generate(trainer: Any, gen_batch: Any) -> Any:
 def _old_log_prob(trainer: Any, batch: Any, metrics: dict[str, Any]) -> Any:
     from verl.trainer.ppo import ray_trainer as rt
 
-    old = trainer.actor_rollout_wg.compute_log_prob(batch)
+    old = trainer.actor_rollout_wg.compute_log_prob(stamp(batch, trainer.global_steps, False))
     entropys = old.batch.pop("entropys")
     entropy = rt.agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
                           loss_agg_mode=trainer.config.actor_rollout_ref.actor.loss_agg_mode)
@@ -133,7 +136,8 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
 
     cfg = trainer.config
     timer = rt._timer
-    gen_batch = _generation_batch(batch)
+    step = trainer.global_steps
+    gen_batch = stamp(_generation_batch(batch), step, plan.d2d)
     last_val = None
     with timer("step", timing_raw):
         with timer("gen", timing_raw):
@@ -161,7 +165,7 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
         if trainer.use_reference_policy:
             with timer("ref", timing_raw):
                 wg = trainer.actor_rollout_wg if trainer.ref_in_actor else trainer.ref_policy_wg
-                batch = batch.union(wg.compute_ref_log_prob(ref_payload(batch, plan.d2d)))
+                batch = batch.union(wg.compute_ref_log_prob(stamp(ref_payload(batch, plan.d2d), step, plan.d2d)))
 
         if trainer.use_critic:
             with timer("values", timing_raw):
@@ -174,13 +178,13 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
 
         if trainer.use_critic:
             with timer("update_critic", timing_raw):
-                critic_out = trainer.critic_wg.update_critic(batch)
+                critic_out = trainer.critic_wg.update_critic(stamp(batch, step, False))
             metrics.update(rt.reduce_metrics(critic_out.meta_info["metrics"]))
 
         if cfg.trainer.critic_warmup <= trainer.global_steps:
             with timer("update_actor", timing_raw):
                 batch.meta_info["multi_turn"] = cfg.actor_rollout_ref.rollout.multi_turn.enable
-                actor_out = trainer.actor_rollout_wg.update_actor(update_payload(batch, plan.d2d))
+                actor_out = trainer.actor_rollout_wg.update_actor(stamp(update_payload(batch, plan.d2d), step, plan.d2d))
             metrics.update(rt.reduce_metrics(actor_out.meta_info["metrics"]))
 
         metrics.update(logprob_mismatch.batch_mismatch_metrics(batch))

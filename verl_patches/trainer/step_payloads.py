@@ -10,7 +10,16 @@ the workers' TensorCache, so:
   ...; the workers add the cached tensors).
 
 The driver never ships `NEVER_SHIPPED_WITH_D2D` in either call; `payload_keys` states it as data for
-tests and logs.
+tests and logs. The worker side (verl_patches.patches.verl.workers.d2d_cache) follows the key lists here:
+generate caches `CACHED_BY_GENERATE` and hands the driver only `GENERATE_TO_DRIVER_WITH_D2D` of them
+(the reward needs prompts/responses/attention_mask; the response mask and ``global_token_num`` come from
+responses/attention_mask); ref reads `REF_INPUTS` and caches ``ref_log_prob``; update reads
+`UPDATE_FROM_CACHE` (the optional ``rollout_log_probs`` only where generate produced it: the actor's
+rollout/train log-prob mismatch) besides the driver's ``advantages``.
+
+Every worker call of a step carries ``meta_info[STEP_META_KEY]`` (the trainer step, for the collective
+watchdog's hang report) and ``meta_info[D2D_META_KEY]`` (whether this call takes part in the D2D flow):
+`stamp` writes both.
 """
 
 from __future__ import annotations
@@ -20,6 +29,23 @@ from typing import Any
 
 NEVER_SHIPPED_WITH_D2D = ("input_ids", "position_ids", "ref_log_prob", "old_log_probs")
 UPDATE_KEYS_WITH_D2D = ("advantages",)
+
+CACHED_BY_GENERATE = ("responses", "input_ids", "attention_mask", "position_ids", "rollout_log_probs")
+OPTIONAL_FROM_GENERATE = ("rollout_log_probs",)  # verl's vLLM rollout and our stand-in return it
+GENERATE_TO_DRIVER_WITH_D2D = ("prompts", "responses", "attention_mask")
+REF_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
+REF_OUTPUT = "ref_log_prob"
+UPDATE_FROM_CACHE = REF_INPUTS + (REF_OUTPUT, "rollout_log_probs")
+
+STEP_META_KEY = "global_steps"
+D2D_META_KEY = "verl_patches_d2d"
+
+
+def stamp(data: Any, step: int, d2d: bool) -> Any:
+    """Write the trainer step and the D2D flag into ``data.meta_info`` (in place); returns ``data``."""
+    data.meta_info[STEP_META_KEY] = int(step)
+    data.meta_info[D2D_META_KEY] = bool(d2d)
+    return data
 
 
 def payload_keys(call: str, batch_keys: list[str], d2d: bool) -> list[str]:

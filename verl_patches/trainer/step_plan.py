@@ -5,13 +5,16 @@ Three switches change the driver's dataflow (vendor items A1, A2, C2):
 * ``skip_old_log_prob``: ``actor_rollout_ref.actor.recompute_old_log_prob=False``. No old-log-prob pass;
   the actor uses its own detached log-probs as the old ones, exact only on-policy (checked by
   `config_checks`).
-* ``d2d``: env ``D2D_DATA_TRANSFER`` (vendor name; off by default). Rollout tensors stay on the workers
-  (verl_patches.reshard.tensor_cache); the driver sends ref a tensor-less batch and update_actor only
-  ``advantages``.
+* ``d2d``: ``overlay.d2d_tensor_cache`` (True in ppo_mindspeed_trainer.yaml; False where the key is
+  absent), overridden by the vendor's env ``D2D_DATA_TRANSFER`` when that is set: the environment wins,
+  ``D2D_DATA_TRANSFER=0`` turns the cache off for a config that has it on, ``=1`` on for one that has it
+  off. Rollout tensors stay on the workers (verl_patches.reshard.tensor_cache); the driver sends ref a
+  tensor-less batch and update_actor only ``advantages``.
 * ``fused_role``: ``overlay.fused_actor_rollout_ref`` (default False where the key is absent). One
   worker group plays actor, rollout and reference on one resource pool (role ``actor_rollout_ref``).
 
-Workers read the same environment variable, so it must reach them (Ray runtime env) unchanged.
+The workers read neither the key nor the variable: the fit loop tells them per call
+(`step_payloads.D2D_META_KEY` in ``meta_info``), so driver and workers cannot disagree.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Mapping
 from verl_patches.trainer.config_checks import get
 
 D2D_ENV = "D2D_DATA_TRANSFER"
+D2D_KEY = "overlay.d2d_tensor_cache"
 FUSED_ROLE_KEY = "overlay.fused_actor_rollout_ref"
 RECOMPUTE_KEY = "actor_rollout_ref.actor.recompute_old_log_prob"
 _OFF = ("", "0", "false", "no", "off")
@@ -32,6 +36,15 @@ def d2d_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """`D2D_DATA_TRANSFER` set to anything but 0/false/no/off/empty (the vendor's reading: `!= 0`)."""
     raw = (os.environ if environ is None else environ).get(D2D_ENV)
     return raw is not None and raw.strip().lower() not in _OFF
+
+
+def d2d_setting(cfg: Any, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """(on, what decided it): `D2D_DATA_TRANSFER` when set (it wins), else ``overlay.d2d_tensor_cache``."""
+    env = os.environ if environ is None else environ
+    if D2D_ENV in env:
+        return d2d_enabled(env), f"{D2D_ENV}={env[D2D_ENV]!r}"
+    on = bool(get(cfg, D2D_KEY, False))
+    return on, f"{D2D_KEY}={on}"
 
 
 @dataclass(frozen=True)
@@ -49,5 +62,5 @@ class StepPlan:
 def plan_steps(cfg: Any, environ: Mapping[str, str] | None = None) -> StepPlan:
     """The plan for `cfg`; consistency is `config_checks.check_config`'s job, not this function's."""
     return StepPlan(skip_old_log_prob=get(cfg, RECOMPUTE_KEY, True) is False,
-                    d2d=d2d_enabled(environ),
+                    d2d=d2d_setting(cfg, environ)[0],
                     fused_role=bool(get(cfg, FUSED_ROLE_KEY, False)))

@@ -3,6 +3,8 @@
 from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
 
 _W = "verl_patches.patches.verl.workers.megatron_workers"
+_D2D = "verl_patches.patches.verl.workers.d2d_cache"
+_STEP = "verl_patches.patches.verl.workers.watchdog_step"
 _A = "verl_patches.patches.verl.workers.actor.megatron_actor"
 _WORKER = "verl.workers.megatron_workers:ActorRolloutRefWorker"
 _ACTOR = "verl.workers.actor.megatron_actor:MegatronPPOActor"
@@ -47,6 +49,54 @@ PATCHES = [
         vendor_item="local",
         reason="the actor's loss needs the rollout's sampling temperature on every batch it trains on",
     ),
+    # The D2D tensor cache (C1/C2): each wraps the method below it in this list or in workers.declarations
+    # (timing), so upstream's body still runs; a call without the driver's D2D flag passes straight through.
+    Patch(
+        name="megatron_worker.generate_sequences_d2d_cache",
+        target=f"{_WORKER}.generate_sequences",
+        kind=Kind.WRAP,
+        fingerprint="sha256:5d343eed8e9b5efc",
+        replacement=lazy_call(f"{_D2D}:wrap_generate_sequences"),
+        vendor_item="C1",
+        reason="with the D2D tensor cache, keep responses/input_ids/attention_mask/position_ids/rollout_log_probs on "
+               "the worker and hand the driver only prompts/responses/attention_mask (not on validation)",
+    ),
+    Patch(
+        name="megatron_worker.compute_ref_log_prob_d2d_cache",
+        target=f"{_WORKER}.compute_ref_log_prob",
+        kind=Kind.WRAP,
+        fingerprint="sha256:78cd82e383702008",
+        replacement=lazy_call(f"{_D2D}:wrap_compute_ref_log_prob"),
+        vendor_item="C1",
+        reason="with the D2D tensor cache, take the inputs from the cache resharded to the Megatron DP layout (C2) "
+               "and keep ref_log_prob there; the driver gets a batch of the right size with no tensor",
+    ),
+    Patch(
+        name="megatron_worker.update_actor_d2d_cache",
+        target=f"{_WORKER}.update_actor",
+        kind=Kind.WRAP,
+        fingerprint="sha256:2d577a0fd0a2b110",
+        replacement=lazy_call(f"{_D2D}:wrap_update_actor"),
+        vendor_item="C1",
+        reason="with the D2D tensor cache, add the cached tensors to the driver's advantages, clear the cache "
+               "after the update (also when it fails)",
+    ),
+] + [
+    Patch(
+        name=f"megatron_worker.{method}_watchdog_step",
+        target=f"{_WORKER}.{method}",
+        kind=Kind.WRAP,
+        fingerprint=fp,
+        replacement=lazy_call(f"{_STEP}:with_watchdog_step"),
+        vendor_item="local",
+        reason="hand the trainer step of the call (meta_info['global_steps'], written by our fit loop) to the "
+               "process's collective watchdog, so a hang report names the step",
+    )
+    for method, fp in (("generate_sequences", "sha256:5d343eed8e9b5efc"),
+                       ("compute_ref_log_prob", "sha256:78cd82e383702008"),
+                       ("compute_log_prob", "sha256:f01abc1745a4c4e1"),
+                       ("update_actor", "sha256:2d577a0fd0a2b110"))
+] + [
     Patch(
         name="cpu.megatron_worker.torch_cuda_is_cpu",
         target="verl.workers.megatron_workers:torch",
