@@ -183,3 +183,22 @@ def test_a_worker_call_tells_the_installed_watchdog_its_step(tmp_path: Path, mon
 def test_stamp_writes_step_and_flag() -> None:
     data = stamp(DataProto.from_dict({"x": torch.zeros(2)}), 3, True)
     assert data.meta_info == {STEP_META_KEY: 3, D2D_META_KEY: True}
+
+
+def test_ref_payload_and_answer_cross_ray_pickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both are batches with a size and no tensor; upstream's __getstate__ cannot consolidate those."""
+    import pickle
+
+    from verl_patches.patches.verl.protocol import pickle_empty_batch
+
+    monkeypatch.setattr(DataProto, "__getstate__", pickle_empty_batch(DataProto.__getstate__))
+    w = FakeWorker(0, 1, ROWS)
+    gen_out = w.generate_sequences(prompts())
+    batch = driver_batch(pickle.loads(pickle.dumps(gen_out)))
+    ref_in = pickle.loads(pickle.dumps(stamp(ref_payload(batch, True), 1, True).chunk(1)[0]))
+    assert len(ref_in) == ROWS and list(ref_in.batch.keys()) == [] and ref_in.meta_info[D2D_META_KEY]
+    ref_in.meta_info.update(DP_MAP)
+    ref_out = pickle.loads(pickle.dumps(w.compute_ref_log_prob(ref_in)))
+    assert len(batch.union(DataProto.concat([ref_out]))) == ROWS
+    full = pickle.loads(pickle.dumps(batch))                    # a batch with tensors still takes upstream's path
+    assert torch.equal(full.batch["advantages"], batch.batch["advantages"])

@@ -1,6 +1,6 @@
 """Patches of top-level verl modules (verl.protocol)."""
 
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_object
+from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
 
 PATCHES = [
     Patch(
@@ -12,6 +12,17 @@ PATCHES = [
         vendor_item="C7",
         reason="D2D unions a tensor-less (locked) DataProto with cached tensors; unlock for the inserts, "
                "lock again after",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="protocol.pickle_empty_batch",
+        target="verl.protocol:DataProto.__getstate__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:6710d7a87f5dbe6d",
+        replacement=lazy_call("verl_patches.patches.verl.protocol:pickle_empty_batch"),
+        vendor_item="A2",
+        reason="with D2D, ref's payload and answer are batches with a size and no tensor; upstream's pickling "
+               "consolidates the TensorDict first, which fails without tensors, so Ray could not ship them",
         devices=ALL_DEVICES,
     ),
 ]

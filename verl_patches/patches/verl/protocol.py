@@ -32,3 +32,30 @@ def union_tensor_dict(tensor_dict1: Any, tensor_dict2: Any) -> Any:
         if was_locked:
             tensor_dict1.lock_()
     return tensor_dict1
+
+
+def pickle_empty_batch(getstate: Any) -> Any:
+    """WRAP of ``DataProto.__getstate__``: a batch with a size but no tensor pickles too.
+
+    With D2D the driver sends compute_ref_log_prob a batch that only says how many rows it has, and the
+    workers answer with one (vendor item A2); upstream's ``__getstate__`` consolidates the TensorDict first
+    (tensordict >= 0.5), which fails on one without tensors (``torch.cat`` of an empty list), so Ray could
+    not ship either. There is nothing to consolidate then: save it as it is. Every other batch takes
+    upstream's path.
+    """
+    import functools
+
+    @functools.wraps(getstate)
+    def __getstate__(self: Any) -> Any:
+        batch = self.batch
+        if batch is None or len(batch.keys()) > 0:
+            return getstate(self)
+        import io
+
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(batch, buffer)
+        return buffer.getvalue(), self.non_tensor_batch, self.meta_info
+
+    return __getstate__
