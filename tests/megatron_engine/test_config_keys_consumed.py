@@ -43,6 +43,8 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
     "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),
     "overlay.fused_actor_rollout_ref": ("verl_patches/trainer/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
+    "overlay.d2d_tensor_cache": ("verl_patches/trainer/step_plan.py", 'D2D_KEY = "overlay.d2d_tensor_cache"',
+                                 "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py"),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
 }
 
