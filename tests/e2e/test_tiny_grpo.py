@@ -6,78 +6,28 @@ additions with our reward:
 * README command 1 (`train_deepseekv3_256die_random_init.sh --tiny`), the A3 path: verl's Megatron actor and
   reference through MindSpeed on the torch_npu emulation (TP2 x EP2, 4 ranks), the vLLM rollout seam with
   the CPU stand-in, our weight sync, the fused actor_rollout_ref group, no old-log-prob pass. ONE run of 60
-  steps (module fixture) serves every A3 test, including the golden-metrics check against the stored
-  baseline, so the suite pays for one tiny run;
+  steps (the session fixture `a3_run` of conftest.py) serves every A3 test, including the golden-metrics
+  check against the stored baseline and the kill-and-resume test's reference, so the suite pays for one
+  tiny run;
 * the FSDP + HF option (`--tiny-engine fsdp`), two steps.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = "verl_patches/scripts/train_deepseekv3_256die_random_init.sh"
+from tiny_job import REPO, TinyRun, env_for_run, run_tiny
+
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")
 MISMATCH_TOL = 1e-3  # fp32 on CPU: rollout stand-in vs Megatron actor, same weights after the sync
 STEPS, TEST_FREQ = 60, 20
-
-
-def parse_steps(output: str) -> dict[int, dict[str, float]]:
-    steps: dict[int, dict[str, float]] = {}
-    for m in STEP_LINE.finditer(output):
-        metrics = {}
-        for item in m.group(2).split(" - "):
-            key, _, value = item.strip().partition(":")
-            try:
-                metrics[key] = float(value)
-            except ValueError:
-                continue
-        steps[int(m.group(1))] = metrics
-    return steps
-
-
-def env_for_run() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
-@dataclass
-class TinyRun:
-    returncode: int
-    output: str
-    steps: dict[int, dict[str, float]]
-    run_dir: Path | None
-
-
-def run_tiny(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine: str | None = None,
-             timeout: int = 900) -> TinyRun:
-    flags = ["--tiny-engine", engine] if engine else []
-    proc = subprocess.run(["bash", SCRIPT, "--tiny", *flags, "--log-dir", str(log_dir), "--",
-                           f"overlay.tiny_assets_dir={assets}", *overrides],
-                          cwd=REPO, env=env_for_run(), capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    dirs = sorted(log_dir.glob("tiny-*-local-*"))
-    return TinyRun(proc.returncode, out, parse_steps(out), dirs[-1] if dirs else None)
-
-
-@pytest.fixture(scope="module")
-def a3_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
-    """README command 1, as is (60 steps, validation every 20), with its own assets and log folder."""
-    return run_tiny(tmp_path_factory.mktemp("tiny_logs"), tmp_path_factory.mktemp("tiny_a3_assets"),
-                    timeout=2300)
 
 
 def _ok(run: TinyRun) -> None:
