@@ -195,7 +195,8 @@ def test_recompute_runs_the_old_log_prob_pass_and_the_driver_measures_the_mismat
 def test_remax_keeps_upstreams_fit(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
     t, _ = make_trainer(base_cfg, monkeypatch, plan, **{"algorithm.adv_estimator": "remax",
-                                                       "actor_rollout_ref.actor.recompute_old_log_prob": True})
+                                                       "actor_rollout_ref.actor.recompute_old_log_prob": True,
+                                                       "overlay.d2d_tensor_cache": False})
     seen = []
     fit_loop.with_overlay_fit(lambda self: seen.append(self))(t)
     assert seen == [t]

@@ -354,7 +354,8 @@ def test_unknown_profile_is_an_error_naming_it() -> None:
 
 
 def _problems(*overrides: str, profile: str = "a3_256die_true_weight") -> list[str]:
-    return check_config(composed(profile, *overrides))
+    """The checks other than D2D's (the cache off; its own refusals are tested below)."""
+    return check_config(composed(profile, "overlay.d2d_tensor_cache=False", *overrides), environ={})
 
 
 def test_check_ppo_epochs_with_skipped_old_log_prob() -> None:
@@ -430,7 +431,7 @@ def test_skip_needs_the_megatron_actor_and_sync_rollout() -> None:
 ])
 def test_d2d_refuses_what_needs_tensors_on_the_driver(override: str, key: str) -> None:
     cfg = composed("a3_256die_true_weight", override)
-    assert check_config(cfg, environ={}) == []
+    assert check_config(cfg, environ={"D2D_DATA_TRANSFER": "0"}) == []
     problems = check_config(cfg, environ=D2D_ON)
     assert len(problems) == 1 and key in problems[0] and "D2D_DATA_TRANSFER" in problems[0], problems
 
