@@ -94,6 +94,10 @@ def cache_for_generate(worker: Any, local_rows: int) -> TensorCache:
         # only has to know the rollout chunk sizes, one per rank
         cache = TensorCache(DpRankMap(tuple(range(world))), int(worker.rank), local_rows * world)
         setattr(worker, CACHE_ATTR, cache)
+        if int(worker.rank) == 0:  # one line per job in the log, saying the path ran
+            print(f"verl_patches D2D tensor cache on (rank 0 of {world}): {local_rows} rollout rows per rank, "
+                  f"{local_rows * world} per step; ref and update read them resharded to the Megatron DP layout",
+                  flush=True)
     return cache
 
 
@@ -175,6 +179,9 @@ def wrap_compute_ref_log_prob(original: Callable) -> Callable:
             _check_rows(self, data, cache, "compute_ref_log_prob")
             out = original(self, _with_cached(data, inputs), *args, **kwargs)
             cache.put(REF_OUTPUT, out.batch[REF_OUTPUT].to(_device()), layout="megatron_dp")
+            if int(self.rank) == 0 and not getattr(self, "_verl_patches_d2d_reported", False):
+                self._verl_patches_d2d_reported = True
+                print(f"verl_patches D2D rank 0 after ref: {cache.size_report()}", flush=True)
         except BaseException:
             cache.clear()
             raise
