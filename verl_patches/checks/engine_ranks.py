@@ -74,7 +74,11 @@ def _standin(cfg_hf: dict, dtype: torch.dtype, ep_size: int, ep_rank: int) -> An
     # stand-in would first build transformers' whole model in float32 with its random initialisation and
     # then copy it (three copies of the slice next to the Megatron model). Every parameter is overwritten by
     # the weight sync, so no initial value is needed.
-    with torch.device("meta"):
+    # (transformers' init_empty_weights moves each parameter to meta as it is registered: a torch.device("meta")
+    # context is not honoured in a rank, where the device emulation wraps torch's factory functions)
+    from transformers.modeling_utils import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
         standin = StandinDeepseekV3(hf_config, dtype=dtype, ep_size=ep_size, ep_rank=ep_rank, device="meta")
     for name, meta in list(standin.named_parameters()):
         param = torch.nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
@@ -148,6 +152,34 @@ def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, 
     return response_log_probs(logits, batch["responses"], TEMPERATURE)
 
 
+def _router_bias_in_float32(chunks: Any, mcore_dir: str) -> list[str]:
+    """Put the routers' score-correction bias back in float32, read exactly from this rank's file.
+
+    MindSpeed-LLM registers ``router.expert_bias`` in float32 (DeepSeek-V3 keeps it so, and the weight sync's
+    plan expects it so), but Megatron's ``Float16Module`` casts every buffer of a bf16 model to bf16: the
+    sync then refuses the model (``PlanMismatchError``: expert_bias is bfloat16, the plan expects float32)
+    and routing uses a rounded bias. Returns the names restored (none in a float32 run).
+    """
+    from verl.utils.megatron_utils import unwrap_model
+
+    from verl_patches.patches.verl.workers.legacy_checkpoint import plan_rank_file, running_layout
+    from verl_patches.weights.mcore_to_hf import load_rank_file
+
+    routers = [(name, mod) for chunk in chunks for name, mod in unwrap_model(chunk).named_modules()
+               if isinstance(getattr(mod, "expert_bias", None), torch.Tensor) and mod.expert_bias.dtype != torch.float32]
+    if not routers:
+        return []
+    path = plan_rank_file(Path(mcore_dir), running_layout())
+    state, _ = load_rank_file(path)
+    for name, mod in routers:
+        key = f"{name}.expert_bias"
+        if key not in state:
+            raise RuntimeError(f"{path}: no {key!r} to restore the router bias from")
+        mod.expert_bias = state[key].to(device=mod.expert_bias.device, dtype=torch.float32).clone()
+    del state
+    return [f"{n}.expert_bias" for n, _ in routers]
+
+
 def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, pp: int, ep: int,
                layer_list: list[int] | None, engines: list[str], rollout_tp: int, rollout_ep: int,
                batch_file: str, out_dir: str, dtype: str) -> dict[str, Any]:
@@ -174,8 +206,9 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
 
     ref = ActorRolloutRefWorker(cfg.actor_rollout_ref, "ref")
     ref.init_model()
+    out_fixes = _router_bias_in_float32(ref.ref_module, mcore_dir)
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-    out: dict[str, Any] = {"dp": dp, "dp_rank": dp_rank}
+    out: dict[str, Any] = {"dp": dp, "dp_rank": dp_rank, "expert_bias_restored_fp32": out_fixes}
     if "megatron" in engines:
         mine = dp_share(batch, dp, dp_rank)
         lp = ref.compute_ref_log_prob(_proto(mine)).batch["ref_log_prob"]
