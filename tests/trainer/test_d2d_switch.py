@@ -46,3 +46,19 @@ def test_problems_name_the_switch_and_the_key() -> None:
     assert d2d_problems(bad, {"D2D_DATA_TRANSFER": "0"}) == []
     (problem,) = d2d_problems(bad, {"D2D_DATA_TRANSFER": "1"})
     assert "D2D_DATA_TRANSFER='1'" in problem
+
+
+@pytest.mark.parametrize("name, overrides, on", [
+    ("ppo_tiny_local", [], True),
+    ("ppo_mindspeed_trainer", ["profile=a3_16die_smoke"], True),
+    ("ppo_mindspeed_trainer", ["profile=a3_256die_random_init"], True),
+    ("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"], True),
+    ("ppo_tiny_local_fsdp", [], False),
+])
+def test_the_a3_profiles_and_the_tiny_run_use_the_cache(name: str, overrides: list[str], on: bool) -> None:
+    from verl_patches.trainer.config_checks import check_config
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    c = resolved(compose_config(name, overrides))
+    assert plan_steps(c, {}).d2d is on
+    assert check_config(c, environ={}) == []
