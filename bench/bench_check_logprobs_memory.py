@@ -20,15 +20,17 @@ the check itself and used to refuse), their ratio, wall time and the check's ver
 Measured once (2-core / 24 GiB CPU host, 2026-11-23; bf16 slice: 3 dense layers + 1 MoE layer with 16 of the
 32 experts, 4.54 B parameters, 9.08 GB = 8.46 GiB per copy), ``--tp 1 --pp 1 --ep 1``:
 
-    peak summed RSS 18.90 GiB (estimate's RSS bound 20.41), peak summed RssAnon 18.60 GiB (estimate 20.41,
-    measured / estimate 0.91), wall 172 s (truncate 47 s, convert 29 s, reference 4 s, engine rank 88 s),
-    PASS: megatron max |diff| 5.2e-3 (mean 2.4e-3), rollout 0.0 (bf16, tolerance 0.15).
+    peak summed RSS 18.90 GiB, peak summed RssAnon 18.60 GiB, wall 172 s (truncate 47 s, convert 29 s,
+    reference 4 s, engine rank 88 s), PASS: megatron max |diff| 5.2e-3 (mean 2.4e-3), rollout 0.0 (bf16,
+    tolerance 0.15). Estimate printed by that run: 20.41 GiB; with the process baselines recalibrated
+    afterwards on the mid-size test (`tests/checks/test_check_memory_bound.py`) it is 20.16 GiB (RSS bound
+    20.66 GiB): measured / estimate 0.92.
 
 The peak is the engine rank holding verl's Megatron model and the rollout stand-in synced from it (two
 copies, 16.9 GiB); the other 1.7 GiB are the main process and the rank's imports and buffers. Before the
 changes that came with this bench the same run was killed by the kernel at 22.5 GiB: the stand-in first
 built transformers' whole model in float32 next to the Megatron model. A 2-rank layout (``--ep 2``) of this
-slice is refused up front (estimate 39.6 GiB: every rank holds its Megatron share plus a stand-in with every
+slice is refused up front (estimate 37.2 GiB: every rank holds its Megatron share plus a stand-in with every
 dense weight, and rank 0 then gathers a whole EP-1 instance); use ``--layers``/``--experts`` to shrink it.
 """
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_patches.checks.memory import (GIB, HEADROOM, MAIN_PROCESS_BYTES, RANK_PROCESS_BYTES, estimate_memory,
-                                        fit_problem)
+from verl_patches.checks.memory import (GIB, HEADROOM, LIBRARY_PAGES_BYTES, MAIN_PROCESS_BYTES, RANK_PROCESS_BYTES,
+                                        estimate_memory, fit_problem)
 from verl_patches.checks.truncate import truncated_config
 from verl_patches.weights.config import make_tiny_config, make_training_config
 from verl_patches.weights.hf_schema import hf_tensor_specs
@@ -46,8 +46,8 @@ def test_one_copy_is_the_truncated_slice_in_the_engines_dtype(layers, experts, d
 def test_single_rank_peak_is_two_copies_plus_the_process_baselines():
     cfg = _cfg()
     est = _est(cfg)
-    assert [p.name for p in est.phases] == ["convert", "reference", "engines"]
-    assert est.peak.name == "engines" and [u.process for u in est.peak.usage] == ["main", "rank0"]
+    assert [p.name for p in est.phases] == ["convert", "reference", "engines: load", "engines: sync"]
+    assert est.peak.name == "engines: sync" and [u.process for u in est.peak.usage] == ["main", "rank0"]
     rank = est.peak.usage[1]
     # Megatron's rank holds the whole model at TP1/PP1/EP1; the stand-in the whole model too; the sync one
     # MoE layer's experts at most
@@ -62,7 +62,7 @@ def test_reference_phase_counts_the_mapped_checkpoint_apart():
     est = _est(_cfg(), dtype=torch.float32, stored=torch.bfloat16)
     ref = next(p for p in est.phases if p.name == "reference")
     (main,) = ref.usage
-    assert main.mapped == est.copy_bytes // 2  # the bf16 file behind an fp32 model
+    assert main.mapped == LIBRARY_PAGES_BYTES + est.copy_bytes // 2  # the bf16 file behind an fp32 model
     assert main.anon > est.copy_bytes
 
 
@@ -77,11 +77,15 @@ def test_layers_experts_and_dtype_change_the_need_monotonically():
 def test_every_rank_is_a_process_and_rank0_gathers_the_whole_rollout_at_ep2():
     cfg = _cfg()
     est = _est(cfg, ep=2)
-    eng = est.phases[-1]
-    assert [u.process for u in eng.usage] == ["main", "rank0", "rank1"]
-    assert eng.usage[1].anon > eng.usage[2].anon  # rank 0 builds the EP-1 instance and receives every expert
+    assert [p.name for p in est.phases][-3:] == ["engines: load", "engines: sync", "engines: gather"]
+    for ph in est.phases[-3:]:
+        assert [u.process for u in ph.usage] == ["main", "rank0", "rank1"]
+    gather = est.phases[-1]
+    assert gather.usage[1].anon > gather.usage[2].anon  # rank 0 builds the EP-1 instance, receives every expert
+    sync = est.phases[-2]
+    assert sync.usage[1].anon == sync.usage[2].anon  # each rank: its Megatron share + its stand-in share
     one = _est(cfg, ep=2, rollout_ep=1)  # each rank serves every expert: no gather
-    assert one.phases[-1].usage[1].anon == one.phases[-1].usage[2].anon
+    assert "engines: gather" not in [p.name for p in one.phases]
 
 
 def test_megatron_only_holds_no_rollout_copy():
@@ -105,13 +109,14 @@ def test_the_671b_slice_of_the_issue_fits_24_gib_and_more_experts_do_not():
     assert msg and "--layers, now 4" in msg and "--experts, now all" in msg and "--dtype" not in msg
     fp32 = _est(cfg, layers=4, experts=16, dtype=torch.float32)
     msg = fit_problem(fp32, 22 * GIB, layers=4, experts=16, dtype=torch.float32)
-    assert msg and "--dtype bfloat16" in msg and "phase 'engines'" in msg
+    assert msg and "--dtype bfloat16" in msg and "phase 'engines: sync'" in msg
 
 
 def test_estimate_lines_name_every_phase_and_process():
     est = _est(_cfg(), layers=3, experts=8, ep=2)
     text = "\n".join(est.lines())
-    for word in ("truncate", "convert", "reference", "engines", "rank0", "rank1", "mapped", "one copy"):
+    for word in ("truncate", "convert", "reference", "engines: load", "engines: sync", "engines: gather", "rank0",
+                 "rank1", "mapped", "one copy"):
         assert word in text
 
 

@@ -1,6 +1,6 @@
 """check_logprobs stays within its own memory estimate: a mid-size synthetic DeepSeek-V3 (hidden 1024, vocab
 196608, 3 layers, 16 routed experts, bf16: ~0.9 GB a copy, checked with --experts 8) runs end to end as
-`check_logprobs.py` while the summed RSS and RssAnon of its whole process tree are sampled; both peaks must be
+`check_logprobs.py` (one rank, and two at EP2 where rank 0 gathers the rollout's experts) while the summed RSS and RssAnon of its whole process tree are sampled; both peaks must be
 under the estimate's bounds, so a change that keeps one more copy of the model alive fails here."""
 from __future__ import annotations
 
@@ -38,13 +38,19 @@ def _model(root: Path) -> Path:
     return out
 
 
-def test_peak_memory_of_the_check_is_within_its_estimate(tmp_path):
+@pytest.fixture(scope="module")
+def mid_model(tmp_path_factory) -> Path:
+    return _model(tmp_path_factory.mktemp("mid"))
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_peak_memory_of_the_check_is_within_its_estimate(mid_model, tmp_path, ep):
     from verl_patches.checks.rss import TreeSampler
     from verl_patches.checks.run import CheckRequest, estimate_check_memory
 
-    hf = _model(tmp_path)
-    flags = ["--layers", "3", "--experts", "8", "--tokens", "8"]
-    est = estimate_check_memory(CheckRequest(hf=hf, layers=3, experts=8, tokens=8))
+    hf = mid_model
+    flags = ["--layers", "3", "--experts", "8", "--tokens", "8", "--ep", str(ep)]
+    est = estimate_check_memory(CheckRequest(hf=hf, layers=3, experts=8, tokens=8, ep=ep))
     argv = [sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--hf", str(hf), *flags,
             "--timeout", "600", "--work-dir", str(tmp_path)]
     t0 = time.monotonic()

@@ -9,15 +9,15 @@ The check runs in phases; only the engine ranks run side by side:
 3. ``reference`` (main): HF transformers' model in the engines' dtype, plus the pages of the memory-mapped
    safetensors it was loaded from (they count in RSS while resident), plus the logits. Freed (and given back
    to the OS, `run._release_freed_memory`) before the ranks start.
-4. ``engines`` (main idle + every rank at its own peak, summed: a bound, the ranks peak at different
-   moments). A rank's peak is the largest of:
-   - ``load``: its Megatron parameters + its memory-mapped rank file (strict copy into the model);
-   - ``sync``: its Megatron parameters + its rollout stand-in (the non-expert weights + its rollout-EP
-     share of experts; built on the meta device and materialised once, so exactly one copy) + the
-     largest all-gathered tensor of the sync, twice;
-   - ``gather`` (rollout EP > 1, after the Megatron model is freed): rank 0 holds its stand-in, the whole
-     EP-1 instance and every expert twice (pickled by ``gather_object`` and unpickled); the others their
-     stand-in and their experts twice.
+4. the engine ranks (main idle next to them), in lockstep (the sync and the gather are collectives):
+   - ``engines: load``: each rank's Megatron parameters + its memory-mapped rank file (strict copy into
+     the model);
+   - ``engines: sync``: each rank's Megatron parameters + its rollout stand-in (the non-expert weights +
+     its rollout-EP share of experts; built on the meta device and allocated once, so exactly one copy)
+     + one MoE layer's experts for the sync's buffers;
+   - ``engines: gather`` (rollout EP > 1, after the Megatron model is freed): rank 0 holds its stand-in,
+     the whole EP-1 instance and every expert twice (pickled by ``gather_object`` and unpickled); the
+     others their stand-in and their experts twice.
 
 So at most two full copies of (a rank's share of) the slice exist at once: the Megatron model and the
 stand-in. Process baselines (interpreter, torch, Megatron/MindSpeed/verl/vLLM imports) are constants
@@ -34,16 +34,17 @@ MIB = 1024 ** 2
 GIB = 1024 ** 3
 # process baselines: measured 261 MiB anonymous (377 MiB RSS) for the main process and 445 MiB (624 MiB)
 # for a rank on a tiny model, with room for the allocator and imports that vary by host
-MAIN_PROCESS_BYTES = 500 * MIB    # python + torch + transformers + safetensors + the converter's imports
-RANK_PROCESS_BYTES = 800 * MIB    # + Megatron, MindSpeed(-LLM), verl, vLLM, the torch_npu emulation, gloo
+MAIN_PROCESS_BYTES = 400 * MIB    # python + torch + transformers + safetensors + the converter's imports
+RANK_PROCESS_BYTES = 650 * MIB    # + Megatron, MindSpeed(-LLM), verl, vLLM, the torch_npu emulation, gloo
+LIBRARY_PAGES_BYTES = 256 * MIB  # shared libraries' file pages in a process's RSS (measured 116 and 179 MiB)
 HEADROOM = 1.05                   # on model bytes: allocator slack, small tensors, the short sequences' activations
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class Usage:
-    """One process at a phase's peak: ``anon`` bytes it allocated, ``mapped`` bytes of memory-mapped
-    checkpoint files resident in it (they count in its RSS, but the kernel can drop them under pressure)."""
+    """One process at a phase's peak: ``anon`` bytes it allocated, ``mapped`` bytes of memory-mapped files
+    (checkpoints, shared libraries) resident in it (they count in its RSS; the kernel can drop them)."""
 
     process: str
     anon: int
@@ -162,20 +163,23 @@ def estimate_memory(cfg: Mapping[str, Any], *, layers: int | None, experts: int 
     rollout = "rollout" in engines
     standin = dense_bytes + expert_bytes * share // n_exp if rollout else 0
     sync_buf = _expert_layer_bytes(tcfg, engine_dtype) if rollout else 0
-    usage = [Usage("main", main)]
+    # the ranks move through the engine steps in lockstep (the sync and the gather are collectives), so
+    # each step is a phase with every rank in it
+    load, sync, gather = [Usage("main", main)], [Usage("main", main)], [Usage("main", main)]
     for r in range(world):
         m = mg[r]
-        load = Usage(f"rank{r}", RANK_PROCESS_BYTES + m, int(m * ck))
-        steps = [load, Usage(f"rank{r}", RANK_PROCESS_BYTES + m + standin + sync_buf)]
-        if rollout and rollout_ep > 1:
-            gather = standin + (copy + 2 * expert_bytes if r == 0 else 2 * expert_bytes * share // n_exp)
-            steps.append(Usage(f"rank{r}", RANK_PROCESS_BYTES + gather))
-        anon = max(u.anon for u in steps)
-        usage.append(Usage(f"rank{r}", anon, max(u.rss for u in steps) - anon))
-    phases.append(Phase("engines", tuple(usage)))
+        load.append(Usage(f"rank{r}", RANK_PROCESS_BYTES + m, int(m * ck)))
+        sync.append(Usage(f"rank{r}", RANK_PROCESS_BYTES + m + standin + sync_buf))
+        held = copy + 2 * expert_bytes if r == 0 else 2 * expert_bytes * share // n_exp
+        gather.append(Usage(f"rank{r}", RANK_PROCESS_BYTES + standin + held))
+    phases.append(Phase("engines: load", tuple(load)))
+    if rollout:
+        phases.append(Phase("engines: sync", tuple(sync)))
+        if rollout_ep > 1:
+            phases.append(Phase("engines: gather", tuple(gather)))
     def slack(u: Usage) -> Usage:
         base = MAIN_PROCESS_BYTES if u.process == "main" else RANK_PROCESS_BYTES
-        return Usage(u.process, base + int((u.anon - base) * HEADROOM), u.mapped)
+        return Usage(u.process, base + int((u.anon - base) * HEADROOM), u.mapped + LIBRARY_PAGES_BYTES)
 
     return MemoryEstimate(copy, tuple(Phase(p.name, tuple(slack(u) for u in p.usage)) for p in phases))
 
