@@ -12,6 +12,9 @@ expert-parallel share. The stand-in computes with EP size 1 only, so rank 0 gath
 one instance and scores the whole batch (with ``--rollout-ep 1`` every rank already holds every expert and
 rank 0 scores with its own instance). The Megatron model is freed once synced.
 
+Memory (`verl_patches.checks.memory`): a rank holds at most its Megatron model and its stand-in at once; the
+stand-in is built on the meta device and each parameter allocated once, in the engines' dtype.
+
 Results are written under ``out_dir`` as ``megatron_dp{d}.pt`` (by the first rank of each data-parallel
 group holding the log-probs) and ``rollout.pt``.
 """
@@ -74,8 +77,8 @@ def _standin(cfg_hf: dict, dtype: torch.dtype, ep_size: int, ep_rank: int) -> An
     # stand-in would first build transformers' whole model in float32 with its random initialisation and
     # then copy it (three copies of the slice next to the Megatron model). Every parameter is overwritten by
     # the weight sync, so no initial value is needed.
-    # (transformers' init_empty_weights moves each parameter to meta as it is registered: a torch.device("meta")
-    # context is not honoured in a rank, where the device emulation wraps torch's factory functions)
+    # (transformers' init_empty_weights moves each parameter to meta as it is registered; a torch.device("meta")
+    # context was measured to have no effect in a rank: the model was still built on the CPU)
     from transformers.modeling_utils import init_empty_weights
 
     with init_empty_weights(include_buffers=False):
