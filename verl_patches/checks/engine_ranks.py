@@ -155,32 +155,14 @@ def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, 
     return response_log_probs(logits, batch["responses"], TEMPERATURE)
 
 
-def _router_bias_in_float32(chunks: Any, mcore_dir: str) -> list[str]:
-    """Put the routers' score-correction bias back in float32, read exactly from this rank's file.
+def _router_buffers_not_float32(chunks: Any) -> list[str]:
+    """Router buffers the job's model build left below float32 (it must keep them float32: see
+    verl_patches.train_engine.router_buffers); the check refuses to score such a model."""
+    from verl_patches.train_engine.router_buffers import FLOAT32_ROUTER_BUFFERS
 
-    MindSpeed-LLM registers ``router.expert_bias`` in float32 (DeepSeek-V3 keeps it so, and the weight sync's
-    plan expects it so), but Megatron's ``Float16Module`` casts every buffer of a bf16 model to bf16: the
-    sync then refuses the model (``PlanMismatchError``: expert_bias is bfloat16, the plan expects float32)
-    and routing uses a rounded bias. Returns the names restored (none in a float32 run).
-    """
-    from verl.utils.megatron_utils import unwrap_model
-
-    from verl_patches.patches.verl.workers.legacy_checkpoint import plan_rank_file, running_layout
-    from verl_patches.weights.mcore_to_hf import load_rank_file
-
-    routers = [(name, mod) for chunk in chunks for name, mod in unwrap_model(chunk).named_modules()
-               if isinstance(getattr(mod, "expert_bias", None), torch.Tensor) and mod.expert_bias.dtype != torch.float32]
-    if not routers:
-        return []
-    path = plan_rank_file(Path(mcore_dir), running_layout())
-    state, _ = load_rank_file(path)
-    for name, mod in routers:
-        key = f"{name}.expert_bias"
-        if key not in state:
-            raise RuntimeError(f"{path}: no {key!r} to restore the router bias from")
-        mod.expert_bias = state[key].to(device=mod.expert_bias.device, dtype=torch.float32).clone()
-    del state
-    return [f"{n}.expert_bias" for n, _ in routers]
+    return [f"{name}.{buf}" for chunk in chunks for name, mod in chunk.named_modules()
+            for buf in FLOAT32_ROUTER_BUFFERS
+            if isinstance(mod._buffers.get(buf), torch.Tensor) and mod._buffers[buf].dtype != torch.float32]
 
 
 def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, pp: int, ep: int,
@@ -209,9 +191,12 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
 
     ref = ActorRolloutRefWorker(cfg.actor_rollout_ref, "ref")
     ref.init_model()
-    out_fixes = _router_bias_in_float32(ref.ref_module, mcore_dir)
+    low = _router_buffers_not_float32(ref.ref_module)
+    if low:
+        raise RuntimeError(f"rank {rank}: the Megatron model build left router buffers below float32: {low[:4]}; "
+                           "the weight sync and the routing expect float32 (router_buffers.keep_router_buffers_float32)")
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-    out: dict[str, Any] = {"dp": dp, "dp_rank": dp_rank, "expert_bias_restored_fp32": out_fixes}
+    out: dict[str, Any] = {"dp": dp, "dp_rank": dp_rank}
     if "megatron" in engines:
         mine = dp_share(batch, dp, dp_rank)
         lp = ref.compute_ref_log_prob(_proto(mine)).batch["ref_log_prob"]

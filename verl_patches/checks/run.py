@@ -233,15 +233,11 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
         (work / "out").mkdir()
         log(f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
             f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})")
-        ranks = run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
+        run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
                   tp=req.tp, pp=req.pp, ep=req.ep,
                   layer_list=list(req.num_layer_list) if req.num_layer_list else None, engines=list(req.engines),
                   rollout_tp=req.rollout_tp, rollout_ep=req.rollout_ep_size, batch_file=str(work / "batch.pt"),
                   out_dir=str(work / "out"), dtype=dtype_name)
-        restored = sorted({n for r in ranks for n in r.get("expert_bias_restored_fp32", [])})
-        if restored:
-            log(f"note: Megatron's Float16Module had cast {len(restored)} router expert_bias buffer(s) to "
-                f"{dtype_name}; restored to float32 from the checkpoint (the weight sync expects float32)")
         got = collect(req, work / "out", req.dp)
     diffs = [compare(name, reference, lp, batch["input_ids"]) for name, lp in got.items()]
     ok, lines = verdict(diffs, tolerance)

@@ -113,6 +113,8 @@ def _build_model_optimizer(self, model_path: str, optim_config: Any, override_mo
     from verl.utils.megatron_utils import get_model, init_megatron_optim_config
     from verl.utils.model import get_generation_config, load_megatron_gptmodel_weights
 
+    from verl_patches.train_engine.router_buffers import keep_router_buffers_float32
+
     self._init_hf_config_and_tf_config(model_path, model_path, self.dtype, override_model_config,
                                        override_transformer_config, self.config.model.get("trust_remote_code", False))
     self.generation_config = get_generation_config(self.local_path)
@@ -134,6 +136,7 @@ def _build_model_optimizer(self, model_path: str, optim_config: Any, override_mo
     else:
         module = get_model(model_provider_func=provider, model_type=ModelType.encoder_or_decoder, wrap_with_ddp=False,
                            use_distributed_optimizer=self.config.ref.megatron.use_distributed_optimizer)
+    keep_router_buffers_float32(module)  # before loading, so the checkpoint's float32 router bias lands unrounded
     if role_cfg.load_weight:
         if not is_for_actor and self.config.actor.load_weight != self.config.ref.load_weight:
             raise ValueError("actor.load_weight and ref.load_weight must agree (the reference is the initial actor)")
