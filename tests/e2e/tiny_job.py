@@ -18,9 +18,10 @@ from pathlib import Path
 
 import psutil
 
+from verl_patches.trainer.golden import STEP_LINE, parse_console
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "verl_patches/scripts/train_deepseekv3_256die_random_init.sh"
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 RESUME_PREFIX = "verl_patches resume:"
 # verl's Megatron ActorRolloutRefWorker inside the fused group's colocated class: Ray names the process after it
 WORKER_TITLES = ("ActorRolloutRefWorker", "WorkerDict")
@@ -28,17 +29,7 @@ WORKER_TITLES = ("ActorRolloutRefWorker", "WorkerDict")
 
 def parse_steps(output: str) -> dict[int, dict[str, float]]:
     """The console logger's `step:N - key:value - ...` lines (values printed with 3 decimals)."""
-    steps: dict[int, dict[str, float]] = {}
-    for m in STEP_LINE.finditer(output):
-        metrics = {}
-        for item in m.group(2).split(" - "):
-            key, _, value = item.strip().partition(":")
-            try:
-                metrics[key] = float(value)
-            except ValueError:
-                continue
-        steps[int(m.group(1))] = metrics
-    return steps
+    return parse_console(output)
 
 
 def step_order(output: str) -> list[int]:
