@@ -1,0 +1,116 @@
+"""The one reader of ``.pt`` files on the resume, export and check paths: never unpickles code.
+
+``torch.load`` defaults to ``weights_only=False`` before torch 2.6 (the A3 library set has 2.5.1): a
+tampered ``.pt`` then runs whatever its pickle names. Every load here passes ``weights_only=True``
+(tensors, plain containers, dtypes and numbers only), and, when the caller knows the file's sha256 (the
+step manifest records one per file), a file whose digest differs is refused by name before a byte of it
+is unpickled. The digest is computed from the same open file that is then loaded, so a rename in between
+cannot swap in another file. Every failure is one line naming the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import stat
+from typing import IO, Any
+
+_CHUNK = 1 << 22  # 4 MiB reads while hashing
+
+
+class CheckpointFileError(Exception):
+    """A checkpoint file that is missing, not a regular file, unreadable or corrupt; names the file."""
+
+
+class UnsafeCheckpointError(CheckpointFileError):
+    """A checkpoint file refused for safety: its digest differs from the recorded one, or it holds pickled
+    objects other than tensors and plain containers. Names the file."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:200]
+
+
+def _weights_only_reason(err: BaseException) -> str:
+    """The line of torch's weights-only refusal that says what was refused (its first line is advice)."""
+    for line in str(err).splitlines()[1:]:
+        line = line.strip()
+        if line and not line.startswith("Check the documentation"):
+            return line.split("use case: ")[-1][:200]
+    return _first_line(err)
+
+
+def _hash_stream(f: IO[bytes]) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _open_regular(path: str | os.PathLike) -> IO[bytes]:
+    """``path`` opened for reading, after checking it is a regular file (a FIFO would block the reader)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointFileError(f"{path}: missing") from None
+    except OSError as err:
+        raise CheckpointFileError(f"{path}: cannot be read ({err.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointFileError(f"{path}: not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise CheckpointFileError(f"{path}: cannot be read ({err.strerror})") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped between the stat and the open
+        f.close()
+        raise CheckpointFileError(f"{path}: not a regular file")
+    return f
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 (hex) of a regular file, read in chunks."""
+    with _open_regular(path) as f:
+        return _hash_stream(f)
+
+
+def check_digest(path: str | os.PathLike, actual: str, expected: str) -> None:
+    if actual != expected:
+        raise UnsafeCheckpointError(f"{path}: sha256 {actual[:16]}... differs from the {expected[:16]}... recorded "
+                                    "when it was saved; the file was changed after the save, refused unread")
+
+
+def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: str) -> Any:
+    import torch
+
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        # the weights-only unpickler met a global it does not allow (a class, a function): never run it
+        raise UnsafeCheckpointError(f"{path}: refused by the weights-only loader: not a torch file of tensors and "
+                                    f"plain containers ({_weights_only_reason(err)})") from None
+    except Exception as err:  # noqa: BLE001 - a corrupt archive raises many types; one line names the file
+        raise CheckpointFileError(f"{path}: not a readable torch file ({type(err).__name__}: {_first_line(err)})") \
+            from None
+
+
+def load_tensor_file(path: str | os.PathLike, *, mmap: bool = False, expected_sha256: str | None = None,
+                     map_location: str = "cpu") -> Any:
+    """The content of a ``.pt`` file, loaded with ``weights_only=True``.
+
+    With ``expected_sha256`` the file is hashed first and refused (UnsafeCheckpointError naming it) when the
+    digest differs. ``mmap=True`` maps the storages instead of reading them (torch then needs the path; the
+    digest is checked on the same path just before).
+    """
+    if mmap:
+        if expected_sha256 is not None:
+            check_digest(path, sha256_file(path), expected_sha256)
+        else:
+            _open_regular(path).close()
+        return _torch_load(os.fspath(path), path, True, map_location)
+    with _open_regular(path) as f:
+        if expected_sha256 is not None:
+            check_digest(path, _hash_stream(f), expected_sha256)
+            f.seek(0)
+        return _torch_load(f, path, False, map_location)
