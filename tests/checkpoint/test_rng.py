@@ -95,6 +95,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.usefixtures("vllm_job_process")
 def test_rollout_standin_sampling_resumes_where_the_saved_engine_left_off(tiny_model_dir: Path,
                                                                           tmp_path: Path) -> None:
     """The stand-in samples from its own seeded generator; a checkpoint taken between two generate calls,

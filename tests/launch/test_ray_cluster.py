@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,16 @@ def test_stop_sweeps_children_left_behind_by_a_dead_leader(tmp_path: Path, bysta
 
 # ---- a real Ray head ----------------------------------------------------------------------------------
 
+def _ray_has_token_auth() -> bool:
+    """Token authentication came after Ray 2.46 (requirements.txt's pin), which has neither the mode nor the helper."""
+    import importlib.util
+
+    return importlib.util.find_spec("ray._private.authentication") is not None
+
+
 def _refresh_ray_auth_cache() -> None:
+    if not _ray_has_token_auth():
+        return
     from ray._raylet import Config
 
     Config.initialize("")
@@ -152,7 +162,7 @@ def ray_env(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the head's and this client's environment
     auth = job.ray_auth_env()
-    assert auth == {"RAY_AUTH_MODE": "token"}
+    assert auth == ({"RAY_AUTH_MODE": "token"} if _ray_has_token_auth() else {})
     job.use_ray_auth_here(auth)  # what the launcher does for its own client (Ray imported earlier here)
     yield Path(tmp)
     monkeypatch.undo()
@@ -160,7 +170,32 @@ def ray_env(monkeypatch: pytest.MonkeyPatch):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_ray_auth_env_is_empty_on_a_ray_without_token_auth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On requirements.txt's Ray the launcher passes no auth variable to nodes or clients, whatever the
+    environment says, and giving this process the (empty) mode changes nothing."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    before = dict(os.environ)
+    auth = job.ray_auth_env()
+    if _ray_has_token_auth():
+        assert auth == {"RAY_AUTH_MODE": "token"}
+        return
+    assert auth == {}
+    job.use_ray_auth_here(auth)
+    assert dict(os.environ) == before
+
+
 def test_use_ray_auth_here_reaches_a_ray_imported_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _ray_has_token_auth():  # the newer-Ray branch of the launcher, exercised with a stand-in helper
+        calls: list[str] = []
+        fake = types.ModuleType("ray._private.authentication.authentication_token_setup")
+        fake._enable_token_auth = lambda: calls.append(os.environ.get("RAY_AUTH_MODE", ""))
+        monkeypatch.setitem(sys.modules, "ray._private.authentication", types.ModuleType("ray._private.authentication"))
+        monkeypatch.setitem(sys.modules, fake.__name__, fake)
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        assert job.ray_auth_env() == {"RAY_AUTH_MODE": "token"}
+        job.use_ray_auth_here({"RAY_AUTH_MODE": "token"})
+        assert calls == ["token"]
+        return
     from ray._raylet import AuthenticationMode, get_authentication_mode
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")

@@ -215,6 +215,7 @@ FSDP2_CHECK = r"""
 import json
 import verl_patches.prelude_patch
 import torch
+import torch.distributed._composable.fsdp
 import verl.utils.device, verl.utils.fsdp_utils as fu, verl.workers.fsdp_workers as fw
 policy = fu.CPUOffloadPolicy(pin_memory=True)
 print(json.dumps({
@@ -222,7 +223,7 @@ print(json.dumps({
     "fsdp_utils_tensor_is_torch": fu.torch.Tensor is torch.Tensor,
     "global_torch_untouched": verl.utils.device.torch is torch and torch.cuda is not fu.torch.cuda,
     "policy_pin_memory": policy.pin_memory,
-    "policy_is_torch_policy": isinstance(policy, torch.distributed.fsdp.CPUOffloadPolicy),
+    "policy_is_torch_policy": isinstance(policy, torch.distributed._composable.fsdp.CPUOffloadPolicy),
     "workers_see_same_policy": fw.CPUOffloadPolicy is fu.CPUOffloadPolicy,
 }))
 """

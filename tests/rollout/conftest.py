@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _vllm_job_process(vllm_job_process: None) -> None:
+    """Every rollout test imports vLLM as a rollout worker of the job does."""
+
+
 def tiny_config(**overrides):
     from transformers import DeepseekV3Config
 

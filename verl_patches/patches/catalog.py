@@ -16,6 +16,7 @@ DECLARATION_MODULES = (
     "verl_patches.patches.verl.single_controller.declarations",
     "verl_patches.patches.verl.workers.declarations",
     "verl_patches.patches.verl.trainer.declarations",
+    "verl_patches.patches.vllm.declarations",
     "verl_patches.patches.vllm.v1.engine.declarations",
     "verl_patches.patches.vllm.v1.sample.declarations",
     "verl_patches.patches.vllm_ascend.declarations",

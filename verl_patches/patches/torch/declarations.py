@@ -8,7 +8,7 @@ PATCHES = [
         name="cpu.torch.fsdp.sync_module_states_on_cpu",
         target="torch.distributed.fsdp._init_utils:_check_module_states_for_sync_module_states",
         kind=Kind.REPLACE,
-        fingerprint="sha256:144fbf117a3b7121",
+        fingerprint="sha256:b4ea82ab27844d89",
         replacement=lazy_object("verl_patches.patches.torch.fsdp_init:allow_cpu_module_states"),
         vendor_item="local",
         reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; gloo broadcasts them",
@@ -27,9 +27,9 @@ PATCHES = [
     ),
     Patch(
         name="cpu.torch.fsdp2.no_pinned_offload_policy",
-        target="torch.distributed.fsdp._fully_shard._fsdp_api:CPUOffloadPolicy",
+        target="torch.distributed._composable.fsdp._fsdp_api:CPUOffloadPolicy",  # torch 2.5.1's FSDP2 home
         kind=Kind.REPLACE,
-        fingerprint="sha256:d67efe6ea8be5da1",
+        fingerprint="sha256:977cb60a38e38ea0",
         replacement=lazy_call("verl_patches.patches.torch.fsdp_init:cpu_host_cpu_offload_policy"),
         vendor_item="local",
         reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; pinning needs an accelerator",

@@ -37,7 +37,7 @@ def cpu_host_cpu_offload_policy() -> type:
     the sharded parameters already live in (unpinned) host memory."""
     from dataclasses import dataclass
 
-    from torch.distributed.fsdp._fully_shard._fsdp_api import CPUOffloadPolicy
+    from torch.distributed._composable.fsdp._fsdp_api import CPUOffloadPolicy
 
     @dataclass
     class CPUOffloadPolicyOnCpuHost(CPUOffloadPolicy):

@@ -5,7 +5,14 @@ import torch
 _done = False
 
 
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
+# torch 2.5.1 (the A3 pin) has no Python hook registration (`torch._C._acc` came later) and does not
+# ask a renamed privateuse1 backend for hooks at barrier time; newer torch does, so register them there.
+_ACC = getattr(torch._C, "_acc", None)
+_HookBase = _ACC.PrivateUse1Hooks if _ACC is not None else object
+_GuardBase = _ACC.DeviceGuard if _ACC is not None else object
+
+
+class _Hooks(_HookBase):
     """What PyTorch asks a registered privateuse1 backend: torch.distributed.barrier() and
     torch.accelerator query it once the backend is named (without hooks they raise "Please register
     PrivateUse1HooksInterface"); a gloo group still picks the CPU for its barrier."""
@@ -20,7 +27,7 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
-class _Guard(torch._C._acc.DeviceGuard):
+class _Guard(_GuardBase):
     def type_(self):  # noqa: ANN201 (a torch._C enum)
         return torch._C._autograd.DeviceType.PrivateUse1
 
@@ -38,6 +45,7 @@ def register() -> None:
         from torch_npu import npu
 
         torch._register_device_module("npu", npu)
-    torch._C._acc.register_python_privateuseone_hook(_Hooks())
-    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    if _ACC is not None:
+        _ACC.register_python_privateuseone_hook(_Hooks())
+        _ACC.register_python_privateuseone_device_guard(_Guard())
     _done = True
