@@ -13,7 +13,7 @@ import hashlib
 import os
 import pickle
 import stat
-from typing import IO, Any
+from typing import IO, Any, Sequence
 
 _CHUNK = 1 << 22  # 4 MiB reads while hashing
 
@@ -81,11 +81,12 @@ def check_digest(path: str | os.PathLike, actual: str, expected: str) -> None:
                                     "when it was saved; the file was changed after the save, refused unread")
 
 
-def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: str) -> Any:
+def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]) -> Any:
     import torch
 
     try:
-        return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         # the weights-only unpickler met a global it does not allow (a class, a function): never run it
         raise UnsafeCheckpointError(f"{path}: refused by the weights-only loader: not a torch file of tensors and "
@@ -96,21 +97,22 @@ def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: 
 
 
 def load_tensor_file(path: str | os.PathLike, *, mmap: bool = False, expected_sha256: str | None = None,
-                     map_location: str = "cpu") -> Any:
+                     map_location: str = "cpu", safe_globals: Sequence[Any] = ()) -> Any:
     """The content of a ``.pt`` file, loaded with ``weights_only=True``.
 
     With ``expected_sha256`` the file is hashed first and refused (UnsafeCheckpointError naming it) when the
     digest differs. ``mmap=True`` maps the storages instead of reading them (torch then needs the path; the
-    digest is checked on the same path just before).
+    digest is checked on the same path just before). ``safe_globals`` adds data-only classes the weights-only
+    unpickler may build (Megatron's rank files hold an ``argparse.Namespace``); never a callable that acts.
     """
     if mmap:
         if expected_sha256 is not None:
             check_digest(path, sha256_file(path), expected_sha256)
         else:
             _open_regular(path).close()
-        return _torch_load(os.fspath(path), path, True, map_location)
+        return _torch_load(os.fspath(path), path, True, map_location, safe_globals)
     with _open_regular(path) as f:
         if expected_sha256 is not None:
             check_digest(path, _hash_stream(f), expected_sha256)
             f.seek(0)
-        return _torch_load(f, path, False, map_location)
+        return _torch_load(f, path, False, map_location, safe_globals)
