@@ -33,11 +33,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def _weights_only_reason(err: BaseException) -> str:
-    """The line of torch's weights-only refusal that says what was refused (its first line is advice)."""
-    for line in str(err).splitlines()[1:]:
-        line = line.strip()
-        if line and not line.startswith("Check the documentation"):
-            return line.split("use case: ")[-1][:200]
+    """What torch's weights-only refusal refused (its message is several lines of advice around it)."""
+    for line in str(err).splitlines():
+        if "GLOBAL" in line or "WeightsUnpickler error" in line:
+            return line.strip().split("WeightsUnpickler error: ")[-1].split(" Please use")[0][:200]
     return _first_line(err)
 
 
