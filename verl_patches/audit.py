@@ -16,6 +16,7 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
 "status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}],
 "weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"},
+"package_versions": {"line", "cpu_host", "differences": [{"name", "pinned", "installed", "note"}]},
 "npu_emulation": {"site", "packages", "active_in_this_process", "applies_when", "emulated_ops": [{"name",
 "provider", "implementation", "reference"}], "cpu_limits": [{"feature", "reason"}]}}
 """
@@ -50,6 +51,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
         "components": sources["components"], "patches": patches,
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "weight_sync": _weight_sync(),
+        "package_versions": _package_versions(),
         "summary": {
             "components_matching": sum(c["status"] == "match" for c in sources["components"]),
             "components_total": len(sources["components"]),
@@ -65,6 +67,17 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
 def _weight_sync() -> dict:
     from verl_patches.sync.path import describe_sync_path  # standard library only
     return describe_sync_path()
+
+
+def _package_versions() -> dict:
+    """Installed versions against requirements.txt (the A3 job's pins): a proof on other versions is a
+    proof of another stack, so the audit says which differ."""
+    from dataclasses import asdict
+
+    from verl_patches.sources import pins
+
+    line, found = pins.check()
+    return {"line": line, "cpu_host": pins.host_is_cpu(), "differences": [asdict(d) for d in found]}
 
 
 def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:
@@ -90,6 +103,8 @@ def render_text(report: dict) -> str:
     if report.get("weight_sync"):
         w = report["weight_sync"]
         out += ["", "== Weight sync (Megatron -> rollout)", f"{w['path']} ({w['flag']}): {w['detail']}"]
+    if report.get("package_versions"):
+        out += ["", "== Installed Python packages (requirements.txt)", report["package_versions"]["line"]]
     out += ["", "== At runtime (declared patches)"]
     for p in report["patches"]:
         out.append(f"{p['status'].upper():<14} {p['vendor_item']:<6} {p['kind']:<13} {p['target']}")

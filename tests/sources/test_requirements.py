@@ -8,7 +8,6 @@ artifact is not in this machine's cache is skipped with the reason; nothing is d
 from __future__ import annotations
 
 import hashlib
-import re
 import subprocess
 import tarfile
 import zipfile
@@ -162,31 +161,22 @@ def test_a3_pins_leave_the_locked_components_to_the_lock():
     assert pins["torch"][0] == Version("2.5.1") and pins["torch-npu"][0] == Version("2.5.1.post1")
 
 
-# --------------------------------------------------------------------------- CPU requirements
+# --------------------------------------------------------------------------- the CPU environment
 
-def _cpu_file(name: str) -> dict[str, Requirement]:
-    out = {}
-    for n, body, _ in _lines((REPO_ROOT / name).read_text()):
-        req = Requirement(body)
-        out[canonicalize_name(req.name)] = req
-    return out
+def test_cpu_constraints_fix_every_pin_at_requirements_txt_version():
+    """constraints-cpu.txt is generated from an environment built from requirements.txt; it may add
+    transitive versions but never moves a pin (verl_patches.sources.pins checks this when it writes it)."""
+    from verl_patches.sources.pins import NOT_ON_CPU, parse_pins, read_pins
 
-
-def test_cpu_requirements_and_constraints_agree():
-    reqs, constraints = _cpu_file("requirements-cpu.txt"), _cpu_file("constraints-cpu.txt")
-    assert str(reqs["torch"].specifier) == "==2.13.0"
-    for name, req in constraints.items():
-        assert re.fullmatch(r"==\S+", str(req.specifier)), f"constraints-cpu.txt: {name} is not an exact pin"
-    problems = []
-    for name, req in reqs.items():
-        pinned = constraints.get(name)
-        if pinned is None:
-            problems.append(f"{name}: in requirements-cpu.txt, absent from constraints-cpu.txt")
-            continue
-        version = next(iter(pinned.specifier)).version
-        if not req.specifier.contains(version, prereleases=True):
-            problems.append(f"{name}: requirements-cpu.txt says '{req.specifier}', constraints-cpu.txt =={version}")
+    pins = read_pins(REPO_ROOT / "requirements.txt")
+    constraints = parse_pins((REPO_ROOT / "constraints-cpu.txt").read_text(), "constraints-cpu.txt")
+    problems = [f"{n}: requirements.txt =={p.version}, constraints-cpu.txt "
+                + (f"=={constraints[n].version}" if n in constraints else "absent")
+                for n, p in pins.items()
+                if n not in NOT_ON_CPU and (n not in constraints or constraints[n].version != p.version)]
     assert not problems, "; ".join(problems)
+    assert not set(NOT_ON_CPU) & set(constraints), "constraints-cpu.txt pins a package a CPU host leaves out"
+    assert not (REPO_ROOT / "requirements-cpu.txt").exists(), "a second hand-kept version list is back"
 
 
 @pytest.mark.network
@@ -201,7 +191,7 @@ def test_a3_requirements_resolve_together_for_linux_aarch64(python: str, tmp_pat
 
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed (requirements-cpu.txt installs it)")
+        pytest.skip("uv is not installed (requirements-test.txt installs it)")
     out = tmp_path / "resolved.txt"
     proc = subprocess.run([uv, "pip", "compile", str(REPO_ROOT / "requirements.txt"), "--python-platform",
                            "aarch64-manylinux_2_28", "--python-version", python, "--no-header", "-o", str(out)],

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, SETTINGS, ClusterSettings, SettingsError,
-                                          dashboard_exposure, describe_settings, load_settings, validate_for_cluster)
+                                          cluster_setting_problems, dashboard_exposure, describe_settings,
+                                          load_settings)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -173,17 +174,20 @@ def job_overrides(args: argparse.Namespace, settings: ClusterSettings) -> list[s
 
 
 def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
+    """The dry run, and the launch's own preflight: the settings are judged by the check the launch uses
+    (`settings.cluster_setting_problems`, reported by the preflight), the config as the job composes it."""
     from verl_patches.launch import preflight
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
     config_name = TINY_CONFIGS[args.tiny_engine] if args.tiny else PROFILES[args.profile][0]
-    overrides = job_overrides(args, settings)
     try:
+        overrides = job_overrides(args, settings)  # the cluster shape from NNODES / NPUS_PER_NODE
         cfg = preflight.compose(config_name, overrides, settings, REPO_ROOT)
     except (SettingsError, ConfigCompositionError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return 2
-    return preflight.report(cfg, config_name, overrides, settings, REPO_ROOT)
+    return preflight.report(cfg, config_name, overrides, settings, REPO_ROOT,
+                            allow_remote_dashboard=args.allow_remote_dashboard)
 
 
 def decide_role(settings: ClusterSettings) -> str:
@@ -225,10 +229,10 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
 
     config_name, needs_ckpt = PROFILES[args.profile]
-    errors = validate_for_cluster(settings, needs_checkpoint=needs_ckpt,
-                                  allow_remote_dashboard=args.allow_remote_dashboard)
-    if errors:
-        print("launch: cannot start:\n  - " + "\n  - ".join(errors), file=sys.stderr)
+    problems = cluster_setting_problems(settings, needs_checkpoint=needs_ckpt,
+                                        allow_remote_dashboard=args.allow_remote_dashboard)
+    if problems:
+        print("launch: cannot start:\n  - " + "\n  - ".join(p.message for p in problems), file=sys.stderr)
         return 2
     exposure = dashboard_exposure(settings, args.allow_remote_dashboard)
     node_ip = interface_ipv4(settings.get("SOCKET_IFNAME") or "")
@@ -295,6 +299,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from verl_patches.sources.pins import check as check_package_versions
+
+    print(f"launch: {check_package_versions()[0]}", flush=True)  # another image is seen before anything starts
     flags = {s.name: getattr(args, s.name) for s in SETTINGS if getattr(args, s.name) is not None}
     try:
         settings = load_settings(flags, args.env_file)
