@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tiny_job import REPO, TinyRun, env_for_run, run_tiny
+from verl_patches.patching.activation_record import read_records
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")
@@ -66,8 +67,16 @@ def test_tiny_a3_path_runs_the_a3_components(a3_run: TinyRun) -> None:
     assert val_steps == list(range(TEST_FREQ, STEPS + 1, TEST_FREQ)), val_steps
     assert a3_run.run_dir is not None and (a3_run.run_dir / "rank_memory.jsonl").is_file()
     assert list((a3_run.run_dir / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events written"
-    # the prelude ran in the driver, the task runner and the four workers
-    assert len(re.findall(r"verl_patches active in pid \d+ \(device=cpu\)", out)) >= 6, out[:3000]
+    # the prelude ran in the driver, the task runner and the four workers: one record per process, written by
+    # the process itself (the console lines can be folded by Ray's log deduplication)
+    records = read_records(a3_run.run_dir / "activations")
+    assert len({(r["host"], r["pid"]) for r in records}) >= 6, records
+    ray_workers = [r for r in records if r["argv0"].endswith("default_worker.py")]
+    assert len(ray_workers) >= 5, [r["argv0"] for r in records]  # the task runner and the four workers
+    for r in records:
+        assert r["summary"].startswith(f"verl_patches active in pid {r['pid']} (device=cpu)"), r
+        assert r["patches"]["vllm.general_plugins_at_import"] in ("applied", "pending"), r
+    assert "package versions: all " in out, out[:3000]  # launcher and driver: A3's pins installed as pinned
 
 
 @pytest.mark.slow

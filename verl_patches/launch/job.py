@@ -151,6 +151,7 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
     env = base_env()
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
+    env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()
     rc = run_logged(trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides), launch.log_dir / "trainer.log",
                     env, launch, "trainer")

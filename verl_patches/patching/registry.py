@@ -439,4 +439,7 @@ def activate(device: str | None = None) -> Registry:
             _REGISTRY.activate()
             if os.environ.get("VERL_PATCHES_QUIET", "0") in ("", "0"):
                 print(_REGISTRY.summary_line(), file=sys.stderr, flush=True)
+            from verl_patches.patching.activation_record import write_record
+
+            write_record(_REGISTRY.summary_line(), {r.patch.name: r.status for r in _REGISTRY.records})
     return _REGISTRY

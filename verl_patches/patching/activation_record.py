@@ -1,0 +1,47 @@
+"""One file per process that activated the overlay, when the launcher asks for it.
+
+The console line "verl_patches active in pid N" is evidence only while every process's log reaches the
+console unchanged; Ray folds identical worker lines ("[repeated Nx across cluster]"). A record per process,
+written where the launcher points `VERL_PATCHES_ACTIVATION_DIR` (the run's log folder), does not depend
+on log handling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
+
+
+def write_record(summary: str, patches: dict[str, str]) -> Path | None:
+    """Write <dir>/<host>-<pid>.json (atomically); None when no folder is asked for or it cannot be written."""
+    folder = os.environ.get(ACTIVATION_DIR_ENV, "")
+    if not folder:
+        return None
+    host, pid = socket.gethostname(), os.getpid()
+    record = {"host": host, "pid": pid, "argv0": sys.argv[0] if sys.argv else "", "summary": summary,
+              "patches": patches}
+    try:
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        # the host name is data: keep only characters that cannot leave the folder
+        safe_host = "".join(c if c.isalnum() or c in "-_." else "_" for c in host).lstrip(".") or "host"
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".activation.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        target = out / f"{safe_host}-{pid}.json"
+        os.replace(tmp, target)
+        return target
+    except OSError as e:  # evidence only: never stop a process for it, but say so
+        print(f"verl_patches: could not write the activation record in {folder}: {e}", file=sys.stderr)
+        return None
+
+
+def read_records(folder: Path) -> list[dict]:
+    """Every record in the folder (for the tests and whoever checks a run)."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(folder).glob("*.json"))]
