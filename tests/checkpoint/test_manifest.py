@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from verl_patches.checkpoint.manifest import (CheckpointIncomplete, LayoutChangeError, RankRecord, TrainLayout,
-                                              check_rank_records, check_resume_layout, layout_differences,
-                                              manifest_json, parse_manifest)
+from verl_patches.checkpoint.manifest import (CheckpointIncomplete, FileRecord, LayoutChangeError, RankRecord,
+                                              TrainLayout, check_rank_records, check_resume_layout, layout_differences,
+                                              manifest_json, parse_manifest, parse_rank_record)
 
 TP2EP2 = TrainLayout(tp=2, pp=1, ep=2, dp=2)
 
@@ -17,7 +17,8 @@ def records(layout: TrainLayout) -> list[RankRecord]:
     out = []
     for r in range(layout.world_size):
         out.append(RankRecord(rank=r, layout=layout, tp_rank=r % layout.tp, pp_rank=0, ep_rank=(r // layout.tp) % layout.ep,
-                              dp_rank=r // layout.tp, files={f"rng/rank_{r:05d}.pt": 100 + r}))
+                              dp_rank=r // layout.tp, files={f"rng/rank_{r:05d}.pt": 100 + r},
+                              sha256={f"rng/rank_{r:05d}.pt": f"{r:064x}"}))
     return out
 
 
@@ -59,6 +60,29 @@ def test_missing_or_short_file_is_named_with_its_rank() -> None:
         check_rank_records("actor", recs, s)
 
 
+def test_file_without_digest_is_named() -> None:
+    recs = records(TP2EP2)
+    recs[2] = dataclasses.replace(recs[2], sha256={})
+    with pytest.raises(CheckpointIncomplete, match="rank 2: rng/rank_00002.pt has no sha256"):
+        check_rank_records("actor", recs, sizes(recs))
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d.update(rank="1"), "key 'rank' must be an integer"),
+    (lambda d: d.update(rank=True), "key 'rank' must be an integer"),
+    (lambda d: d["layout"].update(tp=0), "key 'tp' must be an integer in 1.."),
+    (lambda d: d["files"].update({"../../etc/passwd": 1}), "leaves or re-enters its folder"),
+    (lambda d: d["files"].update({"/etc/passwd": 1}), "is absolute"),
+    (lambda d: d["sha256"].update({"rng/rank_00001.pt": "abc"}), "expected a sha256"),
+    (lambda d: d["layout"].update(evil=1), "unknown key 'evil'"),
+])
+def test_rank_record_is_schema_checked(mutate, needle) -> None:
+    d = records(TP2EP2)[1].to_json()
+    mutate(d)
+    with pytest.raises(CheckpointIncomplete, match=needle):
+        parse_rank_record(json.dumps(d), "r.json")
+
+
 def test_ranks_disagreeing_on_layout_is_an_error() -> None:
     recs = records(TP2EP2)
     recs[1] = dataclasses.replace(recs[1], layout=dataclasses.replace(TP2EP2, ep=4, dp=2))
@@ -75,17 +99,62 @@ def test_duplicate_or_out_of_range_rank_is_an_error() -> None:
         check_rank_records("actor", recs[1:] + [extra], sizes(recs))
 
 
+SHA = "ab" * 32
+
+
+def good_manifest() -> dict:
+    return manifest_json(4, {"actor": TP2EP2, "critic": None}, {"data.pt": FileRecord(10, SHA)},
+                         {"total_training_steps": 9})
+
+
 def test_manifest_parse_errors_name_file_and_key() -> None:
-    text = json.dumps(manifest_json(4, {"actor": TP2EP2, "critic": None}, {"data.pt": 10}))
-    data = parse_manifest(text, "x/checkpoint.json")
-    assert data["step"] == 4 and data["roles"]["critic"] is None
-    assert TrainLayout.from_json(data["roles"]["actor"]) == TP2EP2
+    data = parse_manifest(json.dumps(good_manifest()), "x/checkpoint.json")
+    assert data.step == 4 and data.roles == {"actor": TP2EP2, "critic": None}
+    assert data.files == {"data.pt": FileRecord(10, SHA)} and data.extra == {"total_training_steps": 9}
     with pytest.raises(CheckpointIncomplete, match=r"x/checkpoint.json: line 1: not valid JSON"):
         parse_manifest("{", "x/checkpoint.json")
     with pytest.raises(CheckpointIncomplete, match="key 'step' missing"):
-        parse_manifest(json.dumps({"version": 1, "roles": {}, "files": {}}), "x")
+        parse_manifest(json.dumps({"version": 2, "roles": {}, "files": {}}), "x")
     with pytest.raises(CheckpointIncomplete, match="manifest version 9"):
         parse_manifest(json.dumps({"version": 9, "step": 1, "roles": {}, "files": {}}), "x")
+    with pytest.raises(CheckpointIncomplete, match="manifest version 1, this code reads 2"):
+        parse_manifest(json.dumps({"version": 1, "step": 1, "roles": {}, "files": {"a": 1}}), "x")
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d["files"].update({"../outside.pt": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
+    (lambda d: d["files"].update({"/abs.pt": {"bytes": 1, "sha256": SHA}}), "is absolute"),
+    (lambda d: d["files"].update({"a//b": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
+    (lambda d: d["files"].update({"a\\..\\b": {"bytes": 1, "sha256": SHA}}), "backslash"),
+    (lambda d: d["files"].update({"checkpoint.json": {"bytes": 1, "sha256": SHA}}), "lists the manifest itself"),
+    (lambda d: d["files"]["data.pt"].update(bytes=-1), "key 'bytes' must be an integer"),
+    (lambda d: d["files"]["data.pt"].update(sha256="AB" * 32), "expected a sha256"),
+    (lambda d: d["files"].update({"x": 5}), "expected a JSON object"),
+    (lambda d: d["roles"].update({"..": None}), "leaves or re-enters"),
+    (lambda d: d["roles"].update({"a/b": None}), "single name"),
+    (lambda d: d["roles"]["actor"].update(dp="2"), "key 'dp' must be an integer"),
+    (lambda d: d.update(step=10 ** 12), "key 'step' must be an integer in 0..999999999999"),
+    (lambda d: d.update(step=True), "key 'step' missing or not a int"),
+    (lambda d: d.update(step=4.0), "key 'step' missing or not a int"),
+])
+def test_manifest_schema_refusals_are_one_line(mutate, needle) -> None:
+    d = good_manifest()
+    mutate(d)
+    with pytest.raises(CheckpointIncomplete, match=needle) as e:
+        parse_manifest(json.dumps(d), "s/checkpoint.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("s/checkpoint.json")
+
+
+@pytest.mark.parametrize("text,needle", [
+    (b'{"version": 2, "version": 2}', "duplicate key 'version'"),
+    (b'{"version": NaN}', "NaN is not a JSON number"),
+    (b'{"step": ' + b"9" * 5000 + b"}", "a number of 5000 digits"),
+    (b"[" * 100000 + b"]" * 100000, "nested deeper than 64"),
+    (b"\xff\xfe{}", "not UTF-8"),
+])
+def test_manifest_strict_json(text, needle) -> None:
+    with pytest.raises(CheckpointIncomplete, match=needle):
+        parse_manifest(text, "s/checkpoint.json")
 
 
 def test_same_layout_resumes_silently_and_dp_change_is_supported() -> None:

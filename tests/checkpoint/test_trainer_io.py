@@ -3,6 +3,7 @@ worker groups that write what the Megatron workers write (rank records and files
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 from verl_patches.checkpoint import trainer_io
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
+from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, sha256_file
 
 LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
 
@@ -32,7 +34,8 @@ class FakeWorkerGroup:
             if r == self.fail_rank:
                 continue  # this rank died before its record
             rec = RankRecord(rank=r, layout=LAYOUT, tp_rank=0, pp_rank=0, ep_rank=r, dp_rank=r,
-                             files={f"rng/rank_{r:05d}.pt": f.stat().st_size})
+                             files={f"rng/rank_{r:05d}.pt": f.stat().st_size},
+                             sha256={f"rng/rank_{r:05d}.pt": sha256_file(f)})
             (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
             (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
 
@@ -111,6 +114,32 @@ def test_resume_path(tmp_path: Path) -> None:
                                        resume_from_path=str(tmp_path / "global_step_9")))
     with pytest.raises(ValueError, match="resume_mode='sometimes'"):
         trainer_io.load_latest(trainer(tmp_path, resume_mode="sometimes"))
+
+
+def test_resume_path_refuses_a_link_and_a_damaged_step(tmp_path: Path) -> None:
+    t = trainer(tmp_path / "ck")
+    t.global_steps = 2
+    step = trainer_io.save_step(t)
+    os.symlink(step, tmp_path / "global_step_2")
+    with pytest.raises(CheckpointIncomplete, match="global_step_2: is a symbolic link"):
+        trainer_io.load_latest(trainer(tmp_path, resume_mode="resume_path",
+                                       resume_from_path=str(tmp_path / "global_step_2")))
+    (step / "data.pt").write_bytes(b"short")
+    with pytest.raises(CheckpointIncomplete, match=r"resume_from_path=.*data.pt: 5 bytes, checkpoint.json records"):
+        trainer_io.load_latest(trainer(tmp_path / "ck", resume_mode="resume_path", resume_from_path=str(step)))
+
+
+def test_tampered_dataloader_state_is_refused_before_any_worker_loads(tmp_path: Path) -> None:
+    t = trainer(tmp_path)
+    t.global_steps = 2
+    step = trainer_io.save_step(t)
+    data = step / "data.pt"
+    size = data.stat().st_size
+    data.write_bytes(b"\0" * size)  # same size: complete by sizes, refused by digest
+    fresh = trainer(tmp_path)
+    with pytest.raises(UnsafeCheckpointError, match=f"{data}: sha256 .* differs"):
+        trainer_io.load_latest(fresh)
+    assert fresh.actor_rollout_wg.loaded == []
 
 
 def test_hdfs_is_refused(tmp_path: Path) -> None:

@@ -12,7 +12,10 @@ Called by every rank of the actor with the same role folder (verl's ONE_TO_ALL `
 * RNG: every rank, its own file (tracker streams differ per TP/EP rank);
 * ``ranks/rank_R.json`` last: what rank R wrote; the driver refuses to commit without all of them.
 
-Loading reads the same files back; a layout that differs in more than the DP size is refused before
+Every file is recorded with its sha256, hashed by the rank that wrote it. Loading reads the same files back
+from a committed step only: each through `safe_load.load_tensor_file` (weights only, never unpickling code),
+after its sha256 is checked against the step manifest (a changed file is refused by name, unread), and by
+a name confined to the step folder. A layout that differs in more than the DP size is refused before
 anything is read (`manifest.check_resume_layout`).
 """
 from __future__ import annotations
@@ -25,9 +28,13 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from verl_patches.checkpoint import rng
-from verl_patches.checkpoint.commit import read_rank_records
-from verl_patches.checkpoint.manifest import (CheckpointIncomplete, RankRecord, TrainLayout, check_resume_layout,
-                                              rank_record_name)
+from verl_patches.checkpoint.commit import read_manifest, read_rank_records
+from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
+from verl_patches.checkpoint.manifest import (CheckpointIncomplete, FileRecord, RankRecord, TrainLayout,
+                                              check_resume_layout, rank_record_name)
+from verl_patches.checkpoint.optimizer_state import load_parameter_state
+from verl_patches.checkpoint.safe_load import load_tensor_file, sha256_file
+from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 from verl_patches.weights.atomic_io import write_atomically, write_json_atomically, write_text_atomically
 from verl_patches.weights.hf_to_mcore import CKPT_FILE, MANIFEST_FILE as CONVERTER_MANIFEST, TRACKER_FILE, iteration_dir
 from verl_patches.weights.layout import ParallelLayout, Rank, rank_dir_name
@@ -126,9 +133,20 @@ def optimizer_has_stepped(optimizer: Any) -> bool:
     return False
 
 
-def _save(obj: Any, target: Path) -> int:
-    write_atomically(target, lambda p: torch.save(obj, p))
-    return target.stat().st_size
+class _Written:
+    """The files this rank wrote, relative to the role folder: bytes and sha256 (hashed here, where the
+    file was just written, so the driver never reads the large files again)."""
+
+    def __init__(self, role: Path) -> None:
+        self.role, self.sizes, self.sha256 = role, {}, {}
+
+    def add(self, rel: str) -> None:
+        path = self.role / rel
+        self.sizes[rel], self.sha256[rel] = path.stat().st_size, sha256_file(path)
+
+    def save(self, obj: Any, rel: str) -> None:
+        write_atomically(self.role / rel, lambda p: torch.save(obj, p))
+        self.add(rel)
 
 
 def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.nn.Module], optimizer: Any,
@@ -138,12 +156,11 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
     place, layout, grouped = running_place(use_distributed_optimizer)
     coords = (place.tp_rank, place.pp_rank, place.ep_rank)
     writer = place.expert_dp_rank == 0  # one writer per (tp, pp, ep)
-    files: dict[str, int] = {}
+    out = _Written(role)
 
     if writer:
-        rel = model_file(step, layout, grouped, coords)
-        files[rel] = _save({"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
-                           role / rel)
+        out.save({"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
+                 model_file(step, layout, grouped, coords))
     if optimizer is not None:
         (role / OPTIM_DIR).mkdir(parents=True, exist_ok=True)
         stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
@@ -153,84 +170,134 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
             optimizer.save_parameter_state(str(tmp))  # collective: the DP gather; DP rank 0 writes
             if tmp.is_file():
                 os.replace(tmp, role / rel)
-                files[rel] = (role / rel).stat().st_size
+                out.add(rel)
         if writer:
-            rel = optim_common_file(coords)
-            files[rel] = _save({"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
-                               role / rel)
-    rel = rng_file(place.rank)
-    files[rel] = _save(rng.capture(), role / rel)
+            out.save({"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
+                     optim_common_file(coords))
+    out.save(rng.capture(), rng_file(place.rank))
 
     if place.rank == 0:  # our converter's files: the export tool and C1's loader read this folder as is
         write_json_atomically(role / CONVERTER_MANIFEST, {
             "tool": "verl_patches.checkpoint", "complete": True, "layout": converter_layout(layout, grouped).to_json(),
             "hf_config": dict(hf_config) if hf_config is not None else None, "iteration": step})
         write_text_atomically(role / TRACKER_FILE, str(step))
-        files[CONVERTER_MANIFEST] = (role / CONVERTER_MANIFEST).stat().st_size
-        files[TRACKER_FILE] = (role / TRACKER_FILE).stat().st_size
+        out.add(CONVERTER_MANIFEST)
+        out.add(TRACKER_FILE)
     record = RankRecord(rank=place.rank, layout=layout, tp_rank=place.tp_rank, pp_rank=place.pp_rank,
-                        ep_rank=place.ep_rank, dp_rank=place.dp_rank, files=files)
+                        ep_rank=place.ep_rank, dp_rank=place.dp_rank, files=out.sizes, sha256=out.sha256)
     write_json_atomically(role / rank_record_name(place.rank), record.to_json())
     return record
 
 
-def _load(path: Path) -> Any:
-    if not path.is_file():
-        raise CheckpointIncomplete(f"{path}: missing")
-    return torch.load(path, map_location="cpu", weights_only=True)
+@dataclass(frozen=True)
+class CommittedRole:
+    """A role folder of a committed step: where it is, the step, and its files as the step manifest records them."""
+
+    role: Path
+    step: int
+    files: Mapping[str, FileRecord]
+    layout: TrainLayout | None
+
+    @classmethod
+    def open(cls, role_dir: str | os.PathLike) -> "CommittedRole":
+        """The role folder ``role_dir`` of a committed step (``<step>/checkpoint.json`` lists its files);
+        CheckpointIncomplete, one line naming the file, for a link, an uncommitted or damaged folder."""
+        role = Path(role_dir)
+        manifest = read_manifest(role.parent)  # refuses a linked step folder, checks the manifest strictly
+        if role.name not in manifest.roles or not is_real_dir(role):
+            raise CheckpointIncomplete(f"{role}: not a role folder of the committed step {role.parent} (a real folder "
+                                       "listed in its checkpoint.json)")
+        return cls(role=role, step=manifest.step, files=manifest.role_files(role.name),
+                   layout=manifest.roles[role.name])
+
+    def path(self, rel: str) -> tuple[Path, str]:
+        """(the file's path inside the role folder, its recorded sha256); a file the manifest does not list,
+        or one reached through a link, is refused by name."""
+        where = str(self.role.parent / "checkpoint.json")
+        try:
+            path = confined_path(self.role, rel, where)
+        except ConfinementError as err:
+            raise CheckpointIncomplete(str(err)) from None
+        rec = self.files.get(rel)
+        if rec is None:
+            raise CheckpointIncomplete(f"{path}: not listed in {where}; only files of the committed save are read")
+        return path, rec.sha256
+
+    def load(self, rel: str) -> Any:
+        path, sha = self.path(rel)
+        return load_tensor_file(path, expected_sha256=sha)
 
 
-def load_model_into(modules: Sequence[torch.nn.Module], path: Path) -> None:
+def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole, rel: str) -> None:
     """Strict, shape-checked copy of the saved shard into this rank's model."""
     if len(modules) != 1:
         raise NotImplementedError("virtual pipeline stages are not supported by the actor checkpoint")
-    state = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
-    if state is None:
-        raise CheckpointIncomplete(f"{path}: missing")
+    path, _ = committed.path(rel)
+    state = committed.load(rel)
     module = _unwrap(modules[0])
     own = {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
-    saved = state["model"]
+    saved = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        raise CheckpointIncomplete(f"{path}: no 'model' state dict")
     missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or extra:
         raise CheckpointIncomplete(f"{path}: parameters do not match the model built here: missing {missing[:5]}, "
                                    f"unexpected {extra[:5]}")
     for k, v in own.items():
-        if tuple(saved[k].shape) != tuple(v.shape):
-            raise CheckpointIncomplete(f"{path}: {k} has shape {tuple(saved[k].shape)}, the model expects "
-                                       f"{tuple(v.shape)}")
+        if not isinstance(saved[k], torch.Tensor) or tuple(saved[k].shape) != tuple(v.shape):
+            got = tuple(saved[k].shape) if isinstance(saved[k], torch.Tensor) else type(saved[k]).__name__
+            raise CheckpointIncomplete(f"{path}: {k} has shape {got}, the model expects {tuple(v.shape)}")
     with torch.no_grad():
         for k, v in own.items():
             v.copy_(saved[k].to(v.dtype))
 
 
-def saved_layout(role: Path) -> tuple[TrainLayout, list[RankRecord]]:
-    records = read_rank_records(role)
-    if not records:
-        raise CheckpointIncomplete(f"{role}: no rank records; not a checkpoint written by verl_patches")
-    return records[0].layout, records
+def saved_layout(committed: CommittedRole) -> tuple[TrainLayout, list[RankRecord]]:
+    records = read_rank_records(committed.role)
+    if not records or committed.layout is None:
+        raise CheckpointIncomplete(f"{committed.role}: no rank records; not a checkpoint written by verl_patches")
+    if any(r.layout != committed.layout for r in records):
+        raise CheckpointIncomplete(f"{committed.role}: rank records disagree with the layout in "
+                                   f"{committed.role.parent / 'checkpoint.json'}")
+    return committed.layout, records
 
 
 def load_actor(role_dir: str | os.PathLike, modules: Sequence[torch.nn.Module], optimizer: Any,
                use_distributed_optimizer: bool, load_optimizer: bool = True, load_rng: bool = True) -> str:
-    """Restore this rank from the role folder; a collective. Returns a note ('' or what differed)."""
-    role = Path(role_dir)
+    """Restore this rank from the role folder of a committed step; a collective. Returns a note ('' or what
+    differed)."""
+    committed = CommittedRole.open(role_dir)
+    role = committed.role
     place, running, grouped = running_place(use_distributed_optimizer)
-    saved, records = saved_layout(role)
+    saved, records = saved_layout(committed)
     note = check_resume_layout(saved, running, str(role.parent))
-    step = int((role / TRACKER_FILE).read_text().strip())
+    tracker, _ = committed.path(TRACKER_FILE)
+    try:
+        step = read_tracker(tracker)
+    except TrackerError as err:
+        raise CheckpointIncomplete(str(err)) from None
+    if step != committed.step:
+        raise CheckpointIncomplete(f"{tracker}: names step {step}, {role.parent / 'checkpoint.json'} step "
+                                   f"{committed.step}")
     coords = (place.tp_rank, place.pp_rank, place.ep_rank)
-    load_model_into(modules, role / model_file(step, saved, grouped, coords))
+    load_model_into(modules, committed, model_file(step, saved, grouped, coords))
 
     if load_optimizer and optimizer is not None:
-        common = _load(role / optim_common_file(coords))
+        common = committed.load(optim_common_file(coords))
+        if not isinstance(common, dict) or "stepped" not in common:
+            raise CheckpointIncomplete(f"{role / optim_common_file(coords)}: not an optimizer state file of ours")
         if common["stepped"]:  # a never-stepped optimizer is what a fresh one is: nothing to load
             optimizer.load_state_dict(common["state_dict"])
             if hasattr(optimizer, "load_parameter_state") and use_distributed_optimizer:
-                optimizer.load_parameter_state(str(role / optim_params_file(coords)))  # collective: DP scatter
+                params, sha = committed.path(optim_params_file(coords))
+                load_parameter_state(optimizer, params, sha)  # collective: DP rank 0 reads, then scatters
     if load_rng:
         same = [r for r in records if r.rank == place.rank] if not note else \
             [r for r in records if r.model_parallel_coords == coords and r.dp_rank == 0]
         if len(same) != 1:
             raise CheckpointIncomplete(f"{role}: no RNG state for rank {place.rank} at {coords}")
-        rng.restore(_load(role / rng_file(same[0].rank)), str(role / rng_file(same[0].rank)))
+        state = committed.load(rng_file(same[0].rank))
+        if not isinstance(state, dict):
+            raise CheckpointIncomplete(f"{role / rng_file(same[0].rank)}: not an RNG state file of ours")
+        rng.restore(state, str(role / rng_file(same[0].rank)))
     return note

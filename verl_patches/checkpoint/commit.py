@@ -1,24 +1,44 @@
 """The filesystem side of a step checkpoint: staging folder, commit by rename, tracker, pruning, resume lookup.
 
 A save writes into ``.staging-global_step_N``; `commit_step` checks every rank's record, writes the step
-manifest last and renames the folder to ``global_step_N`` (one ``rename``: the checkpoint is there
-complete or not at all), then updates verl's tracker file. Deletions rename a folder to ``.trash-...``
-before removing it, so a half-deleted folder never looks like a checkpoint.
+manifest last (each file's size and sha256) and renames the folder to ``global_step_N`` (one ``rename``:
+the checkpoint is there complete or not at all), then updates verl's tracker file.
+
+Ownership: the first save in a checkpoint root writes a random nonce to ``<root>/.verl_patches_owner``;
+every staging folder appears by rename already holding the same marker (so it is a step folder's after
+the commit), and folders being deleted are renamed to ``.trash-<nonce>.<random>.<name>``. Pruning and
+the replacement of a leftover only ever touch real folders (never symbolic links) that carry this root's
+nonce: another tool's ``.staging-*``/``.trash-*`` folder, a checkpoint copied in from another run and a
+link are left alone, and a trash folder is deleted where it is, never renamed again.
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-from verl_patches.checkpoint.manifest import (MANIFEST_FILE, RANKS_DIR, CheckpointIncomplete, RankRecord,
-                                              TrainLayout, check_rank_records, manifest_json, parse_manifest)
-from verl_patches.checkpoint.plan import (STAGING_PREFIX, TRACKER_FILE, TRASH_PREFIX, ResumePoint, choose_resume,
-                                          parse_step_dir, plan_prune, staging_dir_name, step_dir_name)
+from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir, read_regular_file
+from verl_patches.checkpoint.manifest import (MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_RANK_RECORD_BYTES, RANKS_DIR,
+                                              CheckpointIncomplete, FileRecord, RankRecord, StepManifest,
+                                              TrainLayout, check_rank_records, manifest_json, parse_manifest,
+                                              parse_rank_record, rank_record_name)
+from verl_patches.checkpoint.plan import (STAGING_PREFIX, TRACKER_FILE, TRASH_PREFIX, Entry, ResumePoint,
+                                          choose_resume, parse_step_dir, plan_prune, staging_dir_name, step_dir_name)
+from verl_patches.checkpoint.safe_load import sha256_file
+from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 from verl_patches.weights.atomic_io import write_json_atomically, write_text_atomically
+
+OWNER_FILE = ".verl_patches_owner"  # in the root: the nonce of this root's saves; in each folder they create
+_NONCE_RE = re.compile(r"[0-9a-f]{32}")
+_RANK_RECORD_RE = re.compile(r"rank_[0-9]{5,10}\.json")
+
+
+class CheckpointRootError(Exception):
+    """A save that would replace a folder this root's saves did not create; names the folder."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -29,101 +49,225 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _remove_tree(path: Path) -> None:
-    """Rename to a trash name first, then delete: an interrupted delete leaves only trash."""
-    if not path.exists():
-        return
-    trash = path.with_name(f"{TRASH_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+def read_owner(folder: Path) -> str | None:
+    """The nonce in ``folder``'s owner marker, or None when it has no valid one (a link is never one)."""
+    try:
+        text = read_regular_file(Path(folder) / OWNER_FILE, 128).decode("ascii").strip()
+    except (ConfinementError, UnicodeDecodeError):
+        return None
+    return text if _NONCE_RE.fullmatch(text) else None
+
+
+def root_nonce(root: Path, create: bool) -> str | None:
+    """The nonce of ``root``'s saves; with ``create``, a fresh one is written when there is none."""
+    nonce = read_owner(root)
+    if nonce is not None or not create:
+        return nonce
+    marker = Path(root) / OWNER_FILE
+    if os.path.lexists(marker):
+        print(f"verl_patches checkpoint: {marker}: unreadable, replaced; checkpoints saved before it are no longer "
+              "pruned automatically", flush=True)
+    nonce = uuid.uuid4().hex
+    write_text_atomically(marker, nonce + "\n")
+    return nonce
+
+
+def _is_ours(path: Path, nonce: str | None) -> bool:
+    return nonce is not None and is_real_dir(path) and read_owner(path) == nonce
+
+
+def _is_our_trash(path: Path, nonce: str | None) -> bool:
+    return nonce is not None and path.name.startswith(f"{TRASH_PREFIX}{nonce}.") and is_real_dir(path)
+
+
+def _remove_tree(path: Path, nonce: str) -> None:
+    """Rename one of our folders to a trash name first, then delete: an interrupted delete leaves only trash
+    (of ours, so the next prune finishes it in place)."""
+    trash = path.with_name(f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.{path.name}"[:255])
     os.rename(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
 
 
 def begin_step(root: Path, step: int) -> Path:
-    """A fresh, empty staging folder for ``step`` (a leftover of an interrupted save is removed)."""
+    """A fresh, empty staging folder for ``step``, carrying this root's owner marker (a leftover of an
+    interrupted save of ours is removed; anything else of that name is refused)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    nonce = root_nonce(root, create=True)
+    assert nonce is not None
     staging = root / staging_dir_name(step)
-    _remove_tree(staging)
-    staging.mkdir()
+    if os.path.lexists(staging):
+        if not _is_ours(staging, nonce):
+            raise CheckpointRootError(f"{staging}: exists and was not created by this checkpoint root's saves "
+                                      f"(no {OWNER_FILE} of {root}); move it away to save step {step}")
+        _remove_tree(staging, nonce)
+    fresh = root / f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.new"  # ours until the rename: pruned if we die
+    fresh.mkdir()
+    write_text_atomically(fresh / OWNER_FILE, nonce + "\n")
+    os.rename(fresh, staging)
     return staging
 
 
-def read_manifest(step_dir: Path) -> dict[str, Any]:
-    path = Path(step_dir) / MANIFEST_FILE
-    if not path.is_file():
+def read_manifest(step_dir: Path) -> StepManifest:
+    """The step manifest of a step folder that is a real folder (not a link); CheckpointIncomplete naming
+    the file and key at fault otherwise."""
+    step_dir = Path(step_dir)
+    path = step_dir / MANIFEST_FILE
+    if os.path.islink(step_dir):
+        raise CheckpointIncomplete(f"{step_dir}: is a symbolic link; a step folder is resumed only where it was "
+                                   "saved")
+    if not os.path.lexists(path):
         raise CheckpointIncomplete(f"{path}: missing (the save of this step did not finish)")
-    data = parse_manifest(path.read_text(encoding="utf-8"), str(path))
-    expected = parse_step_dir(Path(step_dir).name)
-    if expected is not None and data["step"] != expected:
-        raise CheckpointIncomplete(f"{path}: says step {data['step']}, the folder is step {expected}")
-    return data
+    try:
+        data = read_regular_file(path, MAX_MANIFEST_BYTES)
+    except ConfinementError as err:
+        raise CheckpointIncomplete(str(err)) from None
+    manifest = parse_manifest(data, str(path))
+    expected = parse_step_dir(step_dir.name)
+    if expected is not None and manifest.step != expected:
+        raise CheckpointIncomplete(f"{path}: says step {manifest.step}, the folder is step {expected}")
+    return manifest
+
+
+def step_problem(step_dir: Path) -> str:
+    """'' when the step folder is complete (valid manifest, every listed file a regular file inside it with
+    its recorded size), else one line saying why not."""
+    try:
+        manifest = read_manifest(step_dir)
+    except CheckpointIncomplete as err:
+        return str(err)
+    where = str(Path(step_dir) / MANIFEST_FILE)
+    for rel, rec in manifest.files.items():
+        try:
+            p = confined_path(Path(step_dir), rel, where)
+        except ConfinementError as err:
+            return str(err)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return f"{p}: missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{p}: not a regular file"
+        if st.st_size != rec.size:
+            return f"{p}: {st.st_size} bytes, {MANIFEST_FILE} records {rec.size}"
+    return ""
 
 
 def is_complete(step_dir: Path) -> bool:
-    """Its manifest is valid and every file it lists has the recorded size."""
-    try:
-        data = read_manifest(step_dir)
-    except CheckpointIncomplete:
-        return False
-    for rel, size in data["files"].items():
-        p = Path(step_dir) / rel
-        if not p.is_file() or p.stat().st_size != size:
-            return False
-    return True
+    return step_problem(step_dir) == ""
 
 
-def listing(root: Path) -> dict[str, bool]:
-    """Folder name -> complete, for step, staging and trash folders under ``root``."""
-    out: dict[str, bool] = {}
+def listing(root: Path) -> dict[str, Entry]:
+    """Folder name -> `Entry`, for step, staging and trash names under ``root`` (links included, never ours)."""
+    out: dict[str, Entry] = {}
     root = Path(root)
     if not root.is_dir():
         return out
-    for p in root.iterdir():
-        if not p.is_dir():
-            continue
-        if parse_step_dir(p.name) is not None:
-            out[p.name] = is_complete(p)
-        elif p.name.startswith(STAGING_PREFIX) or p.name.startswith(TRASH_PREFIX):
-            out[p.name] = False
+    nonce = root_nonce(root, create=False)
+    for e in os.scandir(root):
+        path, name = root / e.name, e.name
+        link, folder = e.is_symlink(), e.is_dir(follow_symlinks=False)
+        if parse_step_dir(name) is not None:
+            if link:
+                out[name] = Entry(problem=f"{path}: is a symbolic link; a step folder is resumed only where it "
+                                          "was saved")
+            elif not folder:
+                out[name] = Entry(problem=f"{path}: not a folder")
+            else:
+                problem = step_problem(path)
+                out[name] = Entry(complete=not problem, ours=_is_ours(path, nonce), problem=problem)
+        elif name.startswith(STAGING_PREFIX):
+            out[name] = Entry(ours=not link and _is_ours(path, nonce))
+        elif name.startswith(TRASH_PREFIX):
+            out[name] = Entry(ours=not link and _is_our_trash(path, nonce))
     return out
 
 
 def _files_under(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every regular file under ``folder`` (relative name -> bytes); a link or special file is refused."""
+    out: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            st = os.lstat(p)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointIncomplete(f"{p}: a symbolic link or special file in a save; a checkpoint holds "
+                                           "regular files only")
+            out[p.relative_to(folder).as_posix()] = st.st_size
+    return dict(sorted(out.items()))
 
 
 def read_rank_records(role_dir: Path) -> list[RankRecord]:
+    """The rank records of a role folder, each strictly parsed; CheckpointIncomplete naming the file."""
+    role_dir = Path(role_dir)
+    try:
+        ranks = confined_path(role_dir, RANKS_DIR, str(role_dir))
+    except ConfinementError as err:
+        raise CheckpointIncomplete(str(err)) from None
+    if not is_real_dir(ranks):
+        return []
     out = []
-    for p in sorted((role_dir / RANKS_DIR).glob("rank_*.json")):
+    for name in sorted(os.listdir(ranks)):
+        if not _RANK_RECORD_RE.fullmatch(name):
+            continue
+        p = ranks / name
         try:
-            out.append(RankRecord.from_json(json.loads(p.read_text(encoding="utf-8"))))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise CheckpointIncomplete(f"{p}: unreadable rank record ({type(err).__name__}: {err})") from None
+            data = read_regular_file(p, MAX_RANK_RECORD_BYTES)
+        except ConfinementError as err:
+            raise CheckpointIncomplete(str(err)) from None
+        out.append(parse_rank_record(data, str(p)))
     return out
 
 
-def role_layout(role_dir: Path) -> TrainLayout | None:
-    """The layout every rank of a role saved at, after checking its save is complete; None for a role
-    whose checkpoint manager keeps no rank records (verl's FSDP manager)."""
-    if not (role_dir / RANKS_DIR).is_dir():
-        return None
+def role_layout(role_dir: Path) -> tuple[TrainLayout | None, list[RankRecord]]:
+    """The layout every rank of a role saved at and the records, after checking its save is complete;
+    (None, []) for a role whose checkpoint manager keeps no rank records (verl's FSDP manager)."""
+    if not is_real_dir(role_dir / RANKS_DIR):
+        return None, []
     records = read_rank_records(role_dir)
-    names = {n for r in records for n in r.files}
-    sizes = {n: ((role_dir / n).stat().st_size if (role_dir / n).is_file() else None) for n in names}
-    return check_rank_records(role_dir.name, records, sizes)
+    sizes: dict[str, int | None] = {}
+    for r in records:
+        for n in r.files:
+            try:
+                p = confined_path(role_dir, n, str(role_dir / rank_record_name(r.rank)))
+            except ConfinementError as err:
+                raise CheckpointIncomplete(str(err)) from None
+            st = os.lstat(p) if os.path.lexists(p) else None
+            sizes[n] = st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+    return check_rank_records(role_dir.name, records, sizes), records
 
 
 def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] | None = None) -> Path:
-    """Check the staged save, write its manifest, rename it into place and update the tracker."""
+    """Check the staged save, write its manifest, rename it into place and update the tracker.
+
+    Each file's sha256 comes from the rank that wrote it (hashed where it was written, in parallel);
+    the files no rank recorded (the dataloader position, a role without rank records) are hashed here.
+    """
     root, staging = Path(root), Path(staging)
-    roles = {p.name: role_layout(p) for p in sorted(staging.iterdir()) if p.is_dir()}
-    files = _files_under(staging)
-    files.pop(MANIFEST_FILE, None)
+    nonce = root_nonce(root, create=True)
+    assert nonce is not None
+    if not _is_ours(staging, nonce):
+        raise CheckpointRootError(f"{staging}: not a staging folder created by begin_step in {root} (no matching "
+                                  f"{OWNER_FILE})")
+    roles: dict[str, TrainLayout | None] = {}
+    digests: dict[str, str] = {}
+    for p in sorted(staging.iterdir()):
+        if is_real_dir(p):
+            roles[p.name], records = role_layout(p)
+            digests.update({f"{p.name}/{n}": h for r in records for n, h in r.sha256.items()})
+    sizes = _files_under(staging)
+    sizes.pop(MANIFEST_FILE, None)
+    files = {rel: FileRecord(size, digests.get(rel) or sha256_file(staging / rel)) for rel, size in sizes.items()}
     write_json_atomically(staging / MANIFEST_FILE, manifest_json(step, roles, files, extra))
     _fsync_dir(staging)
     final = root / step_dir_name(step)
-    if final.exists():  # the same step saved again (a resumed run re-reaching it): the new save replaces it
-        _remove_tree(final)
+    if os.path.lexists(final):  # the same step saved again (a resumed run re-reaching it): the new save replaces it
+        if not _is_ours(final, nonce):
+            raise CheckpointRootError(f"{final}: exists and was not saved by this checkpoint root's saves; move it "
+                                      f"away to save step {step}")
+        _remove_tree(final, nonce)
     os.rename(staging, final)
     _fsync_dir(root)
     write_text_atomically(root / TRACKER_FILE, str(step))
@@ -131,15 +275,34 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
 
 
 def prune(root: Path, keep_last: int | None, protect: tuple[str, ...] = ()) -> list[str]:
-    """Delete checkpoints beyond the newest ``keep_last`` and leftovers of interrupted saves; returns names."""
+    """Delete our checkpoints beyond the newest ``keep_last`` and our leftovers of interrupted saves; returns
+    the names deleted. Folders not created by this root's saves are never touched."""
+    root = Path(root)
+    nonce = root_nonce(root, create=False)
+    if nonce is None:
+        return []
     plan = plan_prune(listing(root), keep_last, protect)
     for name in plan.delete:
-        _remove_tree(Path(root) / name)
+        path = root / name
+        if _is_our_trash(path, nonce):
+            shutil.rmtree(path, ignore_errors=True)  # in place: a trash name is never renamed again
+        elif _is_ours(path, nonce):
+            _remove_tree(path, nonce)
     return list(plan.delete)
+
+
+def read_root_tracker(root: Path) -> tuple[int | None, str]:
+    """(the root tracker's step or None, why it could not be read or '')."""
+    tracker = Path(root) / TRACKER_FILE
+    if not os.path.lexists(tracker):
+        return None, ""
+    try:
+        return read_tracker(tracker), ""
+    except TrackerError as err:
+        return None, str(err)
 
 
 def find_resume(root: Path) -> ResumePoint | None:
     root = Path(root)
-    tracker = root / TRACKER_FILE
-    text = tracker.read_text(encoding="utf-8") if tracker.is_file() else None
-    return choose_resume(listing(root), text)
+    tracked, problem = read_root_tracker(root)
+    return choose_resume(listing(root), tracked, problem)

@@ -9,21 +9,81 @@ layouts and the supported conversion.
 """
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
 
+from verl_patches.checkpoint.confine import ConfinementError, check_name, check_relpath
+from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
+
 MANIFEST_FILE = "checkpoint.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: a sha256 per file
 RANKS_DIR = "ranks"
+MAX_STEP = 10 ** 12 - 1  # as the tracker's 12 digits
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_RANK_RECORD_BYTES = 4 << 20
+_MAX_PARALLEL = 1 << 20
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointIncomplete(Exception):
-    """A save did not produce every file it should have; the message names the rank and file."""
+    """A save did not produce every file it should have, or a file describing it is unusable; the message
+    names the rank, file and key."""
 
 
 class LayoutChangeError(Exception):
     """The running layout cannot load this checkpoint; the message names both layouts and the way out."""
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise CheckpointIncomplete(f"{where}: key {key!r} must be an integer in {lo}..{hi}, got {str(v)[:40]!r}")
+    return v
+
+
+def _bool(d: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise CheckpointIncomplete(f"{where}: key {key!r} must be true or false, got {str(v)[:40]!r}")
+    return v
+
+
+def _dict(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise CheckpointIncomplete(f"{where}: expected a JSON object, got {type(v).__name__}")
+    return v
+
+
+def _relpath(rel: Any, where: str) -> str:
+    try:
+        return check_relpath(rel, where)
+    except ConfinementError as err:
+        raise CheckpointIncomplete(str(err)) from None
+
+
+def _sha256(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not _SHA256_RE.match(v):
+        raise CheckpointIncomplete(f"{where}: expected a sha256 (64 lowercase hex digits), got {str(v)[:70]!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A file of a committed step: its size and sha256 when it was saved."""
+
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> "FileRecord":
+        d = _dict(d, where)
+        if set(d) != {"bytes", "sha256"}:
+            raise CheckpointIncomplete(f"{where}: expected keys 'bytes' and 'sha256', got {sorted(d)[:4]}")
+        return cls(size=_int(d, "bytes", where, 0, 1 << 62), sha256=_sha256(d["sha256"], f"{where}: sha256"))
 
 
 @dataclass(frozen=True)
@@ -60,17 +120,28 @@ class TrainLayout:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "TrainLayout":
+    def from_json(cls, d: Any, where: str = "layout") -> "TrainLayout":
+        d = _dict(d, where)
+        unknown = sorted(set(d) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise CheckpointIncomplete(f"{where}: unknown key {unknown[0][:40]!r}")
         nll = d.get("num_layer_list")
-        return cls(tp=int(d["tp"]), pp=int(d["pp"]), ep=int(d["ep"]), dp=int(d["dp"]), cp=int(d.get("cp", 1)),
-                   num_layer_list=tuple(int(x) for x in nll) if nll else None,
-                   moe_tp_extend_ep=bool(d.get("moe_tp_extend_ep", False)),
-                   use_distributed_optimizer=bool(d.get("use_distributed_optimizer", True)))
+        if nll is not None and (not isinstance(nll, list) or len(nll) > 4096 or
+                                any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 20
+                                    for x in nll)):
+            raise CheckpointIncomplete(f"{where}: key 'num_layer_list' must be null or a list of layer counts")
+        return cls(tp=_int(d, "tp", where, 1, _MAX_PARALLEL), pp=_int(d, "pp", where, 1, _MAX_PARALLEL),
+                   ep=_int(d, "ep", where, 1, _MAX_PARALLEL), dp=_int(d, "dp", where, 1, _MAX_PARALLEL),
+                   cp=_int(d, "cp", where, 1, _MAX_PARALLEL, 1),
+                   num_layer_list=tuple(nll) if nll else None,
+                   moe_tp_extend_ep=_bool(d, "moe_tp_extend_ep", where, False),
+                   use_distributed_optimizer=_bool(d, "use_distributed_optimizer", where, True))
 
 
 @dataclass(frozen=True)
 class RankRecord:
-    """What one rank wrote: its place in the layout and its files (path relative to the role folder -> bytes)."""
+    """What one rank wrote: its place in the layout and its files (path relative to the role folder -> bytes,
+    and -> sha256)."""
 
     rank: int
     layout: TrainLayout
@@ -79,6 +150,7 @@ class RankRecord:
     ep_rank: int
     dp_rank: int
     files: Mapping[str, int] = field(default_factory=dict)
+    sha256: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def model_parallel_coords(self) -> tuple[int, int, int]:
@@ -86,13 +158,27 @@ class RankRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "layout": self.layout.to_json(), "tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
-                "ep_rank": self.ep_rank, "dp_rank": self.dp_rank, "files": dict(sorted(self.files.items()))}
+                "ep_rank": self.ep_rank, "dp_rank": self.dp_rank, "files": dict(sorted(self.files.items())),
+                "sha256": dict(sorted(self.sha256.items()))}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "RankRecord":
-        return cls(rank=int(d["rank"]), layout=TrainLayout.from_json(d["layout"]), tp_rank=int(d["tp_rank"]),
-                   pp_rank=int(d["pp_rank"]), ep_rank=int(d["ep_rank"]), dp_rank=int(d["dp_rank"]),
-                   files={str(k): int(v) for k, v in d["files"].items()})
+    def from_json(cls, d: Any, where: str = "rank record") -> "RankRecord":
+        d = _dict(d, where)
+        files = _dict(d.get("files"), f"{where}: key 'files'")
+        digests = _dict(d.get("sha256", {}), f"{where}: key 'sha256'")
+        return cls(rank=_int(d, "rank", where, 0, 1 << 31), layout=TrainLayout.from_json(d.get("layout"),
+                                                                                          f"{where}: layout"),
+                   tp_rank=_int(d, "tp_rank", where, 0, _MAX_PARALLEL), pp_rank=_int(d, "pp_rank", where, 0, _MAX_PARALLEL),
+                   ep_rank=_int(d, "ep_rank", where, 0, _MAX_PARALLEL), dp_rank=_int(d, "dp_rank", where, 0, 1 << 31),
+                   files={_relpath(k, where): _int(files, k, f"{where}: files", 0, 1 << 62) for k in files},
+                   sha256={_relpath(k, where): _sha256(v, f"{where}: sha256 of {k[:80]!r}") for k, v in digests.items()})
+
+
+def parse_rank_record(data: bytes | str, where: str) -> RankRecord:
+    try:
+        return RankRecord.from_json(loads_strict(data, where), where)
+    except StrictJsonError as err:
+        raise CheckpointIncomplete(str(err)) from None
 
 
 def rank_record_name(rank: int) -> str:
@@ -103,7 +189,8 @@ def check_rank_records(role: str, records: Iterable[RankRecord], sizes: Mapping[
     """The layout all records agree on, after checking the save is complete.
 
     ``sizes`` maps every file a record names (relative to the role folder) to its size on disk, or None
-    when missing. Raises CheckpointIncomplete naming the first rank and file at fault.
+    when missing. Every file a rank wrote must carry its sha256. Raises CheckpointIncomplete naming the
+    first rank and file at fault.
     """
     records = sorted(records, key=lambda r: r.rank)
     if not records:
@@ -125,31 +212,74 @@ def check_rank_records(role: str, records: Iterable[RankRecord], sizes: Mapping[
                 raise CheckpointIncomplete(f"{role}: rank {r.rank}: {name} is missing")
             if have != size:
                 raise CheckpointIncomplete(f"{role}: rank {r.rank}: {name} has {have} bytes, the rank wrote {size}")
+            if name not in r.sha256:
+                raise CheckpointIncomplete(f"{role}: rank {r.rank}: {name} has no sha256 in its record")
     return layout
 
 
-def manifest_json(step: int, roles: Mapping[str, TrainLayout | None], files: Mapping[str, int],
+@dataclass(frozen=True)
+class StepManifest:
+    """A committed step: its number, each role's layout (None for a role whose workers keep no rank records),
+    every file (relative to the step folder) with its size and sha256, and the trainer's extra keys."""
+
+    step: int
+    roles: Mapping[str, TrainLayout | None]
+    files: Mapping[str, FileRecord]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def role_files(self, role: str) -> dict[str, FileRecord]:
+        """The files of ``role``, relative to its folder."""
+        prefix = f"{role}/"
+        return {k[len(prefix):]: v for k, v in self.files.items() if k.startswith(prefix)}
+
+
+_MANIFEST_KEYS = ("version", "step", "roles", "files")
+
+
+def manifest_json(step: int, roles: Mapping[str, TrainLayout | None], files: Mapping[str, FileRecord],
                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The step manifest: step, each role's layout (None for a role whose workers keep no rank records), files."""
+    """The step manifest's JSON: step, each role's layout, every file's size and sha256, extra keys."""
+    extra = dict(extra or {})
+    clash = set(extra) & set(_MANIFEST_KEYS)
+    if clash:
+        raise ValueError(f"manifest extra keys {sorted(clash)} clash with the manifest's own")
     return {"version": MANIFEST_VERSION, "step": step,
             "roles": {k: (v.to_json() if v is not None else None) for k, v in sorted(roles.items())},
-            "files": dict(sorted(files.items())), **(dict(extra) if extra else {})}
+            "files": {k: v.to_json() for k, v in sorted(files.items())}, **extra}
 
 
-def parse_manifest(text: str, where: str) -> dict[str, Any]:
-    """The step manifest from its text; CheckpointIncomplete naming ``where`` and the key at fault."""
+def parse_manifest(data: bytes | str, where: str) -> StepManifest:
+    """The step manifest from its bytes; CheckpointIncomplete, one line naming ``where`` and the key at fault.
+
+    File names must stay inside the step folder (relative, no '..'); the manifest does not list itself.
+    """
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CheckpointIncomplete(f"{where}: line {err.lineno}: not valid JSON ({err.msg})") from None
-    if not isinstance(data, dict):
-        raise CheckpointIncomplete(f"{where}: expected a JSON object")
-    for key, typ in (("version", int), ("step", int), ("roles", dict), ("files", dict)):
-        if not isinstance(data.get(key), typ):
+        raw = loads_strict(data, where)
+    except StrictJsonError as err:
+        raise CheckpointIncomplete(str(err)) from None
+    raw = _dict(raw, where)
+    if "version" not in raw or raw["version"] != MANIFEST_VERSION:
+        got = raw.get("version")
+        raise CheckpointIncomplete(f"{where}: manifest version {str(got)[:20]}, this code reads {MANIFEST_VERSION}")
+    for key, typ in (("step", int), ("roles", dict), ("files", dict)):
+        if not isinstance(raw.get(key), typ) or isinstance(raw.get(key), bool):
             raise CheckpointIncomplete(f"{where}: key {key!r} missing or not a {typ.__name__}")
-    if data["version"] != MANIFEST_VERSION:
-        raise CheckpointIncomplete(f"{where}: manifest version {data['version']}, this code reads {MANIFEST_VERSION}")
-    return data
+    step = _int(raw, "step", where, 0, MAX_STEP)
+    roles: dict[str, TrainLayout | None] = {}
+    for name, lay in raw["roles"].items():
+        try:
+            check_name(name, f"{where}: roles")
+        except ConfinementError as err:
+            raise CheckpointIncomplete(str(err)) from None
+        roles[name] = None if lay is None else TrainLayout.from_json(lay, f"{where}: roles.{name}")
+    files: dict[str, FileRecord] = {}
+    for rel, rec in raw["files"].items():
+        _relpath(rel, f"{where}: files")
+        if rel == MANIFEST_FILE:
+            raise CheckpointIncomplete(f"{where}: files: lists the manifest itself")
+        files[rel] = FileRecord.from_json(rec, f"{where}: files.{rel[:80]}")
+    extra = {k: v for k, v in raw.items() if k not in _MANIFEST_KEYS}
+    return StepManifest(step=step, roles=roles, files=files, extra=extra)
 
 
 # the layout fields that decide which tensor lives in which file; DP (and the distributed optimizer's

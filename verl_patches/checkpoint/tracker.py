@@ -5,13 +5,15 @@ iteration integers given on a command line or read from a file.
 5000 digits, signs, spaces and underscores; a tracker is one line of at most `MAX_STEP_DIGITS` ASCII digits
 and nothing else. Every refusal is one line naming the file (or the flag/key) at fault; the content shown is
 cut and escaped, and nothing is read from a path that is not a regular file (a symlinked tracker could
-point anywhere, a FIFO would block). Pure standard library, no import-time work.
+point anywhere, a FIFO would block). Standard library only (no torch), no import-time work.
 """
 from __future__ import annotations
 
 import os
-import stat
+from pathlib import Path
 from typing import Literal
+
+from verl_patches.checkpoint.confine import ConfinementError, read_regular_file
 
 MAX_STEP_DIGITS = 12  # 10**12 steps: far beyond any run, small enough that no parser limit is reached
 MAX_TRACKER_BYTES = 64  # a tracker holds one short line; anything longer is not one
@@ -55,38 +57,11 @@ def parse_step_int(text: str | bytes, what: str) -> int:
     return int(text)
 
 
-def _read_small_regular_file(path: str | os.PathLike) -> bytes:
-    """The bytes of a regular file of at most `MAX_TRACKER_BYTES`; TrackerError naming ``path`` otherwise."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise TrackerError(f"{path}: missing") from None
-    except OSError as err:
-        raise TrackerError(f"{path}: cannot be read ({err.strerror})") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise TrackerError(f"{path}: is a symbolic link; a tracker is a regular file written by the trainer")
-    if not stat.S_ISREG(st.st_mode):
-        raise TrackerError(f"{path}: not a regular file")
-    if st.st_size > MAX_TRACKER_BYTES:
-        raise TrackerError(f"{path}: {st.st_size} bytes; a tracker is one line of at most {MAX_STEP_DIGITS} digits")
-    try:
-        # O_NOFOLLOW and O_NONBLOCK: a file swapped for a link or a FIFO after the lstat is refused, not followed
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise TrackerError(f"{path}: cannot be read ({err.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TrackerError(f"{path}: not a regular file")
-        data = os.read(fd, MAX_TRACKER_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TRACKER_BYTES:
-        raise TrackerError(f"{path}: longer than {MAX_TRACKER_BYTES} bytes; a tracker is one short line")
-    return data
-
-
 def _tracker_text(path: str | os.PathLike) -> str:
-    data = _read_small_regular_file(path)
+    try:
+        data = read_regular_file(Path(path), MAX_TRACKER_BYTES)
+    except ConfinementError as err:
+        raise TrackerError(str(err)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from verl_patches.checkpoint import commit
+from verl_patches.checkpoint.confine import ConfinementError, confined_path
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.plan import parse_step_dir, step_dir_name
+from verl_patches.checkpoint.safe_load import load_tensor_file
 from verl_patches.weights.atomic_io import write_atomically
 
 DATA_FILE = "data.pt"
@@ -71,9 +73,9 @@ def resume_dir(trainer_cfg: Any) -> tuple[Path | None, str]:
             raise ValueError(f"trainer.resume_from_path={given!r}: must name a global_step_N folder")
         path = Path(os.path.abspath(given))
         commit.read_manifest(path)  # a clear error when it is not a complete checkpoint
-        if not commit.is_complete(path):
-            raise CheckpointIncomplete(f"trainer.resume_from_path={given!r}: a file listed in "
-                                       f"{path / 'checkpoint.json'} is missing or has another size")
+        problem = commit.step_problem(path)
+        if problem:
+            raise CheckpointIncomplete(f"trainer.resume_from_path={given!r}: {problem}")
         return path, "trainer.resume_from_path"
     if mode != "auto":
         raise ValueError(f"trainer.resume_mode={mode!r}: expected auto, resume_path or disable")
@@ -90,15 +92,22 @@ def load_latest(trainer: Any) -> int:
         print(f"{RESUME_PREFIX} starting from step 0 ({note})", flush=True)
         return 0
     manifest = commit.read_manifest(path)
-    step = manifest["step"]
+    step = manifest.step
+    record = manifest.files.get(DATA_FILE)
+    if record is None:
+        raise CheckpointIncomplete(f"{path / 'checkpoint.json'}: does not list {DATA_FILE} (the dataloader position)")
+    try:
+        data = confined_path(path, DATA_FILE, str(path / "checkpoint.json"))
+    except ConfinementError as err:
+        raise CheckpointIncomplete(str(err)) from None
+    position = load_tensor_file(data, expected_sha256=record.sha256)  # checked before any worker loads
     trainer.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
     if getattr(trainer, "use_critic", False):
         trainer.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
-    data = path / DATA_FILE
-    trainer.train_dataloader.load_state_dict(torch.load(data, weights_only=True))
+    trainer.train_dataloader.load_state_dict(position)
     trainer.global_steps = step
-    actor = manifest["roles"].get("actor")
-    layout = (f"actor TP{actor['tp']}xPP{actor['pp']}xEP{actor['ep']} DP{actor['dp']}; " if actor else "")
+    actor = manifest.roles.get("actor")
+    layout = (f"actor TP{actor.tp}xPP{actor.pp}xEP{actor.ep} DP{actor.dp}; " if actor else "")
     print(f"{RESUME_PREFIX} from {path} (step {step}; {layout}model, optimizer, RNG and dataloader restored)"
           f"{f'; {note}' if note else ''}", flush=True)
     return step
