@@ -40,12 +40,17 @@ def write_run(folder: Path, reward_shift: float = 0.0, mem: dict[int, float] | N
     return folder
 
 
+# three recorded runs: the reference, one a little lower and one a little higher (the run-to-run spread)
+RECORDED = ((0.0, {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1}), (-0.03, {0: 0.98, 1: 1.19, 2: 0.9, 3: 1.08}),
+            (0.02, {0: 0.99, 1: 1.18, 2: 0.88, 3: 1.1}))
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("golden")
-    run = write_run(root / "base")
+    runs = [write_run(root / f"base{i}", reward_shift=shift, mem=mem) for i, (shift, mem) in enumerate(RECORDED)]
     out = root / "baseline.json"
-    assert golden.main([str(run), "--write-baseline", str(out), "--note", "synthetic"]) == 0
+    assert golden.main([*map(str, runs), "--write-baseline", str(out), "--note", "synthetic"]) == 0
     return out
 
 
@@ -66,9 +71,13 @@ def regressions(report: dict) -> list[dict]:
 
 def test_baseline_content(baseline: Path) -> None:
     doc = json.loads(baseline.read_text())
-    assert doc["schema"] == 1 and doc["note"] == "synthetic"
+    assert doc["schema"] == 2 and doc["note"] == "synthetic" and len(doc["sources"]) == 3
     assert doc["reward"]["steps"] == list(range(1, STEPS + 1))
-    assert doc["rank_peak_gib"] == {"0": 1.0, "1": 1.2, "2": 0.9, "3": 1.1}
+    windows = doc["reward"]["windows"]
+    assert [w["steps"] for w in windows] == [[1, 10], [11, 20], [21, 30]]
+    for w in windows:  # the band's floor is the lowest of the three runs' window means
+        assert len(w["means"]) == 3 and w["floor"] == min(w["means"]) == pytest.approx(w["means"][0] - 0.03)
+    assert doc["rank_peak_gib"] == {"0": 1.0, "1": 1.2, "2": 0.9, "3": 1.1}  # each rank's largest recorded peak
     assert doc["mismatch_max"][ABS_DIFF] == pytest.approx(2.4e-4, rel=1e-5)
     assert doc["step_time_median_s"] == pytest.approx(1.0)
     assert not list(baseline.parent.glob("*.tmp"))
@@ -83,6 +92,28 @@ def test_the_same_run_passes(tmp_path: Path, baseline: Path) -> None:
 def test_small_noise_is_within_tolerance(tmp_path: Path, baseline: Path) -> None:
     rc, _ = check(tmp_path, baseline, reward_shift=-0.05, mem={0: 1.05, 1: 1.25, 2: 0.95, 3: 1.15}, mismatch=3e-4)
     assert rc == 0
+
+
+def test_the_band_is_the_lowest_recorded_run_minus_the_tolerance(tmp_path: Path, baseline: Path) -> None:
+    assert check(tmp_path / "in", baseline, reward_shift=-0.03 - 0.09)[0] == 0
+    rc, rep = check(tmp_path / "out", baseline, reward_shift=-0.03 - 0.11)
+    assert rc == 1 and "lowest recorded" in regressions(rep)[0]["message"]
+
+
+def test_a_baseline_needs_three_runs(tmp_path: Path, capsys) -> None:
+    runs = [write_run(tmp_path / f"r{i}") for i in range(2)]
+    assert golden.main([*map(str, runs), "--write-baseline", str(tmp_path / "b.json")]) == 2
+    assert "at least 3 runs" in capsys.readouterr().err and not (tmp_path / "b.json").exists()
+    assert golden.main([*map(str, runs), "--check-against", str(tmp_path / "b.json")]) == 2
+    assert "compares one run" in capsys.readouterr().err
+
+
+def test_up_to_step_compares_the_windows_a_shorter_run_has(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, "--up-to-step", "20", steps=20)
+    assert rc == 0 and [c["where"] for c in rep["checks"] if c["metric"] == golden.REWARD_KEY] == \
+        ["steps 1-10", "steps 11-20"]
+    rc, rep = check(tmp_path / "low", baseline, "--up-to-step", "20", steps=20, reward_shift=-0.2)
+    assert rc == 1 and [c["where"] for c in regressions(rep)] == ["steps 1-10", "steps 11-20"]
 
 
 def test_lower_reward_names_the_window(tmp_path: Path, baseline: Path) -> None:
@@ -138,6 +169,11 @@ def test_bad_inputs_exit_2_naming_file_and_key(tmp_path: Path, baseline: Path, c
     bad.write_text(json.dumps(doc))
     assert golden.main([str(run), "--check-against", str(bad)]) == 2
     assert "'tolerances'" in capsys.readouterr().err
+    doc = json.loads(baseline.read_text())
+    doc["reward"]["windows"][1]["floor"] = "high"
+    bad.write_text(json.dumps(doc))
+    assert golden.main([str(run), "--check-against", str(bad)]) == 2
+    assert "'reward.windows'" in capsys.readouterr().err
     bad.write_text("{\n oops")
     assert golden.main([str(run), "--check-against", str(bad)]) == 2
     assert "bad.json:2" in capsys.readouterr().err

@@ -1,21 +1,25 @@
 """Golden-metrics check of a finished run against a stored baseline (issue 15 item 4).
 
-    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time] [--json]
-    python -m verl_patches.trainer.golden RUN_DIR --write-baseline BASELINE.json
+    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time] [--up-to-step N] [--json]
+    python -m verl_patches.trainer.golden RUN_DIR RUN_DIR RUN_DIR [...] --write-baseline BASELINE.json
 
 RUN_DIR is a launch log folder (``logs/<profile>-<time>-<role>-<host>/``). Metrics come from what the run
 wrote there: TensorBoard scalars under ``tensorboard/`` (full precision), else the console step lines of
 ``trainer.log`` (``step:N - key:value``, three decimals); per-rank memory from ``rank_memory.jsonl``
 (`rank_memory`).
 
-Compared, each with the tolerance stored in the baseline (defaults in `DEFAULT_TOLERANCES`):
+A baseline is recorded from at least `MIN_RUNS` runs of the same command (different seeds, or reruns), and
+keeps bands that hold over all of them: the run-to-run spread of a healthy run is inside the band, a bug
+(a learning rate of 0, a flipped advantage) is not. Compared, each with the tolerance stored in the baseline
+(defaults in `DEFAULT_TOLERANCES`):
 
-* reward curve (``critic/score/mean``): the run must have at least the baseline's steps; the mean over
-  each window of ``reward_window`` steps may fall at most ``reward_abs`` below the baseline's;
-* per-rank memory: each rank's peak may exceed the baseline's by at most ``memory_rel`` (relative) plus
-  ``memory_abs_gib``; the ranks must be the same;
+* reward curve (``critic/score/mean``): the run must have at least the baseline's steps (or the first
+  ``--up-to-step`` of them); the mean over each window of ``reward_window`` steps may fall at most
+  ``reward_abs`` below the lowest of the recorded runs' means of that window;
+* per-rank memory: each rank's peak may exceed the largest recorded peak by at most ``memory_rel``
+  (relative) plus ``memory_abs_gib``; the ranks must be the same;
 * log-prob mismatch (``rollout_mismatch/*``, see `logprob_mismatch`): the largest per-step value may be
-  at most ``mismatch_factor`` times the baseline's largest plus ``mismatch_abs``;
+  at most ``mismatch_factor`` times the recorded runs' largest plus ``mismatch_abs``;
 * step time (median ``timing_s/step`` without the first step): always reported; a regression only with
   ``--gate-step-time``, when slower than ``1 + step_time_rel`` times the baseline.
 
@@ -38,7 +42,8 @@ from typing import Any
 
 from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
-SCHEMA = 1
+SCHEMA = 2
+MIN_RUNS = 3
 REWARD_KEY = "critic/score/mean"
 STEP_TIME_KEY = "timing_s/step"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
@@ -141,17 +146,39 @@ def _median_step_time(run: RunMetrics) -> float | None:
     return statistics.median(times) if times else None
 
 
-def make_baseline(run: RunMetrics, tolerances: dict[str, float] | None = None, note: str = "") -> dict[str, Any]:
-    """The baseline document of a finished run (pure)."""
+def _window_means(series: dict[int, float], steps: list[int], w: int) -> list[float]:
+    return [sum(series[s] for s in steps[i:i + w]) / len(steps[i:i + w]) for i in range(0, len(steps), w)]
+
+
+def make_baseline(runs: list[RunMetrics], tolerances: dict[str, float] | None = None, note: str = "",
+                  min_runs: int = MIN_RUNS) -> dict[str, Any]:
+    """The baseline document of finished runs of one command (pure): bands that hold over all of them."""
     tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
-    reward = run.series(REWARD_KEY)
-    if not reward:
-        raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
-    return {"schema": SCHEMA, "note": note, "source": run.source, "tolerances": tol,
-            "reward": {"key": REWARD_KEY, "steps": [s for s, _ in reward], "values": [v for _, v in reward]},
-            "rank_peak_gib": {str(r): v for r, v in sorted(run.rank_peak_gib.items())},
-            "mismatch_max": {k: max(v for _, v in run.series(k)) for k in MISMATCH_KEYS if run.series(k)},
-            "step_time_median_s": _median_step_time(run)}
+    if len(runs) < min_runs:
+        raise GoldenInputError(f"a baseline needs at least {min_runs} runs (seeds or reruns) to know the "
+                               f"run-to-run spread; got {len(runs)}")
+    curves = []
+    for run in runs:
+        reward = dict(run.series(REWARD_KEY))
+        if not reward:
+            raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
+        curves.append(reward)
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    w = int(tol["reward_window"])
+    per_run = [_window_means(c, steps, w) for c in curves]
+    windows = [{"steps": [steps[i], steps[min(i + w, len(steps)) - 1]],
+                "means": [m[k] for m in per_run], "floor": min(m[k] for m in per_run)}
+               for k, i in enumerate(range(0, len(steps), w))]
+    ranks = sorted(set().union(*(r.rank_peak_gib for r in runs)))
+    mismatch = {k: max(v for r in runs for _, v in r.series(k)) for k in MISMATCH_KEYS
+                if any(r.series(k) for r in runs)}
+    medians = [m for m in (_median_step_time(r) for r in runs) if m is not None]
+    return {"schema": SCHEMA, "note": note, "sources": [r.source for r in runs], "tolerances": tol,
+            "reward": {"key": REWARD_KEY, "steps": steps,
+                       "values": [sum(c[s] for c in curves) / len(curves) for s in steps], "windows": windows},
+            "rank_peak_gib": {str(k): max(r.rank_peak_gib.get(k, 0.0) for r in runs) for k in ranks},
+            "mismatch_max": mismatch,
+            "step_time_median_s": statistics.median(medians) if medians else None}
 
 
 def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
@@ -171,6 +198,12 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
     if not isinstance(rw, dict) or not isinstance(rw.get("values"), list) or not isinstance(rw.get("steps"), list) \
             or len(rw["values"]) != len(rw["steps"]) or not rw["values"]:
         raise bad("reward", "must hold equally long, non-empty 'steps' and 'values' lists")
+    windows = rw.get("windows")
+    if not isinstance(windows, list) or not windows or any(
+            not isinstance(x, dict) or not isinstance(x.get("floor"), (int, float))
+            or not (isinstance(x.get("steps"), list) and len(x["steps"]) == 2
+                    and all(isinstance(v, int) for v in x["steps"])) for x in windows):
+        raise bad("reward.windows", "must be a non-empty list of {'steps': [first, last], 'floor': number}")
     if not isinstance(doc.get("rank_peak_gib"), dict):
         raise bad("rank_peak_gib", "must be an object {rank: GiB}")
     if not isinstance(doc.get("mismatch_max"), dict):
@@ -205,26 +238,30 @@ def write_baseline(doc: dict[str, Any], path: Path) -> None:
 
 # ---- comparison (pure) ---------------------------------------------------------------------------
 
-def compare_reward(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
-    tol = base["tolerances"]
-    w, slack = int(tol["reward_window"]), float(tol["reward_abs"])
-    want = dict(zip(base["reward"]["steps"], base["reward"]["values"]))
+def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
+    slack = float(base["tolerances"]["reward_abs"])
+    windows = [x for x in base["reward"]["windows"] if up_to_step is None or x["steps"][1] <= up_to_step]
+    if not windows:
+        return [Check(REWARD_KEY, f"steps up to {up_to_step}", "regression",
+                      f"no baseline window ends by step {up_to_step}: nothing to compare")]
+    want = [s for s in base["reward"]["steps"] if s <= windows[-1]["steps"][1]]
     have = dict(run.series(REWARD_KEY))
     missing = [s for s in want if s not in have]
     if missing:
         return [Check(REWARD_KEY, f"steps {missing[0]}-{missing[-1]}", "regression",
                       f"the run has no reward for {len(missing)} of the baseline's {len(want)} steps")]
     out = []
-    steps = sorted(want)
-    for i in range(0, len(steps), w):
-        window = steps[i:i + w]
-        b = sum(want[s] for s in window) / len(window)
+    for x in windows:
+        first, last = x["steps"]
+        window = [s for s in want if first <= s <= last]
         c = sum(have[s] for s in window) / len(window)
-        where = f"steps {window[0]}-{window[-1]}"
-        if c < b - slack:
-            out.append(Check(REWARD_KEY, where, "regression", f"mean {c:.4f} < baseline {b:.4f} - {slack}"))
+        floor = float(x["floor"])
+        where = f"steps {first}-{last}"
+        if c < floor - slack:
+            out.append(Check(REWARD_KEY, where, "regression",
+                             f"mean {c:.4f} < lowest recorded {floor:.4f} - {slack}"))
         else:
-            out.append(Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (baseline {b:.4f}, tolerance -{slack})"))
+            out.append(Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})"))
     return out
 
 
@@ -280,8 +317,9 @@ def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list
                                                    f"{'gated at' if gate else 'not gated, limit would be'} {limit:.2f}x)")]
 
 
-def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False) -> list[Check]:
-    return (compare_reward(run, base) + compare_memory(run, base) + compare_mismatch(run, base)
+def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False,
+            up_to_step: int | None = None) -> list[Check]:
+    return (compare_reward(run, base, up_to_step) + compare_memory(run, base) + compare_mismatch(run, base)
             + compare_step_time(run, base, gate_step_time))
 
 
@@ -290,23 +328,30 @@ def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.golden",
                                 description="Compare a finished run with a stored baseline, or write one.")
-    p.add_argument("run_dir", type=Path, help="the run's log folder (tensorboard/, trainer.log, rank_memory.jsonl)")
+    p.add_argument("run_dir", type=Path, nargs="+",
+                   help="the run's log folder (tensorboard/, trainer.log, rank_memory.jsonl); to write a baseline, "
+                        f"at least {MIN_RUNS} runs of the same command")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--check-against", type=Path, metavar="BASELINE.json")
     g.add_argument("--write-baseline", type=Path, metavar="BASELINE.json")
     p.add_argument("--gate-step-time", action="store_true", help="a slower median step is a regression")
     p.add_argument("--note", default="", help="free text stored in a written baseline")
+    p.add_argument("--up-to-step", type=int, metavar="N", help="compare the reward only over the baseline's windows "
+                                                                 "that end by step N (a shorter run)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
-        run = read_run(args.run_dir)
+        runs = [read_run(d) for d in args.run_dir]
         if args.write_baseline:
-            doc = make_baseline(run, note=args.note)
+            doc = make_baseline(runs, note=args.note)
             write_baseline(doc, args.write_baseline)
-            print(f"golden: wrote {args.write_baseline} from {run.source} ({len(doc['reward']['values'])} steps, "
+            print(f"golden: wrote {args.write_baseline} from {len(runs)} runs ({len(doc['reward']['values'])} steps, "
                   f"{len(doc['rank_peak_gib'])} ranks)")
             return EXIT_OK
-        checks = compare(run, load_baseline(args.check_against), args.gate_step_time)
+        if len(runs) != 1:
+            raise GoldenInputError(f"--check-against compares one run; got {len(runs)} run folders")
+        run = runs[0]
+        checks = compare(run, load_baseline(args.check_against), args.gate_step_time, args.up_to_step)
     except GoldenInputError as e:
         print(f"golden: {e}", file=sys.stderr)
         return EXIT_USAGE
