@@ -1,0 +1,240 @@
+"""No checkpoint file is ever unpickled (issue #27, must-have 1), on the library set's torch (2.5.1, whose
+``torch.load`` defaults to ``weights_only=False``).
+
+A tampered file replaces a real checkpoint file with a pickle of the same size whose ``__reduce__`` would
+create a marker file when unpickled. It is refused by its sha256 before it is read; with a digest that
+matches it (the manifest rewritten too, or no digest given) the weights-only loader refuses it by name.
+The marker is never created. The resume's readers (actor files, the distributed optimizer's parameter
+state, the dataloader position) all go through the same loader.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from verl_patches.checkpoint import actor_state, commit, optimizer_state
+from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
+from verl_patches.checkpoint.safe_load import (CheckpointFileError, UnsafeCheckpointError, load_tensor_file,
+                                               sha256_file)
+
+
+class _Payload:
+    """Unpickling this calls os.system: what a tampered checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def tampered_bytes(marker: Path, size: int) -> bytes:
+    """A pickle whose unpickling runs code, padded after its STOP opcode to exactly ``size`` bytes (sizes alone
+    cannot tell it from the file it replaces). torch.load unpickles it at once: in a legacy-format read of the
+    "magic number", before any format check."""
+    data = pickle.dumps(_Payload(marker), protocol=2)
+    assert len(data) <= size, f"cannot fit the payload in {size} bytes"
+    return data + b"\0" * (size - len(data))
+
+
+def test_torch_is_the_library_sets_and_unsafe_by_default(tmp_path: Path) -> None:
+    """The premise: on this torch a bare torch.load runs the payload (so the tests below test something)."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(tampered_bytes(marker, 2000))
+    assert torch.__version__.startswith("2.5.1")
+    try:
+        torch.load(evil)  # noqa: S614 - proves the default unpickles on this torch
+    except Exception:  # noqa: BLE001 - after the payload ran, the magic-number check fails
+        pass
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("fmt", ["legacy pickle", "torch zip"])
+def test_weights_only_loader_refuses_the_payload_by_name(tmp_path: Path, fmt: str) -> None:
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    if fmt == "torch zip":
+        torch.save({"w": torch.ones(2), "x": _Payload(marker)}, evil)
+    else:
+        evil.write_bytes(tampered_bytes(marker, 2000))
+    for kwargs in ({}, {"mmap": True}, {"expected_sha256": sha256_file(evil)}):  # no digest, or a matching one
+        # mmap reads only the zip format: a legacy file is refused by that check, before anything is unpickled
+        err = CheckpointFileError if fmt == "legacy pickle" and kwargs.get("mmap") else UnsafeCheckpointError
+        with pytest.raises(err, match=f"^{evil}: ") as e:
+            load_tensor_file(evil, **kwargs)
+        if err is UnsafeCheckpointError:
+            assert "refused by the weights-only loader" in str(e.value) and "posix.system" in str(e.value)
+        assert "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_digest_mismatch_is_refused_before_reading(tmp_path: Path, monkeypatch) -> None:
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.arange(4.0)}, good)
+    digest = sha256_file(good)
+    assert torch.equal(load_tensor_file(good, expected_sha256=digest)["w"], torch.arange(4.0))
+    marker = tmp_path / "ran"
+    good.write_bytes(tampered_bytes(marker, good.stat().st_size))
+    calls = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(a))
+    with pytest.raises(UnsafeCheckpointError, match=f"^{good}: sha256 .* differs from the .* recorded"):
+        load_tensor_file(good, expected_sha256=digest)
+    with pytest.raises(UnsafeCheckpointError, match="differs"):
+        load_tensor_file(good, expected_sha256=digest, mmap=True)
+    assert calls == [] and not marker.exists()  # torch.load was never reached
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: None, "missing"),
+    (lambda p: p.mkdir(), "not a regular file"),
+    (lambda p: os.mkfifo(p), "not a regular file"),  # would block a reader
+    (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), "not a torch file|not a readable torch file"),
+    (lambda p: p.write_bytes(b""), "not a torch file|not a readable torch file"),
+])
+def test_unreadable_files_are_one_line(tmp_path: Path, make, needle: str) -> None:
+    p = tmp_path / "f.pt"
+    make(p)
+    with pytest.raises(CheckpointFileError, match=needle) as e:
+        load_tensor_file(p)
+    assert "\n" not in str(e.value) and str(e.value).startswith(str(p))
+
+
+# --- the resume's readers -------------------------------------------------------------------------------------
+
+LAYOUT = TrainLayout(tp=1, pp=1, ep=1, dp=1)
+
+
+def committed_actor(root: Path) -> Path:
+    """A committed step whose actor folder holds a rank's RNG file, an optimizer file and the tracker."""
+    staging = commit.begin_step(root, 3)
+    role = staging / "actor"
+    files = {"rng/rank_00000.pt": {"random": 1}, "optim/mp_rank_00_000_000_params.pt": {"param": torch.ones(3)}}
+    sizes, digests = {}, {}
+    for rel, obj in files.items():
+        (role / rel).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(obj, role / rel)
+    (role / "latest_checkpointed_iteration.txt").write_text("3")
+    for rel in list(files) + ["latest_checkpointed_iteration.txt"]:
+        sizes[rel], digests[rel] = (role / rel).stat().st_size, sha256_file(role / rel)
+    rec = RankRecord(rank=0, layout=LAYOUT, tp_rank=0, pp_rank=0, ep_rank=0, dp_rank=0, files=sizes, sha256=digests)
+    (role / rank_record_name(0)).parent.mkdir(parents=True)
+    (role / rank_record_name(0)).write_text(json.dumps(rec.to_json()))
+    torch.save({"position": 1}, staging / "data.pt")
+    return commit.commit_step(root, staging, 3) / "actor"
+
+
+def tamper(path: Path, marker: Path, fix_manifest: bool) -> None:
+    path.write_bytes(tampered_bytes(marker, path.stat().st_size))
+    if fix_manifest:  # the attacker rewrites the digest too: the weights-only loader still refuses
+        step = path
+        while not (step / "checkpoint.json").exists():
+            step = step.parent
+        man = json.loads((step / "checkpoint.json").read_text())
+        man["files"][path.relative_to(step).as_posix()]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        (step / "checkpoint.json").write_text(json.dumps(man))
+
+
+@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "refused by the weights-only loader")])
+def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_manifest: bool, needle: str) -> None:
+    role = committed_actor(tmp_path)
+    committed = actor_state.CommittedRole.open(role)
+    assert committed.step == 3 and committed.load("rng/rank_00000.pt") == {"random": 1}
+    marker = tmp_path / "ran"
+    target = role / "rng/rank_00000.pt"
+    tamper(target, marker, fix_manifest)
+    assert commit.is_complete(role.parent)  # same size: complete by sizes
+    with pytest.raises(UnsafeCheckpointError, match=f"^{target}: {needle}"):
+        actor_state.CommittedRole.open(role).load("rng/rank_00000.pt")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "refused by the weights-only loader")])
+def test_tampered_optimizer_param_state_is_never_unpickled(tmp_path: Path, monkeypatch, fix_manifest: bool,
+                                                           needle: str) -> None:
+    """Megatron's load_parameter_state would torch.load this file bare; ours reads it on DP rank 0 through
+    the safe loader and hands the state to load_parameter_state_from_dp_zero."""
+    role = committed_actor(tmp_path)
+    rel = "optim/mp_rank_00_000_000_params.pt"
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    got = []
+    opt = SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=got.append)
+    path, sha = actor_state.CommittedRole.open(role).path(rel)
+    optimizer_state.load_parameter_state(opt, path, sha)
+    assert torch.equal(got[0]["param"], torch.ones(3))
+    marker = tmp_path / "ran"
+    tamper(role / rel, marker, fix_manifest)
+    path, sha = actor_state.CommittedRole.open(role).path(rel)
+    with pytest.raises(UnsafeCheckpointError, match=f"^{role / rel}: {needle}"):
+        optimizer_state.load_parameter_state(opt, path, sha)
+    assert not marker.exists() and len(got) == 1
+
+
+def test_chained_optimizer_reads_once_on_dp_rank_zero_and_scatters_on_all(tmp_path: Path, monkeypatch) -> None:
+    states = [{"a": torch.zeros(2)}, {"b": torch.ones(2)}]
+    f = tmp_path / "params.pt"
+    torch.save(states, f)
+    for dp_rank in (0, 1):
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None, r=dp_rank: r)
+        got: list = []
+        inner = [SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=got.append)
+                 for _ in states]
+        optimizer_state.load_parameter_state(SimpleNamespace(chained_optimizers=inner), f, sha256_file(f))
+        if dp_rank == 0:
+            assert [sorted(s) for s in got] == [["a"], ["b"]]
+        else:
+            assert got == [None, None]  # the other DP ranks receive their shares in the scatter
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
+    inner = [SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=lambda s: None)] * 3
+    with pytest.raises(CheckpointFileError, match="expected a list of 3 optimizer states, found list of 2"):
+        optimizer_state.load_parameter_state(SimpleNamespace(chained_optimizers=inner), f, sha256_file(f))
+
+
+@pytest.mark.needs_components("megatron")
+def test_the_upstream_loaders_mirrored_are_unchanged() -> None:
+    """optimizer_state does what Megatron's load_parameter_state methods do; a change upstream is caught here."""
+    from verl_patches.patching.fingerprint import fingerprint_target
+
+    for target, fp in optimizer_state.MIRRORED.items():
+        assert fingerprint_target(target) == fp, target
+
+
+def test_actor_files_outside_the_manifest_or_behind_links_are_refused(tmp_path: Path) -> None:
+    role = committed_actor(tmp_path)
+    committed = actor_state.CommittedRole.open(role)
+    (role / "rng/extra.pt").write_bytes(b"x")
+    with pytest.raises(CheckpointIncomplete, match="extra.pt: not listed in .*checkpoint.json"):
+        committed.load("rng/extra.pt")
+    outside = tmp_path / "outside"
+    os.rename(role / "rng", outside)
+    os.symlink(outside, role / "rng")
+    with pytest.raises(CheckpointIncomplete, match="rng: is a symbolic link"):
+        committed.load("rng/rank_00000.pt")
+    with pytest.raises(CheckpointIncomplete, match="not a role folder of the committed step"):
+        actor_state.CommittedRole.open(role.parent / "critic")
+    staging = commit.begin_step(tmp_path, 5)
+    (staging / "actor").mkdir()
+    with pytest.raises(CheckpointIncomplete, match="checkpoint.json: missing"):
+        actor_state.CommittedRole.open(staging / "actor")
+
+
+def test_no_bare_torch_load_on_the_resume_path() -> None:
+    """Every torch.load call in the checkpoint package is the safe loader's, with weights_only=True."""
+    import ast
+
+    pkg = Path(actor_state.__file__).parent
+    calls = []
+    for p in sorted(pkg.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("torch", "pickle"):
+                kw = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
+                calls.append((p.name, node.func.value.id, kw.get("weights_only")))
+    assert calls == [("safe_load.py", "torch", True)]
