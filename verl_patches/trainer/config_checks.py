@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from omegaconf import DictConfig
+
+from verl_patches.trainer.config_access import get  # noqa: F401  (its readers import it from here too)
+from verl_patches.trainer.rollout_settings import rollout_problems
+from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
 
 class OverlayConfigError(ValueError):
     pass
-
-
-def get(cfg: DictConfig, dotted: str, default: Any = None) -> Any:
-    """cfg[a][b][c] for "a.b.c", or `default` where any level is missing (no interpolation errors)."""
-    node: Any = cfg
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get") or part not in node:
-            return default
-        node = node.get(part)
-    return node
 
 
 def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -64,6 +58,7 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
                             f"{m}.virtual_pipeline_model_parallel_size={vpp}")
     if get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and get(cfg, f"{a}.strategy") == "megatron":
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
+    problems += rollout_problems(cfg)
     return problems
 
 
@@ -73,7 +68,6 @@ def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     the row order of generate: everything that needs one of those on the driver is refused here, each
     naming its key and what turned the cache on."""
     from verl_patches.reshard.tensor_cache import PRECONDITIONS
-    from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
     on, source = d2d_setting(cfg, environ)
     if not on:

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from verl_patches.trainer.config_checks import get
+from verl_patches.trainer.config_access import get
 
 D2D_ENV = "D2D_DATA_TRANSFER"
 D2D_KEY = "overlay.d2d_tensor_cache"
