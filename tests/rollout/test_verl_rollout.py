@@ -33,9 +33,11 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["llm_class"] == out["LLM_name_in_verl"] == "verl_patches.rollout.standin.engine.StandinLLM"
     assert out["applied"] == ["cpu.verl.vllm_rollout_spmd.LLM.standin",
+                              "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
                               "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
                               "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile"]
     assert out["loaded"] > 0 and out["rollout_log_probs_finite"] is True
+    assert out["engine_max_num_seqs"] == 8  # engine_kwargs.vllm reaches the engine
     assert out["responses_shape"] == [4, 5] and out["input_ids_shape"] == [4, 11]  # 2 prompts x n=2
     assert out["bytes_after_build"] == out["bytes_after_sleep"]  # verl's sleep(level=1): back to baseline
 

@@ -28,13 +28,15 @@ model_dir = sys.argv[1]
 base = OmegaConf.load(os.path.join("verl", "trainer", "config", "ppo_trainer.yaml")).actor_rollout_ref.rollout
 config = OmegaConf.merge(base, {"name": "vllm", "prompt_length": 6, "response_length": 5, "n": 2, "temperature": 1.0,
                                 "top_k": -1, "top_p": 1.0, "dtype": "float32", "load_format": "auto",
-                                "enforce_eager": True, "free_cache_engine": True, "max_num_batched_tokens": 64,
-                                "max_model_len": 16, "max_num_seqs": 8, "tensor_model_parallel_size": 1})
+                                # the A3 rollout's settings that upstream's __init__ refuses (F1 drops both checks)
+                                "enforce_eager": False, "free_cache_engine": True, "enable_chunked_prefill": True,
+                                "max_num_batched_tokens": 8, "max_model_len": 16, "max_num_seqs": 8,
+                                "engine_kwargs": {"vllm": {"max_num_seqs": 8}}, "tensor_model_parallel_size": 1})
 hf_config = type("C", (), {"max_position_embeddings": 64, "rope_scaling": None})()
 tokenizer = type("T", (), {"pad_token_id": 0})()
 rollout = vLLMRollout(model_dir, config, tokenizer, hf_config)
 engine = rollout.inference_engine
-out = {"llm_class": f"{type(engine).__module__}.{type(engine).__name__}",
+out = {"llm_class": f"{type(engine).__module__}.{type(engine).__name__}", "engine_max_num_seqs": engine.max_num_seqs,
        "LLM_name_in_verl": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__name__}"}
 life = RolloutLifecycle(engine, device="cpu")
 out["bytes_after_build"] = life.device_bytes()

@@ -35,6 +35,18 @@ PATCHES = [
         rebind=False,
     ),
     Patch(
+        name="verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
+        target=f"{_SPMD}:vLLMRollout.__init__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:7d4430ccf148ca6c",
+        replacement=lazy_call("verl_patches.patches.verl.workers.rollout.init_checks:without_checks"),
+        vendor_item="F1",
+        reason="upstream's __init__ without its two checks the A3 rollout trips (enforce_eager=False with "
+               "free_cache_engine=True; chunked prefill with max_num_batched_tokens < max_model_len), every other "
+               "statement upstream's; what they protected is refused up front (trainer.rollout_settings)",
+        devices=("npu", "cpu"),
+    ),
+    Patch(
         name="verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
         target=f"{_SPMD}:vLLMRollout.__init__",
         kind=Kind.WRAP,
