@@ -267,7 +267,8 @@ def test_megatron_config_keeps_every_upstream_default_it_does_not_set(profile: s
 
 def test_tiny_config_keeps_every_upstream_default_it_does_not_set() -> None:
     compared = _check_upstream_defaults("ppo_tiny_local", "ppo_megatron_trainer.yaml",
-                                        [CONFIG_DIR / "ppo_mindspeed_trainer.yaml", CONFIG_DIR / "ppo_tiny_local.yaml"])
+                                        [CONFIG_DIR / "ppo_mindspeed_trainer.yaml", PROFILE_DIR / "a3_256die_true_weight.yaml",
+                                         CONFIG_DIR / "ppo_tiny_local.yaml"])
     assert compared > 150
     compared = _check_upstream_defaults("ppo_tiny_local_fsdp", "ppo_trainer.yaml",
                                         [CONFIG_DIR / "ppo_tiny_local_fsdp.yaml"])

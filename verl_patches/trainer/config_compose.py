@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -13,7 +14,11 @@ CONFIG_NAMES = ("ppo_mindspeed_trainer", "ppo_tiny_local", "ppo_tiny_local_fsdp"
 
 
 class ConfigCompositionError(ValueError):
-    """An override or a profile that does not compose; the message is Hydra's, naming the key."""
+    """An override or a profile that does not compose; one line, naming the key (Hydra's message, joined)."""
+
+
+def _one_line(err: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
 
 
 def register_resolvers() -> None:
@@ -25,8 +30,12 @@ def register_resolvers() -> None:
 
         return device_kind()
 
+    from verl_patches.trainer.rollout_settings import seqs_per_rollout_engine
+
     OmegaConf.register_new_resolver("overlay_root", lambda: str(REPO_ROOT), replace=True)
     OmegaConf.register_new_resolver("overlay_device", _device, replace=True)
+    # ${overlay_seqs_per_rollout_engine:tbs,n,nnodes,gpus_per_node,rollout_tp}: rollout.max_num_seqs
+    OmegaConf.register_new_resolver("overlay_seqs_per_rollout_engine", seqs_per_rollout_engine, replace=True)
 
 
 def compose_config(config_name: str = "ppo_mindspeed_trainer", overrides: list[str] | None = None) -> DictConfig:
@@ -45,11 +54,71 @@ def compose_config(config_name: str = "ppo_mindspeed_trainer", overrides: list[s
             return compose(config_name=config_name,
                            overrides=[f"hydra.searchpath=[file://{VERL_CONFIG_DIR}]", *(overrides or [])])
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigCompositionError(f"config {config_name!r}: {e}") from None
+        raise ConfigCompositionError(f"config {config_name!r}: {_one_line(e)}") from None
     finally:
         GlobalHydra.instance().clear()
 
 
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], node
+
+
 def resolved(cfg: DictConfig) -> DictConfig:
-    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    return out
+    """``cfg`` with every interpolation resolved, as plain data.
+
+    A resolved string that still holds ``${`` (from an environment variable, or an escaped ``\\${`` in an
+    override) would be read as a new interpolation here and again by verl's ``OmegaConf.resolve``, which no
+    escaping survives: it is refused, naming the key, instead of failing later with a grammar error.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigCompositionError(f"config does not resolve: {_one_line(e)}") from None
+    for key, value in _leaves(data):
+        if isinstance(value, str) and "${" in value:
+            shown = repr(value[:80]) + ("..." if len(value) > 80 else "")
+            raise ConfigCompositionError(f"{key}={shown}: a value that contains '${{' after resolution would be read "
+                                         f"as an OmegaConf interpolation by the trainer; remove the '${{'")
+    return OmegaConf.create(data)
+
+
+def _is_group_override(key: str) -> bool:
+    """``profile=...``: a config group (a folder of the config search path), not a value."""
+    return "." not in key and ((CONFIG_DIR / key).is_dir() or (VERL_CONFIG_DIR / key).is_dir())
+
+
+def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictConfig) -> None:
+    """Refuse, naming the key, a value override that gives a non-integer where the config has an integer.
+
+    OmegaConf keeps ``trainer.nnodes=abc`` as the string 'abc' (the configs are not typed), and the job then
+    fails deep inside with a traceback. ``cfg`` is the resolved composition of ``overrides``; it is compared
+    with the composition of the config-group overrides alone (the profile), so only the user's values are judged.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    groups = [o.input_line for o in parsed if _is_group_override(o.key_or_group)]
+    values = {o.key_or_group: o.input_line for o in parsed
+              if not _is_group_override(o.key_or_group) and not o.is_delete()}
+    if not values:
+        return
+    base = OmegaConf.to_container(compose_config(config_name, groups), resolve=False)
+    for key, default in _leaves(base):
+        if not isinstance(default, int) or isinstance(default, bool):
+            continue
+        given = OmegaConf.select(cfg, key, default=None)
+        if given is None or (isinstance(given, int) and not isinstance(given, bool)):
+            continue
+        origin = next((line for k, line in values.items() if key == k or key.startswith(k + ".")), None)
+        shown = repr(given)[:80]
+        raise ConfigCompositionError(f"{key}={shown}: expected an integer (the {config_name} config has {default})"
+                                     + (f"; from the override {origin!r}" if origin else ""))
