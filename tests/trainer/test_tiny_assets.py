@@ -5,7 +5,6 @@ loads; built once per spec, rebuilt when the spec changes, nothing downloaded.""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +15,6 @@ from verl_patches.trainer import tiny_assets
 from verl_patches.trainer.tiny_assets import STAMP, TinyAssets, TinySpec, answer_tokens, prepare
 
 SPEC = TinySpec(seed=3, max_operand=4, num_problems=120, train_ratio=0.75)
-PROBLEM = re.compile(r"What is (\d+) \+ (\d+) \?")
 
 
 def mtimes(root: Path) -> dict[str, int]:
@@ -33,7 +31,7 @@ def test_raw_data_is_deepscaler_json(built: TinyAssets) -> None:
     assert len(rows) == SPEC.num_problems
     for r in rows:
         assert set(r) == {"problem", "answer", "solution"}
-        a, b = map(int, PROBLEM.fullmatch(r["problem"]).groups())
+        _, a, b = tiny_assets.parse_problem(SPEC, r["problem"])
         assert 0 <= a <= SPEC.max_operand and 0 <= b <= SPEC.max_operand
         assert r["answer"] == str(a + b) and f"\\boxed{{{a + b}}}" in r["solution"]
 
@@ -45,13 +43,45 @@ def test_parquet_rows_come_from_our_converter(built: TinyAssets) -> None:
     assert train.num_rows == pytest.approx(SPEC.train_ratio * SPEC.num_problems, abs=1)
     for row in train.to_pylist() + val.to_pylist():
         assert row["data_source"] == DATA_SOURCE and row["ability"] == "math"
-        a, b = map(int, PROBLEM.fullmatch(row["extra_info"]["problem"]).groups())
+        _, a, b = tiny_assets.parse_problem(SPEC, row["extra_info"]["problem"])
         assert row["reward_model"]["ground_truth"] == str(a + b)
         (msg,) = row["prompt"]
         assert msg["role"] == "user" and msg["content"].endswith(row["extra_info"]["problem"])
         assert "<think>" in msg["content"]  # the r1_zero template of our converter
     splits = {r["extra_info"]["split"] for r in train.to_pylist()} | {r["extra_info"]["split"] for r in val.to_pylist()}
     assert splits == {"train", "test"}
+
+
+def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_phrasings(tmp_path: Path) -> None:
+    """Validation can rise: no held-out text was trained on, yet each held-out sum is trained in another
+    phrasing and each held-out phrasing with other sums (the tiny run's own spec)."""
+    from verl_patches.trainer.config_compose import compose_config, resolved
+    from verl_patches.trainer.tiny_a3 import tiny_spec
+
+    spec = tiny_spec(resolved(compose_config("ppo_tiny_local", [])))
+    assets = prepare(tmp_path / "assets", spec, progress=False)
+    train = [r["extra_info"]["problem"] for r in pq.read_table(assets.train_parquet).to_pylist()]
+    held = [r["extra_info"]["problem"] for r in pq.read_table(assets.val_parquet).to_pylist()]
+    assert len(held) > 100 and len(set(held)) > 1 and not set(held) & set(train)
+    parsed_train = [tiny_assets.parse_problem(spec, t) for t in set(train)]
+    for text in set(held):
+        phrasing, a, b = tiny_assets.parse_problem(spec, text)
+        assert any((x, y) == (a, b) and p != phrasing for p, x, y in parsed_train), text
+        assert any(p == phrasing and (x, y) != (a, b) for p, x, y in parsed_train), text
+    assert len({tiny_assets.parse_problem(spec, t)[0] for t in train}) == len(spec.phrasings)
+    tiny_assets.check_learnable_split(assets, spec)
+
+
+def test_a_split_that_holds_out_an_untrained_sum_is_refused() -> None:
+    spec = TinySpec(max_operand=1)
+    train = ["What is 0 + 0 ?", "Compute 0 + 1 ."]
+    tiny_assets.check_held_out(spec, train, ["Compute 0 + 0 .", "What is 0 + 1 ?"])  # both learnable
+    with pytest.raises(ValueError, match=r"held-out problem 'What is 1 \+ 1 \?' is not learnable"):
+        tiny_assets.check_held_out(spec, train, ["What is 1 + 1 ?"])
+    with pytest.raises(ValueError, match="in the training split"):
+        tiny_assets.check_held_out(spec, train, ["Compute 0 + 1 ."])
+    with pytest.raises(ValueError, match="not learnable"):  # a phrasing never trained
+        tiny_assets.check_held_out(spec, train, ["Add 0 and 0 ."])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.trainer.config_checks import get
-from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, prepare, prepare_megatron
+from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
 
 MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
     "n_group": 1, "topk_group": 1, "max_position_embeddings": 256,
@@ -73,7 +73,9 @@ def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
                 raise ValueError(f"tiny profile: actor_rollout_ref.{role}.megatron.dist_checkpointing_path must be "
                                  f"{checkpoint_dir(cfg)} (built here), found {target!r}")
         layout = megatron_layout(cfg)
-    assets = prepare(Path(cfg.overlay.tiny_assets_dir), tiny_spec(cfg), progress=progress)
+    spec = tiny_spec(cfg)
+    assets = prepare(Path(cfg.overlay.tiny_assets_dir), spec, progress=progress)
+    check_learnable_split(assets, spec)  # validation must be able to rise
     if layout is not None:
         prepare_megatron(assets, checkpoint_dir(cfg), layout, progress=progress)
     return assets

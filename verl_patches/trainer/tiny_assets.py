@@ -5,6 +5,13 @@ by our own reward, so the local run exercises the same data and reward code as t
 possible answer `\\boxed{N}` is one token of the tokenizer: a randomly initialised model then emits
 well-formed answers by chance often enough for GRPO to have a signal from the first step, and the
 mean reward rises as it learns the sums.
+
+Every sum is asked in several phrasings, and the converter's split keeps each distinct problem text on
+one side: the held-out split is problems the model never trained on, made of operands and words it did
+see (each held-out sum is trained in other phrasings, each phrasing with other sums), so validation
+measures whether it learnt the sums rather than the training texts, and rises as it does.
+`check_learnable_split` refuses assets where that does not hold (the tiny run calls it; small specs built
+by tests need not satisfy it).
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from typing import Any
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]
 THINK_TOKENS = ["<think>", "</think>"]
+# How a sum is asked; every word here is in the training split (see the module docstring)
+PHRASINGS = ("What is {a} + {b} ?", "Compute {a} + {b} .", "Add {a} and {b} .", "What is the sum of {a} and {b} ?",
+             "{a} plus {b} is what ?", "Find {a} + {b} .")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 STAMP = "tiny_assets.json"
@@ -33,10 +43,12 @@ class TinySpec:
     template: str = "r1_zero"
     model_overrides: tuple[tuple[str, Any], ...] = ()
     vocab_multiple: int = 1  # the model's vocabulary padded to a multiple (Megatron's TP/EP splits need it)
+    phrasings: tuple[str, ...] = PHRASINGS
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["model_overrides"] = dict(self.model_overrides)
+        d["phrasings"] = list(self.phrasings)  # as JSON reads it back (the stamp comparison)
         return d
 
 
@@ -53,13 +65,18 @@ def answer_tokens(max_operand: int) -> list[str]:
     return [f"\\boxed{{{n}}}" for n in range(2 * max_operand + 1)]
 
 
+def problem_text(phrasing: str, a: int, b: int) -> str:
+    return phrasing.format(a=a, b=b)
+
+
 def write_arithmetic_json(path: Path, spec: TinySpec) -> Path:
-    """A deepscaler-format JSON array of `a+b` problems (problem, answer, solution)."""
+    """A deepscaler-format JSON array of `a+b` problems (problem, answer, solution), each in a random phrasing."""
     rng = random.Random(spec.seed)
     rows = []
     for _ in range(spec.num_problems):
         a, b = rng.randint(0, spec.max_operand), rng.randint(0, spec.max_operand)
-        rows.append({"problem": f"What is {a} + {b} ?", "answer": str(a + b),
+        phrasing = spec.phrasings[rng.randrange(len(spec.phrasings))]
+        rows.append({"problem": problem_text(phrasing, a, b), "answer": str(a + b),
                      "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}."})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -108,6 +125,38 @@ def build_model(out_dir: Path, vocab_size: int, seed: int, tokenizer: Any,
                                                pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def check_learnable_split(assets: TinyAssets, spec: TinySpec) -> None:
+    """`check_held_out` on the built parquet files."""
+    import pandas as pd
+
+    check_held_out(spec, [row["problem"] for row in pd.read_parquet(assets.train_parquet)["extra_info"]],
+                   [row["problem"] for row in pd.read_parquet(assets.val_parquet)["extra_info"]])
+
+
+def parse_problem(spec: TinySpec, text: str) -> tuple[str, int, int]:
+    """(phrasing, a, b) of a generated problem text."""
+    for phrasing in spec.phrasings:
+        for a in range(spec.max_operand + 1):
+            for b in range(spec.max_operand + 1):
+                if problem_text(phrasing, a, b) == text:
+                    return phrasing, a, b
+    raise ValueError(f"tiny assets: {text!r} is not a generated problem")
+
+
+def check_held_out(spec: TinySpec, train: list[str], held_out: list[str]) -> None:
+    """Every held-out problem is unseen as a text, its sum is trained in another phrasing and its phrasing
+    with other sums; raises one line naming the first problem for which that fails."""
+    seen = set(train)
+    trained = [parse_problem(spec, t) for t in seen]
+    sums, phrasings = {(a, b) for _, a, b in trained}, {p for p, _, _ in trained}
+    for text in dict.fromkeys(held_out):
+        phrasing, a, b = parse_problem(spec, text)
+        if text in seen or (a, b) not in sums or phrasing not in phrasings:
+            raise ValueError(f"tiny assets (seed {spec.seed}): held-out problem {text!r} is "
+                             f"{'in the training split' if text in seen else 'not learnable from the training split'}"
+                             f"; choose another overlay.tiny_seed")
 
 
 def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> TinyAssets:
