@@ -226,22 +226,20 @@ def test_reverse_reads_trained_checkpoints_and_names_missing_rank_files(hf_dir, 
         obj["args"] = argparse.Namespace(tensor_model_parallel_size=2, expert_model_parallel_size=1,
                                          moe_tp_extend_ep=False, moe_grouped_gemm=True)
         obj["model"]["decoder.layers.0.self_attention.core_attention._extra_state"] = None
-        obj["rng_state"] = [{"np_rng_state": np.random.get_state()}]  # numpy objects: not weights-only
+        obj["rng_state"] = [{"np_rng_state": np.random.get_state()}]  # numpy arrays: data, built weights-only
         torch.save(obj, p)
-    with pytest.raises(CheckpointError, match="--allow-pickle"):
-        convert_mcore_to_hf(save, tmp_path / "hf", progress=False)
     (save / "conversion_manifest.json").unlink()
     with pytest.raises(LayoutError, match="trained with moe_tp_extend_ep=False, the layout flags say True"):
         convert_mcore_to_hf(save, tmp_path / "hf", layout=ParallelLayout(tp=2, moe_grouped_gemm=True, moe_tp_extend_ep=True),
-                            config=tiny_cfg, progress=False, allow_pickle=True)
-    convert_mcore_to_hf(save, tmp_path / "hf", layout=layout, config=tiny_cfg, progress=False, allow_pickle=True)
+                            config=tiny_cfg, progress=False)
+    convert_mcore_to_hf(save, tmp_path / "hf", layout=layout, config=tiny_cfg, progress=False)
     hf = _hf_tensors(hf_dir)
     back = _hf_tensors(tmp_path / "hf")
     assert all(torch.equal(back[n], t) for n, t in hf.items())
 
     (it_dir / rank_dir_name(layout, Rank(1, 0, 0)) / "model_optim_rng.pt").unlink()
     with pytest.raises(CheckpointError, match="mp_rank_01/model_optim_rng.pt: rank file not found"):
-        convert_mcore_to_hf(save, tmp_path / "hf2", layout=layout, config=tiny_cfg, progress=False, allow_pickle=True)
+        convert_mcore_to_hf(save, tmp_path / "hf2", layout=layout, config=tiny_cfg, progress=False)
 
 
 def test_hf_export_loads_in_transformers(hf_dir, tiny_cfg, tmp_path):

@@ -166,8 +166,8 @@ def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) ->
     """(HF folder, Megatron folder) every engine reads, both the same (truncated) model."""
     from verl_patches.checks.truncate import truncate_hf, truncate_mcore_to_hf
     from verl_patches.weights.errors import LayoutError
-    from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore, load_manifest
-    from verl_patches.weights.layout import ParallelLayout
+    from verl_patches.weights.hf_to_mcore import MANIFEST_FILE, convert_hf_to_mcore
+    from verl_patches.weights.manifest_file import read_conversion_manifest
 
     truncating = req.layers is not None or req.experts is not None
     hf = req.hf
@@ -184,9 +184,9 @@ def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) ->
         sliced = truncate_mcore_to_hf(req.mcore, work / "mcore_hf", req.layers, req.experts, tokenizer_dir=req.hf)
         convert_hf_to_mcore(sliced, work / "mcore", layout, progress=False)
         return hf, work / "mcore"
-    man = load_manifest(req.mcore)
-    if man is not None and ParallelLayout.from_json(man["layout"]) != layout:
-        raise LayoutError(f"{req.mcore}: converted with layout {man['layout']}, the check runs the A3 engine's "
+    man = read_conversion_manifest(req.mcore, MANIFEST_FILE)
+    if man is not None and man.layout != layout:
+        raise LayoutError(f"{req.mcore}: converted with layout {man.layout.to_json()}, the check runs the A3 engine's "
                           f"{layout.to_json()}; give the --tp/--pp/--ep/--num-layer-list it was converted with "
                           f"(the A3 engine needs --moe-tp-extend-ep --moe-grouped-gemm conversions)")
     return hf, req.mcore

@@ -25,7 +25,9 @@ from omegaconf import DictConfig
 
 from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
-from verl_patches.launch.settings import SETTING_NAMES, SETTINGS, ClusterSettings, SettingsError, load_settings
+from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, CONFIG_PATH_SETTINGS, SETTING_NAMES, SETTINGS,
+                                          ClusterSettings, SettingsError, cluster_setting_problems, config_path_value,
+                                          load_settings)
 from verl_patches.trainer.config_compose import CONFIG_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +35,7 @@ PROFILES = {"a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_w
             "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
             "a3_16die_smoke": ("ppo_mindspeed_trainer", "a3_16die_smoke"),
             "tiny": ("ppo_tiny_local", None)}
-PATH_SETTINGS = ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH")  # read by the profiles through ${oc.env:...}
+PATH_SETTINGS = CONFIG_PATH_SETTINGS  # read by the profiles through ${oc.env:...}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -93,8 +95,21 @@ def patch_findings(root: Path, components: dict[str, dict]) -> list[Finding]:
 
 # ---- the run -------------------------------------------------------------------------------------
 
+def settings_findings(ctx: Context, allow_remote_dashboard: bool = False) -> list[Finding]:
+    """The launch's own check of the cluster settings (`settings.cluster_setting_problems`), so the dry run
+    refuses every value the launch refuses. A missing value is left to the cluster checks, which report
+    it as not checked on a host that does not run the job."""
+    if not ctx.cluster_profile:
+        return []
+    problems = [p for p in cluster_setting_problems(ctx.settings, needs_checkpoint=False,
+                                                    allow_remote_dashboard=allow_remote_dashboard) if not p.missing]
+    if not problems:
+        return [Finding("cluster.settings", OK, "every cluster setting given is one the launch accepts")]
+    return [Finding("cluster.settings", FAIL, p.message, p.name) for p in problems]
+
+
 def run_preflight(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts,
-                  die: DieSpec = ATLAS_A3_DIE) -> list[Finding]:
+                  die: DieSpec = ATLAS_A3_DIE, allow_remote_dashboard: bool = False) -> list[Finding]:
     """Every check, in report order. ``cfg`` must be resolved (``config_compose.resolved``)."""
     from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
     from verl_patches.launch.preflight_host import cluster_findings
@@ -111,7 +126,7 @@ def run_preflight(cfg: DictConfig, settings: ClusterSettings, root: Path, host: 
         layout_found = [Finding("layout", FAIL, f"could not evaluate the layout: {type(e).__name__}: {e}", "")]
     found += layout_found
     found += data_findings(ctx) + model_found + checkpoint_findings(ctx, model)
-    found += cluster_findings(ctx)
+    found += settings_findings(ctx, allow_remote_dashboard) + cluster_findings(ctx)
     blocking = {"layout", "layout.megatron_parallel", "layout.layer_list", "layout.vllm_dp_size", "layout.rollout_tp"}
     if any(f.status == FAIL and f.check in blocking for f in layout_found):
         found.append(Finding("memory", WARN, "skipped: the layout is invalid (see the layout.* failures)", ""))
@@ -171,10 +186,12 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def path_environment(settings: ClusterSettings, root: Path) -> dict[str, str]:
-    """MODEL_PATH, DATA_DIR, DIST_CKPT_PATH as the profiles read them (absolute; only when given)."""
+    """MODEL_PATH, DATA_DIR, DIST_CKPT_PATH as the profiles read them (absolute; only when given).
+
+    SettingsError for a value the config would read as an interpolation (`settings.config_path_value`)."""
     out = {}
     for name in PATH_SETTINGS:
-        value = settings.get(name)
+        value = config_path_value(settings, name)
         if value and settings.where(name) != "default":
             p = Path(value).expanduser()
             out[name] = str(p if p.is_absolute() else (root / p))
@@ -182,10 +199,24 @@ def path_environment(settings: ClusterSettings, root: Path) -> dict[str, str]:
 
 
 def compose(config_name: str, overrides: list[str], settings: ClusterSettings, root: Path) -> DictConfig:
-    from verl_patches.trainer.config_compose import compose_config, resolved
+    """The resolved config the job runs; ConfigCompositionError (one line) for an override that does not
+    compose or gives a non-integer where the config has an integer, SettingsError for a path setting."""
+    from verl_patches.trainer.config_compose import check_integer_overrides, compose_config, resolved
 
     with _environment(path_environment(settings, root)):
-        return resolved(compose_config(config_name, overrides))
+        composed = compose_config(config_name, overrides)
+        check_integer_overrides(config_name, overrides, composed)
+        return resolved(composed)
+
+
+def _positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text[:40]!r}") from None
+    if not 0 < value < 1 << 20:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB below {1 << 20}, got {text[:40]!r}")
+    return value
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -208,7 +239,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.add_argument(flag, dest=name, metavar=name, help=next(x.help for x in SETTINGS if x.name == name))
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="any other cluster setting (repeatable), e.g. --setting HCCL_IF_BASE_PORT=61000")
-    p.add_argument("--die-memory-gib", type=float, help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: "
+    p.add_argument(ALLOW_REMOTE_DASHBOARD_FLAG, dest="allow_remote_dashboard", action="store_true",
+                   help="accept a RAY_DASHBOARD_HOST other than loopback, as the launch does with this flag")
+    p.add_argument("--die-memory-gib", type=_positive_gib, help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: "
                                                         f"Atlas A3)")
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repo root (default: this checkout)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -246,18 +279,20 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
         return EXIT_USAGE
     die = None if args.die_memory_gib is None else DieSpec(
         ATLAS_A3_DIE.name, int(args.die_memory_gib * GIB), "given with --die-memory-gib")
-    return report(cfg, config_name, overrides, settings, args.root.resolve(), as_json=args.json, host=host, die=die)
+    return report(cfg, config_name, overrides, settings, args.root.resolve(), as_json=args.json, host=host, die=die,
+                  allow_remote_dashboard=args.allow_remote_dashboard)
 
 
 def report(cfg: DictConfig, config_name: str, overrides: list[str], settings: ClusterSettings, root: Path,
-           as_json: bool = False, host: HostFacts | None = None, die: DieSpec | None = None) -> int:
+           as_json: bool = False, host: HostFacts | None = None, die: DieSpec | None = None,
+           allow_remote_dashboard: bool = False) -> int:
     """Run every check on a composed, resolved config, print the report, return the exit status."""
     die = die or ATLAS_A3_DIE
     if host is None:
         from verl_patches.launch.preflight_host import probe_host
 
         host = probe_host()
-    findings = run_preflight(cfg, settings, root, host, die)
+    findings = run_preflight(cfg, settings, root, host, die, allow_remote_dashboard)
     status = exit_status(findings)
     tables = rank_tables(cfg, settings, root, host)
     from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text

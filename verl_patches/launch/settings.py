@@ -13,6 +13,15 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_patches.regular_file import FileRefused, read_regular_file
+from verl_patches.strict_int import IntError, parse_int
+
+MAX_ENV_FILE_BYTES = 1 << 20  # a settings file is a few hundred bytes; a bigger one is not one
+# Settings the trainer config reads through ${oc.env:...}: OmegaConf would read a '${' in them as an interpolation
+CONFIG_PATH_SETTINGS = ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH")
+PASS_THROUGH_PREFIXES = ("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")
+# A Linux interface name (IFNAMSIZ 16 with the NUL): what `ip link` lists, never a list or a pattern
+_IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
 
 class SettingsError(ValueError):
     pass
@@ -65,8 +74,8 @@ class ClusterSettings:
     def int(self, name: str) -> int:
         raw = self.values.get(name)
         try:
-            value = int(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+            value = parse_int(raw if raw is not None else "", name)
+        except IntError:
             raise SettingsError(f"{name}={raw!r} ({self.where(name)}): expected an integer") from None
         if value < 1:
             raise SettingsError(f"{name}={value} ({self.where(name)}): must be at least 1")
@@ -80,23 +89,48 @@ class ClusterSettings:
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _control_character(value: str) -> str | None:
+    """The first character of ``value`` that no setting may hold (C0/C1 controls but tab, lone surrogates)."""
+    for ch in value:
+        o = ord(ch)
+        if (o < 0x20 and ch != "\t") or 0x7F <= o < 0xA0 or 0xD800 <= o <= 0xDFFF:
+            return f"U+{o:04X}"
+    return None
+
+
 def read_env_file(path: Path) -> dict[str, tuple[str, int]]:
-    """KEY=VALUE lines (optional `export`, quotes, # comments) -> {KEY: (value, line)}."""
+    """KEY=VALUE lines (optional `export`, quotes, # comments) -> {KEY: (value, line)}.
+
+    Values are data: quotes are removed as a shell would (`shlex`), but nothing is expanded or run
+    (no `$VAR`, no `$(...)`, no `${...}`).
+    """
     out: dict[str, tuple[str, int]] = {}
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SettingsError(f"--env-file {path}: no such file") from None
+        data = read_regular_file(path, max_bytes=MAX_ENV_FILE_BYTES)
+    except FileRefused as e:
+        raise SettingsError(f"--env-file {e}") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SettingsError(f"--env-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    for n, line in enumerate(text.splitlines(), 1):
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        bad = _control_character(line)
+        if bad:
+            raise SettingsError(f"{path}:{n}: control character {bad} in the line")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _LINE.match(line)
         if not m:
-            raise SettingsError(f"{path}:{n}: expected KEY=VALUE, got {line.strip()!r}")
+            raise SettingsError(f"{path}:{n}: expected KEY=VALUE, got {_shown(line.strip())}")
         key, raw = m.groups()
-        if key not in SETTING_NAMES and not key.startswith(("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")):
+        if key not in SETTING_NAMES and not key.startswith(PASS_THROUGH_PREFIXES):
             raise SettingsError(f"{path}:{n}: unknown setting {key!r} (known: {', '.join(SETTING_NAMES)}; "
                                 f"HCCL_*, ASCEND_*, VLLM_*, RAY_*, PYTORCH_* pass through to the job)")
         try:
@@ -138,7 +172,7 @@ def validate_address(name: str, value: str | None, where: str) -> str:
     except ValueError:
         pass
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value):
-        raise SettingsError(f"{name}={value!r} ({where}) is neither an IP address nor a host name")
+        raise SettingsError(f"{name}={_shown(value)} ({where}) is neither an IP address nor a host name")
     return value
 
 
@@ -156,7 +190,7 @@ def dashboard_exposure(settings: ClusterSettings, allow_remote: bool) -> str | N
     try:
         addr = ipaddress.ip_address(raw)
     except ValueError:
-        raise SettingsError(f"RAY_DASHBOARD_HOST={raw!r} ({where}): expected an IP address such as 127.0.0.1") from None
+        raise SettingsError(f"RAY_DASHBOARD_HOST={_shown(raw)} ({where}): expected an IP address such as 127.0.0.1") from None
     if addr.is_loopback:
         return None
     scope = "every interface" if addr.is_unspecified else f"{raw}"
@@ -169,33 +203,89 @@ def dashboard_exposure(settings: ClusterSettings, allow_remote: bool) -> str | N
             f"firewall it")
 
 
-def validate_for_cluster(settings: ClusterSettings, needs_checkpoint: bool,
-                         allow_remote_dashboard: bool = False) -> list[str]:
-    """Errors that make a cluster launch impossible, each naming the variable."""
-    errors: list[str] = []
-    try:
-        dashboard_exposure(settings, allow_remote_dashboard)
-    except SettingsError as e:
-        errors.append(str(e))
-    try:
-        validate_address("MASTER_ADDR", settings.get("MASTER_ADDR"), settings.where("MASTER_ADDR"))
-    except SettingsError as e:
-        errors.append(str(e))
+@dataclass(frozen=True)
+class SettingProblem:
+    """Why a launch cannot start with these settings, naming the variable.
+
+    ``missing``: the value is absent (a fact the cluster's own env file or flags supply; a preflight on a
+    host that does not run the job reports it as not checked here). Every other problem is a value that
+    no host can use, refused by the launch and by its dry run alike.
+    """
+
+    name: str
+    message: str
+    missing: bool = False
+
+
+def validate_socket_ifname(value: str, where: str) -> str:
+    if not _IFNAME.fullmatch(value) or value in (".", ".."):
+        raise SettingsError(f"SOCKET_IFNAME={_shown(value)} ({where}): expected one network interface name such as "
+                            f"eth0 or enp189s0f0 (letters, digits, '_', '.', ':', '-'; at most 15 characters)")
+    return value
+
+
+def cluster_setting_problems(settings: ClusterSettings, needs_checkpoint: bool,
+                             allow_remote_dashboard: bool = False) -> list[SettingProblem]:
+    """The one check of cluster settings: the launch refuses to start on any problem, and the dry run
+    (the preflight) reports every one that is not `missing` as a failure on any host."""
+    problems: list[SettingProblem] = []
+
+    def check(name: str, fn) -> None:  # noqa: ANN001
+        try:
+            fn()
+        except SettingsError as e:
+            problems.append(SettingProblem(name, str(e)))
+
+    check("RAY_DASHBOARD_HOST", lambda: dashboard_exposure(settings, allow_remote_dashboard))
+    if settings.get("MASTER_ADDR"):
+        check("MASTER_ADDR", lambda: validate_address("MASTER_ADDR", settings.get("MASTER_ADDR"),
+                                                      settings.where("MASTER_ADDR")))
+    else:
+        problems.append(SettingProblem("MASTER_ADDR", f"MASTER_ADDR is not set: pass --master-addr or put "
+                                                      f"MASTER_ADDR=... in the --env-file ({_help('MASTER_ADDR')})", True))
     for name in ("NNODES", "NPUS_PER_NODE", "MASTER_PORT", "RAY_DASHBOARD_PORT", "HCCL_IF_BASE_PORT", "WAIT_TIMEOUT_S"):
         try:
             v = settings.int(name)
             if name.endswith("PORT") and v > 65535:
-                errors.append(f"{name}={v} ({settings.where(name)}): not a port number")
+                problems.append(SettingProblem(name, f"{name}={v} ({settings.where(name)}): not a port number"))
         except SettingsError as e:
-            errors.append(str(e))
-    if not settings.get("SOCKET_IFNAME"):
-        errors.append(f"SOCKET_IFNAME is not set: {_help('SOCKET_IFNAME')}")
+            problems.append(SettingProblem(name, str(e)))
+    nic = settings.get("SOCKET_IFNAME")
+    if nic:
+        check("SOCKET_IFNAME", lambda: validate_socket_ifname(nic, settings.where("SOCKET_IFNAME")))
+    else:
+        problems.append(SettingProblem("SOCKET_IFNAME", f"SOCKET_IFNAME is not set: {_help('SOCKET_IFNAME')}", True))
     role = settings.get("NODE_ROLE")
     if role not in ("head", "worker", "auto"):
-        errors.append(f"NODE_ROLE={role!r} ({settings.where('NODE_ROLE')}): expected head, worker or auto")
+        problems.append(SettingProblem("NODE_ROLE", f"NODE_ROLE={_shown(str(role))} ({settings.where('NODE_ROLE')}): "
+                                                    f"expected head, worker or auto"))
+    for name in CONFIG_PATH_SETTINGS:
+        check(name, lambda name=name: config_path_value(settings, name))
     if needs_checkpoint and not settings.get("DIST_CKPT_PATH"):
-        errors.append(f"DIST_CKPT_PATH is not set: the true-weight run loads {_help('DIST_CKPT_PATH')}")
-    return errors
+        problems.append(SettingProblem("DIST_CKPT_PATH", f"DIST_CKPT_PATH is not set: the true-weight run loads "
+                                                         f"{_help('DIST_CKPT_PATH')}", True))
+    return problems
+
+
+def validate_for_cluster(settings: ClusterSettings, needs_checkpoint: bool,
+                         allow_remote_dashboard: bool = False) -> list[str]:
+    """Errors that make a cluster launch impossible, each naming the variable (`cluster_setting_problems`)."""
+    return [p.message for p in cluster_setting_problems(settings, needs_checkpoint, allow_remote_dashboard)]
+
+
+def config_path_value(settings: ClusterSettings, name: str) -> str | None:
+    """A path setting the trainer config reads through ``${oc.env:NAME}``, refused when it holds ``${``.
+
+    The value is data, but OmegaConf reads a resolved string that contains ``${`` as a new interpolation when
+    verl resolves the config in place (``OmegaConf.resolve``): ``${broken`` stops the trainer with a grammar
+    error and ``${x}`` would be looked up as a key. No escaping survives that step, so such a path is refused.
+    """
+    value = settings.get(name)
+    if value is not None and "${" in value:
+        raise SettingsError(f"{name}={_shown(value)} ({settings.where(name)}): contains '${{', which the trainer's "
+                            f"config (OmegaConf) would read as an interpolation; rename the path or link it "
+                            f"from a path without '${{'")
+    return value
 
 
 def _help(name: str) -> str:
@@ -210,5 +300,6 @@ def describe_settings() -> str:
                      for s in SETTINGS)
 
 
-__all__ = ["ClusterSettings", "SETTINGS", "SettingsError", "load_settings", "read_env_file", "validate_for_cluster",
-           "describe_settings", "dashboard_exposure", "ALLOW_REMOTE_DASHBOARD_FLAG"]
+__all__ = ["ClusterSettings", "SETTINGS", "SettingsError", "SettingProblem", "load_settings", "read_env_file",
+           "validate_for_cluster", "cluster_setting_problems", "config_path_value", "describe_settings",
+           "dashboard_exposure", "ALLOW_REMOTE_DASHBOARD_FLAG"]

@@ -26,8 +26,10 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.weights.cli import run_cli
+from verl_patches.strict_int import int_arg  # noqa: E402
+from verl_patches.weights.cli import run_cli  # noqa: E402
 from verl_patches.weights.config import load_config  # noqa: E402
+from verl_patches.checkpoint.tracker import StepNumberError, parse_step_int  # noqa: E402
 from verl_patches.weights.errors import LayoutError  # noqa: E402
 from verl_patches.weights.estimates import summarize_plan  # noqa: E402
 from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore  # noqa: E402
@@ -42,19 +44,30 @@ _UNSUPPORTED = {
     "--mla-mm-split": "the recipe trains with fused linear_qb/linear_kvb",
     "--qlora-nf4": "QLoRA needs bitsandbytes on an NPU",
     "--num-nextn-predict-layers": "the training config has no MTP layer (num_nextn_predict_layers 0)",
+    "--allow-pickle": "rank files are always loaded weights-only (tensors and plain data; never pickled code)",
 }
+
+
+def _shard_gb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GB, got {text[:40]!r}") from None
+    if not 0.001 <= value <= 1024:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"expected a size in 0.001..1024 GB, got {text[:40]!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load-dir", required=True, help="source: HF BF16 model dir (or the Megatron dir with --reverse)")
     p.add_argument("--save-dir", required=True, help="destination directory")
-    p.add_argument("--target-tensor-parallel-size", type=int, default=None, help="TP size (default 1)")
-    p.add_argument("--target-pipeline-parallel-size", type=int, default=None, help="PP size (default 1)")
-    p.add_argument("--target-expert-parallel-size", type=int, default=None, help="EP size (default 1)")
+    p.add_argument("--target-tensor-parallel-size", type=int_arg(1), default=None, help="TP size (default 1)")
+    p.add_argument("--target-pipeline-parallel-size", type=int_arg(1), default=None, help="PP size (default 1)")
+    p.add_argument("--target-expert-parallel-size", type=int_arg(1), default=None, help="EP size (default 1)")
     p.add_argument("--num-layer-list", default=None, help="layers per PP stage, e.g. 7,7,8,8,8,8,8,7")
-    p.add_argument("--num-layers", type=int, default=None, help="must equal num_hidden_layers of config.json")
-    p.add_argument("--first-k-dense-replace", type=int, default=None,
+    p.add_argument("--num-layers", type=int_arg(1), default=None, help="must equal num_hidden_layers of config.json")
+    p.add_argument("--first-k-dense-replace", type=int_arg(0), default=None,
                    help="must equal first_k_dense_replace of config.json")
     p.add_argument("--moe-grouped-gemm", action="store_true", default=None,
                    help="grouped-GEMM expert weights (experts.weight1/weight2)")
@@ -65,10 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--reverse: config.json (or dir) of the model, needed when the checkpoint has no manifest")
     p.add_argument("--tokenizer-dir", default=None, help="--reverse: copy tokenizer files from this directory")
     p.add_argument("--iteration", default=None, help="--reverse: iteration to export (default: the tracker's)")
-    p.add_argument("--max-shard-size-gb", type=float, default=5.0, help="--reverse: output shard size (default 5)")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="--reverse: allow rank files with non-tensor objects (trained checkpoints you trust)")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--max-shard-size-gb", type=_shard_gb, default=5.0, help="--reverse: output shard size (default 5)")
+    p.add_argument("--workers", type=int_arg(1, 4096), default=1,
                    help="ranks converted in parallel (memory: one rank's share each; default 1)")
     p.add_argument("--verify", action="store_true", help="after converting, compare every tensor with the source")
     p.add_argument("--verify-only", action="store_true", help="only verify an existing result")
@@ -108,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "unsupported_" + flag[2:].replace("-", "_")) is not None:
             print(f"error: {flag} is not supported: {why}", file=sys.stderr)
             return 2
-    if args.workers < 1:
-        print("error: --workers must be at least 1", file=sys.stderr)
-        return 2
     progress = not args.no_progress
 
     def body() -> int:
@@ -124,14 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.verify_only:
                 it = args.iteration
                 if it is not None and it != "release":
-                    if not it.isdigit():
-                        raise LayoutError(f"--iteration {it!r}: expected a number or 'release'")
-                    it = int(it)
+                    try:
+                        it = parse_step_int(it, "--iteration")
+                    except StepNumberError as err:
+                        raise LayoutError(f"{err} or 'release'") from None
                 t0 = time.perf_counter()
                 r = convert_mcore_to_hf(args.load_dir, args.save_dir, layout=layout, config=cfg, iteration=it,
                                         max_shard_bytes=int(args.max_shard_size_gb * 1024 ** 3),
                                         tokenizer_dir=args.tokenizer_dir, overwrite=args.overwrite,
-                                        allow_pickle=args.allow_pickle, progress=progress)
+                                        progress=progress)
                 print(f"mcore->hf: {len(r.shards_written)} shard(s) written, {len(r.shards_skipped)} already done; "
                       f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)")
             hf_dir, mcore_dir = args.save_dir, args.load_dir
@@ -153,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify or args.verify_only:
             if args.reverse:
                 check_index_consistent(Path(hf_dir))
-            v = verify_hf_mcore_pair(hf_dir, mcore_dir, layout, cfg, progress=progress, allow_pickle=args.allow_pickle)
-            print(f"verify: OK, {v.tensors_checked} tensor(s) bit-identical (every rank vs HF, every HF tensor "
-                  f"reassembled from the ranks)")
+            v = verify_hf_mcore_pair(hf_dir, mcore_dir, layout, cfg, progress=progress)
+            print(f"verify: OK, all {v.hf_tensors} tensor(s) of the HF checkpoint reassembled from the ranks and "
+                  f"{v.rank_tensors} rank tensor(s) derived from HF, bit-identical")
         return 0
 
     return run_cli(body)

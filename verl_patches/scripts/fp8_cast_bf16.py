@@ -21,7 +21,8 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.weights.cli import run_cli
+from verl_patches.strict_int import int_arg  # noqa: E402
+from verl_patches.weights.cli import run_cli  # noqa: E402
 from verl_patches.weights.fp8_cast import run_fp8_cast  # noqa: E402
 from verl_patches.weights.verify import verify_fp8_cast  # noqa: E402
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input-fp8-hf-path", required=True, metavar="DIR", help="FP8 checkpoint directory")
     p.add_argument("--output-bf16-hf-path", required=True, metavar="DIR", help="BF16 output directory")
-    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+    p.add_argument("--workers", type=int_arg(1, 4096), default=min(8, os.cpu_count() or 1),
                    help="shards converted in parallel (memory: about 2 GB each for 671B; default min(8, CPUs))")
     p.add_argument("--drop-mtp", action="store_true",
                    help="leave out the MTP layer (model.layers.N for N >= num_hidden_layers) and set "
@@ -45,9 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.workers < 1:
-        print("error: --workers must be at least 1", file=sys.stderr)
-        return 2
     progress = not args.no_progress
 
     def body() -> int:
@@ -62,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify or args.verify_only:
             v = verify_fp8_cast(args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers,
                                 progress=progress)
-            print(f"verify: OK, {v.tensors_dequantized} dequantised tensor(s) within BF16 rounding "
-                  f"(max rel err {v.max_rel_err:.2e}), {v.tensors_exact} bit-identical")
+            print(f"verify: OK, all {v.input_tensors} input tensor(s) accounted for: {v.tensors_dequantized} "
+                  f"dequantised within BF16 rounding (max rel err {v.max_rel_err:.2e}), {v.tensors_exact} "
+                  f"bit-identical, {v.scales_consumed} scale(s) folded in, {v.dropped} dropped (MTP)")
         return 0
 
     return run_cli(body)

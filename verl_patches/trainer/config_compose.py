@@ -100,8 +100,10 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
     """Refuse, naming the key, a value override that gives a non-integer where the config has an integer.
 
     OmegaConf keeps ``trainer.nnodes=abc`` as the string 'abc' (the configs are not typed), and the job then
-    fails deep inside with a traceback. ``cfg`` is the resolved composition of ``overrides``; it is compared
-    with the composition of the config-group overrides alone (the profile), so only the user's values are judged.
+    fails deep inside with a traceback. ``cfg`` is the composition of ``overrides`` (before resolution, so a
+    resolver that computes from the key does not fail first); it is compared with the composition of the
+    config-group overrides alone (the profile), so only the user's values are judged. A value that is itself
+    an interpolation is left to the resolution.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -112,13 +114,15 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
     if not values:
         return
     base = OmegaConf.to_container(compose_config(config_name, groups), resolve=False)
+    given = dict(_leaves(OmegaConf.to_container(cfg, resolve=False)))
     for key, default in _leaves(base):
-        if not isinstance(default, int) or isinstance(default, bool):
+        if not isinstance(default, int) or isinstance(default, bool) or key not in given:
             continue
-        given = OmegaConf.select(cfg, key, default=None)
-        if given is None or (isinstance(given, int) and not isinstance(given, bool)):
+        value = given[key]
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        if isinstance(value, str) and "${" in value:
             continue
         origin = next((line for k, line in values.items() if key == k or key.startswith(k + ".")), None)
-        shown = repr(given)[:80]
-        raise ConfigCompositionError(f"{key}={shown}: expected an integer (the {config_name} config has {default})"
-                                     + (f"; from the override {origin!r}" if origin else ""))
+        raise ConfigCompositionError(f"{key}={repr(value)[:80]}: expected an integer (the {config_name} config has "
+                                     f"{default})" + (f"; from the override {origin!r}" if origin else ""))

@@ -19,7 +19,9 @@ elements/s here) and the naive path also materialises the repeat-interleaved sca
   peak extra memory is one stripe, not 4 bytes per weight element. The stripes are a cache tiling
   (a handful per tensor), not a loop over 128x128 blocks.
 
-FP8 NaN encodings (0x7F/0xFF) have no finite meaning in a weight; they raise ``ValueError``.
+FP8 NaN encodings (0x7F/0xFF) have no finite meaning in a weight; they raise ``ValueError``, as does a
+non-finite scale (NaN or inf; every weight of its block would be NaN or inf) and a result that overflows the
+output dtype: a checkpoint never silently becomes non-finite weights, ``--verify`` or not.
 """
 from __future__ import annotations
 
@@ -42,6 +44,18 @@ def scale_grid_shape(shape: tuple[int, int] | torch.Size, block: tuple[int, int]
     return (-(-m // bm), -(-n // bn))
 
 
+def first_non_finite(t: torch.Tensor) -> tuple[tuple[int, ...], float] | None:
+    """(index, value) of the first NaN or inf element of a floating tensor, or None when all are finite."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    bad = ~torch.isfinite(t)
+    if not bool(bad.any()):
+        return None
+    flat = int(bad.reshape(-1).to(torch.uint8).argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(t.shape)))
+    return index, float(t.reshape(-1)[flat])
+
+
 def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> None:
     if weight.dtype not in FP8_DTYPES:
         raise ValueError(f"weight dtype {weight.dtype} is not float8_e4m3fn")
@@ -52,6 +66,17 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
         raise ValueError(
             f"scale shape {tuple(scale_inv.shape)} does not match weight {tuple(weight.shape)} "
             f"with block {block}: expected {want}")
+    bad = first_non_finite(scale_inv)
+    if bad is not None:
+        raise ValueError(f"its scale holds a non-finite value ({bad[1]}) at block {bad[0]}")
+
+
+def _check_result(out: torch.Tensor) -> torch.Tensor:
+    bad = first_non_finite(out)
+    if bad is not None:
+        raise ValueError(f"the dequantised weight is not finite ({bad[1]}) at {bad[0]}: weight x scale overflows "
+                         f"{out.dtype}")
+    return out
 
 
 @contextlib.contextmanager
@@ -74,7 +99,7 @@ def dequantize_fp8_reference(weight: torch.Tensor, scale_inv: torch.Tensor,
     m, n = weight.shape
     bm, bn = block
     full = scale_inv.float().repeat_interleave(bm, dim=0).repeat_interleave(bn, dim=1)[:m, :n]
-    return weight.float() * full
+    return _check_result(weight.float() * full)
 
 
 class Workspace:
@@ -118,7 +143,7 @@ def dequantize_fp8_blockwise(weight: torch.Tensor, scale_inv: torch.Tensor,
     scale = scale_inv.to(torch.float32)
     if scale.numel() and float(scale.abs().max()) * _REBIAS >= torch.finfo(torch.float32).max / 2:
         # the rebias would overflow float32; such scales never occur in real checkpoints
-        return dequantize_fp8_reference(weight, scale_inv, block).to(out_dtype)
+        return _check_result(dequantize_fp8_reference(weight, scale_inv, block).to(out_dtype))
     col_scale = (scale * _REBIAS).repeat_interleave(block[1], dim=1)[:, :n].contiguous()  # [gm, n]
 
     full_rows = (m // bm) * bm
@@ -149,4 +174,4 @@ def dequantize_fp8_blockwise(weight: torch.Tensor, scale_inv: torch.Tensor,
             convert(r0, min(r0 + stripe_rows, full_rows))
         if full_rows < m:
             convert(full_rows, m)
-    return out
+    return _check_result(out)

@@ -27,3 +27,7 @@ class ResumeError(WeightsError):
 
 class VerifyError(WeightsError):
     """A converted tensor differs from its source."""
+
+
+class ManifestError(CheckpointError):
+    """A manifest our tools wrote is unreadable or malformed (names the file and the key)."""

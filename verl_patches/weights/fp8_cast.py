@@ -23,13 +23,14 @@ from verl_patches.weights.atomic_io import (copy_file_atomically, file_sha256, r
                                             temp_path_for, write_json_atomically)
 from verl_patches.weights.config import CONFIG_FILE, read_config_json
 from verl_patches.weights.dequant import (DEFAULT_BLOCK, FP8_DTYPES, Workspace, dequantize_fp8_blockwise,
-                                          scale_grid_shape)
+                                          first_non_finite, scale_grid_shape)
 from verl_patches.weights.errors import CheckpointError, ConfigError, MissingTensorError, ResumeError
 from verl_patches.weights.hf_dir import FP8_CAST_MANIFEST, carried_over_files
 from verl_patches.weights.parallel import run_tasks
 from verl_patches.weights.st_reader import INDEX_FILE, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.resume import resume_manifest
+from verl_patches.weights.manifest_file import is_shard_file_name
+from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 SCALE_SUFFIX = "_scale_inv"
 MANIFEST_FILE = FP8_CAST_MANIFEST
@@ -147,6 +148,10 @@ def cast_shard(job: tuple[str, str, ShardTask, tuple[int, int]]) -> dict[str, An
         it = by_name[spec.name]
         t = src.get(it.name)
         if it.scale_name is None:
+            bad = first_non_finite(t)  # copied as is, so a NaN or inf here would reach training unnoticed
+            if bad is not None:
+                raise CheckpointError(f"{Path(in_root) / task.file}: tensor {it.name!r} holds a non-finite value "
+                                      f"({bad[1]}) at {bad[0]}")
             return t
         try:
             return dequantize_fp8_blockwise(t, src.get(it.scale_name), block, workspace=workspace)
@@ -200,17 +205,18 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
     tasks = [t for t in plan_fp8_cast(index, headers, block, keep_below) if t.items]
 
     key = _manifest_key(index, block, keep_below)
-    manifest = resume_manifest(out, key, overwrite, "shards", MANIFEST_FILE)
+    plan = plan_output(out, key, overwrite, "shards", MANIFEST_FILE, is_shard_file_name, "shard file")
+    manifest = plan.manifest
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
+    extra_files = [INDEX_FILE, CONFIG_FILE, *(p.name for p in carried)]
+    # only files our earlier manifest lists: shards of an earlier, different conversion would not match the
+    # new index; nothing else in the folder is ours to delete
+    remove_listed(out, plan.previous, "shards", keep={t.file for t in tasks}, keep_files=set(extra_files))
     manifest["complete"] = False
+    # recorded before anything is written: a run killed half-way still owns what it wrote
+    manifest[FILES_KEY] = sorted(set(manifest.get(FILES_KEY, [])) | set(extra_files))
     write_json_atomically(out / MANIFEST_FILE, manifest)
-
-    planned = {t.file for t in tasks}
-    if overwrite:  # shards of an earlier, different conversion would not match the new index
-        for p in out.glob("*.safetensors"):
-            if p.name not in planned:
-                p.unlink()
 
     report = CastReport(shards_total=len(tasks))
     report.tensors_dropped = sum(1 for n in index.weight_map if not n.endswith(SCALE_SUFFIX)) - sum(len(t.items) for t in tasks)

@@ -14,7 +14,6 @@ loadable. The manifest also records the layout and the HF config, which the reve
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,7 +33,8 @@ from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, HF_LAYER, MCORE_
 from verl_patches.weights.parallel import run_tasks
 from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.tensor_layout import MetaSource, TensorSource
-from verl_patches.weights.resume import read_manifest, resume_manifest
+from verl_patches.weights.manifest_file import is_rank_dir_name, read_conversion_manifest
+from verl_patches.weights.resume import plan_output, remove_listed
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 ITERATION = 1
@@ -131,8 +131,20 @@ def rank_sizes(cfg: Mapping[str, Any], layout: ParallelLayout) -> dict[Rank, int
             for r in all_ranks(layout)}
 
 
+def _unconverted_hint(name: str, cfg: Mapping[str, Any]) -> str:
+    parts = name.split(".")
+    if name.endswith("_scale_inv"):
+        return "an FP8 scale: convert the checkpoint with fp8_cast_bf16.py first"
+    if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isascii() and parts[2].isdigit() \
+            and int(parts[2]) >= cfg["num_hidden_layers"]:
+        return "a layer beyond num_hidden_layers (the MTP layer): convert with fp8_cast_bf16.py --drop-mtp"
+    return "the converter has no Megatron place for it and would drop it"
+
+
 def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Every tensor the model needs is present with the shape config.json implies (before any work)."""
+    """Every tensor the model needs is present with the shape config.json implies, and every tensor of the
+    checkpoint is one of them (before any work): a tensor outside the DeepSeek-V3 schema (an ``o_proj.bias``)
+    would be silently dropped, so it is refused by name."""
     headers = {f: read_header(index.root / f) for f in index.files()}
     found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
     for name, fname in index.weight_map.items():
@@ -151,6 +163,13 @@ def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tu
         if dtype in (torch.float8_e4m3fn,):
             raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is FP8; "
                                   f"convert the checkpoint with fp8_cast_bf16.py first")
+    schema = {s.name for s in hf_tensor_specs(cfg)}
+    unknown = sorted(n for n in index.weight_map if n not in schema)
+    if unknown:
+        first = unknown[0]
+        raise CheckpointError(f"{index.root / index.weight_map[first]}: tensor {first!r} is not part of the "
+                              f"DeepSeek-V3 model config.json describes ({_unconverted_hint(first, cfg)}); "
+                              f"{len(unknown)} such tensor(s)")
     return found
 
 
@@ -168,7 +187,14 @@ def _manifest_key(index: CheckpointIndex, cfg: Mapping[str, Any], layout: Parall
 
 
 def load_manifest(save_dir: Path) -> dict[str, Any] | None:
-    return read_manifest(save_dir, MANIFEST_FILE)
+    """The folder's ``conversion_manifest.json`` as a dict, after the strict parse (`manifest_file`: tool,
+    layout, config, rank names and digests checked; ManifestError naming the key otherwise), or None."""
+    man = read_conversion_manifest(save_dir, MANIFEST_FILE)
+    return None if man is None else man.raw
+
+
+def _rank_file_of(name: str) -> str:
+    return f"{iteration_dir(ITERATION)}/{name}/{CKPT_FILE}"
 
 
 def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]:
@@ -203,18 +229,17 @@ def convert_hf_to_mcore(load_dir: str | Path, save_dir: str | Path, layout: Para
     check_source(index, cfg)
 
     key = _manifest_key(index, cfg, layout)
-    manifest = resume_manifest(save, key, overwrite, "ranks", MANIFEST_FILE)
+    plan = plan_output(save, key, overwrite, "ranks", MANIFEST_FILE, is_rank_dir_name, "rank folder")
+    manifest = plan.manifest
     save.mkdir(parents=True, exist_ok=True)
     (save / TRACKER_FILE).unlink(missing_ok=True)  # not loadable until every rank is in place
+    # only the rank files our earlier manifest lists: those of an earlier, different layout would be loaded
+    # by nobody; nothing else in the folder is ours to delete
+    remove_listed(save, plan.previous, "ranks", keep={rank_dir_name(layout, r) for r in all_ranks(layout)},
+                  item_path=_rank_file_of, keep_files={TRACKER_FILE})
     manifest["complete"] = False
+    manifest["files"] = [TRACKER_FILE]
     write_json_atomically(save / MANIFEST_FILE, manifest)
-
-    if overwrite:  # rank folders of an earlier, different layout would be loaded by nobody
-        wanted = {rank_dir_name(layout, r) for r in all_ranks(layout)}
-        it_dir = save / iteration_dir(ITERATION)
-        for d in (it_dir.glob("mp_rank_*") if it_dir.is_dir() else []):
-            if d.is_dir() and d.name not in wanted:
-                shutil.rmtree(d)
     report = ConvertReport()
     todo: list[Rank] = []
     for rank in all_ranks(layout):

@@ -51,11 +51,13 @@ def parse_layer_list(text: str | None) -> tuple[int, ...] | None:
     """``"7,7,8"`` -> ``(7, 7, 8)``; errors name the flag and the bad item."""
     if text is None or text == "":
         return None
+    from verl_patches.strict_int import IntError, parse_int
+
     items = [s.strip() for s in text.split(",")]
     try:
-        return tuple(int(s) for s in items)
-    except ValueError:
-        raise LayoutError(f"--num-layer-list {text!r}: items must be integers separated by commas") from None
+        return tuple(parse_int(s, "item") for s in items)
+    except IntError:
+        raise LayoutError(f"--num-layer-list {text[:80]!r}: items must be integers separated by commas") from None
 
 
 def _need(cond: bool, msg: str) -> None:

@@ -1,7 +1,8 @@
 """Legacy Megatron (MindSpeed-LLM DeepSeek-V3) checkpoint -> HF safetensors, so a trained model can be
 evaluated and served (the vendor recipe cannot export DeepSeek-V3).
 
-Rank files are opened with ``torch.load(mmap=True)``: nothing is read until a tensor's bytes are used.
+Rank files are opened with ``torch.load(mmap=True, weights_only=True)`` (`checkpoint.safe_load`): nothing is
+unpickled but tensors and plain data, and nothing is read until a tensor's bytes are used.
 Each HF tensor is reassembled from the rank tensors that hold its pieces and streamed into the current
 output shard, so peak memory is about one tensor plus the pages of the shard being assembled; rank files
 are unmapped after every output shard. Output shards are planned from the config (about
@@ -11,7 +12,6 @@ resumable; index, config and tokenizer files come last.
 from __future__ import annotations
 
 import os
-import pickle
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,7 @@ from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutErro
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
 from verl_patches.weights.hf_to_mcore import (CKPT_FILE, MANIFEST_FILE as MCORE_MANIFEST, TRACKER_FILE,
-                                              iteration_dir, load_manifest, meta_source, plan_rank_shapes)
+                                              iteration_dir, meta_source, plan_rank_shapes)
 from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, local_experts, owners_of_expert,
                                          rank_dir_name, stage_layers, validate_layout)
 from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_name, layer_rule_for,
@@ -35,7 +35,8 @@ from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_nam
 from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.resume import resume_manifest
+from verl_patches.weights.manifest_file import is_shard_file_name, read_conversion_manifest
+from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
 DEFAULT_SHARD_BYTES = 5 * 1024 ** 3
@@ -44,36 +45,52 @@ Fetch = Callable[[Rank, str], torch.Tensor]
 
 
 def read_tracker(mcore_dir: Path) -> int | str:
-    p = mcore_dir / TRACKER_FILE
-    if not p.is_file():
+    """The iteration ``latest_checkpointed_iteration.txt`` names (the one strict tracker reader)."""
+    from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
+
+    p = Path(mcore_dir) / TRACKER_FILE
+    if not p.exists() and not p.is_symlink():
         raise CheckpointError(f"{p}: iteration tracker not found (incomplete or not a Megatron checkpoint)")
-    text = p.read_text().strip()
-    if text == "release":
-        return "release"
-    if not text.isdigit():
-        raise CheckpointError(f"{p}: line 1: expected an iteration number or 'release', got {text!r}")
-    return int(text)
+    try:
+        return read_megatron_tracker(p)
+    except TrackerError as err:
+        raise CheckpointError(str(err)) from None
 
 
-def load_rank_file(path: Path, allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], Any]:
-    """``(model state dict, training args or None)`` of a rank file, memory-mapped; Megatron's
-    ``_extra_state`` entries dropped."""
+def _rank_file_globals() -> list[Any]:
+    """Data-only types a Megatron rank file holds besides tensors: the training args (a Namespace) and the
+    numpy arrays of its RNG states. The weights-only unpickler builds these and nothing else."""
+    import numpy as np
+
+    try:
+        from numpy.core.multiarray import _reconstruct
+    except ImportError:  # numpy 2 moved it
+        from numpy._core.multiarray import _reconstruct  # type: ignore[no-redef]
+    dtype_classes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUS"}
+    return [Namespace, _reconstruct, np.ndarray, np.dtype, *dtype_classes]
+
+
+def load_rank_file(path: Path) -> tuple[dict[str, torch.Tensor], Any]:
+    """``(model state dict, training args or None)`` of a rank file, memory-mapped and loaded weights-only
+    (never unpickling code, whatever the torch version); Megatron's ``_extra_state`` entries dropped."""
+    from verl_patches.checkpoint.safe_load import CheckpointFileError, load_tensor_file
+
     if not path.is_file():
         raise CheckpointError(f"{path}: rank file not found")
     try:
-        with torch.serialization.safe_globals([Namespace]):
-            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=not allow_pickle)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: holds objects a weights-only load refuses ({first}); "
-                              f"pass --allow-pickle if you trust this checkpoint") from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({err})") from None
-    if not isinstance(obj, dict) or "model" not in obj:
-        keys = sorted(obj)[:5] if isinstance(obj, dict) else type(obj).__name__
+        obj = load_tensor_file(path, mmap=True, safe_globals=_rank_file_globals())
+    except CheckpointFileError as err:
+        raise CheckpointError(str(err)) from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
+        keys = sorted(map(str, obj))[:5] if isinstance(obj, dict) else type(obj).__name__
         hint = " (virtual pipeline checkpoints are not supported)" if isinstance(obj, dict) and "model0" in obj else ""
         raise CheckpointError(f"{path}: no 'model' state dict (found {keys}){hint}")
-    return {k: v for k, v in obj["model"].items() if not k.endswith("_extra_state")}, obj.get("args")
+    model = {k: v for k, v in obj["model"].items() if not str(k).endswith("_extra_state")}
+    bad = next((k for k, v in model.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: model entry {str(bad)[:80]!r} is not a tensor")
+    args = obj.get("args")
+    return model, args if isinstance(args, Namespace) else None
 
 
 # training args that fix the layout; a trained checkpoint carries them, so wrong flags are caught
@@ -149,10 +166,9 @@ def hf_tensor_from_ranks(name: str, cfg: Mapping[str, Any], layout: ParallelLayo
 class RankStore:
     """Memory-mapped rank state dicts, opened on first use and unmapped by ``clear``."""
 
-    def __init__(self, mcore_dir: Path, layout: ParallelLayout, iteration: int | str, allow_pickle: bool = False):
+    def __init__(self, mcore_dir: Path, layout: ParallelLayout, iteration: int | str):
         self.root = mcore_dir / iteration_dir(iteration)
         self.layout = layout
-        self.allow_pickle = allow_pickle
         self._open: dict[Rank, dict[str, torch.Tensor]] = {}
         self.args: Any = None
 
@@ -161,7 +177,7 @@ class RankStore:
 
     def state_dict(self, rank: Rank) -> dict[str, torch.Tensor]:
         if rank not in self._open:
-            sd, args = load_rank_file(self.path(rank), self.allow_pickle)
+            sd, args = load_rank_file(self.path(rank))
             if args is not None and self.args is None:
                 check_args_match_layout(args, self.layout, self.path(rank))
                 self.args = args
@@ -218,15 +234,14 @@ def plan_hf_shards(specs: list[TensorSpec], max_bytes: int) -> list[list[TensorS
 def resolve_layout_and_config(mcore_dir: Path, layout: ParallelLayout | None,
                               config: Mapping[str, Any] | None) -> tuple[ParallelLayout, dict[str, Any]]:
     """Layout and HF config from the converter's manifest, or from the caller; a conflict is an error."""
-    man = load_manifest(mcore_dir)
+    man = read_conversion_manifest(mcore_dir, MCORE_MANIFEST)
     if man is not None:
-        mlayout = ParallelLayout.from_json(man["layout"])
-        if layout is not None and layout != mlayout:
-            raise LayoutError(f"{mcore_dir / MCORE_MANIFEST}: the checkpoint was written with layout "
-                              f"{mlayout.to_json()}, the flags say {layout.to_json()}")
-        layout = mlayout
+        if layout is not None and layout != man.layout:
+            raise LayoutError(f"{man.path}: the checkpoint was written with layout "
+                              f"{man.layout.to_json()}, the flags say {layout.to_json()}")
+        layout = man.layout
         if config is None:
-            config = man["hf_config"]
+            config = man.hf_config
     if layout is None:
         raise LayoutError(f"{mcore_dir}: no {MCORE_MANIFEST}; give the layout flags "
                           f"(--target-tensor-parallel-size, ..., --moe-grouped-gemm, --moe-tp-extend-ep)")
@@ -257,11 +272,11 @@ def _source_fingerprint(store: RankStore) -> list[list[Any]]:
 def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: ParallelLayout | None = None,
                         config: Mapping[str, Any] | None = None, iteration: int | str | None = None,
                         max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer_dir: str | Path | None = None,
-                        overwrite: bool = False, allow_pickle: bool = False, progress: bool = True) -> ExportReport:
+                        overwrite: bool = False, progress: bool = True) -> ExportReport:
     load, save = Path(load_dir), Path(save_dir)
     layout, cfg = resolve_layout_and_config(load, layout, config)
     it = read_tracker(load) if iteration is None else iteration
-    store = RankStore(load, layout, it, allow_pickle)
+    store = RankStore(load, layout, it)
     check_rank_files(store, cfg)
 
     specs_cfg = hf_tensor_specs(cfg)
@@ -276,16 +291,22 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
 
     key = {"tool": "verl_patches.weights.mcore_to_hf", "version": 1, "source": _source_fingerprint(store),
            "iteration": it, "layout": layout.to_json(), "hf_config": cfg, "max_shard_bytes": max_shard_bytes}
-    manifest = resume_manifest(save, key, overwrite, "shards", MANIFEST_FILE)
+    plan = plan_output(save, key, overwrite, "shards", MANIFEST_FILE, is_shard_file_name, "shard file")
+    manifest = plan.manifest
+    tokenizer_files = []
+    if tokenizer_dir is not None:
+        tdir = Path(tokenizer_dir)
+        if not tdir.is_dir():
+            raise CheckpointError(f"{tdir}: tokenizer directory not found")
+        tokenizer_files = carried_over_files(tdir)  # a refused symlink stops the run before anything is written
+    extra_files = [INDEX_FILE, CONFIG_FILE, *(p.name for p in tokenizer_files)]
     save.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(save)
+    # only what our earlier manifest lists: shards of an earlier, different export would not match the new index
+    remove_listed(save, plan.previous, "shards", keep=set(files), keep_files=set(extra_files))
     manifest["complete"] = False
+    manifest[FILES_KEY] = sorted(set(manifest.get(FILES_KEY, [])) | set(extra_files))
     write_json_atomically(save / MANIFEST_FILE, manifest)
-
-    if overwrite:  # shards of an earlier, different export would not match the new index
-        for p in save.glob("*.safetensors"):
-            if p.name not in files:
-                p.unlink()
     report = ExportReport(shards_total=len(shards))
     todo = []
     for fname, group in zip(files, shards):
@@ -329,12 +350,8 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
     out_cfg["num_nextn_predict_layers"] = 0  # the Megatron checkpoint has no MTP layer
     out_cfg["torch_dtype"] = "bfloat16"
     write_json_atomically(save / CONFIG_FILE, out_cfg)
-    if tokenizer_dir is not None:
-        tdir = Path(tokenizer_dir)
-        if not tdir.is_dir():
-            raise CheckpointError(f"{tdir}: tokenizer directory not found")
-        for p in carried_over_files(tdir):
-            copy_file_atomically(p, save / p.name)
+    for p in tokenizer_files:
+        copy_file_atomically(p, save / p.name)
     manifest["complete"] = True
     write_json_atomically(save / MANIFEST_FILE, manifest)
     return report

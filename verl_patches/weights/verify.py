@@ -4,9 +4,13 @@
   every dequantised tensor is within BF16 rounding of the float32 reference ``W.float() * scale``
   (``|out - ref| <= |ref| * 2**-8``), every other tensor is bit-identical to its source.
 * HF <-> Megatron (either direction): every rank file holds exactly the planned keys, and each tensor is
-  bit-identical to the one derived from the HF checkpoint by the forward layout; then every HF tensor
-  reassembled from the ranks by the reverse layout is bit-identical to the HF tensor. Checking each
+  bit-identical to the one derived from the HF checkpoint by the forward layout; then every tensor of the HF
+  checkpoint (each one its index lists, not only those the plan knows: a tensor with no Megatron place is a
+  failure, not a skip) reassembled from the ranks by the reverse layout is bit-identical to it. Checking each
   direction with the other direction's code means a layout bug on either side shows up.
+
+Counts are of input tensors: every tensor of the source is accounted for (converted, consumed as a scale, or
+dropped as asked), so "verify: OK" cannot hide a tensor the conversion left out.
 """
 from __future__ import annotations
 
@@ -37,6 +41,11 @@ class VerifyReport:
     tensors_exact: int = 0
     tensors_dequantized: int = 0
     max_rel_err: float = 0.0
+    input_tensors: int = 0  # tensors of the source checkpoint, every one accounted for
+    scales_consumed: int = 0  # FP8 -> BF16: source scale tensors folded into their weights
+    dropped: int = 0  # FP8 -> BF16 with --drop-mtp: source tensors of the MTP layer
+    rank_tensors: int = 0  # HF <-> Megatron: rank tensors compared with the ones derived from HF
+    hf_tensors: int = 0  # HF <-> Megatron: HF tensors reassembled from the ranks and compared
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -124,9 +133,12 @@ def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: i
     expected = {n for n in src_index.weight_map if not n.endswith(SCALE_SUFFIX)}
     missing = sorted(expected - set(index.weight_map))
     dropped_mtp = out_cfg.get("num_nextn_predict_layers") == 0 and src_cfg.get("num_nextn_predict_layers", 0) > 0
+    dropped: set[str] = set()
     if dropped_mtp:
         n = out_cfg["num_hidden_layers"]
-        missing = [m for m in missing if not (m.startswith("model.layers.") and int(m.split(".")[2]) >= n)]
+        dropped = {m for m in missing if m.startswith("model.layers.") and m.split(".")[2].isascii()
+                   and m.split(".")[2].isdigit() and int(m.split(".")[2]) >= n}
+        missing = [m for m in missing if m not in dropped]
     if missing:
         raise VerifyError(f"{out}: tensor {missing[0]!r} of the source is missing from the output")
     extra = sorted(set(index.weight_map) - expected)
@@ -140,18 +152,33 @@ def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: i
         report.tensors_dequantized += r["dequantized"]
         report.max_rel_err = max(report.max_rel_err, r["max_rel_err"])
     report.tensors_checked = report.tensors_exact + report.tensors_dequantized
+    report.scales_consumed = sum(1 for n in src_index.weight_map if n.endswith(SCALE_SUFFIX))
+    report.dropped = len(dropped)
+    report.input_tensors = len(src_index.weight_map)
+    accounted = report.tensors_checked + report.scales_consumed + report.dropped
+    if accounted != report.input_tensors:
+        raise VerifyError(f"{inp}: {report.input_tensors} input tensors, but only {accounted} were accounted for "
+                          f"({report.tensors_checked} compared, {report.scales_consumed} scales, {report.dropped} dropped)")
     return report
 
 
 def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: ParallelLayout,
-                         cfg: Mapping[str, Any], *, progress: bool = True, allow_pickle: bool = False) -> VerifyReport:
+                         cfg: Mapping[str, Any], *, progress: bool = True) -> VerifyReport:
     """Rank files vs the HF checkpoint, both ways (see module docstring)."""
     hf, mc = Path(hf_dir), Path(mcore_dir)
-    store = RankStore(mc, layout, read_tracker(mc), allow_pickle)
+    store = RankStore(mc, layout, read_tracker(mc))
     check_rank_files(store, cfg)
     report = VerifyReport()
     index = CheckpointIndex.load(hf)
     specs = hf_tensor_specs(cfg)
+    planned = {s.name for s in specs}
+    unplanned = sorted(n for n in index.weight_map if n not in planned)
+    if unplanned:
+        raise VerifyError(f"{hf}: tensor {unplanned[0]!r} of the HF checkpoint has no counterpart in the Megatron "
+                          f"checkpoint {mc} ({len(unplanned)} such tensor(s)); the conversion left it out")
+    absent = [s.name for s in specs if s.name not in index.weight_map]
+    if absent:
+        raise VerifyError(f"{hf}: tensor {absent[0]!r} of the model is not in the HF checkpoint")
     total = sum(rank_sizes(cfg, layout).values()) + sum(s.nbytes for s in specs)
     with LazyCheckpoint(index, max_open=2) as src, progress_bar(total, "verify", progress) as bar:
         for rank in all_ranks(layout):
@@ -162,6 +189,7 @@ def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: Para
                     raise VerifyError(f"{store.path(rank)}: tensor {key!r} differs from the one derived from the "
                                       f"HF checkpoint {hf}")
                 report.tensors_checked += 1
+                report.rank_tensors += 1
                 bar.update(want.numel() * want.element_size())
             del expected, actual
             store.clear()
@@ -178,7 +206,11 @@ def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: Para
                 raise VerifyError(f"{hf}: tensor {spec.name!r} reassembled from the Megatron ranks in {mc} "
                                   f"differs from the HF tensor")
             report.tensors_checked += 1
+            report.hf_tensors += 1
             bar.update(spec.nbytes)
         store.clear()
     report.tensors_exact = report.tensors_checked
+    report.input_tensors = len(index.weight_map)
+    if report.hf_tensors != report.input_tensors:
+        raise VerifyError(f"{hf}: {report.input_tensors} tensors in the HF checkpoint, {report.hf_tensors} compared")
     return report

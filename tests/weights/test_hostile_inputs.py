@@ -1,0 +1,396 @@
+"""Hostile and careless inputs to the weight tools (issue 27): tools delete only what they wrote, no tensor is
+silently dropped or turned non-finite, trackers/iterations/manifests are parsed strictly, every refusal is one
+line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+
+from verl_patches.weights.dequant import dequantize_fp8_blockwise
+from verl_patches.weights.errors import CheckpointError, ManifestError, ResumeError, VerifyError
+from verl_patches.weights.fp8_cast import SCALE_SUFFIX, run_fp8_cast
+from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
+from verl_patches.weights.layout import ParallelLayout
+from verl_patches.weights.manifest_file import read_conversion_manifest
+from verl_patches.weights.mcore_to_hf import convert_mcore_to_hf
+from verl_patches.weights.resume import plan_output
+from verl_patches.weights.manifest_file import is_shard_file_name
+from verl_patches.weights.st_reader import CheckpointIndex
+from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
+from verl_patches.weights.verify import verify_hf_mcore_pair
+
+REPO = Path(__file__).resolve().parents[2]
+INDEX = "model.safetensors.index.json"
+TP2 = ParallelLayout(tp=2, moe_grouped_gemm=True)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err)
+    assert "\n" not in text, text
+    return text
+
+
+def _rewrite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tmp = path.with_name(path.name + ".new")
+    write_safetensors_file(tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()],
+                           lambda s: tensors[s.name])
+    os.replace(tmp, path)
+
+
+def _edit_tensor(root: Path, name: str, edit) -> None:
+    fname = CheckpointIndex.load(root).weight_map[name]
+    tensors = load_file(str(root / fname))
+    tensors[name] = edit(tensors[name].clone())
+    _rewrite(root / fname, tensors)
+
+
+def _add_tensor(root: Path, name: str, t: torch.Tensor) -> None:
+    index = json.loads((root / INDEX).read_text())
+    fname = sorted(set(index["weight_map"].values()))[0]
+    tensors = load_file(str(root / fname))
+    tensors[name] = t
+    _rewrite(root / fname, tensors)
+    index["weight_map"][name] = fname
+    (root / INDEX).write_text(json.dumps(index))
+
+
+@pytest.fixture(scope="module")
+def mcore_dir(tmp_path_factory, hf_dir) -> Path:
+    d = tmp_path_factory.mktemp("mcore") / "tp2"
+    convert_hf_to_mcore(hf_dir, d, TP2, progress=False)
+    return d
+
+
+def _another_model(folder: Path) -> dict[str, bytes]:
+    """A folder holding someone else's model (shards, index, config) and no manifest of ours."""
+    folder.mkdir(parents=True)
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"their weights 1")
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"their weights 2")
+    (folder / INDEX).write_text('{"weight_map": {}}')
+    (folder / "config.json").write_text("{}")
+    return _tree(folder)
+
+
+# ---- 2. tools delete only what they wrote ----------------------------------------------------------------
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_fp8_cast_refuses_a_folder_of_another_model_with_or_without_overwrite(fp8_dir, tmp_path, overwrite):
+    out = tmp_path / "other"
+    before = _another_model(out)
+    with pytest.raises(ResumeError) as e:
+        run_fp8_cast(fp8_dir, out, overwrite=overwrite, progress=False)
+    msg = _one_line(e.value)
+    assert "did not write" in msg and "--overwrite" not in msg and str(out) in msg
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_refuses_a_folder_of_another_model_with_or_without_overwrite(mcore_dir, tmp_path, overwrite):
+    out = tmp_path / "other"
+    before = _another_model(out)
+    with pytest.raises(ResumeError) as e:
+        convert_mcore_to_hf(mcore_dir, out, overwrite=overwrite, progress=False)
+    msg = _one_line(e.value)
+    assert "did not write" in msg and "--overwrite" not in msg
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_hf_to_mcore_refuses_foreign_rank_folders_with_or_without_overwrite(hf_dir, tmp_path, overwrite):
+    out = tmp_path / "ckpt"
+    (out / "iter_0000001" / "mp_rank_05").mkdir(parents=True)
+    (out / "iter_0000001" / "mp_rank_05" / "model_optim_rng.pt").write_bytes(b"someone's training run")
+    before = _tree(out)
+    with pytest.raises(ResumeError) as e:
+        convert_hf_to_mcore(hf_dir, out, TP2, overwrite=overwrite, progress=False)
+    assert "--overwrite" not in _one_line(e.value)
+    assert _tree(out) == before
+
+
+def test_overwrite_removes_only_the_files_our_earlier_export_manifest_lists(mcore_dir, tmp_path):
+    out = tmp_path / "export"
+    first = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=200_000, progress=False)
+    old_shards = set(first.shards_written)
+    assert len(old_shards) > 2
+    (out / "notes.txt").write_text("the user's notes")
+    (out / "zzz-mine.safetensors").write_bytes(b"not listed in the manifest")
+    second = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=10 ** 9, overwrite=True, progress=False)
+    assert len(second.shards_written) == 1
+    names = {p.name for p in out.iterdir()}
+    assert (out / "notes.txt").read_text() == "the user's notes"
+    assert (out / "zzz-mine.safetensors").read_bytes() == b"not listed in the manifest"
+    assert not (old_shards - set(second.shards_written)) & names  # our earlier shards are gone
+    assert set(CheckpointIndex.load(out).files()) == set(second.shards_written)
+
+
+def test_overwrite_of_another_layout_removes_only_listed_rank_files(hf_dir, tmp_path):
+    out = tmp_path / "ckpt"
+    convert_hf_to_mcore(hf_dir, out, ParallelLayout(tp=2, ep=2, moe_grouped_gemm=True), progress=False)
+    keep = out / "iter_0000001" / "mp_rank_00_001" / "user-notes.txt"
+    keep.write_text("mine")
+    convert_hf_to_mcore(hf_dir, out, TP2, overwrite=True, progress=False)
+    ranks = sorted(p.name for p in (out / "iter_0000001").iterdir())
+    assert ranks == ["mp_rank_00", "mp_rank_00_001", "mp_rank_01"]  # the folder with a foreign file stays
+    assert keep.read_text() == "mine" and not (keep.parent / "model_optim_rng.pt").exists()
+
+
+@pytest.mark.parametrize("listed", ["../victim.safetensors", "/tmp/victim.safetensors", ".hidden.safetensors",
+                                    "a/b.safetensors"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_manifest_cannot_point_a_deletion_outside_its_folder(mcore_dir, tmp_path, listed, overwrite):
+    out = tmp_path / "box" / "export"
+    convert_mcore_to_hf(mcore_dir, out, progress=False)
+    victim = tmp_path / "box" / "victim.safetensors"
+    victim.write_bytes(b"precious")
+    man = json.loads((out / "export_manifest.json").read_text())
+    man["shards"][listed] = {"size": 8, "sha256": "0" * 64, "tensors": 1}
+    (out / "export_manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ResumeError) as e:
+        convert_mcore_to_hf(mcore_dir, out, overwrite=overwrite, max_shard_bytes=100_000, progress=False)
+    assert "shards." in _one_line(e.value) and "--overwrite" not in str(e.value)
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_manifest_of_another_tool_is_not_ours(fp8_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fp8_cast_manifest.json").write_text(json.dumps({"tool": "someone.else", "shards": {}}))
+    (out / "model-00001-of-00004.safetensors").write_bytes(b"x")
+    with pytest.raises(ResumeError, match="not by verl_patches.weights.fp8_cast") as e:
+        run_fp8_cast(fp8_dir, out, overwrite=True, progress=False)
+    assert "--overwrite" not in _one_line(e.value)
+    assert (out / "model-00001-of-00004.safetensors").read_bytes() == b"x"
+
+
+def test_our_own_leftover_temp_files_do_not_make_a_folder_foreign(fp8_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".tmp-fp8_cast_manifest.json.abc123").write_text("{")  # a run killed before its first manifest
+    rep = run_fp8_cast(fp8_dir, out, progress=False)
+    assert len(rep.shards_converted) == 4 and not list(out.glob(".tmp-*"))
+
+
+# ---- 3. no silently wrong weights --------------------------------------------------------------------------
+
+def test_a_tensor_outside_the_schema_is_refused_by_name(hf_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir, src)
+    _add_tensor(src, "model.layers.0.self_attn.o_proj.bias", torch.zeros(160, dtype=torch.bfloat16))
+    with pytest.raises(CheckpointError) as e:
+        convert_hf_to_mcore(src, tmp_path / "out", TP2, progress=False)
+    assert "'model.layers.0.self_attn.o_proj.bias'" in _one_line(e.value) and "would drop it" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_mtp_layer_left_in_a_bf16_checkpoint_is_refused_with_the_fix(fp8_dir, tmp_path):
+    bf16 = tmp_path / "bf16"
+    run_fp8_cast(fp8_dir, bf16, progress=False)  # without --drop-mtp: layer 4 is the MTP layer
+    with pytest.raises(CheckpointError, match=r"model\.layers\.4\..*--drop-mtp"):
+        convert_hf_to_mcore(bf16, tmp_path / "out", TP2, progress=False)
+
+
+def test_verify_counts_the_input_tensors(hf_dir, mcore_dir, tiny_cfg, tmp_path):
+    rep = verify_hf_mcore_pair(hf_dir, mcore_dir, TP2, tiny_cfg, progress=False)
+    assert rep.hf_tensors == rep.input_tensors == len(CheckpointIndex.load(hf_dir).weight_map)
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir, src)
+    _add_tensor(src, "model.layers.0.self_attn.o_proj.bias", torch.zeros(160, dtype=torch.bfloat16))
+    with pytest.raises(VerifyError, match=r"'model\.layers\.0\.self_attn\.o_proj\.bias'.*no counterpart") as e:
+        verify_hf_mcore_pair(src, mcore_dir, TP2, tiny_cfg, progress=False)
+    _one_line(e.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_fp8_scale_is_refused_by_name_without_verify(fp8_dir, tmp_path, value):
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    weight = "model.layers.2.self_attn.o_proj.weight"
+
+    def poison(s):
+        s[0, 0] = value
+        return s
+    _edit_tensor(src, weight + SCALE_SUFFIX, poison)
+    with pytest.raises(CheckpointError) as e:
+        run_fp8_cast(src, tmp_path / "out", progress=False)
+    assert repr(weight) in _one_line(e.value) and "non-finite" in str(e.value)
+    assert not (tmp_path / "out" / INDEX).exists()
+
+
+def test_a_scale_that_overflows_bfloat16_is_refused(fp8_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    weight = "model.layers.1.self_attn.kv_b_proj.weight"
+    _edit_tensor(src, weight + SCALE_SUFFIX, lambda s: s.fill_(3e38))
+    with pytest.raises(CheckpointError, match=r"kv_b_proj\.weight'.*not finite.*overflows"):
+        run_fp8_cast(src, tmp_path / "out", progress=False)
+
+
+def test_a_non_finite_tensor_copied_as_is_is_refused(fp8_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    name = "model.layers.1.input_layernorm.weight"
+
+    def poison(t):
+        t[7] = float("nan")
+        return t
+    _edit_tensor(src, name, poison)
+    with pytest.raises(CheckpointError, match=rf"'{name}' holds a non-finite value \(nan\) at \(7,\)"):
+        run_fp8_cast(src, tmp_path / "out", progress=False)
+
+
+def test_dequantize_refuses_non_finite_scales_and_results():
+    w = torch.full((4, 4), 2.0).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"non-finite value \(nan\) at block \(0, 0\)"):
+        dequantize_fp8_blockwise(w, torch.tensor([[float("nan")]]))
+    with pytest.raises(ValueError, match="overflows"):
+        dequantize_fp8_blockwise(w, torch.tensor([[3e38]]))
+    assert torch.equal(dequantize_fp8_blockwise(w, torch.tensor([[0.5]])), torch.ones(4, 4, dtype=torch.bfloat16))
+
+
+# ---- 4. strict trackers, iterations and manifests -------------------------------------------------------------
+
+@pytest.mark.parametrize("content", ["²".encode(), b"1" * 5000, b"\xff\xfe1", b"12 13", b"-1", b"0x10"])
+def test_export_refuses_a_bad_tracker_in_one_line(mcore_dir, tmp_path, content):
+    ck = tmp_path / "ck"
+    shutil.copytree(mcore_dir, ck)
+    (ck / "latest_checkpointed_iteration.txt").write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        convert_mcore_to_hf(ck, tmp_path / "out", progress=False)
+    assert "latest_checkpointed_iteration.txt" in _one_line(e.value) and len(str(e.value)) < 400
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_symlinked_tracker_is_refused_without_echoing_its_target(mcore_dir, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(mcore_dir, ck)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2")
+    (ck / "latest_checkpointed_iteration.txt").unlink()
+    os.symlink(secret, ck / "latest_checkpointed_iteration.txt")
+    with pytest.raises(CheckpointError) as e:
+        convert_mcore_to_hf(ck, tmp_path / "out", progress=False)
+    assert "symbolic link" in _one_line(e.value) and "hunter2" not in str(e.value)
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "verl_patches/scripts/convert_ckpt_deepseek3.py", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("it", ["²", "1" * 5000, "-1", " 1", "1_0", "١"])
+def test_cli_iteration_is_strict(mcore_dir, tmp_path, it):
+    r = _run_cli("--reverse", "--load-dir", str(mcore_dir), "--save-dir", str(tmp_path / "o"), "--iteration", it)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "--iteration" in line and len(line) < 300
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--target-tensor-parallel-size", "²"), ("--workers", "0"),
+                                        ("--target-expert-parallel-size", "1" * 5000), ("--max-shard-size-gb", "nan")])
+def test_cli_integers_and_sizes_are_strict(hf_dir, tmp_path, flag, value):
+    r = _run_cli("--load-dir", str(hf_dir), "--save-dir", str(tmp_path / "o"), flag, value)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and f"argument {flag}" in r.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda m: m["layout"].update(tp="2"), "layout.tp"),
+    (lambda m: m["layout"].update(tp=10 ** 12), "layout.tp"),
+    (lambda m: m["layout"].update(moe_grouped_gemm="yes"), "layout.moe_grouped_gemm"),
+    (lambda m: m.update(hf_config=[1]), "hf_config"),
+    (lambda m: m["ranks"].update({"../../etc": {"size": 1, "sha256": "0" * 64}}), "ranks.../../etc"),
+    (lambda m: m["ranks"]["mp_rank_00"].update(sha256="zz"), "ranks.mp_rank_00.sha256"),
+    (lambda m: m.update(tool="rm -rf"), "tool"),
+])
+def test_a_tampered_conversion_manifest_is_one_line_naming_the_key(mcore_dir, tmp_path, edit, key):
+    ck = tmp_path / "ck"
+    shutil.copytree(mcore_dir, ck)
+    man = json.loads((ck / "conversion_manifest.json").read_text())
+    edit(man)
+    (ck / "conversion_manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ManifestError) as e:
+        read_conversion_manifest(ck)
+    assert f"key {key!r}" in _one_line(e.value)
+    with pytest.raises(CheckpointError):  # the export reads it through the same parser
+        convert_mcore_to_hf(ck, tmp_path / "out", progress=False)
+
+
+def test_a_manifest_that_is_a_fifo_or_a_link_is_refused_without_blocking(mcore_dir, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(mcore_dir, ck)
+    (ck / "conversion_manifest.json").unlink()
+    os.mkfifo(ck / "conversion_manifest.json")
+    with pytest.raises(ManifestError, match="FIFO"):
+        read_conversion_manifest(ck)
+    (ck / "conversion_manifest.json").unlink()
+    os.symlink("/etc/passwd", ck / "conversion_manifest.json")
+    with pytest.raises(ManifestError, match="symbolic link"):
+        read_conversion_manifest(ck)
+
+
+# ---- 8. property: the manifest parsers against arbitrary bytes ----------------------------------------------
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                        max_size=4), max_leaves=20)
+_layouts = st.fixed_dictionaries({"tp": _json_values | st.integers(-3, 5), "pp": st.integers(-1, 4),
+                                  "ep": st.integers(0, 4), "num_layer_list": _json_values,
+                                  "moe_grouped_gemm": _json_values, "moe_tp_extend_ep": st.booleans()})
+_names = st.sampled_from(["mp_rank_00", "mp_rank_01_002", "../x", "/abs", "mp_rank_00/../..", ".hidden",
+                          "model-00001-of-00002.safetensors", "a/b.safetensors", "..", "x\x00y"]) | st.text(max_size=12)
+_entries = st.dictionaries(_names, st.fixed_dictionaries({"size": _json_values | st.integers(-1, 10),
+                                                          "sha256": st.just("a" * 64) | _json_values}), max_size=3)
+_manifests = st.fixed_dictionaries({"tool": st.sampled_from(["verl_patches.weights.hf_to_mcore",
+                                                             "verl_patches.checkpoint", "x"]) | _json_values,
+                                    "layout": _layouts | _json_values, "hf_config": _json_values,
+                                    "complete": _json_values | st.booleans(), "ranks": _entries | _json_values,
+                                    "shards": _entries, "files": st.lists(_names, max_size=3) | _json_values})
+_manifest_bytes = (st.binary(max_size=300) | _manifests.map(lambda m: json.dumps(m).encode())
+                   | st.builds(lambda m, cut: json.dumps(m).encode()[:cut], _manifests, st.integers(0, 200)))
+
+
+def _confined(name: str) -> bool:
+    return "/" not in name and name not in ("", ".", "..") and not name.startswith(".") and "\x00" not in name
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_manifest_bytes)
+def test_property_conversion_manifest_parser_never_crashes_nor_names_a_path_outside(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("m")
+    (folder / "conversion_manifest.json").write_bytes(data)
+    try:
+        man = read_conversion_manifest(folder)
+    except ManifestError as e:
+        _one_line(e)
+        return
+    assert man is not None and man.layout.tp * man.layout.pp * man.layout.ep <= 1 << 16
+    assert all(_confined(n) and n.startswith("mp_rank_") for n in man.ranks)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_manifest_bytes, overwrite=st.booleans())
+def test_property_output_plan_never_crashes_nor_lists_a_path_outside(tmp_path_factory, data, overwrite):
+    folder = tmp_path_factory.mktemp("o")
+    (folder / "export_manifest.json").write_bytes(data)
+    key = {"tool": "verl_patches.weights.mcore_to_hf", "version": 1}
+    try:
+        plan = plan_output(folder, key, overwrite, "shards", "export_manifest.json", is_shard_file_name, "shard file")
+    except ResumeError as e:
+        _one_line(e)
+        return
+    for man in (plan.manifest, plan.previous or {}):
+        assert all(_confined(n) for n in man.get("shards", {})) and all(_confined(n) for n in man.get("files", []))

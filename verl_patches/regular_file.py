@@ -1,0 +1,67 @@
+"""Read a small input file that a user names, refusing anything that is not a regular file.
+
+`Path.read_text` on a FIFO blocks until a writer appears (forever, for a tool run by hand), on a folder it
+raises `IsADirectoryError`, and on `/dev/zero` it never ends. Here the path is checked with `stat` before it
+is opened, opened non-blocking (a FIFO swapped in between cannot block the open) and checked again on the
+open descriptor, and at most ``max_bytes`` are read. Errors are one line naming the path.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+
+
+class FileRefused(ValueError):
+    """The path is missing, not a regular file, too large or unreadable; the message is one line."""
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes`` (`FileRefused` otherwise).
+
+    With ``follow_symlinks=False`` a symbolic link is refused without reading what it points at.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p, follow_symlinks=follow_symlinks)
+    except FileNotFoundError:
+        raise FileRefused(f"{p}: no such file") from None
+    except OSError as e:
+        raise FileRefused(f"{p}: cannot read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{p}: not a regular file ({_kind(st.st_mode)})")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(p, flags)
+    except OSError as e:
+        raise FileRefused(f"{p}: cannot open ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
+            raise FileRefused(f"{p}: not a regular file ({_kind(st.st_mode)})")
+        if st.st_size > max_bytes:
+            raise FileRefused(f"{p}: {st.st_size} bytes, more than the {max_bytes} this file may have")
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:  # grew while being read
+            raise FileRefused(f"{p}: more than the {max_bytes} bytes this file may have")
+        return b"".join(chunks)
+    except OSError as e:
+        raise FileRefused(f"{p}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
