@@ -8,7 +8,6 @@ assets on first use, so their absence is expected.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +182,19 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
     root = _abs(ctx, str(raw))
     if not root.is_dir():
         return [missing_path(ctx, "checkpoint.dist", root, "Megatron checkpoint", key)]
+    from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
+    from verl_patches.weights.errors import ManifestError
+    from verl_patches.weights.manifest_file import read_conversion_manifest
+
     tracker = root / TRACKER_FILE
-    if not tracker.is_file():
+    if not tracker.exists() and not tracker.is_symlink():
         return [Finding("checkpoint.dist", FAIL, f"{tracker} missing: not a Megatron checkpoint (or its conversion "
                                                   f"did not finish)", key)]
-    text = tracker.read_text().strip()
-    if text != "release" and not text.isdigit():
-        return [Finding("checkpoint.dist", FAIL, f"{tracker}: expected an iteration number or 'release', got {text!r}", key)]
-    it_dir = root / ("release" if text == "release" else f"iter_{int(text):07d}")
+    try:  # the one strict tracker reader: a link, a FIFO, '²' or 5000 digits are one line, nothing echoed
+        it = read_megatron_tracker(tracker)
+    except TrackerError as e:
+        return [Finding("checkpoint.dist", FAIL, str(e), key)]
+    it_dir = root / ("release" if it == "release" else f"iter_{it:07d}")
     lst = get(ctx.cfg, f"{m}.pipeline_parallel_num_layer_list")
     layout = ParallelLayout(tp=int(get(ctx.cfg, f"{m}.tensor_model_parallel_size")),
                             pp=int(get(ctx.cfg, f"{m}.pipeline_model_parallel_size")),
@@ -206,16 +210,15 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
         problems.append(f"{len(missing)} of {len(expected)} rank files missing (e.g. {it_dir.name}/{missing[0]}/{CKPT_FILE})")
     if extra:
         problems.append(f"rank folders of another layout: {', '.join(extra[:3])}")
-    manifest = root / CONVERSION_MANIFEST
-    if manifest.is_file():
-        try:
-            saved = json.loads(manifest.read_text()).get("layout", {})
-        except json.JSONDecodeError as e:
-            saved = {}
-            problems.append(f"{manifest}: line {e.lineno}: corrupt ({e.msg})")
-        want = layout.to_json()
-        diff = [f"{k}={saved.get(k)!r} (config {want[k]!r})" for k in ("tp", "pp", "ep", "num_layer_list", "moe_tp_extend_ep")
-                if k in saved and saved.get(k) != want[k]]
+    try:  # the converters' own strict manifest reader (types, ranges, names confined to the folder)
+        manifest = read_conversion_manifest(root, CONVERSION_MANIFEST)
+    except ManifestError as e:
+        manifest = None
+        problems.append(str(e))
+    if manifest is not None:
+        saved, want = manifest.layout.to_json(), layout.to_json()
+        diff = [f"{k}={saved[k]!r} (config {want[k]!r})" for k in ("tp", "pp", "ep", "num_layer_list", "moe_tp_extend_ep")
+                if saved[k] != want[k]]
         if diff:
             problems.append(f"converted for another layout: {', '.join(diff)}")
     if problems:

@@ -76,7 +76,7 @@ class ClusterSettings:
         try:
             value = parse_int(raw if raw is not None else "", name)
         except IntError:
-            raise SettingsError(f"{name}={raw!r} ({self.where(name)}): expected an integer") from None
+            raise SettingsError(f"{name}={_shown(str(raw))} ({self.where(name)}): expected an integer") from None
         if value < 1:
             raise SettingsError(f"{name}={value} ({self.where(name)}): must be at least 1")
         return value

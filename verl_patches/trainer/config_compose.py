@@ -114,11 +114,22 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
     if not values:
         return
     base = OmegaConf.to_container(compose_config(config_name, groups), resolve=False)
-    given = dict(_leaves(OmegaConf.to_container(cfg, resolve=False)))
+    composed = OmegaConf.to_container(cfg, resolve=False)
+    missing = object()
     for key, default in _leaves(base):
-        if not isinstance(default, int) or isinstance(default, bool) or key not in given:
+        if not isinstance(default, int) or isinstance(default, bool):
             continue
-        value = given[key]
+        value: Any = composed
+        for part in key.split("."):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                value = missing
+                break
+        if value is missing:
+            continue
         if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             continue
         if isinstance(value, str) and "${" in value:
