@@ -187,7 +187,7 @@ def test_file_level_errors_name_file_line_and_column(tmp_path, content, message)
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(InputFileError, match="cannot read"):
+    with pytest.raises(InputFileError, match="nope.json: no such file"):
         convert(tmp_path / "nope.json", tmp_path / "out")
 
 

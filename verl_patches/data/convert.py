@@ -13,13 +13,13 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
-from verl_patches.data.errors import InvalidRowsError, RowError
-from verl_patches.data.parquet_io import check_outputs_free, write_tables_atomically
+from verl_patches.data.errors import InvalidRowsError, RowError, SplitError
+from verl_patches.data.parquet_io import check_outputs_free, remove_stale_temps, write_tables_atomically
 from verl_patches.data.reader import read_records
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA, verl_row
 from verl_patches.data.split import plan_split
 from verl_patches.data.templates import DEFAULT_TEMPLATE, resolve_template
-from verl_patches.data.validation import DeepscalerExample, validate_record
+from verl_patches.data.validation import DEFAULT_MAX_FIELD_CHARS, DeepscalerExample, validate_record
 
 DEFAULT_TRAIN_RATIO = 0.9
 DEFAULT_SEED = 42
@@ -66,12 +66,13 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _validate_all(path: Path, records, text: str | None, progress: bool) -> tuple[list[DeepscalerExample], list[RowError]]:
+def _validate_all(path: Path, records, text: str | None, progress: bool,
+                  max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> tuple[list[DeepscalerExample], list[RowError]]:
     examples: list[DeepscalerExample] = []
     errors: list[RowError] = []
     bar = tqdm(records, desc=f"validating {path.name}", unit="row", file=sys.stderr, disable=not progress)
     for record in bar:
-        result = validate_record(path, record, text)
+        result = validate_record(path, record, text, max_field_chars)
         (examples if isinstance(result, DeepscalerExample) else errors).append(result)
     return examples, errors
 
@@ -85,28 +86,37 @@ def convert(
     skip_invalid: bool = False,
     progress: bool = False,
     overwrite: bool = False,
+    max_field_chars: int = DEFAULT_MAX_FIELD_CHARS,
 ) -> ConversionReport:
     """Convert a deepscaler file; raises a `DeepscalerInputError` (nothing written) on bad input.
 
     `template` is a template name (`r1_zero`, `none`) or a text containing `{problem}`. Existing
     `train.parquet`/`test.parquet` are replaced only with `overwrite` (or when an interrupted earlier
     write left them half-done); otherwise `OutputExistsError` names the file before anything is read.
+    A row with a field longer than `max_field_chars` characters is invalid (named with its row). Temporary
+    files a killed earlier run left in `output_dir` are removed first (only those: `parquet_io`).
     """
     if not 0.0 < train_ratio < 1.0:
         raise ValueError(f"train ratio must be in (0, 1), got {train_ratio}")
+    if max_field_chars < 1:
+        raise ValueError(f"max field length must be at least 1 character, got {max_field_chars}")
     template_text = resolve_template(template)
     path = Path(json_path)
     output_dir = Path(output_dir)
     targets = [output_dir / TRAIN_FILE, output_dir / TEST_FILE]
     check_outputs_free(targets, overwrite)  # before the (long) read: a refusal costs nothing
+    remove_stale_temps(output_dir)
     read = read_records(path)
     show = progress and read.rows_in >= _PROGRESS_MIN_ROWS
     text = read.text if read.has_undecodable_bytes else None
-    examples, errors = _validate_all(path, read.records, text, show)
+    examples, errors = _validate_all(path, read.records, text, show, max_field_chars)
     errors = sorted(read.errors + errors, key=lambda e: e.row)
     if errors and not skip_invalid:
         raise InvalidRowsError(errors, read.rows_in)
-    plan = plan_split([e.problem for e in examples], train_ratio, seed)
+    try:
+        plan = plan_split([e.problem for e in examples], train_ratio, seed)
+    except SplitError as e:
+        raise SplitError(f"{path}: {e}") from None
 
     splits = {"train": plan.train, "test": plan.test}
     tables = {}

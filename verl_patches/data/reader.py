@@ -1,7 +1,9 @@
 """Read deepscaler records from a JSON array or JSON Lines, remembering where each record starts.
 
 Invalid UTF-8 is decoded with `surrogateescape`, so one bad byte spoils only the record it sits in
-(validation reports it with its line and column) instead of the whole file.
+(validation reports it with its line and column) instead of the whole file. An integer longer than Python's
+int-string limit (4300 digits) is kept as a `TooLongInteger` marker, which validation reports for its row,
+instead of raising out of the JSON parser. Only a regular file is read (a FIFO would block the reader).
 """
 
 from __future__ import annotations
@@ -14,8 +16,27 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.data.errors import InputFileError, RowError
+from verl_patches.regular_file import FileRefused, read_regular_file
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+MAX_INPUT_BYTES = 4 << 30  # DeepScaleR is about 40 MB; a file beyond this is not a data set for one host
+_INT_DIGITS_LIMIT = 4300  # Python's default int-string conversion limit (sys.get_int_max_str_digits)
+
+
+@dataclass(frozen=True)
+class TooLongInteger:
+    """A JSON integer with more digits than Python converts; a record holding one where a field is read is
+    rejected by name (no deepscaler field is a number)."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | TooLongInteger:
+    digits = len(text.lstrip("-"))
+    return TooLongInteger(digits) if digits > _INT_DIGITS_LIMIT else int(text)
 
 
 @dataclass(frozen=True)
@@ -61,7 +82,7 @@ def _decode(data: bytes) -> tuple[str, bool]:
 
 
 def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadResult) -> None:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_int=_parse_int)
     pos = _WHITESPACE.match(text, start + 1).end()
     if text.startswith("]", pos):
         pos += 1
@@ -76,6 +97,10 @@ def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadRe
                 line, col = lines.locate(pos)
                 raise InputFileError(f"{path}:{line}:{col}: row {len(result.records) + 1} is nested too deeply "
                                      f"to be a deepscaler record") from None
+            except ValueError as exc:  # any other refusal of the JSON parser: still one line
+                line, col = lines.locate(pos)
+                raise InputFileError(f"{path}:{line}:{col}: row {len(result.records) + 1} is not JSON a converter "
+                                     f"can read ({str(exc)[:120]})") from None
             line, _ = lines.locate(pos)
             result.records.append(RawRecord(len(result.records) + 1, line, value, (pos, end)))
             pos = _WHITESPACE.match(text, end).end()
@@ -103,12 +128,15 @@ def _read_lines(path: Path, text: str, result: ReadResult) -> None:
             continue
         row = result.rows_in + 1
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_int=_parse_int)
         except json.JSONDecodeError as exc:
             result.errors.append(RowError(path, row, line_number, None, f"malformed JSON at column {exc.colno}: {exc.msg}"))
             continue
         except RecursionError:
             result.errors.append(RowError(path, row, line_number, None, "nested too deeply to be a deepscaler record"))
+            continue
+        except ValueError as exc:  # any other refusal of the JSON parser: still a row error
+            result.errors.append(RowError(path, row, line_number, None, f"not readable JSON ({str(exc)[:120]})"))
             continue
         result.records.append(RawRecord(row, line_number, value, span))
 
@@ -117,9 +145,9 @@ def read_records(path: str | Path) -> ReadResult:
     """All records of a deepscaler file; JSON Lines syntax errors are per-row, JSON array ones fatal."""
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        data = read_regular_file(path, max_bytes=MAX_INPUT_BYTES)
+    except FileRefused as exc:
+        raise InputFileError(str(exc)) from None
     text, undecodable = _decode(data)
     start = _WHITESPACE.match(text).end()
     if start == len(text):
@@ -143,8 +171,8 @@ def read_records(path: str | Path) -> ReadResult:
 
 def _is_single_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
-    except (json.JSONDecodeError, RecursionError):
+        return isinstance(json.loads(text, parse_int=_parse_int), dict)
+    except (ValueError, RecursionError):
         return False
 
 

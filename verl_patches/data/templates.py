@@ -20,12 +20,21 @@ class TemplateError(ValueError):
 
 
 def resolve_template(name_or_text: str) -> str:
-    """A template by name, or a custom template text that contains the {problem} field."""
+    """A template by name, or a custom template text that contains the {problem} field.
+
+    A text that is not valid Unicode (bytes that were not UTF-8 on the command line arrive as lone
+    surrogates) is refused here: it could not be written to the parquet file."""
+    bad = next((i for i, ch in enumerate(name_or_text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is not None:
+        ch = ord(name_or_text[bad])
+        what = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        raise TemplateError(f"--template: not UTF-8 text ({what} at character {bad + 1})")
     if name_or_text in TEMPLATES:
         return TEMPLATES[name_or_text]
     if PROBLEM_FIELD in name_or_text:
         return name_or_text
-    raise TemplateError(f"unknown template {name_or_text!r}: use one of {sorted(TEMPLATES)} or a text containing {PROBLEM_FIELD}")
+    shown = repr(name_or_text[:60]) + ("..." if len(name_or_text) > 60 else "")
+    raise TemplateError(f"unknown template {shown}: use one of {sorted(TEMPLATES)} or a text containing {PROBLEM_FIELD}")
 
 
 def render_prompt(template: str, problem: str) -> str:

@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_patches.data.errors import RowError
-from verl_patches.data.reader import RawRecord, undecodable_byte
+from verl_patches.data.reader import RawRecord, TooLongInteger, undecodable_byte
 
 REQUIRED_KEYS = ("problem", "answer")
 OPTIONAL_KEYS = ("solution",)
+# Characters per field: DeepScaleR's longest field is a few thousand characters; a field beyond this is not a
+# math problem, and every copy of it (decoded text, record, row, parquet) would cost memory
+DEFAULT_MAX_FIELD_CHARS = 100_000
+MAX_FIELD_FLAG = "--max-field-chars"
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,12 @@ def _has_lone_surrogate(value: str) -> bool:
     return any(0xD800 <= ord(ch) <= 0xDFFF for ch in value) if not value.isascii() else False
 
 
-def validate_record(path: Path, record: RawRecord, text: str | None = None) -> DeepscalerExample | RowError:
+def _type_name(value: object) -> str:
+    return "integer" if isinstance(value, TooLongInteger) else type(value).__name__
+
+
+def validate_record(path: Path, record: RawRecord, text: str | None = None,
+                    max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> DeepscalerExample | RowError:
     """Check one record; text is the decoded file, given when it holds undecodable bytes."""
 
     def error(key: str | None, message: str) -> RowError:
@@ -48,15 +57,18 @@ def validate_record(path: Path, record: RawRecord, text: str | None = None) -> D
         if key not in value or value[key] is None:
             return error(key, "missing")
         if not isinstance(value[key], str):
-            return error(key, f"must be a string, found {type(value[key]).__name__} {json_repr(value[key])}")
+            return error(key, f"must be a string, found {_type_name(value[key])} {json_repr(value[key])}")
         if not value[key].strip():
             return error(key, "empty")
         fields[key] = value[key].strip()
     solution = value.get("solution")
     if solution is not None and not isinstance(solution, str):
-        return error("solution", f"must be a string, found {type(solution).__name__}")
+        return error("solution", f"must be a string, found {_type_name(solution)}")
     fields["solution"] = solution or ""
     for key, text_value in fields.items():
+        if len(text_value) > max_field_chars:
+            return error(key, f"{len(text_value)} characters, more than the {max_field_chars} a field may have "
+                              f"({MAX_FIELD_FLAG} raises the limit)")
         if _has_lone_surrogate(text_value):
             return error(key, "contains an invalid Unicode escape (lone surrogate)")
     return DeepscalerExample(record.row, record.line, fields["problem"], fields["answer"], fields["solution"])

@@ -27,6 +27,8 @@ def _ratio(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from verl_patches.data.convert import DEFAULT_SEED, DEFAULT_TRAIN_RATIO
     from verl_patches.data.templates import DEFAULT_TEMPLATE, TEMPLATES
+    from verl_patches.data.validation import DEFAULT_MAX_FIELD_CHARS, MAX_FIELD_FLAG
+    from verl_patches.strict_int import int_arg
 
     parser = argparse.ArgumentParser(
         description="deepscaler JSON/JSONL -> verl RL parquet (train.parquet, test.parquet).",
@@ -34,12 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json_path", required=True, help="input: a JSON array of {problem, answer, solution} objects, or JSON Lines")
     parser.add_argument("--output_dir", required=True, help="directory for train.parquet and test.parquet (created if missing)")
     parser.add_argument("--train_data_ratio", type=_ratio, default=DEFAULT_TRAIN_RATIO, help=f"share of rows for train, in (0, 1) (default {DEFAULT_TRAIN_RATIO})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the shuffled split (default {DEFAULT_SEED})")
+    parser.add_argument("--seed", type=int_arg(0), default=DEFAULT_SEED, help=f"seed of the shuffled split (default {DEFAULT_SEED})")
     parser.add_argument(
         "--template",
         default=DEFAULT_TEMPLATE,
         help=f"prompt template: one of {sorted(TEMPLATES)} ('none' keeps the bare problem) or a text containing {{problem}} (default {DEFAULT_TEMPLATE})",
     )
+    parser.add_argument(MAX_FIELD_FLAG, type=int_arg(1), default=DEFAULT_MAX_FIELD_CHARS, metavar="N",
+                        help=f"a row whose problem, answer or solution is longer than N characters is invalid "
+                             f"(default {DEFAULT_MAX_FIELD_CHARS})")
     parser.add_argument("--skip-invalid", "--skip_invalid", dest="skip_invalid", action="store_true", help="convert the valid rows and report the invalid ones (default: write nothing if any row is invalid)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing train.parquet/test.parquet in --output_dir (default: refuse)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             skip_invalid=args.skip_invalid,
             progress=args.progress,
             overwrite=args.overwrite,
+            max_field_chars=args.max_field_chars,
         )
     except InvalidRowsError as exc:
         for error in exc.errors[:MAX_ERRORS_SHOWN]:
