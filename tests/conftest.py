@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
 from suite_components import require_components
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -20,15 +14,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_job_process() -> None:
-    """This test process set up as every process of the job is before it imports vLLM's model modules:
-    the generated vllm/vllm_ascend metadata on the path (the job's PYTHONPATH carries it) and the prelude
-    active, so vllm-ascend's general plugin (its torch 2.5.1 custom-op fix) is loaded at `import vllm`."""
-    from verl_patches.sources.dist_info import path_entry
-
-    entry = path_entry(REPO)
-    if entry not in sys.path:
-        sys.path.insert(0, entry)
-        importlib.invalidate_caches()
+    """This test process set up as every process of the job is before it imports vLLM's model modules: the
+    prelude active (it puts the generated vllm/vllm_ascend metadata on the path), so vllm-ascend's general
+    plugin (its torch 2.5.1 custom-op fix) is loaded at `import vllm`."""
     import verl_patches.prelude_patch  # noqa: F401
     import vllm  # noqa: F401  (the declared patch vllm.general_plugins_at_import runs here)
     import vllm.utils

@@ -78,6 +78,24 @@ def path_entry(root: Path) -> str:
     return str(dist_dir(root).resolve())
 
 
+def put_on_path(root: Path) -> bool:
+    """Make the generated distributions visible in this process and the processes it starts (True when they
+    exist). Every process with the overlay then discovers vllm-ascend's platform and general plugins as the
+    job's processes do, whoever started it (the launcher, a check tool's ranks, a test). Appended: metadata
+    of a really installed vllm still wins."""
+    import sys
+
+    if not dist_dir(root).is_dir():
+        return False
+    entry = path_entry(root)
+    if entry not in sys.path:
+        sys.path.append(entry)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if entry not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts + [entry])
+    return True
+
+
 # ---- reading upstream declarations --------------------------------------------------------------
 def render_entry_points(groups: dict[str, dict[str, str]]) -> str:
     """entry_points.txt text: groups and names sorted, `name = module:attr` lines (the setuptools format)."""

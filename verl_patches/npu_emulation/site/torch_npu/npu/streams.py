@@ -3,8 +3,13 @@
 import contextlib
 import time
 
+try:  # torch 2.5.1 (the A3 pin): torch._dynamo's device registry requires these bases; later torch dropped them
+    from torch._streambase import _EventBase, _StreamBase
+except ImportError:  # pragma: no cover - newer torch
+    _EventBase = _StreamBase = object
 
-class Stream:
+
+class Stream(_StreamBase):
     def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
         self.device, self.priority = device, priority
 
@@ -25,6 +30,11 @@ class Stream:
     def query(self) -> bool:
         return True
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Stream)  # one synchronous stream: every stream is the same
+
+    __hash__ = object.__hash__
+
     def __enter__(self):
         return self
 
@@ -32,7 +42,7 @@ class Stream:
         return None
 
 
-class Event:
+class Event(_EventBase):
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._t = None
 
