@@ -28,7 +28,16 @@ fi
 reqs="$(mktemp "${TMPDIR:-/tmp}/verl-cpu-requirements.XXXXXX")"
 trap 'rm -f "$reqs"' EXIT
 "$py" -m verl_patches.sources.pins cpu-requirements > "$reqs"
-.venv/bin/python -m pip install --quiet -r "$reqs" -r requirements-test.txt -c constraints-cpu.txt
+# Wheels are kept in the user's cache: PyPI's torch 2.5.1 brings ~3 GB of CUDA libraries on x86_64, which
+# the index here does not let pip cache. A warm cache installs offline; otherwise fill it, then install.
+wheels="${VERL_OVERLAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/verl_overlay}/wheels"
+mkdir -p "$wheels"
+set -- -r "$reqs" -r requirements-test.txt -c constraints-cpu.txt
+if ! .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" "$@" 2>/dev/null; then
+  echo "   filling the wheel cache $wheels (first time: about 3.5 GB on x86_64)"
+  .venv/bin/python -m pip wheel --quiet --progress-bar off -w "$wheels" --find-links "$wheels" "$@"
+  .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" "$@"
+fi
 # Every pin must hold: a package left at another version is a failure here, not a surprise in a test.
 .venv/bin/python -m verl_patches.sources.pins check
 .venv/bin/python - <<'PY'
