@@ -225,3 +225,12 @@ def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
         assert golden.read_rank_memory(tmp_path / rank_memory.FILE_NAME).keys() == {0, 1}
     finally:
         ray.shutdown()
+
+
+def test_golden_record_changes_only_the_seeds_and_needs_three_runs(capsys) -> None:
+    from verl_patches.trainer import golden_record
+
+    assert golden_record.seed_overrides(0) == []  # README's command as is
+    assert golden_record.seed_overrides(2) == ["data.seed=3", "+actor_rollout_ref.rollout.seed=2"]
+    assert len({tuple(golden_record.seed_overrides(i)) for i in range(5)}) == 5
+    assert golden_record.main(["--runs", "2"]) == 2 and "at least 3" in capsys.readouterr().err
