@@ -31,7 +31,9 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["llm_class"] == out["LLM_name_in_verl"] == "verl_patches.rollout.standin.engine.StandinLLM"
+    assert out["llm_class"] == "verl_patches.rollout.standin.engine.StandinLLM"
+    assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
+    assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
     assert out["applied"] == ["cpu.verl.vllm_rollout_spmd.LLM.standin",
                               "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
                               "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
@@ -42,20 +44,46 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     assert out["bytes_after_build"] == out["bytes_after_sleep"]  # verl's sleep(level=1): back to baseline
 
 
+def _a3_engine_kwargs() -> dict:
+    """What verl's vLLMRollout hands `LLM` with the resolved A3 profile: its own arguments plus the profile's
+    engine_kwargs.vllm (max_num_seqs, vllm-ascend's additional_config)."""
+    from omegaconf import OmegaConf
+
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    rollout = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"])).actor_rollout_ref.rollout
+    return {"model": "/m", "enable_sleep_mode": True, "enable_prefix_caching": True, "tensor_parallel_size": 2,
+            "distributed_executor_backend": "external_launcher", "enforce_eager": rollout.enforce_eager,
+            "enable_chunked_prefill": rollout.enable_chunked_prefill,
+            **OmegaConf.to_container(rollout.engine_kwargs.vllm)}
+
+
 def test_a3_engine_arguments() -> None:
-    verl_kwargs = {"model": "/m", "enable_sleep_mode": True, "enable_prefix_caching": True, "max_num_seqs": 64,
-                   "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
-    kw = rollout_llm_kwargs(verl_kwargs, {"VLLM_DP_SIZE": "64", "VLLM_ENABLE_GRAPH_MODE": "1"})
+    verl_kwargs = _a3_engine_kwargs()
+    kw = rollout_llm_kwargs(verl_kwargs, {"VLLM_DP_SIZE": "64"})
     assert kw["enable_sleep_mode"] is False and kw["enable_prefix_caching"] is False
-    assert kw["enable_expert_parallel"] is True
+    assert kw["enable_expert_parallel"] is True and kw["max_num_seqs"] == 64
     graph = kw["additional_config"]["torchair_graph_config"]
     assert graph["enabled"] is True and graph["graph_batch_sizes"] == [64] and graph["enable_kv_nz"] is False
-    assert kw["additional_config"]["ascend_scheduler_config"]["enabled"] is True
+    assert graph["enable_multistream_mla"] is True and graph["enable_multistream_moe"] is True
+    assert kw["additional_config"]["ascend_scheduler_config"] == {"enabled": True, "enable_chunked_prefill": True}
+    assert kw["additional_config"]["refresh"] is True
     assert {k: kw[k] for k in ("model", "tensor_parallel_size", "distributed_executor_backend")} == \
         {"model": "/m", "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
-    single = rollout_llm_kwargs({"max_num_seqs": 8}, {})
-    assert "enable_expert_parallel" not in single and single["additional_config"]["torchair_graph_config"]["enabled"] is False
+    single = rollout_llm_kwargs({"max_num_seqs": 8}, {"VLLM_ENABLE_GRAPH_MODE": "1"})  # the variable is not read
+    assert "enable_expert_parallel" not in single and "torchair_graph_config" not in single["additional_config"]
     assert verl_kwargs["enable_sleep_mode"] is True  # the caller's dict is not modified
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"max_num_seqs": 32}, "graph_batch_sizes"),
+    ({"enable_chunked_prefill": False}, "ascend_scheduler_config.enable_chunked_prefill"),
+])
+def test_engine_arguments_that_contradict_each_other_are_refused(change: dict, key: str) -> None:
+    from verl_patches.rollout.engine_factory import EngineArgumentError
+
+    with pytest.raises(EngineArgumentError, match=key.replace(".", r"\.")):
+        rollout_llm_kwargs({**_a3_engine_kwargs(), **change}, {})
 
 
 def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
@@ -64,8 +92,8 @@ def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
     assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu",)
     for p in PATCHES:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
-        if p.kind.value == "wrap":
-            assert callable(p.replacement(lambda *a, **k: None))
+        if p.kind.value == "wrap" and not p.name.endswith(".a3_checks"):  # that one needs upstream's source:
+            assert callable(p.replacement(lambda *a, **k: None))           # test_rollout_init_checks
 
 
 def test_rollout_runs_under_the_real_torch_compile_while_mindspeeds_substitute_is_set(monkeypatch) -> None:
@@ -73,7 +101,7 @@ def test_rollout_runs_under_the_real_torch_compile_while_mindspeeds_substitute_i
     and generate_sequences must see the real torch.compile, and training code the substitute again."""
     import torch
 
-    from verl_patches.patches.mindspeed import compile_toggle
+    from verl_patches import compile_toggle
     from verl_patches.rollout.verl_hooks import wrap_generate_sequences, wrap_rollout_init
 
     real = compile_toggle.capture_real_compile()

@@ -37,6 +37,7 @@ tokenizer = type("T", (), {"pad_token_id": 0})()
 rollout = vLLMRollout(model_dir, config, tokenizer, hf_config)
 engine = rollout.inference_engine
 out = {"llm_class": f"{type(engine).__module__}.{type(engine).__name__}", "engine_max_num_seqs": engine.max_num_seqs,
+       "engine_sleep_mode": engine.engine_kwargs.get("enable_sleep_mode"),
        "LLM_name_in_verl": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__name__}"}
 life = RolloutLifecycle(engine, device="cpu")
 out["bytes_after_build"] = life.device_bytes()

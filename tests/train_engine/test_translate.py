@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
-from verl_patches.patches.mindspeed import compile_toggle
+from verl_patches import compile_toggle
 from verl_patches.train_engine.argv import parse_args_from_config
 from verl_patches.train_engine.megatron_config import KNOWN_ARGS, MegatronConfig
 from verl_patches.train_engine.translate import (CONSUMED_PROFILE_KEYS, TranslationError,

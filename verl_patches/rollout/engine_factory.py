@@ -3,8 +3,12 @@
 `build_llm(**verl_kwargs)` replaces the name `LLM` inside verl's vllm_rollout_spmd (declared patch). It
   - adjusts the engine arguments (`rollout_llm_kwargs`, pure): no sleep mode (it needs camem and does not
     free memory on multi-node NPU), no prefix caching (the KV cache is freed between steps), expert
-    parallelism on when VLLM_DP_SIZE > 1 (F2), vllm-ascend's additional_config for TorchAir graph mode
-    from VLLM_ENABLE_GRAPH_MODE (graph batch size = max_num_seqs) and its scheduler;
+    parallelism on when VLLM_DP_SIZE > 1 (F2). Everything else comes from the trainer config: verl passes
+    ``actor_rollout_ref.rollout.engine_kwargs.vllm`` through, where the A3 profiles set ``max_num_seqs`` and
+    vllm-ascend's ``additional_config`` (TorchAir graph mode with graph batch size = max_num_seqs,
+    multistream MLA/MoE, the Ascend scheduler with the profile's chunked prefill); this module only checks
+    that the graph batch size and the scheduler agree with the engine's own arguments and asks vllm-ascend
+    to re-read its config (``refresh``);
   - builds the engine under the real torch.compile (F1: MindSpeed's jit.script must not reach it);
   - returns an `LLM` whose `sleep(level)` frees the KV cache and offloads the weights and whose
     `wake_up(tags)` onloads weights / re-creates the KV cache (lifecycle.py), so verl's own calls
@@ -18,8 +22,11 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def _flag(environ: Mapping[str, str], name: str) -> bool:
-    return environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+class EngineArgumentError(ValueError):
+    """Engine arguments that contradict each other; the message names the config key to change."""
+
+
+_ENGINE_KEYS = "actor_rollout_ref.rollout.engine_kwargs.vllm"
 
 
 def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -30,15 +37,22 @@ def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | N
     dp = int(env.get("VLLM_DP_SIZE", "1") or 1)
     if dp > 1:
         out["enable_expert_parallel"] = True
-    max_num_seqs = int(out.get("max_num_seqs") or 256)
     extra = dict(out.get("additional_config") or {})
-    graph = _flag(env, "VLLM_ENABLE_GRAPH_MODE")
-    extra.setdefault("torchair_graph_config", {"enabled": graph, "use_cached_graph": False,
-                                               "graph_batch_sizes_init": False, "graph_batch_sizes": [max_num_seqs],
-                                               "enable_multistream_moe": graph, "enable_multistream_mla": graph,
-                                               "enable_view_optimize": False, "enable_kv_nz": False})
-    extra.setdefault("ascend_scheduler_config", {"enabled": True, "enable_chunked_prefill": False})
-    extra.setdefault("refresh", True)
+    graph = dict(extra.get("torchair_graph_config") or {})
+    if graph.get("enabled"):
+        seqs = out.get("max_num_seqs")
+        if seqs is None or list(graph.get("graph_batch_sizes") or []) != [int(seqs)]:
+            raise EngineArgumentError(
+                f"{_ENGINE_KEYS}.additional_config.torchair_graph_config.graph_batch_sizes="
+                f"{graph.get('graph_batch_sizes')} must be [{_ENGINE_KEYS}.max_num_seqs] = [{seqs}]")
+    scheduler = dict(extra.get("ascend_scheduler_config") or {})
+    chunked = out.get("enable_chunked_prefill")
+    if scheduler.get("enabled") and chunked is not None and bool(scheduler.get("enable_chunked_prefill")) != bool(chunked):
+        raise EngineArgumentError(
+            f"{_ENGINE_KEYS}.additional_config.ascend_scheduler_config.enable_chunked_prefill="
+            f"{scheduler.get('enable_chunked_prefill')} contradicts actor_rollout_ref.rollout.enable_chunked_prefill="
+            f"{chunked}: vllm-ascend's scheduler would use its own value")
+    extra.setdefault("refresh", True)  # vllm-ascend keeps its first parsed config process-wide otherwise
     out["additional_config"] = extra
     return out
 
@@ -78,7 +92,14 @@ def _device() -> Any:
 
 
 def build_llm(*args: Any, **kwargs: Any) -> Any:
-    from verl_patches.patches.mindspeed.compile_toggle import real_torch_compile
+    from verl_patches.compile_toggle import real_torch_compile
 
     with real_torch_compile():
         return overlay_llm_class()(*args, **rollout_llm_kwargs(kwargs))
+
+
+def build_standin_llm(*args: Any, **kwargs: Any) -> Any:
+    """On a CPU host: the same engine arguments, given to the CPU stand-in instead of vLLM's engine."""
+    from verl_patches.rollout.standin.engine import StandinLLM
+
+    return StandinLLM(*args, **rollout_llm_kwargs(kwargs))

@@ -27,7 +27,7 @@ def _dp_env_from_config(config: Any) -> None:
 def wrap_rollout_init(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __init__(self: Any, model_path: str, config: Any, *args: Any, **kwargs: Any) -> None:
-        from verl_patches.patches.mindspeed.compile_toggle import real_torch_compile
+        from verl_patches.compile_toggle import real_torch_compile
 
         _dp_env_from_config(config)
         with real_torch_compile():
@@ -39,7 +39,7 @@ def wrap_rollout_init(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_generate_sequences(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def generate_sequences(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from verl_patches.patches.mindspeed.compile_toggle import real_torch_compile
+        from verl_patches.compile_toggle import real_torch_compile
 
         with real_torch_compile():
             return original(self, *args, **kwargs)

@@ -46,7 +46,7 @@ def apply_mindspeed_adaptor(argv: list[str]) -> None:
     never be imported before this runs (a second call with other flags cannot change what it patched).
     """
     global _ADAPTOR_ARGV
-    from verl_patches.patches.mindspeed.compile_toggle import capture_real_compile, restore_real_compile
+    from verl_patches.compile_toggle import capture_real_compile, restore_real_compile
 
     if _ADAPTOR_ARGV is not None:
         # The adaptor patched Megatron by the feature switches (bare flags); values such as the micro-batch

@@ -12,11 +12,12 @@ PATCHES = [
         kind=Kind.REPLACE,
         fingerprint="sha256:3c1c605129261085",
         fingerprint_of=_USES_LLM,
-        replacement=lazy_object("verl_patches.rollout.standin.engine:StandinLLM"),
+        replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
         vendor_item="local",
         reason="CPU rollout stand-in: vLLM's LLM surface verl uses (generate, model_runner.model.load_weights with "
                "vLLM's own DeepSeek loader, KV init/free, offload/onload) backed by transformers' "
-               "DeepseekV3ForCausalLM; vllm-ascend's kernels need an NPU",
+               "DeepseekV3ForCausalLM, given the A3 engine arguments (rollout_llm_kwargs); vllm-ascend's kernels "
+               "need an NPU",
         devices=("cpu",),
         rebind=False,  # only verl's rollout module builds the stand-in
     ),
