@@ -133,3 +133,18 @@ def test_ray_workers_get_the_stand_in_through_the_runtime_env():
         "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep), 'hook': env['worker_process_setup_hook']}))\n")
     assert str(npu_emulation.SITE_DIR) in res["pp"] and str(REPO) in res["pp"]
     assert res["hook"] == "verl_patches.prelude_patch.activate"  # which installs it again in the worker
+
+
+def test_pinned_host_copy_of_a_device_tensor_is_a_copy():
+    """`.cpu().pin_memory()` is how verl keeps a host copy before freeing device storage (Megatron param
+    offload): with the device being the host, `.cpu()` is the tensor itself, so pinning must copy (as torch's
+    pin_memory does for an unpinned tensor) or freeing the device storage loses the host copy too."""
+    res = run_fresh(
+        "import json\n"
+        "import verl_patches.prelude_patch\n"
+        "import torch\n"
+        "from torch_npu.contrib import transfer_to_npu\n"
+        "dev = torch.arange(4.0).cuda(); host = dev.cpu().pin_memory(); size = dev.untyped_storage().size()\n"
+        "dev.untyped_storage().resize_(0)\n"
+        "print(json.dumps({'host': host.tolist(), 'host_bytes': host.untyped_storage().size(), 'bytes': size}))\n")
+    assert res["host"] == [0.0, 1.0, 2.0, 3.0] and res["host_bytes"] == res["bytes"] == 16

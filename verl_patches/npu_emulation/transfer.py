@@ -54,7 +54,10 @@ def _map_device_kwarg(fn):
 
 
 def _pinned_is_plain(self, *args, **kwargs):
-    return self
+    # torch: "copies the tensor to pinned memory, if it's not already pinned"; nothing is pinned here, so
+    # always a copy in plain host memory. Returning `self` aliased the device buffer: verl's Megatron
+    # offload keeps `param_data.cpu().pin_memory()` and then frees the device storage, which lost the weights.
+    return self.clone()
 
 
 def _is_device_like(a: Any) -> bool:
