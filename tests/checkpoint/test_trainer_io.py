@@ -160,6 +160,7 @@ def test_declared_patches_point_at_these_functions() -> None:
 
     targets = {p.target.split(":")[1] for p in PATCHES}
     assert targets == {"MegatronCheckpointManager.save_checkpoint", "MegatronCheckpointManager.load_checkpoint",
+                       "FSDPCheckpointManager.load_checkpoint",
                        "RayPPOTrainer._save_checkpoint", "RayPPOTrainer._load_checkpoint",
                        "ActorRolloutRefWorker.save_checkpoint"}
     for p in PATCHES:

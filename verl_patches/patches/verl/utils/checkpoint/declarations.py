@@ -1,10 +1,12 @@
-"""Checkpoint and resume (issue #16): verl's Megatron checkpoint manager and the trainer's save/load."""
+"""Checkpoint and resume (issues #16, #27): verl's Megatron checkpoint manager, the FSDP manager's load and the
+trainer's save/load."""
 
 from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
 
 _M = "verl.utils.checkpoint.megatron_checkpoint_manager:MegatronCheckpointManager"
 _T = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
 _W = "verl.workers.megatron_workers:ActorRolloutRefWorker"
+_F = "verl.utils.checkpoint.fsdp_checkpoint_manager:FSDPCheckpointManager"
 _IMPL = "verl_patches.patches.verl.utils.checkpoint"
 
 PATCHES = [
@@ -28,6 +30,18 @@ PATCHES = [
         vendor_item="local",
         reason="resume model, optimizer and RNG state regardless of D1's no_load_optim/no_load_rng; a layout "
                "change other than DP is refused naming both layouts and the conversion",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.fsdp_manager.load",
+        target=f"{_F}.load_checkpoint",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:aa4c499c9a9d0790",
+        replacement=lazy_object(f"{_IMPL}.fsdp_manager:load_checkpoint"),
+        vendor_item="local",
+        reason="upstream reads the per-rank files with torch.load(weights_only=False), which runs any pickled "
+               "code; read them from a committed step only, each checked against its sha256 in the step manifest "
+               "and loaded weights-only (issue #27)",
         devices=ALL_DEVICES,
     ),
     Patch(

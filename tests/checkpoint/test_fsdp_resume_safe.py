@@ -1,0 +1,105 @@
+"""verl's FSDP checkpoint manager under our declared replacement of ``load_checkpoint`` (issue #27): the sharded
+files verl writes (DTensors, NumPy's RNG state) load through the weights-only loader with their digests
+checked, and a tampered file is refused by name, never unpickled. One process, gloo, world size 1."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from verl_patches.checkpoint import commit
+from verl_patches.checkpoint.safe_load import UnsafeCheckpointError
+from verl_patches.patches.verl.utils.checkpoint import fsdp_manager
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fsdp_model():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    torch.manual_seed(0)
+    model = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), device_mesh=mesh,
+                 device_id=torch.device("cpu"),
+                 use_orig_params=True)
+    yield model
+
+
+def manager(model) -> SimpleNamespace:
+    from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return SimpleNamespace(model=model, optimizer=opt, lr_scheduler=sched, world_size=1, rank=0,
+                           load_rng_state=BaseCheckpointManager.load_rng_state,
+                           get_rng_state=BaseCheckpointManager.get_rng_state)
+
+
+def save_like_verl(m: SimpleNamespace, role: Path) -> None:
+    """The three files FSDPCheckpointManager.save_checkpoint writes, as it writes them."""
+    from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
+    from verl.utils.fsdp_utils import get_fsdp_state_ctx
+
+    role.mkdir(parents=True)
+    with get_fsdp_state_ctx(m.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(),
+                            ShardedOptimStateDictConfig()):
+        torch.save(m.model.state_dict(), role / "model_world_size_1_rank_0.pt")
+        torch.save(m.optimizer.state_dict(), role / "optim_world_size_1_rank_0.pt")
+        torch.save({"lr_scheduler": m.lr_scheduler.state_dict(), "rng": m.get_rng_state()},
+                   role / "extra_state_world_size_1_rank_0.pt")
+
+
+def test_fsdp_checkpoint_round_trips_through_the_safe_loader(tmp_path: Path, fsdp_model) -> None:
+    m = manager(fsdp_model)
+    m.model(torch.ones(3, 4)).sum().backward()
+    m.optimizer.step()
+    m.lr_scheduler.step()
+    staging = commit.begin_step(tmp_path, 1)
+    save_like_verl(m, staging / "actor")
+    step = commit.commit_step(tmp_path, staging, 1)
+    want = {k: v.detach().clone() for k, v in m.model.named_parameters()}
+    with torch.no_grad():
+        for p in m.model.parameters():
+            p.zero_()
+    fresh = manager(fsdp_model)
+    fsdp_manager.load_checkpoint(fresh, str(step / "actor"))
+    got = dict(fresh.model.named_parameters())
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert fresh.optimizer.state_dict()["state"] and fresh.lr_scheduler.last_epoch == 1
+
+
+def test_tampered_fsdp_file_is_refused_unread(tmp_path: Path, fsdp_model) -> None:
+    from test_safe_load import tampered_bytes
+
+    m = manager(fsdp_model)
+    staging = commit.begin_step(tmp_path, 1)
+    save_like_verl(m, staging / "actor")
+    step = commit.commit_step(tmp_path, staging, 1)
+    target = step / "actor" / "extra_state_world_size_1_rank_0.pt"
+    marker = tmp_path / "ran"
+    target.write_bytes(tampered_bytes(marker, target.stat().st_size))
+    with pytest.raises(UnsafeCheckpointError, match=f"^{target}: sha256"):
+        fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
+    man = json.loads((step / "checkpoint.json").read_text())
+    import hashlib
+
+    man["files"]["actor/extra_state_world_size_1_rank_0.pt"]["sha256"] = hashlib.sha256(target.read_bytes()).hexdigest()
+    (step / "checkpoint.json").write_text(json.dumps(man))
+    with pytest.raises(UnsafeCheckpointError, match=f"^{target}: refused by the weights-only loader"):
+        fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
+    assert not marker.exists()
