@@ -179,7 +179,9 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    batch = torch.load(batch_file)
+    from verl_patches.checkpoint.safe_load import load_tensor_file
+
+    batch = load_tensor_file(batch_file)  # weights-only: the batch is a dict of tensors
     n, r = batch["responses"].shape[0], batch["responses"].shape[1]
     cfg_hf = json.loads((Path(hf_dir) / "config.json").read_text())
     cfg = worker_config(hf_dir, mcore_dir, tp, pp, ep, layer_list, n, batch["input_ids"].shape[1] - r, r)

@@ -25,6 +25,7 @@ measured on this project's CPU host (`bench/bench_check_logprobs_memory.py`, `te
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -114,7 +115,8 @@ def _megatron_rank_bytes(cfg: Mapping[str, Any], layout: Any, dtype: torch.dtype
     from verl_patches.weights.layout import all_ranks
 
     meta = meta_source(cfg, dtype)
-    return [sum(torch.Size(s).numel() * _elem(d) for s, d in plan_rank_shapes(cfg, layout, r, meta).values())
+    # Python integers: a product of sizes never overflows (the config's sizes are bounded by its validation)
+    return [sum(math.prod(s) * _elem(d) for s, d in plan_rank_shapes(cfg, layout, r, meta).values())
             for r in all_ranks(layout)]
 
 

@@ -9,6 +9,7 @@ Model folders the engines read (all in a temporary folder, removed afterwards):
 """
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,15 +18,13 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from verl_patches.checks.compare import EngineDiff, compare, verdict
+from verl_patches.checks.inputs import CheckRequestError, check_inputs
 
 if TYPE_CHECKING:
     from verl_patches.checks.memory import MemoryEstimate
 
 ENGINES = ("megatron", "rollout")
-
-
-class CheckRequestError(ValueError):
-    """A request that cannot be run; the message names the flag."""
+MAX_TOKENS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,15 @@ def validate_request(req: CheckRequest) -> None:
                                 f"(an EP instance is rollout TP x VLLM_DP_SIZE ranks)")
     if req.num_layer_list is not None and len(req.num_layer_list) != req.pp:
         raise CheckRequestError(f"--num-layer-list has {len(req.num_layer_list)} entries, --pp is {req.pp}")
-    if req.tolerance is not None and not req.tolerance > 0:
-        raise CheckRequestError(f"--tolerance must be positive, got {req.tolerance!r}")
+    if req.tolerance is not None and not 0 < req.tolerance < math.inf:
+        raise CheckRequestError(f"--tolerance must be a positive number, got {req.tolerance!r}")
+    if not 0 < req.timeout_s < math.inf:
+        raise CheckRequestError(f"--timeout must be a positive number of seconds, got {req.timeout_s!r}")
+    if req.tokens > MAX_TOKENS:
+        raise CheckRequestError(f"--tokens {req.tokens}: at most {MAX_TOKENS} (the check scores short sequences)")
+    for flag, v in (("--layers", req.layers), ("--experts", req.experts)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise CheckRequestError(f"{flag} must be a positive integer, got {v!r}")
     if req.dtype not in ("auto", "float32", "bfloat16"):
         raise CheckRequestError(f"--dtype {req.dtype!r}: auto, float32 or bfloat16")
 
@@ -192,6 +198,16 @@ def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) ->
     return hf, req.mcore
 
 
+def _load_tensor(path: Path) -> torch.Tensor:
+    """A rank's result file, read weights-only (`checkpoint.safe_load`): tensors, never pickled code."""
+    from verl_patches.checkpoint.safe_load import load_tensor_file
+
+    t = load_tensor_file(path)
+    if not isinstance(t, torch.Tensor):
+        raise RuntimeError(f"{path}: expected a tensor of log-probs, found {type(t).__name__}")
+    return t
+
+
 def collect(req: CheckRequest, out_dir: Path, dp: int) -> dict[str, torch.Tensor]:
     """The engines' log-probs as written by the ranks (Megatron's data-parallel shares in order)."""
     got = {}
@@ -201,10 +217,10 @@ def collect(req: CheckRequest, out_dir: Path, dp: int) -> dict[str, torch.Tensor
             p = out_dir / f"megatron_dp{d}.pt"
             if not p.is_file():
                 raise RuntimeError(f"megatron: data-parallel rank {d} wrote no log-probs ({p})")
-            parts.append(torch.load(p))
+            parts.append(_load_tensor(p))
         got["megatron"] = torch.cat(parts)
     if "rollout" in req.engines:
-        got["rollout"] = torch.load(out_dir / "rollout.pt")
+        got["rollout"] = _load_tensor(out_dir / "rollout.pt")
     return got
 
 
@@ -216,6 +232,7 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
     from verl_patches.weights.config import load_config
 
     validate_request(req)
+    check_inputs(req.hf, req.mcore)  # tokenizer, tensors, dtypes, sizes: before any conversion or rank
     dtype_name = check_memory(req, log)
     tolerance = req.tolerance if req.tolerance is not None else default_tolerance(dtype_name)
     with tempfile.TemporaryDirectory(prefix="check_logprobs_", dir=work_dir) as tmp:

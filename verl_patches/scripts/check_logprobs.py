@@ -5,8 +5,9 @@
   python verl_patches/scripts/check_logprobs.py --hf /data/DeepSeek-V3-bf16 --mcore /data/dsv3-mcore \\
       --layers 4 --experts 16 --tp 1 --pp 1 --ep 2
 
-Prints max and mean |log-prob difference| per engine (megatron, rollout) against HF transformers and exits
-1 above --tolerance, naming the engine and the worst token position (2: a request that cannot be checked).
+Prints max and mean |log-prob difference| per engine (megatron, rollout) against HF transformers. Exit status:
+0 every engine within --tolerance; 1 a mismatch, naming the engine and the worst token position; 2 bad input
+(flags, model folder, tokenizer, tensors, checkpoint) or any failure on the way, one line.
 See `python verl_patches/scripts/check_logprobs.py --help` and `verl_patches/checks`.
 """
 from __future__ import annotations

@@ -109,6 +109,18 @@ _STR_KEYS = {
     "scoring_func": ("sigmoid", "softmax"),
     "hidden_act": None,
 }
+# Upper bounds far beyond any model these tools handle (DeepSeek-V3: hidden 7168, 61 layers, 256 experts,
+# vocabulary 129280): a config past them is a typo or an attack, and its shapes would overflow int64 sizes or
+# make planning loops over layers x experts run for hours before anything is read.
+_MAX_INT = {"hidden_size": 1 << 17, "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+            "num_hidden_layers": 1 << 12, "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12,
+            "n_routed_experts": 1 << 12, "n_shared_experts": 1 << 8, "n_group": 1 << 12, "topk_group": 1 << 12,
+            "num_experts_per_tok": 1 << 12, "q_lora_rank": 1 << 17, "kv_lora_rank": 1 << 17,
+            "qk_nope_head_dim": 1 << 12, "qk_rope_head_dim": 1 << 12, "v_head_dim": 1 << 12, "vocab_size": 1 << 24,
+            "max_position_embeddings": 1 << 30, "moe_layer_freq": 1 << 12, "first_k_dense_replace": 1 << 12,
+            "num_nextn_predict_layers": 1 << 8, "bos_token_id": 1 << 31, "eos_token_id": 1 << 31}
+_MAX_EXPERT_TENSORS = 1 << 16  # num_hidden_layers x n_routed_experts (DeepSeek-V3: 15616)
+MAX_CONFIG_BYTES = 16 << 20
 _YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
 
@@ -170,6 +182,13 @@ def validate_config(cfg: Mapping[str, Any], where: str = "config", training: boo
             _fail(where, key, "missing")
         if not _is_int(cfg[key]) or cfg[key] < 0:
             _fail(where, key, f"must be a non-negative integer, got {cfg[key]!r}")
+    for key, bound in _MAX_INT.items():
+        if key in cfg and cfg[key] > bound:
+            _fail(where, key, f"{cfg[key]} is beyond any model these tools handle (at most {bound})")
+    if cfg["num_hidden_layers"] * cfg["n_routed_experts"] > _MAX_EXPERT_TENSORS:
+        _fail(where, "n_routed_experts", f"num_hidden_layers x n_routed_experts = "
+                                         f"{cfg['num_hidden_layers'] * cfg['n_routed_experts']} experts, beyond any "
+                                         f"model these tools handle (at most {_MAX_EXPERT_TENSORS})")
     for key in _FLOAT_KEYS:
         if key not in cfg:
             _fail(where, key, "missing")
@@ -238,15 +257,21 @@ def resolve_config_path(path: str | Path) -> Path:
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
     """Parse a config.json (file or directory) without validating it; errors name the file and line."""
+    from verl_patches.regular_file import FileRefused, read_regular_file
+
     p = resolve_config_path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"{p}: config file not found")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_file(p, max_bytes=MAX_CONFIG_BYTES).decode("utf-8"))
+    except FileRefused as err:
+        raise ConfigError(str(err)) from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{p}: line {err.lineno}: invalid JSON: {err.msg}") from None
     except (RecursionError, UnicodeDecodeError):
         raise ConfigError(f"{p}: not UTF-8 JSON of a plausible depth") from None
+    except ValueError:  # an integer beyond Python's digit limit
+        raise ConfigError(f"{p}: a number beyond any config value") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a JSON object")
     return data

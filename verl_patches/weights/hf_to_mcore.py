@@ -131,7 +131,7 @@ def rank_sizes(cfg: Mapping[str, Any], layout: ParallelLayout) -> dict[Rank, int
             for r in all_ranks(layout)}
 
 
-def _unconverted_hint(name: str, cfg: Mapping[str, Any]) -> str:
+def unconverted_hint(name: str, cfg: Mapping[str, Any]) -> str:
     parts = name.split(".")
     if name.endswith("_scale_inv"):
         return "an FP8 scale: convert the checkpoint with fp8_cast_bf16.py first"
@@ -168,7 +168,7 @@ def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tu
     if unknown:
         first = unknown[0]
         raise CheckpointError(f"{index.root / index.weight_map[first]}: tensor {first!r} is not part of the "
-                              f"DeepSeek-V3 model config.json describes ({_unconverted_hint(first, cfg)}); "
+                              f"DeepSeek-V3 model config.json describes ({unconverted_hint(first, cfg)}); "
                               f"{len(unknown)} such tensor(s)")
     return found
 
