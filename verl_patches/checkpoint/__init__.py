@@ -4,8 +4,11 @@ A checkpoint of step N is one folder ``<trainer.default_local_dir>/global_step_N
 single rename once everything in it is written and checked, so a crash while saving leaves the previous
 checkpoint as the latest valid one:
 
+    .verl_patches_owner          the root's nonce: pruning deletes only folders that carry it (issue #27)
     global_step_N/
-      checkpoint.json            the step manifest (written last, before the rename): step, layout, files
+      checkpoint.json            the step manifest (written last, before the rename): step, layout, and each
+                                 file's size and sha256
+      .verl_patches_owner        the same nonce (the folder was created by this root's saves)
       data.pt                    the train dataloader's position (verl's StatefulDataLoader state)
       actor/
         latest_checkpointed_iteration.txt, hf_to_mcore_manifest.json   (our converter's layout: the export
@@ -13,10 +16,16 @@ checkpoint as the latest valid one:
         optim/mp_rank_..._params.pt   the distributed optimizer's parameter state (Adam moments, fp32 params)
         optim/rank_RRRRR_common.pt    the optimizer's param groups (step count, lr) and grad scaler
         rng/rank_RRRRR.pt             python, numpy, torch, device and Megatron tracker RNG states
-        ranks/rank_RRRRR.json         what rank R wrote (its coordinates and file sizes)
+        ranks/rank_RRRRR.json         what rank R wrote (its coordinates, file sizes and sha256s)
+
+A resume reads only files the step manifest lists, by names confined to the step folder, each checked
+against its sha256 before it is read and loaded with ``weights_only=True`` (issue #27).
 
 Modules: `plan` (pure: names, which checkpoint to resume from, what to prune), `manifest` (pure: rank
-records -> step manifest, layout comparison and its error), `commit` (the rename, tracker and pruning),
+records -> step manifest, strict parsers, layout comparison and its error), `commit` (the rename,
+ownership, tracker and pruning), `tracker` (the one strict tracker / step-number parser), `confine`
+(names and paths kept inside their folder), `strict_json`, `safe_load` (the one ``.pt`` reader),
+`optimizer_state` (the distributed optimizer's parameter state without Megatron's bare ``torch.load``),
 `rng`, `actor_state` (per-rank save/load of the Megatron actor) and `trainer_io` (the driver's save and
 resume, used by the declared patches in verl_patches/patches/verl/utils/checkpoint).
 """
