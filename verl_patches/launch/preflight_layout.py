@@ -200,12 +200,49 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
             out.append(Finding("layout.rollout_model_len", FAIL, f"max_model_len {max_len} exceeds the model's "
                                                                   f"max_position_embeddings {pos}",
                                f"data.max_response_length / {R}.max_model_len"))
-        batched = int(get(cfg, f"{R}.max_num_batched_tokens") or 0)
-        if not get(cfg, f"{R}.enable_chunked_prefill") and batched < max_len:
-            out.append(Finding("layout.rollout_model_len", FAIL,
-                               f"without chunked prefill vLLM needs max_num_batched_tokens ({batched}) >= max_model_len "
-                               f"({max_len})", f"{R}.max_num_batched_tokens / {R}.enable_chunked_prefill"))
+        out += engine_findings(cfg)
     return out
+
+
+# The declared patches that free the rollout's KV cache after every generate and rebuild it before the next
+# with the first init's block count: what verl's dropped enforce_eager/free_cache_engine check protected.
+KV_LIFECYCLE_PATCHES = ("verl.vllm_rollout_spmd.LLM.lifecycle", "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
+                        "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks")
+
+
+def engine_findings(cfg: Any) -> list[Finding]:
+    """The vLLM engine's settings (verl_patches.trainer.rollout_settings): one FAIL per contradiction, else
+    what the engine gets (graph mode and graph batch size, max_num_seqs, chunked prefill), and whether the
+    patches that free and rebuild the KV cache every step are declared for the NPU."""
+    from verl_patches.patches.catalog import all_patches
+    from verl_patches.trainer.rollout_settings import describe, rollout_problems
+
+    problems = rollout_problems(cfg)
+    out = [Finding("rollout.engine", FAIL, p, _keys_in(cfg, p)) for p in problems]
+    if not problems:
+        out.append(Finding("rollout.engine", OK, describe(cfg)))
+    declared = {p.name: p for p in all_patches()}
+    missing = [n for n in KV_LIFECYCLE_PATCHES if n not in declared or "npu" not in declared[n].devices]
+    if missing:
+        out.append(Finding("rollout.kv_cache_lifecycle", FAIL, f"patches not declared for the NPU: {missing}: the KV "
+                                                                f"cache would not be freed and rebuilt every step",
+                           "verl_patches/patches"))
+    elif get(cfg, f"{R}.free_cache_engine", True):
+        out.append(Finding("rollout.kv_cache_lifecycle", OK,
+                           "KV cache freed after every generate and rebuilt before the next with the first init's "
+                           "block count (no sleep mode; patches " + ", ".join(KV_LIFECYCLE_PATCHES) + " at their pins: "
+                           "see the patches check)"))
+    return out
+
+
+def _keys_in(cfg: Any, text: str) -> str:
+    import re
+
+    keys: list[str] = []
+    for k in re.findall(r"[a-z_]+(?:\.[a-z_0-9]+)+", text):
+        if k not in keys and get(cfg, k, _MISSING) is not _MISSING:
+            keys.append(k)
+    return " / ".join(keys)
 
 
 def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int) -> list[Finding]:
@@ -250,17 +287,15 @@ def fsdp_findings(ctx: Context) -> list[Finding]:
 
 def semantic_findings(cfg: Any) -> list[Finding]:
     """Our trainer's own config rules (verl_patches.trainer.config_checks), one finding each."""
-    import re
-
     from verl_patches.trainer.config_checks import check_config
+    from verl_patches.trainer.rollout_settings import rollout_problems
 
     out = []
+    engine = set(rollout_problems(cfg))  # reported by engine_findings as rollout.engine
     for problem in check_config(cfg):
-        keys = []
-        for k in re.findall(r"[a-z_]+(?:\.[a-z_0-9]+)+", problem):
-            if k not in keys and get(cfg, k, _MISSING) is not _MISSING:
-                keys.append(k)
-        out.append(Finding("config.semantic", FAIL, problem, " / ".join(keys)))
+        if problem in engine:
+            continue
+        out.append(Finding("config.semantic", FAIL, problem, _keys_in(cfg, problem)))
     if not out:
         out.append(Finding("config.semantic", OK, "trainer config rules hold (old_log_prob skip preconditions, "
                                                    "swap optimizer vs offload, layer list vs PP)"))
