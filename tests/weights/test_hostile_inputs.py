@@ -394,3 +394,23 @@ def test_property_output_plan_never_crashes_nor_lists_a_path_outside(tmp_path_fa
         return
     for man in (plan.manifest, plan.previous or {}):
         assert all(_confined(n) for n in man.get("shards", {})) and all(_confined(n) for n in man.get("files", []))
+
+
+def test_outputs_follow_the_umask(fp8_dir, tmp_path):
+    old = os.umask(0o022)
+    try:
+        run_fp8_cast(fp8_dir, tmp_path / "out", progress=False)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert modes and set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("value,words", [("9" * 5000, "not a config value"), ("2147483648", "beyond any model"),
+                                         ("[" * 100000, "not a config value")])
+def test_make_config_set_values_are_one_line(tmp_path, value, words):
+    r = subprocess.run([sys.executable, "verl_patches/scripts/make_config.py", "--out", str(tmp_path / "o"),
+                        "--set", f"hidden_size={value}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert words in line and "hidden_size" in line

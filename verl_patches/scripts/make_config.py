@@ -15,7 +15,8 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.weights.cli import run_cli
+from verl_patches.strict_int import int_arg  # noqa: E402
+from verl_patches.weights.cli import run_cli  # noqa: E402
 from verl_patches.weights.config import make_tiny_config, make_training_config, read_config_json, resolve_config_path  # noqa: E402
 from verl_patches.weights.errors import ConfigError  # noqa: E402
 from verl_patches.weights.hf_dir import write_model_dir  # noqa: E402
@@ -31,6 +32,9 @@ def parse_set(items: list[str]) -> dict:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
+        except (ValueError, RecursionError):  # a number beyond Python's digit limit, or nesting beyond the stack
+            raise ConfigError(f"--set {key}: the value is not a config value (a number or a nesting beyond any "
+                              f"config)") from None
     return out
 
 
@@ -42,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "every other key kept; tokenizer and remote-code files of a directory are copied")
     src.add_argument("--tiny", action="store_true", help="the tiny variant (same keys, small sizes)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (config.json is written there)")
-    p.add_argument("--vocab-size", type=int, default=512, help="vocabulary size of the tiny variant (default 512)")
+    p.add_argument("--vocab-size", type=int_arg(1), default=512, help="vocabulary size of the tiny variant (default 512)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key (VALUE parsed as JSON, else a string); repeatable")
     return p

@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,11 +18,17 @@ _HASH_CHUNK = 8 << 20
 
 
 def temp_path_for(target: Path) -> Path:
-    """A fresh temporary path beside ``target`` (same filesystem, so the rename is atomic)."""
+    """A fresh temporary file beside ``target`` (same filesystem, so the rename is atomic), created with mode
+    0666 minus the umask like any file the user writes (mkstemp's 0600 would make every output unreadable to
+    the other accounts of a shared storage, whatever the umask says)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=TMP_PREFIX + target.name + ".", dir=target.parent)
-    os.close(fd)
-    return Path(name)
+    while True:
+        path = target.parent / f"{TMP_PREFIX}{target.name}.{secrets.token_hex(4)}"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
+            return path
+        except FileExistsError:
+            continue
 
 
 def write_atomically(target: Path, writer: Callable[[Path], None]) -> None:
