@@ -253,3 +253,16 @@ def test_saving_over_a_foreign_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(commit.CheckpointRootError, match="global_step_4: exists and was not saved by this"):
         commit.commit_step(tmp_path, staging, 4)
     assert commit.is_complete(tmp_path / "global_step_4")  # untouched
+
+
+@pytest.mark.parametrize("rel,content", [("actor/rng/rank_00001.pt", b"y" * 11),
+                                         ("actor/ranks/rank_00000.json", None)])
+def test_same_size_change_of_a_small_file_skips_the_step_and_names_it(tmp_path: Path, rel: str, content) -> None:
+    save(tmp_path, 2)
+    final = save(tmp_path, 4)
+    path = final / rel
+    size = path.stat().st_size
+    path.write_bytes(content if content is not None else b" " * size)  # a record blanked: same size, not JSON
+    assert commit.is_complete(final)  # by sizes
+    point = commit.find_resume(tmp_path)
+    assert point.step == 2 and point.note.startswith(f"global_step_4 skipped: {path}: sha256 ")

@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from verl_patches.checkpoint import trainer_io
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
-from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, sha256_file
+from verl_patches.checkpoint import commit
+from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, load_tensor_file, sha256_file
 
 LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
 
@@ -129,17 +130,37 @@ def test_resume_path_refuses_a_link_and_a_damaged_step(tmp_path: Path) -> None:
         trainer_io.load_latest(trainer(tmp_path / "ck", resume_mode="resume_path", resume_from_path=str(step)))
 
 
-def test_tampered_dataloader_state_is_refused_before_any_worker_loads(tmp_path: Path) -> None:
+def test_tampered_dataloader_state_is_refused_before_any_worker_loads(tmp_path: Path, capsys) -> None:
     t = trainer(tmp_path)
-    t.global_steps = 2
-    step = trainer_io.save_step(t)
-    data = step / "data.pt"
-    size = data.stat().st_size
-    data.write_bytes(b"\0" * size)  # same size: complete by sizes, refused by digest
+    for step in (2, 4):
+        t.global_steps = step
+        trainer_io.save_step(t)
+    data = tmp_path / "global_step_4" / "data.pt"
+    data.write_bytes(b"\0" * data.stat().st_size)  # same size: complete by sizes, refused by digest
     fresh = trainer(tmp_path)
-    with pytest.raises(UnsafeCheckpointError, match=f"{data}: sha256 .* differs"):
+    assert trainer_io.load_latest(fresh) == 2  # auto: the damaged newest step is skipped, and the line says why
+    out = capsys.readouterr().out
+    assert f"global_step_4 skipped: {data}: sha256 " in out and "differs" in out
+    assert fresh.actor_rollout_wg.loaded == [str(tmp_path / "global_step_2" / "actor")]
+    # named explicitly: refused, before any worker loads
+    fresh = trainer(tmp_path, resume_mode="resume_path", resume_from_path=str(tmp_path / "global_step_4"))
+    with pytest.raises(CheckpointIncomplete, match=f"{data}: sha256 .* differs"):
         trainer_io.load_latest(fresh)
     assert fresh.actor_rollout_wg.loaded == []
+    # the digest is checked again where the file is read (a change after the choice is refused too)
+    with pytest.raises(UnsafeCheckpointError, match=f"{data}: sha256 .* differs"):
+        load_tensor_file(data, expected_sha256=commit.read_manifest(data.parent).files["data.pt"].sha256)
+
+
+def test_only_checkpoint_damaged_starts_from_scratch_and_says_why(tmp_path: Path, capsys) -> None:
+    t = trainer(tmp_path)
+    t.global_steps = 2
+    trainer_io.save_step(t)
+    (tmp_path / "global_step_2" / "checkpoint.json").write_bytes(b"\xff")
+    assert trainer_io.load_latest(trainer(tmp_path)) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("verl_patches resume:")]
+    assert line == [f"verl_patches resume: starting from step 0 (no complete checkpoint under {tmp_path}; "
+                    f"global_step_2 skipped: {tmp_path / 'global_step_2' / 'checkpoint.json'}: not UTF-8 (byte 0))"]
 
 
 def test_hdfs_is_refused(tmp_path: Path) -> None:

@@ -28,10 +28,11 @@ from verl_patches.checkpoint.manifest import (MANIFEST_FILE, MAX_MANIFEST_BYTES,
                                               parse_rank_record, rank_record_name)
 from verl_patches.checkpoint.plan import (STAGING_PREFIX, TRACKER_FILE, TRASH_PREFIX, Entry, ResumePoint,
                                           choose_resume, parse_step_dir, plan_prune, staging_dir_name, step_dir_name)
-from verl_patches.checkpoint.safe_load import sha256_file
+from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, check_digest, sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 from verl_patches.weights.atomic_io import write_json_atomically, write_text_atomically
 
+SMALL_FILE_BYTES = 1 << 20  # the files a resume checks on the driver before choosing a step (records, RNG, trackers)
 OWNER_FILE = ".verl_patches_owner"  # in the root: the nonce of this root's saves; in each folder they create
 _NONCE_RE = re.compile(r"[0-9a-f]{32}")
 _RANK_RECORD_RE = re.compile(r"rank_[0-9]{5,10}\.json")
@@ -302,7 +303,44 @@ def read_root_tracker(root: Path) -> tuple[int | None, str]:
         return None, str(err)
 
 
-def find_resume(root: Path) -> ResumePoint | None:
+def small_files_problem(step_dir: Path) -> str:
+    """'' when every file of at most `SMALL_FILE_BYTES` has its recorded sha256 and every rank record parses,
+    else one line naming the file. Cheap (small files only), so the driver can skip a damaged step before
+    any worker reads it; the workers check the digests of the large files they read."""
+    step_dir = Path(step_dir)
+    try:
+        manifest = read_manifest(step_dir)
+        for rel, rec in manifest.files.items():
+            if rec.size <= SMALL_FILE_BYTES:
+                path = confined_path(step_dir, rel, str(step_dir / MANIFEST_FILE))
+                check_digest(path, sha256_file(path), rec.sha256)
+        for role, layout in manifest.roles.items():
+            if layout is not None:
+                read_rank_records(step_dir / role)
+    except (CheckpointIncomplete, ConfinementError, UnsafeCheckpointError, OSError) as err:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return ""
+
+
+def find_resume_and_why(root: Path) -> tuple[ResumePoint | None, str]:
+    """The newest complete step whose small files are intact (`small_files_problem`), or None, and one line:
+    the point's note (a newer step skipped and why, a tracker that could not be used), or why there is none."""
     root = Path(root)
     tracked, problem = read_root_tracker(root)
-    return choose_resume(listing(root), tracked, problem)
+    entries = listing(root)
+    while True:
+        point = choose_resume(entries, tracked, problem)
+        if point is None:
+            broken = sorted(((s, n) for n, e in entries.items() if (s := parse_step_dir(n)) is not None
+                             and not e.complete), reverse=True)
+            why = f"no complete checkpoint under {root}"
+            return None, (f"{why}; {broken[0][1]} skipped: {entries[broken[0][1]].problem or 'incomplete'}"
+                          if broken else why)
+        damaged = small_files_problem(root / point.name)
+        if not damaged:
+            return point, point.note
+        entries[point.name] = Entry(complete=False, ours=entries[point.name].ours, problem=damaged)
+
+
+def find_resume(root: Path) -> ResumePoint | None:
+    return find_resume_and_why(root)[0]

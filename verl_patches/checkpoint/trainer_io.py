@@ -73,16 +73,14 @@ def resume_dir(trainer_cfg: Any) -> tuple[Path | None, str]:
             raise ValueError(f"trainer.resume_from_path={given!r}: must name a global_step_N folder")
         path = Path(os.path.abspath(given))
         commit.read_manifest(path)  # a clear error when it is not a complete checkpoint
-        problem = commit.step_problem(path)
+        problem = commit.step_problem(path) or commit.small_files_problem(path)
         if problem:
             raise CheckpointIncomplete(f"trainer.resume_from_path={given!r}: {problem}")
         return path, "trainer.resume_from_path"
     if mode != "auto":
         raise ValueError(f"trainer.resume_mode={mode!r}: expected auto, resume_path or disable")
-    point = commit.find_resume(root)
-    if point is None:
-        return None, f"no complete checkpoint under {root}"
-    return root / point.name, point.note
+    point, why = commit.find_resume_and_why(root)
+    return (root / point.name if point is not None else None), why
 
 
 def load_latest(trainer: Any) -> int:
