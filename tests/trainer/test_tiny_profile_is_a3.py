@@ -41,6 +41,8 @@ ALLOWED: dict[str, str] = {
     "overlay.vllm_dp_size": "parallel size (one rollout instance per rank: the stand-in computes at EP1)",
     # dtype and device
     "*.params_dtype": "dtype: fp32 so rollout and training log-probs agree to 1e-3",
+    "actor_rollout_ref.actor.megatron.swap_optimizer": "follows the dtype: MindSpeed's swap optimizer has no Adam "
+                                                       "state for fp32 parameters (refused by config_checks)",
     f"{R}.dtype": "dtype",
     "trainer.device": "device (the host's)",
     "overlay.dies_per_card": "device (a CPU rank is one 'die')",

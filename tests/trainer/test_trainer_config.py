@@ -386,6 +386,13 @@ def test_check_swap_optimizer_with_optimizer_offload() -> None:
     assert _problems(f"{M}.optimizer_offload=True", f"{M}.swap_optimizer=False") == []
 
 
+def test_check_swap_optimizer_needs_bf16_parameters() -> None:
+    """MindSpeed's swap optimizer keeps no Adam state for fp32 parameters (the tiny run trains in fp32)."""
+    problems = check_config(composed("tiny", f"{M}.swap_optimizer=True"), environ={})
+    assert len(problems) == 1 and f"{M}.swap_optimizer" in problems[0] and f"{M}.params_dtype" in problems[0]
+    assert check_config(composed("tiny"), environ={}) == []
+
+
 def test_check_layer_list_length() -> None:
     problems = _problems(f"{M}.pipeline_parallel_num_layer_list=[7,7,8,8,8,8,15]")
     assert len(problems) == 1

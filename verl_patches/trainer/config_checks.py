@@ -44,6 +44,11 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     m = f"{a}.megatron"
     if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.optimizer_offload"):
         problems.append(f"{m}.swap_optimizer=True replaces optimizer offload: set {m}.optimizer_offload=False")
+    if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.params_dtype") in ("float32", "fp32"):
+        # MindSpeed v2.0.0 creates the swapped Adam states only for the fp32 main copies of bf16/fp16
+        # parameters; with fp32 parameters its step finds none (KeyError 'exp_avg' at the first update)
+        problems.append(f"{m}.swap_optimizer=True needs bf16 parameters: MindSpeed's swap optimizer keeps no Adam "
+                        f"state for {m}.params_dtype=float32; set one of them off")
     layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
     if layers is not None:
         pp = get(cfg, f"{m}.pipeline_model_parallel_size")
