@@ -157,7 +157,22 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
                     env, launch, "trainer")
     launch.say(f"trainer exited with status {rc} after {time.monotonic() - start:.0f} s wall time "
                f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}")
+    say_hang_report(launch, rc)
     return rc
+
+
+def say_hang_report(launch: Launch, rc: int) -> None:
+    """After a failed trainer, repeat the driver's hang report (rank, node, pid, phase, step) as the last line."""
+    if rc == 0:
+        return
+    from verl_patches.resilience.hang_diagnosis import last_report
+
+    try:
+        report = last_report((launch.log_dir / "trainer.log").read_text(errors="replace"))
+    except OSError:
+        return
+    if report:
+        launch.say(report)
 
 
 def device() -> str:
@@ -232,7 +247,10 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(settings, needs_checkpoint=needs_ckpt,
                                         allow_remote_dashboard=args.allow_remote_dashboard)
-    if problems:
+    if len(problems) == 1:
+        print(f"launch: cannot start: {problems[0].message}", file=sys.stderr)
+        return 2
+    if problems:  # one line per problem, so each names its variable
         print("launch: cannot start:\n  - " + "\n  - ".join(p.message for p in problems), file=sys.stderr)
         return 2
     exposure = dashboard_exposure(settings, args.allow_remote_dashboard)
@@ -282,6 +300,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
                                  settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1", settings.int("RAY_DASHBOARD_PORT")),
         "head", launch.log_dir / "ray.log", env, address=f"{node_ip}:{settings.int('MASTER_PORT')}")
     launch.record("ray", head.pid)
+    rc = 1
     try:
         ray_cluster.wait_for_resource(address, NPU_RESOURCE, float(settings.world_size), settings.int("NNODES"),
                                       timeout, head=head, progress=launch.say)
@@ -296,6 +315,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     finally:
         launch.say("stopping the Ray processes this launch started")
         head.stop()
+        say_hang_report(launch, rc)
 
 
 def main(argv: list[str] | None = None) -> int:
