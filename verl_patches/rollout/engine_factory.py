@@ -32,6 +32,12 @@ _ENGINE_KEYS = "actor_rollout_ref.rollout.engine_kwargs.vllm"
 def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
     out = dict(kwargs)
+    # verl v0.4.0 passes limit_mm_per_prompt=None for text-only data; vLLM 0.9.1's ModelConfig (a pydantic
+    # dataclass) refuses None where it wants a dict: leave vLLM's default ({}) instead, as verl means
+    if out.get("limit_mm_per_prompt", {}) is None:
+        del out["limit_mm_per_prompt"]
+    # verl passes True; vLLM 0.9.1 refuses it for a text-only model such as DeepSeek-V3 (the vendor passes False)
+    out["disable_mm_preprocessor_cache"] = False
     out["enable_sleep_mode"] = False
     out["enable_prefix_caching"] = False
     dp = int(env.get("VLLM_DP_SIZE", "1") or 1)

@@ -1,0 +1,106 @@
+"""One rank (argv: spec JSON, rank, world size, rendezvous port) of verl's vLLMRollout built with the A3 engine
+on a CPU host: our prelude, then verl's `LLM` name bound to `engine_factory.build_llm` exactly as the NPU patch
+binds it (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's NPUPlatform
+.check_and_update_config and ascend_config, the V1 engine core and vllm-ascend's worker run for real on the
+torch_npu emulation, until the first NPU tensor. For each case of the spec it records where construction
+stopped and what the engine received. Prints one JSON line."""
+
+import json
+import os
+import sys
+import traceback
+
+import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
+
+import torch.distributed as dist  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+spec = json.load(open(sys.argv[1]))
+rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+from transformers import AutoConfig, AutoTokenizer  # noqa: E402
+from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+
+from verl_patches.rollout import engine_factory  # noqa: E402
+
+out = {"cpu_binding": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__qualname__}", "cases": {}}
+vllm_rollout_spmd.LLM = engine_factory.build_llm  # the binding of the NPU patch verl.vllm_rollout_spmd.LLM.lifecycle
+
+seen: dict = {}
+_create = EngineArgs.create_engine_config
+
+
+def create_engine_config(self, *args, **kwargs):
+    seen["engine_args"] = {k: getattr(self, k) for k in ("enable_sleep_mode", "enable_prefix_caching",
+                                                          "enable_expert_parallel", "enforce_eager", "max_num_seqs",
+                                                          "max_num_batched_tokens", "max_model_len",
+                                                          "enable_chunked_prefill", "distributed_executor_backend")}
+    cfg = _create(self, *args, **kwargs)  # runs NPUPlatform.check_and_update_config
+    seen["vllm_config"] = cfg
+    return cfg
+
+
+EngineArgs.create_engine_config = create_engine_config
+
+
+def summary(cfg) -> dict:
+    from vllm_ascend.ascend_config import get_ascend_config
+
+    asc = get_ascend_config()
+    graph = asc.torchair_graph_config
+    return {
+        "platform_config_class": type(cfg.scheduler_config).__module__ + "." + type(cfg.scheduler_config).__name__,
+        "scheduler": {"chunked_prefill_enabled": cfg.scheduler_config.chunked_prefill_enabled,
+                      "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+                      "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+                      "max_model_len": cfg.scheduler_config.max_model_len,
+                      "scheduler_cls": str(cfg.scheduler_config.scheduler_cls)},
+        "ascend_graph": {"enabled": graph.enabled, "graph_batch_sizes": list(graph.graph_batch_sizes),
+                         "enable_multistream_mla": graph.enable_multistream_mla,
+                         "enable_multistream_moe": graph.enable_multistream_moe, "enable_kv_nz": graph.enable_kv_nz,
+                         "enable_view_optimize": graph.enable_view_optimize,
+                         "use_cached_graph": graph.use_cached_graph},
+        "ascend_scheduler": {"enabled": asc.ascend_scheduler_config.enabled,
+                             "enable_chunked_prefill": getattr(asc.ascend_scheduler_config, "enable_chunked_prefill",
+                                                               None)},
+        "enable_sleep_mode": cfg.model_config.enable_sleep_mode,
+        "enforce_eager": cfg.model_config.enforce_eager,
+        "prefix_caching": cfg.cache_config.enable_prefix_caching,
+        "expert_parallel": cfg.parallel_config.enable_expert_parallel,
+        "data_parallel_size": cfg.parallel_config.data_parallel_size,
+        "data_parallel_rank": cfg.parallel_config.data_parallel_rank,
+        "tensor_parallel_size": cfg.parallel_config.tensor_parallel_size,
+        "worker_cls": cfg.parallel_config.worker_cls,
+        "compilation_level": int(cfg.compilation_config.level),
+    }
+
+
+model_dir = spec["model_dir"]
+hf_config = AutoConfig.from_pretrained(model_dir)
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+for name, case in spec["cases"].items():
+    seen.clear()
+    config = OmegaConf.merge(OmegaConf.create(spec["rollout"]), case)
+    result: dict = {}
+    try:
+        vllm_rollout_spmd.vLLMRollout(model_dir, config, tokenizer, hf_config)
+        result["stopped_at"] = None
+    except BaseException as e:  # noqa: BLE001  (where it stops is the data)
+        frames = traceback.extract_tb(e.__traceback__)
+        tb = frames[-1]
+        result["stopped_at"] = {"error": type(e).__name__, "message": " | ".join(str(e).splitlines()[:4])[:600] if str(e) else "",
+                                "file": os.path.relpath(tb.filename), "line": tb.lineno,
+                                "through": sorted({os.path.relpath(f.filename).split(os.sep)[0] for f in frames})}
+    result["engine_args"] = {k: v for k, v in seen.get("engine_args", {}).items()}
+    if "vllm_config" in seen:
+        result["engine"] = summary(seen["vllm_config"])
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():  # the worker set up vLLM's groups before its model runner stopped
+        result["groups"] = {"tp": ps.get_tp_group().world_size, "dp": ps.get_dp_group().world_size,
+                            "ep": ps.get_ep_group().world_size}
+    result["dp_env"] = {k: os.environ.get(k) for k in ("VLLM_DP_SIZE", "VLLM_DP_RANK")}
+    out["cases"][name] = result
+print(json.dumps(out, default=str))

@@ -1,0 +1,158 @@
+"""The rollout engine A3 builds, built on CPU (issue 24, vendor items F1, F2, F6).
+
+verl's own vLLMRollout, with the resolved a3_256die_true_weight rollout config (sizes scaled down through the
+same Hydra composition: 2 ranks, rollout TP1 x VLLM_DP_SIZE 2, so expert parallelism at DP > 1), and verl's
+`LLM` bound to our `engine_factory.build_llm` as the NPU patch binds it (not the CPU stand-in): our F1
+__init__, F2's VLLM_DP_* export, `OverlayLLM` -> vLLM's EngineArgs -> create_engine_config with vllm-ascend's
+NPUPlatform.check_and_update_config and its parsing of additional_config, the V1 engine core and
+vllm-ascend's worker (distributed groups over an `hccl` backend carried by gloo) all run for real, until the
+model runner's first NPU tensor. Before that, on the same ranks, wrong values are refused by the upstream
+code that refuses them on A3.
+
+Found by this test and fixed in engine_factory: verl v0.4.0 hands vLLM 0.9.1 `limit_mm_per_prompt=None` and
+`disable_mm_preprocessor_cache=True`, both refused by vLLM's ModelConfig for DeepSeek-V3 on every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_patches.sources import dist_info
+
+REPO = Path(__file__).resolve().parents[2]
+R = "actor_rollout_ref.rollout"
+GRAPH = f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config"
+SCALED = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"{R}.n=4", "trainer.nnodes=1",
+          "trainer.n_gpus_per_node=2", f"{R}.tensor_model_parallel_size=1", "data.max_prompt_length=48",
+          "data.max_response_length=16", f"{R}.max_num_batched_tokens=32")
+# Wrong values, each refused on A3 by vLLM's or vllm-ascend's own code (our trainer entry refuses them earlier)
+WRONG = {
+    "eager_with_graph_mode": ({"enforce_eager": True}, "RuntimeError", "vllm_ascend/ascend_config.py",
+                              "Can't enable graph mode and eager mode"),
+    "graph_option_with_graph_off": ({"engine_kwargs": {"vllm": {"additional_config": {"torchair_graph_config": {
+        "enabled": False, "graph_batch_sizes": []}}}}, "enforce_eager": True},
+        "RuntimeError", "vllm_ascend/ascend_config.py", "enable_multistream_mla is valid only when Torchair"),
+    "no_chunked_prefill_below_max_model_len": ({"enable_chunked_prefill": False, "engine_kwargs": {"vllm": {
+        "additional_config": {"ascend_scheduler_config": {"enable_chunked_prefill": False}}}}},
+        "ValidationError", "", "max_num_batched_tokens (32) is smaller than max_model_len (64)"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    from verl_patches.trainer.config_compose import compose_config, resolved
+    from verl_patches.trainer.tiny_a3 import tiny_spec
+    from verl_patches.trainer.tiny_assets import prepare
+
+    if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
+        from verl_patches.sources.lock import load_lock
+        dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
+    saved = {k: os.environ.pop(k) for k in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") if k in os.environ}
+    try:
+        cfg = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight", *SCALED]))
+    finally:
+        os.environ.update(saved)
+    tmp = tmp_path_factory.mktemp("a3-engine")
+    # the tiny run's model: a DeepSeek-V3 config with yarn, and a tokenizer (vLLM loads it)
+    assets = prepare(tmp / "assets", tiny_spec(resolved(compose_config("ppo_tiny_local", []))), progress=False)
+    cases = {name: case for name, (case, *_rest) in WRONG.items()}
+    cases["a3"] = {}  # last: it builds vLLM's distributed groups
+    spec = tmp / "spec.json"
+    spec.write_text(json.dumps({"model_dir": str(assets.model_dir), "rollout": OmegaConf.to_container(
+        cfg.actor_rollout_ref.rollout), "cases": cases}))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_"))}
+    base.update(PYTHONPATH=os.pathsep.join([str(REPO), dist_info.path_entry(REPO)]), WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), VLLM_USE_V1="1", VLLM_DP_SIZE="2",
+                HCCL_SOCKET_IFNAME="lo")
+    rendezvous = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("a3_engine_probe.py")), str(spec), str(r),
+                               "2", rendezvous], cwd=REPO, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=900)
+            assert p.returncode == 0, err[-3000:]
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return outs
+
+
+@pytest.mark.slow
+def test_the_a3_rollout_gets_past_init_down_to_the_first_npu_tensor(ranks) -> None:
+    for rank, out in enumerate(ranks):
+        assert out["cpu_binding"] == "verl_patches.rollout.engine_factory.build_standin_llm"  # rebound by the probe
+        a3 = out["cases"]["a3"]
+        stop = a3["stopped_at"]
+        assert stop["error"] == "NotImplementedError" and "'npu' backend" in stop["message"], stop
+        assert stop["file"].startswith("vllm_ascend/"), stop  # vllm-ascend's model runner, past verl's __init__ checks
+        assert {"verl", "vllm", "vllm_ascend", "verl_patches"} <= set(stop["through"])
+        assert a3["dp_env"] == {"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": str(rank)}  # F2
+        assert a3["groups"] == {"tp": 1, "dp": 2, "ep": 2}  # vLLM's groups: experts over DP x TP
+
+
+@pytest.mark.slow
+def test_what_the_engine_receives(ranks) -> None:
+    for rank, out in enumerate(ranks):
+        args, engine = out["cases"]["a3"]["engine_args"], out["cases"]["a3"]["engine"]
+        assert args["enable_sleep_mode"] is False and args["enable_prefix_caching"] is False
+        assert args["enable_expert_parallel"] is True and args["distributed_executor_backend"] == "external_launcher"
+        assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"]) == (8, 32, 64)
+        # graph mode on, one graph of max_num_seqs = train_batch_size 4 x n 4 / rollout DP 2
+        assert engine["ascend_graph"] == {"enabled": True, "graph_batch_sizes": [8], "enable_multistream_mla": True,
+                                          "enable_multistream_moe": True, "enable_kv_nz": False,
+                                          "enable_view_optimize": False, "use_cached_graph": False}
+        assert engine["enforce_eager"] is False and engine["compilation_level"] == 0  # TorchAir, not ACL graph
+        assert engine["enable_sleep_mode"] is False and engine["prefix_caching"] is False
+        assert engine["expert_parallel"] is True
+        assert (engine["data_parallel_size"], engine["data_parallel_rank"], engine["tensor_parallel_size"]) == (2, rank, 1)
+        # chunked prefill as configured, in vllm-ascend's scheduler (which replaces vLLM's)
+        assert engine["platform_config_class"] == "vllm_ascend.core.schedule_config.AscendSchedulerConfig"
+        assert engine["ascend_scheduler"] == {"enabled": True, "enable_chunked_prefill": True}
+        assert engine["scheduler"]["chunked_prefill_enabled"] is True
+        assert (engine["scheduler"]["max_num_batched_tokens"], engine["scheduler"]["max_num_seqs"]) == (32, 8)
+        assert engine["worker_cls"] == "vllm_ascend.worker.worker_v1.NPUWorker"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(WRONG))
+def test_a_wrong_value_is_refused_by_the_code_that_refuses_it_on_a3(ranks, case: str) -> None:
+    _, error, file, text = WRONG[case]
+    for out in ranks:
+        stop = out["cases"][case]["stopped_at"]
+        assert stop["error"] == error and text in stop["message"], stop
+        if file:
+            assert stop["file"] == file, stop
+        assert "engine" not in out["cases"][case]  # refused while the engine config was made
+
+
+def test_trainer_entry_refuses_the_same_wrong_values_first() -> None:
+    """The same values never reach the cluster: the trainer entry's rules (rollout_settings) name them."""
+    from verl_patches.trainer.config_compose import compose_config, resolved
+    from verl_patches.trainer.rollout_settings import rollout_problems
+
+    saved = {k: os.environ.pop(k) for k in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") if k in os.environ}
+    try:
+        a3 = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight", *SCALED]))
+    finally:
+        os.environ.update(saved)
+    assert rollout_problems(a3) == []
+    for case, *_ in WRONG.values():
+        wrong = OmegaConf.merge(a3, {"actor_rollout_ref": {"rollout": case}})
+        assert rollout_problems(wrong), case
