@@ -73,6 +73,10 @@ def test_a3_engine_arguments() -> None:
     single = rollout_llm_kwargs({"max_num_seqs": 8}, {"VLLM_ENABLE_GRAPH_MODE": "1"})  # the variable is not read
     assert "enable_expert_parallel" not in single and "torchair_graph_config" not in single["additional_config"]
     assert verl_kwargs["enable_sleep_mode"] is True  # the caller's dict is not modified
+    # what verl v0.4.0 passes for text-only data and vLLM 0.9.1 refuses for DeepSeek-V3 (test_a3_engine_build)
+    text_only = rollout_llm_kwargs({"limit_mm_per_prompt": None, "disable_mm_preprocessor_cache": True}, {})
+    assert "limit_mm_per_prompt" not in text_only and text_only["disable_mm_preprocessor_cache"] is False
+    assert rollout_llm_kwargs({"limit_mm_per_prompt": {"image": 2}}, {})["limit_mm_per_prompt"] == {"image": 2}
 
 
 @pytest.mark.parametrize("change, key", [
