@@ -3,8 +3,8 @@ files verl writes (DTensors, NumPy's RNG state) load through the weights-only lo
 checked, and a tampered file is refused by name, never unpickled. One process, gloo, world size 1."""
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,16 +28,17 @@ def fsdp_model():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    ours = not torch.distributed.is_initialized()
+    if ours:
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                                             world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     torch.manual_seed(0)
     model = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), device_mesh=mesh,
-                 device_id=torch.device("cpu"),
-                 use_orig_params=True)
+                 device_id=torch.device("cpu"), use_orig_params=True)
     yield model
+    if ours:
+        torch.distributed.destroy_process_group()
 
 
 def manager(model) -> SimpleNamespace:
@@ -96,8 +97,6 @@ def test_tampered_fsdp_file_is_refused_unread(tmp_path: Path, fsdp_model) -> Non
     with pytest.raises(UnsafeCheckpointError, match=f"^{target}: sha256"):
         fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
     man = json.loads((step / "checkpoint.json").read_text())
-    import hashlib
-
     man["files"]["actor/extra_state_world_size_1_rank_0.pt"]["sha256"] = hashlib.sha256(target.read_bytes()).hexdigest()
     (step / "checkpoint.json").write_text(json.dumps(man))
     with pytest.raises(UnsafeCheckpointError, match=f"^{target}: refused by the weights-only loader"):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, check_relpath
-from verl_patches.checkpoint.manifest import (MANIFEST_FILE, CheckpointIncomplete, FileRecord, TrainLayout,
+from verl_patches.checkpoint.manifest import (MANIFEST_FILE, CheckpointIncomplete, FileRecord,
                                               manifest_json, parse_manifest, parse_rank_record)
 from verl_patches.checkpoint.tracker import (MAX_STEP_DIGITS, StepNumberError, TrackerError, parse_step_int,
                                              read_megatron_tracker, read_tracker)

@@ -21,7 +21,7 @@ import torch
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, confined_path
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
-from verl_patches.checkpoint.plan import parse_step_dir, step_dir_name
+from verl_patches.checkpoint.plan import parse_step_dir
 from verl_patches.checkpoint.safe_load import load_tensor_file
 from verl_patches.weights.atomic_io import write_atomically
 
