@@ -62,7 +62,7 @@ def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_ph
     assets = prepare(tmp_path / "assets", spec, progress=False)
     train = [r["extra_info"]["problem"] for r in pq.read_table(assets.train_parquet).to_pylist()]
     held = [r["extra_info"]["problem"] for r in pq.read_table(assets.val_parquet).to_pylist()]
-    assert len(held) > 100 and len(set(held)) > 1 and not set(held) & set(train)
+    assert len(held) == len(set(held)) >= 8 and not set(held) & set(train)  # each held-out problem once
     parsed_train = [tiny_assets.parse_problem(spec, t) for t in set(train)]
     for text in set(held):
         phrasing, a, b = tiny_assets.parse_problem(spec, text)
@@ -70,6 +70,14 @@ def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_ph
         assert any(p == phrasing and (x, y) != (a, b) for p, x, y in parsed_train), text
     assert len({tiny_assets.parse_problem(spec, t)[0] for t in train}) == len(spec.phrasings)
     tiny_assets.check_learnable_split(assets, spec)
+
+
+def test_unique_held_out_keeps_one_row_per_problem(tmp_path: Path) -> None:
+    spec = TinySpec(seed=3, max_operand=1, num_problems=200, train_ratio=0.7, unique_held_out=True)
+    assets = prepare(tmp_path / "assets", spec, progress=False)
+    held = [r["extra_info"]["problem"] for r in pq.read_table(assets.val_parquet).to_pylist()]
+    assert held and len(held) == len(set(held))
+    assert pq.read_table(assets.train_parquet).num_rows + len(held) < spec.num_problems  # copies dropped
 
 
 def test_a_split_that_holds_out_an_untrained_sum_is_refused() -> None:

@@ -44,6 +44,9 @@ class TinySpec:
     model_overrides: tuple[tuple[str, Any], ...] = ()
     vocab_multiple: int = 1  # the model's vocabulary padded to a multiple (Megatron's TP/EP splits need it)
     phrasings: tuple[str, ...] = PHRASINGS
+    # one held-out row per distinct problem: validation decodes greedily (n=1), so copies add time, not
+    # information, and verl's val-core metric would score only the most repeated problem
+    unique_held_out: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -127,6 +130,23 @@ def build_model(out_dir: Path, vocab_size: int, seed: int, tokenizer: Any,
     return out_dir
 
 
+def keep_one_row_per_problem(parquet: Path) -> None:
+    """Rewrite `parquet` (atomically) with the first row of each distinct problem, in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl_patches.data.parquet_io import write_tables_atomically
+
+    table = pq.read_table(parquet)
+    seen: set[str] = set()
+    rows = []
+    for i, info in enumerate(table.column("extra_info").to_pylist()):
+        if info["problem"] not in seen:
+            seen.add(info["problem"])
+            rows.append(i)
+    write_tables_atomically({parquet: table.take(pa.array(rows))}, overwrite=True)
+
+
 def check_learnable_split(assets: TinyAssets, spec: TinySpec) -> None:
     """`check_held_out` on the built parquet files."""
     import pandas as pd
@@ -178,6 +198,8 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     write_arithmetic_json(assets.raw_json, spec)
     convert(assets.raw_json, assets.train_parquet.parent, train_ratio=spec.train_ratio, seed=spec.seed,
             template=spec.template, progress=progress, overwrite=True)  # rebuilding its own assets
+    if spec.unique_held_out:
+        keep_one_row_per_problem(assets.val_parquet)
     prompts = [m["content"] for p in (assets.train_parquet, assets.val_parquet)
                for msgs in pd.read_parquet(p)["prompt"] for m in msgs]
     assets.model_dir.mkdir(parents=True, exist_ok=True)
