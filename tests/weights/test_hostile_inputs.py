@@ -414,3 +414,42 @@ def test_make_config_set_values_are_one_line(tmp_path, value, words):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert words in line and "hidden_size" in line
+
+
+def test_other_fp8_formats_and_non_float_scales_are_refused_by_name(fp8_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    name = "model.layers.1.input_layernorm.weight"
+    _edit_tensor(src, name, lambda t: t.to(torch.float8_e5m2))
+    with pytest.raises(CheckpointError, match=rf"'{name}' is torch.float8_e5m2"):
+        run_fp8_cast(src, tmp_path / "out", progress=False)
+    src2 = tmp_path / "src2"
+    shutil.copytree(fp8_dir, src2)
+    scale = "model.layers.2.self_attn.o_proj.weight" + SCALE_SUFFIX
+    _edit_tensor(src2, scale, lambda s: s.to(torch.int32))
+    with pytest.raises(CheckpointError, match=rf"scale '{scale}' is torch.int32"):
+        run_fp8_cast(src2, tmp_path / "out2", progress=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_a_non_float_hf_tensor_is_refused_by_name(hf_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir, src)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    _edit_tensor(src, name, lambda t: t.to(torch.int32))
+    with pytest.raises(CheckpointError, match=rf"'{name}' is torch.int32"):
+        convert_hf_to_mcore(src, tmp_path / "out", TP2, progress=False)
+
+
+def test_overwrite_never_follows_a_planted_link_out_of_the_folder(hf_dir, tmp_path):
+    out = tmp_path / "ckpt"
+    layout = ParallelLayout(tp=2, ep=2, moe_grouped_gemm=True)
+    convert_hf_to_mcore(hf_dir, out, layout, progress=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model_optim_rng.pt").write_bytes(b"precious")
+    victim_rank = out / "iter_0000001" / "mp_rank_01_001"
+    shutil.rmtree(victim_rank)
+    os.symlink(elsewhere, victim_rank)  # listed in our manifest, now a link out of the folder
+    convert_hf_to_mcore(hf_dir, out, TP2, overwrite=True, progress=False)
+    assert (elsewhere / "model_optim_rng.pt").read_bytes() == b"precious"

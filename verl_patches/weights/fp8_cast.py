@@ -34,6 +34,8 @@ from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 SCALE_SUFFIX = "_scale_inv"
 MANIFEST_FILE = FP8_CAST_MANIFEST
+# other 8-bit float formats: copied as they are they would reach training as FP8, so they are refused by name
+_OTHER_FP8 = tuple(getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -106,12 +108,18 @@ def plan_fp8_cast(index: CheckpointIndex, headers: Mapping[str, Mapping[str, tup
             m = _LAYER_RE.match(name)
             if keep_layers_below is not None and m and int(m.group(1)) >= keep_layers_below:
                 continue
+            if dtype in _OTHER_FP8:
+                raise CheckpointError(f"{index.root / fname}: tensor {name!r} is {dtype}; this tool converts "
+                                      f"DeepSeek-V3's block-quantised float8_e4m3fn weights only")
             if dtype in FP8_DTYPES:
                 sname = name + SCALE_SUFFIX
                 if sname not in index.weight_map:
                     raise MissingTensorError(f"{index.root / fname}: FP8 tensor {name!r} has no {sname!r} in the checkpoint")
                 if len(shape) != 2:
                     raise CheckpointError(f"{index.root / fname}: FP8 tensor {name!r} has shape {shape}; only 2-D weights are block-quantised")
+                if not info[sname][0].is_floating_point or info[sname][0] in FP8_DTYPES + _OTHER_FP8:
+                    raise CheckpointError(f"{index.root / index.weight_map[sname]}: scale {sname!r} is "
+                                          f"{info[sname][0]}; expected a float32 (or float16/bfloat16) scale")
                 want = scale_grid_shape(shape, block)
                 if tuple(info[sname][1]) != want:
                     raise CheckpointError(f"{index.root / index.weight_map[sname]}: scale {sname!r} has shape "

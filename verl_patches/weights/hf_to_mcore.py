@@ -163,6 +163,9 @@ def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tu
         if dtype in (torch.float8_e4m3fn,):
             raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is FP8; "
                                   f"convert the checkpoint with fp8_cast_bf16.py first")
+        if not dtype.is_floating_point or dtype.itemsize < 2:
+            raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is {dtype}; "
+                                  f"a DeepSeek-V3 weight is bfloat16, float16 or float32")
     schema = {s.name for s in hf_tensor_specs(cfg)}
     unknown = sorted(n for n in index.weight_map if n not in schema)
     if unknown:

@@ -90,10 +90,24 @@ def remove_listed(out_dir: Path, previous: Mapping[str, Any] | None, items: str,
     targets += [n for n in previous.get(FILES_KEY, []) if n not in keep_files]
     for rel in targets:
         p = out_dir / rel
-        if p.is_file() and not p.is_symlink():
-            p.unlink()
-            removed.append(rel)
-            parent = p.parent
-            if parent != out_dir and not any(parent.iterdir()):  # a rank folder left empty
-                parent.rmdir()
+        if not _inside_without_links(out_dir, rel) or not p.is_file():
+            continue
+        p.unlink()
+        removed.append(rel)
+        parent = p.parent
+        if parent != out_dir and not any(parent.iterdir()):  # a rank folder left empty
+            parent.rmdir()
     return removed
+
+
+def _inside_without_links(out_dir: Path, rel: str) -> bool:
+    """No component of ``rel`` below ``out_dir`` is a symlink: a planted ``mp_rank_00 -> /elsewhere`` must not
+    turn a listed name into a deletion outside the folder."""
+    p = Path(out_dir)
+    for part in Path(rel).parts:
+        if part in ("..", "/") or "/" in part:
+            return False
+        p = p / part
+        if p.is_symlink():
+            return False
+    return True
