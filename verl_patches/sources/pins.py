@@ -140,16 +140,10 @@ def summary_line(pins: dict[str, Pin], found: list[Difference], cpu_host: bool) 
 
 
 def host_is_cpu() -> bool:
-    """No NPU stack here: no real torch_npu is installed (ours may be on the path) and no CUDA device."""
-    from verl_patches.npu_emulation import real_torch_npu_installed
+    """No NPU stack here (our torch_npu emulation does not count) and no CUDA device."""
+    from verl_patches.device import device_kind
 
-    if real_torch_npu_installed():
-        return False
-    try:
-        import torch
-    except ImportError:
-        return True
-    return not torch.cuda.is_available()
+    return device_kind() == "cpu"
 
 
 def check(path: Path = REQUIREMENTS) -> tuple[str, list[Difference]]:

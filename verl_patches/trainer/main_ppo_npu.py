@@ -33,11 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     import verl_patches.prelude_patch  # noqa: F401  (activates our patches in the driver)
     from omegaconf import OmegaConf
 
-    from verl_patches.sources.pins import check as check_package_versions
-
-    # before step 1, so a user on another image sees which versions this run does not share with A3's pins
-    print(f"main_ppo_npu: {check_package_versions()[0]}", flush=True)
-
     from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
     from verl_patches.trainer.config_compose import ConfigCompositionError, compose_config, resolved
 
@@ -50,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
+    from verl_patches.sources.pins import check as check_package_versions
+
+    # before step 1, so a user on another image sees which versions this run does not share with A3's pins
+    print(f"main_ppo_npu: {check_package_versions()[0]}", flush=True)
     from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
 
     os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
