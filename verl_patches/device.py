@@ -47,6 +47,37 @@ def dist_backend(kind: str | None = None) -> str:
     return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[kind or device_kind()]
 
 
+def local_device_index(visible: int, environ: Any = None) -> int:
+    """Which of the `visible` devices this process uses: the only one, else LOCAL_RANK (or RAY_LOCAL_RANK,
+    verl's Ray worker group's index of the worker on its node). Raises one line naming what is missing."""
+    env = os.environ if environ is None else environ
+    if visible < 1:
+        raise RuntimeError("no accelerator device is visible to this process")
+    if visible == 1:
+        return 0
+    for name in ("LOCAL_RANK", "RAY_LOCAL_RANK"):
+        raw = env.get(name)
+        if raw not in (None, ""):
+            index = int(raw)
+            if not 0 <= index < visible:
+                raise RuntimeError(f"{name}={index} but this process sees {visible} devices")
+            return index
+    raise RuntimeError(f"this process sees {visible} devices and neither LOCAL_RANK nor RAY_LOCAL_RANK says which "
+                       f"is its own")
+
+
+def set_local_device(kind: str | None = None, environ: Any = None) -> int | None:
+    """Select this process's device (before its process group: HCCL/NCCL bind the current device); None on
+    the CPU."""
+    kind = kind or device_kind()
+    if kind == "cpu":
+        return None
+    module = _npu_module() if kind == "npu" else _cuda_module()
+    index = local_device_index(module.device_count(), environ)
+    module.set_device(index)
+    return index
+
+
 def torch_device(index: int | None = None) -> Any:
     import torch
 

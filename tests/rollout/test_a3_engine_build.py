@@ -76,7 +76,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_"))}
     base.update(PYTHONPATH=os.pathsep.join([str(REPO), dist_info.path_entry(REPO)]), WORLD_SIZE="2",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), VLLM_USE_V1="1", VLLM_DP_SIZE="2",
-                HCCL_SOCKET_IFNAME="lo")
+                HCCL_SOCKET_IFNAME="lo", ASCEND_RT_VISIBLE_DEVICES="0,1")  # vLLM's worker takes npu:LOCAL_RANK
     rendezvous = str(_free_port())
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("a3_engine_probe.py")), str(spec), str(r),
                                "2", rendezvous], cwd=REPO, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},

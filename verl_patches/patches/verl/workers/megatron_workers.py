@@ -61,16 +61,23 @@ def bring_up(config: Any) -> None:
     """Process group + Megatron/MindSpeed initialisation, once per process."""
     from megatron.core import parallel_state as mpu
 
-    from verl_patches.device import dist_backend
-
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend=dist_backend())
+        init_process_group()
     if not mpu.model_parallel_is_initialized():
         from verl_patches.train_engine.initialize import initialize_megatron
         from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
         initialize_megatron(translate_verl_train_configs_to_megatron(trainer_config_view(config)))
         apply_params_dtype(trainer_config_view(config))
+
+
+def init_process_group(kind: str | None = None) -> None:
+    """The device first, then the group: HCCL binds the current device, and an actor that sees several NPUs
+    would otherwise put every rank of its node on device 0."""
+    from verl_patches.device import dist_backend, set_local_device
+
+    set_local_device(kind)
+    torch.distributed.init_process_group(backend=dist_backend(kind))
 
 
 def apply_params_dtype(config: Any) -> None:

@@ -1,10 +1,16 @@
-"""torch.npu on a CPU host: one logical device whose memory is host memory and whose RNG is the CPU's.
+"""torch.npu on a CPU host: logical devices whose memory is host memory and whose RNG is the CPU's.
+
+As many devices as ASCEND_RT_VISIBLE_DEVICES lists (one when unset), as torch_npu counts them; set_device
+refuses an index outside them and is remembered (current_device), so a process that sees several devices
+and never chose one is visible to the emulated HCCL backend, which refuses it as the real one would put
+every rank of a node on device 0.
 
 is_available() is False, so device probes (verl, accelerate, Megatron) keep choosing the CPU; code that
 calls the npu API directly (MindSpeed, vllm-ascend) gets CPU-backed answers.
 """
 
 import contextlib
+import os
 
 import torch
 
@@ -51,16 +57,34 @@ def _lazy_call(callable_, **kwargs) -> None:
     callable_()
 
 
+_current: int | None = None  # set_device's index; None until a process chooses
+
+
 def device_count() -> int:
-    return 1
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").strip()
+    return len([d for d in visible.split(",") if d.strip()]) if visible else 1
 
 
 def current_device() -> int:
-    return 0
+    return 0 if _current is None else _current
+
+
+def device_was_set() -> bool:
+    return _current is not None
 
 
 def set_device(device) -> None:
-    return None
+    global _current
+    if isinstance(device, torch.device):
+        index = 0 if device.index is None else device.index
+    elif isinstance(device, str):
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+    else:
+        index = int(device)
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"Invalid device ID {index}: this process sees {device_count()} NPU(s) "
+                           f"(ASCEND_RT_VISIBLE_DEVICES={os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '')!r})")
+    _current = index
 
 
 def synchronize(device=None) -> None:
