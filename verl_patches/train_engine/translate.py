@@ -261,6 +261,13 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
         "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
     }
     scaling = hf.get("rope_scaling") or {}
+    head = int(_hf(hf, "hidden_size")) // heads
+    if not scaling and int(_hf(hf, "qk_rope_head_dim")) != head:
+        # MindSpeed-LLM sizes the rotary embedding from kv_channels (hidden_size / heads) and only its yarn path
+        # recomputes it from qk_rope_head_dim: such a model would fail in the first forward pass
+        raise TranslationError(f"HF config has no rope_scaling: MindSpeed-LLM would size RoPE as hidden_size / "
+                               f"num_attention_heads = {head}, not qk_rope_head_dim = {_hf(hf, 'qk_rope_head_dim')}; "
+                               f"give the checkpoint DeepSeek-V3's yarn rope_scaling (as make_config.py writes it)")
     if scaling:
         kind = scaling.get("type", scaling.get("rope_type"))
         if kind != "yarn":
