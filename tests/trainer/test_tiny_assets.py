@@ -82,14 +82,14 @@ def test_unique_held_out_keeps_one_row_per_problem(tmp_path: Path) -> None:
 
 def test_a_split_that_holds_out_an_untrained_sum_is_refused() -> None:
     spec = TinySpec(max_operand=1)
-    train = ["What is 0 + 0 ?", "Compute 0 + 1 ."]
-    tiny_assets.check_held_out(spec, train, ["Compute 0 + 0 .", "What is 0 + 1 ?"])  # both learnable
+    train = ["What is 0 + 0 ?", "Find 0 + 1 ?"]
+    tiny_assets.check_held_out(spec, train, ["Find 0 + 0 ?", "What is 0 + 1 ?"])  # both learnable
     with pytest.raises(ValueError, match=r"held-out problem 'What is 1 \+ 1 \?' is not learnable"):
         tiny_assets.check_held_out(spec, train, ["What is 1 + 1 ?"])
     with pytest.raises(ValueError, match="in the training split"):
-        tiny_assets.check_held_out(spec, train, ["Compute 0 + 1 ."])
+        tiny_assets.check_held_out(spec, train, ["Find 0 + 1 ?"])
     with pytest.raises(ValueError, match="not learnable"):  # a phrasing never trained
-        tiny_assets.check_held_out(spec, train, ["Add 0 and 0 ."])
+        tiny_assets.check_held_out(spec, train, ["Tell me 0 + 0 ?"])
 
 
 @pytest.fixture(scope="module")

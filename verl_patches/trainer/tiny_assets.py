@@ -24,9 +24,11 @@ from typing import Any
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]
 THINK_TOKENS = ["<think>", "</think>"]
-# How a sum is asked; every word here is in the training split (see the module docstring)
-PHRASINGS = ("What is {a} + {b} ?", "Compute {a} + {b} .", "Add {a} and {b} .", "What is the sum of {a} and {b} ?",
-             "{a} plus {b} is what ?", "Find {a} + {b} .")
+# How a sum is asked: different openings, the same ending, so a held-out text differs from trained ones of the
+# same sum only where a 0.3 M-parameter model can learn to look past (the digits sit at the same distance from
+# the answer in every phrasing); every word is in the training split (see the module docstring)
+PHRASINGS = ("What is {a} + {b} ?", "Tell me {a} + {b} ?", "Quick : {a} + {b} ?", "Now , {a} + {b} ?",
+             "Please compute {a} + {b} ?", "Find {a} + {b} ?")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 STAMP = "tiny_assets.json"
