@@ -127,3 +127,16 @@ def test_jemalloc_none_auto_explicit(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setattr(job_env, "JEMALLOC_CANDIDATES", (str(tmp_path / "missing.so.2"),))
     assert find_jemalloc("auto") is None
     assert "LD_PRELOAD" not in as_dict(env_for(JEMALLOC_LIB="auto"))
+
+
+def test_graph_mode_is_the_profiles_config_key_not_the_dropped_variable() -> None:
+    """The vendor's VLLM_ENABLE_GRAPH_MODE=1 is replaced by a config key of the A3 profiles that reaches
+    vllm-ascend through the engine arguments; nothing of ours reads the variable either."""
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    cfg = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"]))
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled is True
+    hits = subprocess.run(["grep", "-rlw", "--include=*.py", "VLLM_ENABLE_GRAPH_MODE", str(ROOT / "verl_patches")],
+                          capture_output=True, text=True)
+    readers = [p for p in hits.stdout.split() if not p.endswith("job_env.py")]
+    assert readers == [], f"read by {readers}"
