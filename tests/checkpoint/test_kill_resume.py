@@ -123,5 +123,8 @@ def test_resume_at_another_data_parallel_size(tmp_path: Path) -> None:
     for step in (3, 4):
         a, b = m["dp2"][step], m["dp1"][step]
         assert (a["adam_step"], a["data_position"]) == (b["adam_step"], b["data_position"])
-        assert abs(a["param_sq"] / 2 - b["param_sq"]) <= 1e-12 * b["param_sq"], (a, b)
+        # float32 rounding, not a lost state: the distributed optimizer sums the clipping norm over 2 shards at DP2
+        # and 1 at DP1, so the clip factor differs in its last bits (torch 2.5.1, requirements.txt's: measured
+        # 2.7e-8 relative at step 3, float32's rounding; adam_step and the grad norm are checked on their own)
+        assert abs(a["param_sq"] / 2 - b["param_sq"]) <= 1e-6 * b["param_sq"], (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6 * b["grad_norm"], (a, b)
