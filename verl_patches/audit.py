@@ -16,6 +16,8 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
 "status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}],
 "weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"},
+"hang_diagnosis": {"timeout": {"variable", "value", "set_by"}, "driver", "heartbeat", "progress_points":
+[{"point", "where", "frequency"}], "not_watched": [{"what", "why"}], "npu", "fault_injection"},
 "package_versions": {"line", "cpu_host", "differences": [{"name", "pinned", "installed", "note"}]},
 "npu_emulation": {"site", "packages", "active_in_this_process", "applies_when", "emulated_ops": [{"name",
 "provider", "implementation", "reference"}], "cpu_limits": [{"feature", "reason"}]}}
@@ -51,6 +53,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
         "components": sources["components"], "patches": patches,
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "weight_sync": _weight_sync(),
+        "hang_diagnosis": _hang_diagnosis(),
         "package_versions": _package_versions(),
         "summary": {
             "components_matching": sum(c["status"] == "match" for c in sources["components"]),
@@ -67,6 +70,11 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
 def _weight_sync() -> dict:
     from verl_patches.sync.path import describe_sync_path  # standard library only
     return describe_sync_path()
+
+
+def _hang_diagnosis() -> dict:
+    from verl_patches.resilience.watched import watched  # standard library only
+    return watched()
 
 
 def _package_versions() -> dict:
@@ -103,6 +111,9 @@ def render_text(report: dict) -> str:
     if report.get("weight_sync"):
         w = report["weight_sync"]
         out += ["", "== Weight sync (Megatron -> rollout)", f"{w['path']} ({w['flag']}): {w['detail']}"]
+    if report.get("hang_diagnosis"):
+        from verl_patches.resilience.watched import render as render_watched
+        out += ["", "== Hang diagnosis (what is watched and how)"] + render_watched(report["hang_diagnosis"])
     if report.get("package_versions"):
         out += ["", "== Installed Python packages (requirements.txt)", report["package_versions"]["line"]]
     out += ["", "== At runtime (declared patches)"]

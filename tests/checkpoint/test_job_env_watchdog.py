@@ -1,4 +1,4 @@
-"""The job environment turns the collective hang watchdog on, a little before HCCL's own time-out."""
+"""The job environment turns hang diagnosis on, a little before HCCL's own time-out."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from verl_patches.launch.job_env import EnvVar, as_dict, collective_watchdog_timeout, job_environment
 from verl_patches.launch.settings import load_settings
-from verl_patches.resilience.collective_watchdog import TIMEOUT_ENV
+from verl_patches.resilience.timeout import TIMEOUT_ENV
 
 CLUSTER = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "enp189s0f0", "JEMALLOC_LIB": "none"}
 

@@ -1,4 +1,4 @@
-"""The pure part of hang detection: which ranks hold a collective up, and the one-line message."""
+"""Who holds a worker call up, and the one line that says so (pure)."""
 
 from __future__ import annotations
 
@@ -6,51 +6,110 @@ import itertools
 
 import pytest
 
-from verl_patches.resilience.hang_diagnosis import Hang, RankStatus, blame, group_key, hang_message
+from verl_patches.resilience.hang_diagnosis import (REPORT_PREFIX, Observed, death_message, diagnose, hang_message,
+                                                    last_report)
+from verl_patches.resilience.progress import Position
 
-G = group_key([0, 1, 2, 3])
-HANG = Hang(op="all_reduce", group=G, seq=7, step=12, waited_s=31.0)
-NOW = 1000.0
-
-
-def st(rank: int, entered: int, current: str = "", since: float | None = None, hb: float = NOW - 1,
-       step: int | None = 12) -> RankStatus:
-    return RankStatus(rank, step, hb, {G: entered}, current, since)
+STALE = 10.0
 
 
-def test_no_culprit_when_every_member_entered_the_collective() -> None:
-    statuses = {r: st(r, 7, f"all_reduce #7 on group [{G}]", NOW - 30) for r in (1, 2, 3)}
-    assert blame(0, HANG, [0, 1, 2, 3], statuses, NOW, 10) == []
-    msg = hang_message(0, HANG, [0, 1, 2, 3], statuses, NOW, 10)
-    assert msg.startswith(f"collective hang: rank 0 waited 31 s in all_reduce #7 on group [{G}] at step 12")
-    assert "every member of the group entered it" in msg
+def rec(rank: int, phase: str = "update", index: int | None = 2, step: int = 5, where: str = "") -> dict:
+    pos = Position(marks=40 + rank, call="update_actor", step=step, phase=phase, unit="micro-batch" if index else "",
+                   index=index, total=4 if index else None, group=1 if index else 0)
+    return {"rank": rank, "node": "10.0.0.7", "host": "node-7", "pid": 1000 + rank,
+            "log": f"/tmp/ray/session_x/logs/worker-{rank}.out", "beat": 3, "activity": 0, "pos": pos.to_dict(),
+            "where": where}
 
 
-def test_alive_rank_elsewhere_is_named_with_where_it_is() -> None:
-    statuses = {1: st(1, 7), 2: st(2, 6, "broadcast #3 on group [2,3]", NOW - 40), 3: st(3, 7)}
-    (only,) = blame(0, HANG, [0, 1, 2, 3], statuses, NOW, 10)
-    assert only.startswith("rank 2 is alive but has entered only 6 collective(s) on this group (this is #7)")
-    assert "step 12, inside broadcast #3 on group [2,3] for 40 s" in only
+def alive(rank: int, **kw) -> Observed:
+    return Observed(f"worker {rank}", rec(rank, **kw), silent_s=0.5, stalled_s=61.0)
 
 
-def test_silent_and_never_started_ranks() -> None:
-    statuses = {1: st(1, 7), 2: st(2, 7, hb=NOW - 50), 3: None}
-    out = blame(0, HANG, [0, 1, 2, 3], statuses, NOW, 10)
-    assert out[0].startswith("rank 2 stopped reporting 50 s ago (process dead or frozen)")
-    assert out[1] == "rank 3 never reported (not started, or died before its first collective)"
+def frozen(rank: int, silent: float = 64.0, **kw) -> Observed:
+    return Observed(f"worker {rank}", rec(rank, **kw), silent_s=silent, stalled_s=64.0)
 
 
-def test_a_rank_ahead_of_us_is_not_blamed() -> None:
-    statuses = {1: st(1, 9), 2: st(2, 8), 3: st(3, 7)}
-    assert blame(0, HANG, [0, 1, 2, 3], statuses, NOW, 10) == []
+def test_a_frozen_rank_is_named_with_node_pid_phase_step_micro_batch_and_log() -> None:
+    d = diagnose("update_actor", 5, [alive(0, index=3), frozen(1, index=2), alive(2, index=3)], 60, STALE)
+    assert d.culprit_ranks == [1]
+    msg = hang_message(d)
+    assert msg.startswith(f"{REPORT_PREFIX} update_actor (step 5) made no progress for 61 s "
+                          "(VERL_PATCHES_COLLECTIVE_TIMEOUT_S=60); stuck: rank 1 (node 10.0.0.7 node-7, pid 1001) "
+                          "stopped reporting 64 s ago (process frozen or dead), last in phase 'update' "
+                          "(micro-batch 2/4 of batch 1) of step 5 in update_actor; "
+                          "its log: 10.0.0.7:/tmp/ray/session_x/logs/worker-1.out")
+    assert msg.endswith("; waiting on it: ranks 0,2 in phase 'update' (micro-batch 3/4 of batch 1) of step 5 "
+                        "in update_actor (alive)")
+    assert "\n" not in msg
 
 
-@pytest.mark.parametrize("entered", list(itertools.product([5, 6, 7, 8], repeat=3)))
-def test_exactly_the_members_below_the_sequence_number_are_blamed(entered) -> None:
-    statuses = {r: st(r, e) for r, e in zip((1, 2, 3), entered)}
-    blamed = {int(line.split()[1]) for line in blame(0, HANG, [0, 1, 2, 3], statuses, NOW, 10)}
-    assert blamed == {r for r, e in zip((1, 2, 3), entered) if e < 7}
+def test_an_alive_rank_behind_its_peers_is_named_with_where_its_main_thread_is() -> None:
+    d = diagnose("update_actor", 5, [alive(0, index=3), alive(1, index=1, where="x.py:9 spin"), alive(2, index=3)],
+                 60, STALE)
+    assert d.culprit_ranks == [1] and not d.same_place
+    assert "rank 1 (node 10.0.0.7 node-7, pid 1001) is alive but made no progress for 61 s in phase 'update' " \
+           "(micro-batch 1/4 of batch 1) of step 5 in update_actor while its peers moved past it; main thread at " \
+           "x.py:9 spin" in d.culprits[0]
 
 
-def test_group_key_is_order_free() -> None:
-    assert group_key([3, 1, 2]) == group_key((1, 2, 3)) == "1,2,3"
+def test_a_rank_in_an_earlier_phase_or_step_is_behind() -> None:
+    d = diagnose("generate_sequences", 6, [alive(0, phase="generate", index=None, step=6),
+                                           alive(1, phase="idle", index=None, step=5)], 60, STALE)
+    assert d.culprit_ranks == [1]
+    assert "phase 'idle' of step 5" in d.culprits[0]
+
+
+def test_all_alive_at_one_place_names_all_of_them() -> None:
+    d = diagnose("update_actor", 5, [alive(r, index=2) for r in (2, 0, 1)], 60, STALE)
+    assert d.same_place and d.culprit_ranks == [0, 1, 2]
+    assert d.culprits[0].startswith("no rank is behind another: ranks 0,1,2 are all alive and stopped in phase "
+                                    "'update' (micro-batch 2/4 of batch 1) of step 5")
+
+
+def test_never_reported() -> None:
+    d = diagnose("init_model", None, [Observed("worker 3 of the group", None, 70, 70), alive(0, phase="init",
+                                                                                           index=None)], 60, STALE)
+    assert d.culprits[0] == ("worker 3 of the group never reported a heartbeat (it did not start, or froze before "
+                             "its first report)")
+    assert hang_message(d).startswith(f"{REPORT_PREFIX} init_model (step 5) made no progress")  # the ranks' step
+
+
+@pytest.mark.parametrize("states", list(itertools.product(["frozen", "behind", "ahead"], repeat=3)))
+def test_exactly_the_frozen_and_the_hindmost_alive_ranks_are_named(states: tuple[str, ...]) -> None:
+    obs = []
+    for r, s in enumerate(states):
+        obs.append(frozen(r, index=2) if s == "frozen" else alive(r, index=1 if s == "behind" else 3))
+    d = diagnose("update_actor", 5, obs, 60, STALE)
+    frozen_ranks = {r for r, s in enumerate(states) if s == "frozen"}
+    live = {r: s for r, s in enumerate(states) if s != "frozen"}
+    expected = set(frozen_ranks)
+    if live and len(set(live.values())) > 1:
+        expected |= {r for r, s in live.items() if s == "behind"}
+    elif live and not frozen_ranks:
+        expected |= set(live)
+    assert set(d.culprit_ranks) == expected
+    waiting = " ".join(d.waiting)
+    for r in set(live) - expected:
+        assert f" {r}" in waiting or f",{r}" in waiting
+
+
+def test_the_stale_threshold_decides_frozen_or_alive() -> None:
+    assert diagnose("x", 1, [frozen(0, silent=STALE - 0.1), alive(1, index=3)], 60, STALE).culprits[0].startswith(
+        "rank 0 (node 10.0.0.7 node-7, pid 1000) is alive but")
+    assert "stopped reporting 10 s ago" in diagnose("x", 1, [frozen(0, silent=STALE), alive(1, index=3)], 60,
+                                                    STALE).culprits[0]
+
+
+def test_death_message_names_the_dead_worker_with_its_last_position() -> None:
+    msg = death_message("update_actor", 5, [frozen(2, index=2)], "ActorDiedError")
+    assert msg == (f"{REPORT_PREFIX} update_actor (step 5): worker process died: rank 2 (node 10.0.0.7 node-7, "
+                   "pid 1002) last in phase 'update' (micro-batch 2/4 of batch 1) of step 5 in update_actor; its log: "
+                   "10.0.0.7:/tmp/ray/session_x/logs/worker-2.out (ActorDiedError)")
+
+
+def test_last_report_is_taken_from_its_prefix_to_the_end_of_its_line() -> None:
+    log = ("step:1 - x:1\n(TaskRunner pid=9) verl_patches hang: first\nTraceback ...\n"
+           "verl_patches.resilience.worker_deadline.WorkerHangError: verl_patches hang: update_actor (step 5) x\n"
+           "(raylet) a worker died\n")
+    assert last_report(log) == "verl_patches hang: update_actor (step 5) x"
+    assert last_report("nothing here") is None

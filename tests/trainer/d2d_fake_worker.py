@@ -1,4 +1,4 @@
-"""A stand-in for verl's Megatron ``ActorRolloutRefWorker`` with our D2D and watchdog-step wrappers on its
+"""A stand-in for verl's Megatron ``ActorRolloutRefWorker`` with our D2D and call-progress wrappers on its
 methods, stacked in the order the catalog applies them on the real class. Its inner methods record what
 they receive and answer like upstream's: generate returns this rank's rollout chunk (on the host, as
 upstream moves it), ref returns ``ref_log_prob`` from the inputs, update returns metrics."""
@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from verl_patches.patches.verl.workers.d2d_cache import (wrap_compute_ref_log_prob, wrap_generate_sequences,
                                                          wrap_update_actor)
-from verl_patches.patches.verl.workers.watchdog_step import with_watchdog_step
+from verl_patches.patches.verl.workers.progress_points import with_call_progress
 
 P, R = 3, 2  # prompt and response length
 ROLLOUT_KEYS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "rollout_log_probs")
@@ -69,6 +69,6 @@ class FakeWorker:
             raise RuntimeError("update failed")
         return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
 
-    generate_sequences = with_watchdog_step(wrap_generate_sequences(_generate))
-    compute_ref_log_prob = with_watchdog_step(wrap_compute_ref_log_prob(_ref))
-    update_actor = with_watchdog_step(wrap_update_actor(_update))
+    generate_sequences = with_call_progress(wrap_generate_sequences(_generate))
+    compute_ref_log_prob = with_call_progress(wrap_compute_ref_log_prob(_ref))
+    update_actor = with_call_progress(wrap_update_actor(_update))

@@ -153,31 +153,23 @@ def test_the_role_must_be_fused() -> None:
         w.generate_sequences(prompts())
 
 
-def test_a_worker_call_tells_the_installed_watchdog_its_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch.distributed as dist
+def test_a_worker_call_records_its_step_in_the_progress() -> None:
+    """The step the driver stamps is the position's step (hang reports name it); a call without one keeps
+    the last step; between calls the rank is idle."""
+    from verl_patches.resilience import progress
 
-    from verl_patches.resilience import collective_watchdog
-
-    monkeypatch.setenv(collective_watchdog.TIMEOUT_ENV, "600")
-    monkeypatch.setattr(collective_watchdog, "_WATCHDOG", None)
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        w = FakeWorker(0, 1, ROWS)
-        w.generate_sequences(prompts(d2d=False, step=7))
-        wd = collective_watchdog.active()
-        assert wd is not None and wd.status().step == 7
-        data = prompts(d2d=False, step=8)
-        del data.meta_info[STEP_META_KEY]                       # a call without a step keeps the last one
-        w.generate_sequences(data)
-        assert wd.status().step == 7
-        w.update_actor(DataProto.from_dict({"advantages": torch.zeros(ROWS, 2)}, meta_info={STEP_META_KEY: 9}))
-        assert wd.status().step == 9
-    finally:
-        wd = collective_watchdog._WATCHDOG
-        if wd is not None:
-            wd.stop()
-        dist.destroy_process_group()
+    progress.reset()
+    w = FakeWorker(0, 1, ROWS)
+    w.generate_sequences(prompts(d2d=False, step=7))
+    pos = progress.current()[0]
+    assert pos.step == 7 and pos.phase == "idle" and pos.call == ""
+    data = prompts(d2d=False, step=8)
+    del data.meta_info[STEP_META_KEY]                       # a call without a step keeps the last one
+    w.generate_sequences(data)
+    assert progress.current()[0].step == 7
+    w.update_actor(DataProto.from_dict({"advantages": torch.zeros(ROWS, 2)}, meta_info={STEP_META_KEY: 9}))
+    assert progress.current()[0].step == 9
+    progress.reset()
 
 
 def test_stamp_writes_step_and_flag() -> None:

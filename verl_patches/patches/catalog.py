@@ -10,7 +10,6 @@ DECLARATION_MODULES = (
     "verl_patches.patches.flash_attn.declarations",
     "verl_patches.patches.apex.declarations",
     "verl_patches.patches.torch.declarations",
-    "verl_patches.patches.torch.distributed.declarations",
     "verl_patches.patches.transformers.declarations",
     "verl_patches.patches.verl.utils.declarations",
     "verl_patches.patches.verl.single_controller.declarations",

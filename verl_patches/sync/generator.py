@@ -17,12 +17,14 @@ staging), counted by storage so views are free and the training shards never cou
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
+from verl_patches.resilience import progress
 from verl_patches.reshard.ep_plan import ExpertWeight
 from verl_patches.reshard.errors import PlanMismatchError
 from verl_patches.reshard.executors import CollectiveRecord, gather_pipeline_params, group_ranks, reshard_expert_weight
@@ -288,10 +290,12 @@ def iter_rollout_weights(plan: SyncPlan, rank: int, local: Mapping[str, torch.Te
     stage = plan.training.pp_rank(rank)
     _check_local(plan, stage, local)
     held = {t.untyped_storage().data_ptr() for t in local.values()}
+    buckets = itertools.count(1)
 
     def emit(named: Named, bufs: list[torch.Tensor], internal: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
         if meter is not None:
             meter.step(bufs + [t for _, t in named], held, internal)
+        progress.unit("bucket", next(buckets))  # hang diagnosis: one point per sync step (a collective)
         yield from named
 
     if plan.path is SyncPath.ALL_TO_ALL:

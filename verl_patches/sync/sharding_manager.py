@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from verl_patches.resilience import progress
+
 logger = logging.getLogger(__name__)
 SWITCH_TIME_ATTR = "_verl_patches_enter_s"   # read by verl_patches.patches.verl.workers.step_timing
 
@@ -124,6 +126,7 @@ class MegatronRolloutShardingManager:
 
     def __enter__(self) -> "MegatronRolloutShardingManager":
         start = time.perf_counter()
+        progress.phase("weight_sync")  # hang diagnosis; the generator marks each bucket
         try:
             weights = self._weights_fn(self)
             self._onload()
@@ -136,9 +139,11 @@ class MegatronRolloutShardingManager:
                         "by the rollout" if rebuilt is None else rebuilt)
         finally:
             setattr(self, SWITCH_TIME_ATTR, time.perf_counter() - start)
+        progress.phase("generate")
         return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        progress.phase("rollout_offload")
         self._offload()
         for chunk in self.actor_module:
             chunk.train()

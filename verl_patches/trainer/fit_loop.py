@@ -7,8 +7,12 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
 * with D2D the ref and update calls get the payloads of `step_payloads` instead of the whole batch, and
   ``trainer.balance_batch`` is never applied (the config checks refuse it);
 * every worker call of a step carries the trainer step and the D2D flag in its ``meta_info``
-  (`step_payloads.stamp`): the workers tell their collective watchdog the step, and take part in the D2D
-  flow exactly when the driver does (validation's generate, upstream's ``_validate``, carries neither);
+  (`step_payloads.stamp`): the workers record the step in their progress (hang diagnosis), and take part
+  in the D2D flow exactly when the driver does (validation's generate, upstream's ``_validate``, carries
+  neither);
+* every wait on the worker group is bounded (`verl_patches.resilience.worker_deadline`, through the
+  patched ``func_generator``): the step the driver is in names the calls that carry no step (checkpoint
+  save, validation) in a hang report;
 * every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
   log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
 * the first step logs the worker classes and the plan, so a run's log says which path ran;
@@ -28,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from verl_patches.resilience import worker_deadline
 from verl_patches.trainer import logprob_mismatch
 from verl_patches.trainer.rank_memory import StepMemory
 from verl_patches.trainer.step_payloads import ref_payload, stamp, update_payload
@@ -137,6 +142,7 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
     cfg = trainer.config
     timer = rt._timer
     step = trainer.global_steps
+    worker_deadline.set_step(step)
     gen_batch = stamp(_generation_batch(batch), step, plan.d2d)
     last_val = None
     with timer("step", timing_raw):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from verl_patches.checkpoint import rng
+from verl_patches.resilience import progress
 from verl_patches.rollout.kv_cache_config import initialize_kv_caches_keeping_configs
 from verl_patches.rollout.standin import cache as kv
 from verl_patches.rollout.standin.model import StandinDeepseekV3
@@ -193,7 +194,8 @@ class StandinLLM:
         reasons = ["length"] * batch
         done = torch.zeros(batch, dtype=torch.bool)
         step_ids, past = ids, 0
-        for _ in range(max_tokens):
+        for step in range(max_tokens):
+            progress.unit("engine step", step + 1)  # hang diagnosis (CPU stand-in only; vLLM on NPU has none)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
             out = runner.model(step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                                use_cache=True, cache_position=torch.arange(past, mask.shape[1]))

@@ -1,6 +1,6 @@
 """Patches of verl.single_controller.*."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 
 PATCHES = [
@@ -33,3 +33,30 @@ PATCHES.append(
                "batch data between rollout chunks and Megatron DP slices on the device (C2)",
     )
 )
+
+# Hang diagnosis (verl_patches.resilience): the driver's wait on a worker group is bounded, and every worker
+# process publishes its progress.
+PATCHES += [
+    Patch(
+        name="resilience.verl.func_generator.bounded_wait",
+        target="verl.single_controller.ray.base:func_generator",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:745d404315575cf8",
+        replacement=lazy_object("verl_patches.resilience.worker_deadline:func_generator"),
+        vendor_item="local",
+        reason="the driver never waits for a worker group without a bound: a call whose outstanding workers make "
+               "no progress for VERL_PATCHES_COLLECTIVE_TIMEOUT_S names them (rank, node, pid, phase, step) and "
+               "ends the job; a dead worker is named at once; upstream's ray.get while that variable is unset",
+    ),
+    Patch(
+        name="resilience.verl.worker.heartbeat",
+        target="verl.single_controller.base.worker:Worker.__init__",
+        kind=Kind.WRAP,
+        fingerprint="sha256:00c6bf5f1cbcd9ae",
+        replacement=lazy_call("verl_patches.patches.verl.workers.progress_points:start_heartbeat"),
+        vendor_item="local",
+        reason="every worker process publishes its progress (rank, node, pid, phase, step, micro-batch) from a "
+               "side thread that runs while its main thread is blocked; not started while "
+               "VERL_PATCHES_COLLECTIVE_TIMEOUT_S is unset",
+    ),
+]

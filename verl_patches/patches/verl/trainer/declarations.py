@@ -45,7 +45,7 @@ PATCHES = [
         vendor_item="A2",
         reason="skip the old-log-prob pass when recompute_old_log_prob=False (exact on-policy only), ship only "
                "what the D2D tensor cache (overlay.d2d_tensor_cache, D2D_DATA_TRANSFER overrides) leaves to the "
-               "driver, give every worker call the step (for the collective watchdog), log the rollout/train "
+               "driver, give every worker call the step (for hang diagnosis), log the rollout/train "
                "log-prob mismatch every step and the worker classes that ran; REMAX keeps upstream's fit",
         devices=ALL_DEVICES,
     ),

@@ -32,6 +32,7 @@ import functools
 import logging
 from typing import Any, Callable
 
+from verl_patches.resilience import progress
 from verl_patches.reshard.dp_plan import DpRankMap
 from verl_patches.reshard.errors import TensorCacheError, TensorCachePreconditionError
 from verl_patches.reshard.tensor_cache import TensorCache
@@ -175,8 +176,10 @@ def wrap_compute_ref_log_prob(original: Callable) -> Callable:
 
         cache = _cache_in_step(self, "compute_ref_log_prob")
         try:
+            progress.phase("d2d_reshard")  # hang diagnosis: the reshard is collectives
             inputs = cache.get(REF_INPUTS, _dp_ranks(self, data, "compute_ref_log_prob"))
             _check_rows(self, data, cache, "compute_ref_log_prob")
+            progress.phase("ref")
             out = original(self, _with_cached(data, inputs), *args, **kwargs)
             cache.put(REF_OUTPUT, out.batch[REF_OUTPUT].to(_device()), layout="megatron_dp")
             if int(self.rank) == 0 and not getattr(self, "_verl_patches_d2d_reported", False):
@@ -200,8 +203,10 @@ def wrap_update_actor(original: Callable) -> Callable:
         try:
             # same keys in the same order on every rank: a rollout-layout entry's reshard is a collective
             keys = [k for k in UPDATE_FROM_CACHE if k not in OPTIONAL_FROM_GENERATE or k in cache]
+            progress.phase("d2d_reshard")
             cached = cache.get(keys, _dp_ranks(self, data, "update_actor"))
             _check_rows(self, data, cache, "update_actor")
+            progress.phase("update")
             return original(self, _with_cached(data, cached), *args, **kwargs)
         finally:
             cache.clear()

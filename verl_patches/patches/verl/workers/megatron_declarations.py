@@ -4,7 +4,7 @@ from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_cal
 
 _W = "verl_patches.patches.verl.workers.megatron_workers"
 _D2D = "verl_patches.patches.verl.workers.d2d_cache"
-_STEP = "verl_patches.patches.verl.workers.watchdog_step"
+_PROGRESS = "verl_patches.patches.verl.workers.progress_points"
 _A = "verl_patches.patches.verl.workers.actor.megatron_actor"
 _WORKER = "verl.workers.megatron_workers:ActorRolloutRefWorker"
 _ACTOR = "verl.workers.actor.megatron_actor:MegatronPPOActor"
@@ -83,20 +83,35 @@ PATCHES = [
     ),
 ] + [
     Patch(
-        name=f"megatron_worker.{method}_watchdog_step",
+        name=f"megatron_worker.{method}_progress",
         target=f"{_WORKER}.{method}",
         kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=lazy_call(f"{_STEP}:with_watchdog_step"),
+        replacement=lazy_call(f"{_PROGRESS}:with_call_progress"),
         vendor_item="local",
-        reason="hand the trainer step of the call (meta_info['global_steps'], written by our fit loop) to the "
-               "process's collective watchdog, so a hang report names the step",
+        reason="hang diagnosis: the call is a phase of the trainer step (meta_info['global_steps'], written by our "
+               "fit loop) in this process's progress, which its heartbeat publishes; a stuck rank is named "
+               "with its phase and step",
     )
     for method, fp in (("generate_sequences", "sha256:5d343eed8e9b5efc"),
                        ("compute_ref_log_prob", "sha256:78cd82e383702008"),
                        ("compute_log_prob", "sha256:f01abc1745a4c4e1"),
-                       ("update_actor", "sha256:2d577a0fd0a2b110"))
+                       ("update_actor", "sha256:2d577a0fd0a2b110"),
+                       ("init_model", "sha256:5ff5e4bac0b5e9a0"),
+                       ("save_checkpoint", "sha256:d2161384f9bd2067"),
+                       ("load_checkpoint", "sha256:9c3ec75b93b07c65"))
 ] + [
+    Patch(
+        name="megatron.make_batch_generator_micro_batch_progress",
+        target="verl.utils.megatron.pipeline_parallel:make_batch_generator",
+        kind=Kind.WRAP,
+        fingerprint="sha256:812b0cfbc2c26237",
+        replacement=lazy_call(f"{_PROGRESS}:with_micro_batch_progress"),
+        vendor_item="local",
+        reason="hang diagnosis: each micro-batch Megatron's schedule takes is a progress point (ref, old "
+               "log-prob and update), so a stuck rank is named with its micro-batch; once per micro-batch, "
+               "outside any compiled region",
+    ),
     Patch(
         name="cpu.megatron_worker.torch_cuda_is_cpu",
         target="verl.workers.megatron_workers:torch",

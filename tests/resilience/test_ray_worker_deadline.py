@@ -1,0 +1,60 @@
+"""The driver's bounded wait through a real verl RayWorkerGroup (`ray_group_driver.py`: three workers on a
+private local Ray cluster, our patches in the driver and the workers): a worker SIGSTOPped in the middle of
+its micro-batches is named by the driver (rank, node, pid, phase, step, micro-batch) one time-out after its
+last progress, the call fails with that line and every worker process of the group is gone (the stopped
+one included); a worker that dies is named at once; a slow but live worker is waited for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("ray_group_driver.py")
+TIMEOUT_S = 6.0
+SLACK_S = 5.0
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(300)]
+
+
+def run(mode: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_PATCHES_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S),
+           "VERL_PATCHES_QUIET": "1", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run([sys.executable, str(DRIVER), mode], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=280)
+    line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line is not None, (p.stdout[-3000:], p.stderr[-3000:])
+    return json.loads(line[len("RESULT "):])
+
+
+def test_a_frozen_worker_is_named_and_the_group_is_ended() -> None:
+    out = run("frozen")
+    assert out["patched"] == "verl_patches.resilience.worker_deadline"
+    err, pid = out.get("error", ""), out["pids"][1]
+    assert err.startswith("WorkerHangError: verl_patches hang: work (step 7) made no progress for "), out
+    assert f"stuck: rank 1 (node " in err and f", pid {pid}) stopped reporting " in err
+    assert "(process frozen or dead), last in phase 'update' (micro-batch 2/4 of batch 1) of step 7 in " \
+           "update_actor" in err
+    assert TIMEOUT_S <= out["elapsed"] <= 0.6 + TIMEOUT_S + SLACK_S, out["elapsed"]  # two micro-batches, then T
+    assert out["alive_after"] == [], out  # ray.kill ended the stopped process too
+
+
+def test_a_worker_that_dies_is_named_at_once() -> None:
+    out = run("dies")
+    err = out.get("error", "")
+    assert err.startswith("WorkerHangError: verl_patches hang: work (step 7): worker process died: rank 1 (node "), out
+    assert f"pid {out['pids'][1]}) last in phase 'update' (micro-batch 2/4 of batch 1) of step 7" in err
+    assert out["elapsed"] < TIMEOUT_S, out["elapsed"]
+
+
+def test_a_slow_but_live_worker_is_waited_for() -> None:
+    out = run("slow")
+    assert "error" not in out, out
+    assert sorted(out["result"]) == sorted(out["pids"])
+    assert out["elapsed"] > 2 * TIMEOUT_S  # four micro-batches of 0.7 time-out on rank 1
