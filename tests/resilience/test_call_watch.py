@@ -146,3 +146,14 @@ def test_a_member_still_being_created_counts_as_moving_up_to_the_startup_allowan
                    lookup=lambda keys: {k: state for k in keys})
     now[0] += T
     assert w2.observe(["new"]) is not None
+
+
+def test_a_member_that_publishes_but_whose_actor_is_still_being_created_counts_as_moving() -> None:
+    """verl's Worker.__init__ starts the heartbeat; the rest of the worker's constructor may take long."""
+    now = [0.0]
+    board = DictBoard()
+    board.publish("k0", json.dumps({"rank": 0, "beat": 1, "activity": 0, "pos": Position(0, "", None, "idle").to_dict()}))
+    w = CallWatch("init_model", None, {"k0": "worker 0"}, T, board, clock=lambda: now[0],
+                  lookup=lambda keys: {k: {"state": "PENDING_CREATION"} for k in keys})
+    now[0] = 3 * T
+    assert w.observe(["k0"]) is None

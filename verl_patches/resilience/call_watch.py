@@ -76,7 +76,8 @@ class CallWatch:
             if s.progress is not None and moved != s.progress:
                 s.progress_at = now
             s.progress = moved
-        unseen = [k for k in outstanding if self.seen[k].record is None]
+        # no heartbeat yet, or one from a process that has not entered any call: maybe still being created
+        unseen = [k for k in outstanding if self.seen[k].record is None or not self.seen[k].record["pos"]["marks"]]
         if unseen and self.lookup is not None:
             try:
                 known = self.lookup(unseen)
