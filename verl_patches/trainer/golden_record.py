@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"golden_record: run {i + 1}/{args.runs} done in {time.monotonic() - start:.0f} s", flush=True)
     try:
         runs = [read_run(d) for d in run_dirs]
-        note = args.note or (f"{args.runs} runs of README command 1 (run i>0: {' '.join(seed_overrides(1))} "
-                             f"with i in place of 1); {' '.join(args.overrides)}").strip()
+        extra = f"; every run also {' '.join(args.overrides)}" if args.overrides else ""
+        note = args.note or (f"{args.runs} runs of README command 1; run i: data.seed=1+i and "
+                             f"actor_rollout_ref.rollout.seed=i (run 0 as README gives it){extra}")
         doc = make_baseline(runs, note=note)
         write_baseline(doc, args.out)
     except GoldenInputError as e:
