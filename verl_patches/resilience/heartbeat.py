@@ -104,11 +104,17 @@ def describe_stack(stack: tuple) -> str:
 
 
 def process_identity(rank: int, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Who publishes: rank, node address and host name, pid, its log file, where torch_npu's flight
-    recorder would dump, and the job's rendezvous store (torch_npu's dump signal lives there)."""
+    """Who publishes: rank, node address, host name and Ray node id, pid and start time (for `reap`), its log
+    file, where torch_npu's flight recorder would dump, and the job's rendezvous store (torch_npu's dump
+    signal lives there)."""
+    from verl_patches.resilience.reap import start_ticks
+
     env = os.environ if environ is None else environ
     ident: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "node": _node_ip(),
-                             "log": _log_file()}
+                             "log": _log_file(), "started": start_ticks()}
+    node_id = _node_id()
+    if node_id:
+        ident["node_id"] = node_id
     if _truthy(env.get("TORCH_HCCL_DUMP_ON_TIMEOUT")) and _truthy(env.get("TORCH_HCCL_ENABLE_MONITORING")):
         ident["flight_recorder"] = (env.get("TORCH_HCCL_DEBUG_INFO_TEMP_FILE") or FLIGHT_RECORDER_DEFAULT) + str(rank)
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
@@ -129,6 +135,17 @@ def _node_ip() -> str:
     except Exception:
         pass
     return "127.0.0.1"
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:
+        pass
+    return None
 
 
 def _log_file() -> str:

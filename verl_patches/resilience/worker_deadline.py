@@ -8,9 +8,9 @@ once, as before), and between looks it reads the outstanding workers' heartbeats
 
 * When no outstanding worker has made progress for the time-out (`timeout.TIMEOUT_ENV`), it names them
   (rank, node, pid, phase, step, micro-batch; its log file), asks torch_npu's HCCL flight recorder of every
-  live rank to dump when the workers have it on, kills the group's actors (a stopped process included)
-  and raises `WorkerHangError` with that one line: the trainer ends with a non-zero status and the launcher
-  repeats the line last.
+  live rank to dump when the workers have it on, kills the group's actors (``ray.kill``; a stopped process,
+  which cannot exit by itself, gets SIGKILL on its node: `reap`) and raises `WorkerHangError` with that one
+  line: the trainer ends with a non-zero status and the launcher repeats the line last.
 * When a worker process dies (Ray lost its actor), it names that worker with its last position at once.
 * A worker's own exception is raised as soon as it arrives, as upstream's ``ray.get`` would raise it.
 
@@ -24,6 +24,7 @@ import struct
 import time
 from typing import Any
 
+from verl_patches.resilience import reap
 from verl_patches.resilience.boards import RayKVBoard
 from verl_patches.resilience.call_watch import CallWatch
 from verl_patches.resilience.hang_diagnosis import Diagnosis, death_message, hang_message
@@ -165,9 +166,15 @@ def end_job(workers: list[Any], message: str, diagnosis: Diagnosis | None, watch
         _request_flight_recorder_dump(watch, diagnosis)
     for w in workers:
         try:
-            ray.kill(w, no_restart=True)  # Ray SIGKILLs an actor that cannot exit by itself (a stopped one)
+            ray.kill(w, no_restart=True)
         except Exception as e:  # already gone
             logger.debug("ray.kill(%s): %s", w, e)
+    # ray.kill asks a process to exit; a stopped one never does: those whose heartbeat stopped get SIGKILL
+    silent = [s.record for s in watch.seen.values() if s.record and watch.clock() - s.beat_at >= watch.stale_s]
+    try:
+        reap.kill_processes(silent)
+    except Exception as e:
+        logger.error("could not end the stopped worker processes %s: %s", [r.get("pid") for r in silent], e)
     raise WorkerHangError(message)
 
 

@@ -1,0 +1,56 @@
+"""End a stopped worker process of the job: Ray's ``ray.kill`` asks the actor's process to exit, which a
+SIGSTOPped (or otherwise frozen) process never does, so the driver SIGKILLs it itself, on its node.
+
+A process is named by its heartbeat: node id, pid and start time (clock ticks since boot, from
+``/proc/<pid>/stat``), so a pid that was reused by another process is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+
+def start_ticks(pid: int | str = "self") -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def kill_if_same(pid: int, started: int | None) -> bool:
+    """SIGKILL `pid` if it is still the process that started at `started`; True if signalled."""
+    if started is None or start_ticks(pid) != started:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
+def kill_processes(records: list[dict[str, Any]], timeout_s: float = 30.0) -> int:
+    """SIGKILL the processes these heartbeats name: directly on this node, by a task pinned to theirs
+    elsewhere. Returns how many were signalled (or asked to be)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    done, remote = 0, []
+    for r in records:
+        if r.get("pid") is None or r.get("started") is None:
+            continue
+        if r.get("node_id") in (None, here):
+            done += kill_if_same(int(r["pid"]), int(r["started"]))
+        else:
+            task = ray.remote(kill_if_same).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(r["node_id"], soft=False))
+            remote.append(task.remote(int(r["pid"]), int(r["started"])))
+    if remote:
+        ready, _ = ray.wait(remote, num_returns=len(remote), timeout=timeout_s)
+        done += sum(bool(x) for x in ray.get(ready))
+    return done
