@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from verl_patches.resilience.hang_diagnosis import (REPORT_PREFIX, Observed, death_message, diagnose, hang_message,
-                                                    last_report)
+                                                    last_report, rank_list)
 from verl_patches.resilience.progress import Position
 
 STALE = 10.0
@@ -62,7 +62,7 @@ def test_a_rank_in_an_earlier_phase_or_step_is_behind() -> None:
 def test_all_alive_at_one_place_names_all_of_them() -> None:
     d = diagnose("update_actor", 5, [alive(r, index=2) for r in (2, 0, 1)], 60, STALE)
     assert d.same_place and d.culprit_ranks == [0, 1, 2]
-    assert d.culprits[0].startswith("no rank is behind another: ranks 0,1,2 are all alive and stopped in phase "
+    assert d.culprits[0].startswith("no rank is behind another: ranks 0-2 are all alive and stopped in phase "
                                     "'update' (micro-batch 2/4 of batch 1) of step 5")
 
 
@@ -113,3 +113,11 @@ def test_last_report_is_taken_from_its_prefix_to_the_end_of_its_line() -> None:
            "(raylet) a worker died\n")
     assert last_report(log) == "verl_patches hang: update_actor (step 5) x"
     assert last_report("nothing here") is None
+
+
+def test_rank_lists_fold_runs_of_three_or_more() -> None:
+    assert rank_list([]) == ""
+    assert rank_list([3]) == "3"
+    assert rank_list([1, 0]) == "0,1"
+    assert rank_list([9, 0, 1, 2, 5, 6, 12, 11, 10, 13]) == "0-2,5,6,9-13"
+    assert rank_list([r for r in range(256) if r != 37]) == "0-36,38-255"

@@ -133,8 +133,22 @@ def _behind(o: Observed) -> str:
             f"its peers moved past it{_where(o)}{_log(o)}")
 
 
+def rank_list(ranks: list[int]) -> str:
+    """"0,1,4-9,12": runs of three or more as a range, so 255 waiting ranks stay short."""
+    out: list[str] = []
+    ordered = sorted(set(ranks))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out += [f"{ordered[i]}-{ordered[j]}"] if j - i >= 2 else [str(r) for r in ordered[i:j + 1]]
+        i = j + 1
+    return ",".join(out)
+
+
 def _same_place(alive: list[Observed]) -> str:
-    ranks = ",".join(str(o.rank) for o in sorted(alive, key=lambda o: o.rank if o.rank is not None else -1))
+    ranks = rank_list([o.rank for o in alive if o.rank is not None])
     first = alive[0]
     return (f"no rank is behind another: ranks {ranks} are all alive and stopped in {first.position.describe()}"
             f"{_where(first)} (a device, transport or collective fault; see each rank's log)")
@@ -145,8 +159,8 @@ def _grouped(observed: list[Observed]) -> list[str]:
     for o in observed:
         by_place.setdefault(o.position.describe(), []).append(o.rank)
     out = []
-    for place, ranks in sorted(by_place.items(), key=lambda kv: min(r for r in kv[1] if r is not None)):
-        names = ",".join(str(r) for r in sorted(r for r in ranks if r is not None))
+    for place, ranks in sorted(by_place.items(), key=lambda kv: min((r for r in kv[1] if r is not None), default=-1)):
+        names = rank_list([r for r in ranks if r is not None])
         out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {names} in {place} (alive)")
     return out
 
