@@ -69,6 +69,6 @@ class FakeWorker:
             raise RuntimeError("update failed")
         return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
 
-    generate_sequences = with_call_progress(wrap_generate_sequences(_generate))
-    compute_ref_log_prob = with_call_progress(wrap_compute_ref_log_prob(_ref))
-    update_actor = with_call_progress(wrap_update_actor(_update))
+    generate_sequences = with_call_progress(wrap_generate_sequences(_generate), "generate_sequences")
+    compute_ref_log_prob = with_call_progress(wrap_compute_ref_log_prob(_ref), "compute_ref_log_prob")
+    update_actor = with_call_progress(wrap_update_actor(_update), "update_actor")

@@ -87,7 +87,7 @@ PATCHES = [
         target=f"{_WORKER}.{method}",
         kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=lazy_call(f"{_PROGRESS}:with_call_progress"),
+        replacement=lazy_call(f"{_PROGRESS}:{method}_progress"),
         vendor_item="local",
         reason="hang diagnosis: the call is a phase of the trainer step (meta_info['global_steps'], written by our "
                "fit loop) in this process's progress, which its heartbeat publishes; a stuck rank is named "

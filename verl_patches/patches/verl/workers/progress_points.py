@@ -31,8 +31,9 @@ def step_of(data: Any) -> int | None:
     return None if step is None else int(step)
 
 
-def with_call_progress(method: Callable) -> Callable:
-    name = method.__name__
+def with_call_progress(method: Callable, name: str | None = None) -> Callable:
+    """`name`: the worker method's name (upstream's GPUMemoryLogger hides it: its wrapper is called ``f``)."""
+    name = name or method.__name__
     phase = CALL_PHASES.get(name, name)
 
     @functools.wraps(method)  # keeps verl's dispatch registration attributes
@@ -44,6 +45,24 @@ def with_call_progress(method: Callable) -> Callable:
             progress.leave_call()
 
     return wrapper
+
+
+def _for(name: str) -> Callable[[Callable], Callable]:
+    def factory(method: Callable) -> Callable:
+        return with_call_progress(method, name)
+
+    factory.__name__ = factory.__qualname__ = f"{name}_progress"
+    return factory
+
+
+# the declared WRAP factories, one per worker method (megatron_declarations)
+generate_sequences_progress = _for("generate_sequences")
+compute_ref_log_prob_progress = _for("compute_ref_log_prob")
+compute_log_prob_progress = _for("compute_log_prob")
+update_actor_progress = _for("update_actor")
+init_model_progress = _for("init_model")
+save_checkpoint_progress = _for("save_checkpoint")
+load_checkpoint_progress = _for("load_checkpoint")
 
 
 class _MicroBatches:
