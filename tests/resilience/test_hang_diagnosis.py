@@ -56,7 +56,16 @@ def test_a_rank_in_an_earlier_phase_or_step_is_behind() -> None:
     d = diagnose("generate_sequences", 6, [alive(0, phase="generate", index=None, step=6),
                                            alive(1, phase="idle", index=None, step=5)], 60, STALE)
     assert d.culprit_ranks == [1]
-    assert "phase 'idle' of step 5" in d.culprits[0]
+    assert "phase 'idle' of step 5 after update_actor while its peers moved past it; it has not started " \
+           "generate_sequences (phase 'weight_sync'); its log: " in d.culprits[0]
+
+
+def test_a_rank_frozen_between_calls_is_said_not_to_have_started_the_call() -> None:
+    d = diagnose("actor_rollout_ref_compute_ref_log_prob", 4, [frozen(3, phase="idle", index=None, step=4),
+                                                              alive(0, phase="ref", index=2, step=4)], 60, STALE)
+    assert d.culprit_ranks == [3]
+    assert "last in phase 'idle' of step 4 after update_actor; it has not started " \
+           "actor_rollout_ref_compute_ref_log_prob (phase 'ref'); its log:" in d.culprits[0]
 
 
 def test_all_alive_at_one_place_names_all_of_them() -> None:

@@ -28,7 +28,8 @@ def test_a_call_its_phases_and_units() -> None:
     assert pos == Position(4, "update_actor", 3, "update", "micro-batch", 2, 4, 1, False) and 0 <= age < 5
     assert pos.describe() == "phase 'update' (micro-batch 2/4 of batch 1) of step 3 in update_actor"
     progress.leave_call()
-    assert progress.current()[0] == Position(5, "", 3, "idle")
+    assert progress.current()[0] == Position(5, "update_actor", 3, "idle")
+    assert progress.current()[0].describe() == "phase 'idle' of step 3 after update_actor"
     progress.enter_call("save_checkpoint", None, "save_checkpoint")  # no step in the payload: keeps the last
     pos = progress.current()[0]
     assert pos.step == 3 and pos.coarse and pos.describe() == "phase 'save_checkpoint' of step 3 in save_checkpoint"
@@ -93,3 +94,10 @@ def test_fault_injection_stops_only_the_named_rank_entering_the_named_phase_and_
     assert sent == []
     progress.phase("weight_sync")
     assert sent == [("published", "weight_sync"), signal.SIGSTOP]  # its position is out before it stops
+
+
+def test_phase_of_a_worker_group_method() -> None:
+    assert progress.phase_of_call("actor_rollout_ref_update_actor") == "update"
+    assert progress.phase_of_call("generate_sequences") == "weight_sync"
+    assert progress.phase_of_call("actor_rollout_ref_compute_ref_log_prob") == "ref"
+    assert progress.phase_of_call("get_rank_memory") is None

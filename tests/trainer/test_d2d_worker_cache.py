@@ -162,7 +162,7 @@ def test_a_worker_call_records_its_step_in_the_progress() -> None:
     w = FakeWorker(0, 1, ROWS)
     w.generate_sequences(prompts(d2d=False, step=7))
     pos = progress.current()[0]
-    assert pos.step == 7 and pos.phase == "idle" and pos.call == ""
+    assert pos.step == 7 and pos.phase == "idle" and pos.call == "generate_sequences"
     data = prompts(d2d=False, step=8)
     del data.meta_info[STEP_META_KEY]                       # a call without a step keeps the last one
     w.generate_sequences(data)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verl_patches.resilience.progress import Position
+from verl_patches.resilience.progress import Position, phase_of_call
 from verl_patches.resilience.timeout import TIMEOUT_ENV
 
 REPORT_PREFIX = "verl_patches hang:"
@@ -59,7 +59,7 @@ def diagnose(call: str, step: int | None, outstanding: list[Observed], timeout_s
     alive = [o for o in outstanding if o.record is not None and o.silent_s < stale_s]
     culprits = [f"{o.label} never reported a heartbeat (it did not start, or froze before its first report)"
                 for o in never]
-    culprits += [_frozen(o) for o in frozen]
+    culprits += [_frozen(o, call) for o in frozen]
     ranks = [o.rank for o in frozen if o.rank is not None]
     waiting: list[Observed] = []
     same_place = False
@@ -68,7 +68,7 @@ def diagnose(call: str, step: int | None, outstanding: list[Observed], timeout_s
         low = min(keys.values())
         behind = [o for o in alive if keys[id(o)] == low]
         if len(behind) < len(alive):
-            culprits += [_behind(o) for o in behind]
+            culprits += [_behind(o, call) for o in behind]
             ranks += [o.rank for o in behind]
             waiting = [o for o in alive if keys[id(o)] != low]
         elif culprits:
@@ -123,14 +123,23 @@ def _where(o: Observed) -> str:
     return f"; main thread at {w}" if w else ""
 
 
-def _frozen(o: Observed) -> str:
+def _frozen(o: Observed, call: str = "") -> str:
     return (f"{_who(o)} stopped reporting {o.silent_s:.0f} s ago (process frozen or dead), last in "
-            f"{o.position.describe()}{_log(o)}")
+            f"{o.position.describe()}{_not_started(o, call)}{_log(o)}")
 
 
-def _behind(o: Observed) -> str:
+def _not_started(o: Observed, call: str) -> str:
+    """Idle between calls while the driver waits for this one: say which phase it never entered."""
+    pos = o.position
+    first = phase_of_call(call)
+    if pos is None or pos.phase != "idle" or first is None:
+        return ""
+    return f"; it has not started {call} (phase '{first}')"
+
+
+def _behind(o: Observed, call: str = "") -> str:
     return (f"{_who(o)} is alive but made no progress for {o.stalled_s:.0f} s in {o.position.describe()} while "
-            f"its peers moved past it{_where(o)}{_log(o)}")
+            f"its peers moved past it{_not_started(o, call)}{_where(o)}{_log(o)}")
 
 
 def rank_list(ranks: list[int]) -> str:

@@ -23,6 +23,19 @@ from typing import Callable
 PHASE_ORDER = ("init", "load_checkpoint", "weight_sync", "generate", "rollout_offload", "old_log_prob",
                "d2d_reshard", "ref", "update", "save_checkpoint", "idle")
 COARSE_PHASES = frozenset({"init", "load_checkpoint", "generate", "rollout_offload", "save_checkpoint"})
+# The phase each worker call starts in (generate_sequences starts with the weight sync: our sharding manager
+# marks it and, after it, "generate").
+CALL_PHASES = {"generate_sequences": "weight_sync", "compute_ref_log_prob": "ref", "compute_log_prob": "old_log_prob",
+               "update_actor": "update", "init_model": "init", "save_checkpoint": "save_checkpoint",
+               "load_checkpoint": "load_checkpoint"}
+
+
+def phase_of_call(call: str) -> str | None:
+    """The phase a worker-group method starts in ("actor_rollout_ref_update_actor" -> "update")."""
+    for name, first in CALL_PHASES.items():
+        if call == name or call.endswith("_" + name):
+            return first
+    return None
 
 # marks, call, step, phase, unit, index, total, group, coarse, monotonic time of the mark
 _Pos = tuple
@@ -34,7 +47,7 @@ _on_phase: Callable[["Position"], None] | None = None  # fault injection (tests)
 @dataclass(frozen=True)
 class Position:
     marks: int  # progress points passed so far in this process
-    call: str  # the worker call it is in ("" between calls)
+    call: str  # the worker call it is in (the last one while idle; "" before the first)
     step: int | None  # the trainer step (kept between calls)
     phase: str
     unit: str = ""  # "micro-batch", "bucket", "engine step", ...
@@ -57,7 +70,9 @@ class Position:
                 inner += f" of batch {self.group}"
         where = f"phase '{self.phase}'" + (f" ({inner})" if inner else "")
         where += f" of step {'?' if self.step is None else self.step}"
-        return where + (f" in {self.call}" if self.call else "")
+        if not self.call:
+            return where
+        return where + (f" after {self.call}" if self.phase == "idle" else f" in {self.call}")
 
     def to_dict(self) -> dict:
         return {"marks": self.marks, "call": self.call, "step": self.step, "phase": self.phase, "unit": self.unit,
@@ -86,9 +101,10 @@ def enter_call(call: str, step: int | None, phase: str) -> None:
 
 
 def leave_call() -> None:
+    """The call returned: idle, after it."""
     global _pos
     p = _pos
-    _pos = (p[0] + 1, "", p[2], "idle", "", None, None, 0, False, time.monotonic())
+    _pos = (p[0] + 1, p[1], p[2], "idle", "", None, None, 0, False, time.monotonic())
 
 
 def phase(name: str) -> None:

@@ -19,10 +19,6 @@ from typing import Any, Callable, Iterator
 from verl_patches.resilience import progress
 from verl_patches.trainer.step_payloads import STEP_META_KEY
 
-# generate_sequences starts with the weight sync (our sharding manager marks it and, after it, "generate")
-CALL_PHASES = {"generate_sequences": "weight_sync", "compute_ref_log_prob": "ref", "compute_log_prob": "old_log_prob",
-               "update_actor": "update", "init_model": "init", "save_checkpoint": "save_checkpoint",
-               "load_checkpoint": "load_checkpoint"}
 
 
 def step_of(data: Any) -> int | None:
@@ -34,7 +30,7 @@ def step_of(data: Any) -> int | None:
 def with_call_progress(method: Callable, name: str | None = None) -> Callable:
     """`name`: the worker method's name (upstream's GPUMemoryLogger hides it: its wrapper is called ``f``)."""
     name = name or method.__name__
-    phase = CALL_PHASES.get(name, name)
+    phase = progress.CALL_PHASES.get(name, name)
 
     @functools.wraps(method)  # keeps verl's dispatch registration attributes
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
