@@ -24,9 +24,9 @@ STARTING_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTAR
 
 
 def startup_allowance(timeout_s: float) -> float:
-    """How long a member may be still starting (no heartbeat yet, its process being created: imports,
-    Megatron's bring-up before verl's Worker.__init__ starts the heartbeat) before it counts as stuck."""
-    return max(2 * timeout_s, 900.0)
+    """How long a member may be still starting (its process being created and importing its modules, before
+    its constructor starts the heartbeat) before it counts as stuck."""
+    return max(3 * timeout_s, 300.0)
 
 
 @dataclass

@@ -97,20 +97,32 @@ def apply_params_dtype(config: Any) -> None:
 
 def wrap_init(original: Callable) -> Callable:
     def __init__(self, config: Any, role: str) -> None:
-        bring_up(config)
-        original(self, config, role)
-        if self._is_actor and not self._is_rollout:  # upstream normalises the actor only inside the hybrid role
-            from megatron.core import parallel_state as mpu
+        from verl_patches.resilience import heartbeat, progress
 
-            self.config.actor.ppo_mini_batch_size *= self.config.rollout.n
-            self.config.actor.ppo_mini_batch_size //= mpu.get_data_parallel_world_size()
-        if self._is_actor and self._is_ref:  # upstream's elif skipped the reference block for the fused role
-            from megatron.core import parallel_state as mpu
-
-            normalize_ref_batch_sizes(self.config.ref, mpu.get_data_parallel_world_size())
-            self._ref_is_offload_param = self.config.ref.megatron.get("param_offload", False)
+        # hang diagnosis: the bring-up below is collectives (process group, Megatron's groups); publish from here
+        heartbeat.start_in_ray_worker()
+        progress.enter_call("__init__", None, "init")
+        try:
+            _init(self, original, config, role)
+        finally:
+            progress.leave_call()
 
     return __init__
+
+
+def _init(self: Any, original: Callable, config: Any, role: str) -> None:
+    bring_up(config)
+    original(self, config, role)
+    if self._is_actor and not self._is_rollout:  # upstream normalises the actor only inside the hybrid role
+        from megatron.core import parallel_state as mpu
+
+        self.config.actor.ppo_mini_batch_size *= self.config.rollout.n
+        self.config.actor.ppo_mini_batch_size //= mpu.get_data_parallel_world_size()
+    if self._is_actor and self._is_ref:  # upstream's elif skipped the reference block for the fused role
+        from megatron.core import parallel_state as mpu
+
+        normalize_ref_batch_sizes(self.config.ref, mpu.get_data_parallel_world_size())
+        self._ref_is_offload_param = self.config.ref.megatron.get("param_offload", False)
 
 
 def _build_model_optimizer(self, model_path: str, optim_config: Any, override_model_config: dict,
