@@ -54,7 +54,7 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "weight_sync": _weight_sync(),
         "hang_diagnosis": _hang_diagnosis(),
-        "package_versions": _package_versions(),
+        "package_versions": _package_versions(device),
         "summary": {
             "components_matching": sum(c["status"] == "match" for c in sources["components"]),
             "components_total": len(sources["components"]),
@@ -77,15 +77,17 @@ def _hang_diagnosis() -> dict:
     return watched()
 
 
-def _package_versions() -> dict:
+def _package_versions(device: str) -> dict:
     """Installed versions against requirements.txt (the A3 job's pins): a proof on other versions is a
-    proof of another stack, so the audit says which differ."""
+    proof of another stack, so the audit says which differ. The host kind comes from the audit's own
+    torch-free detection: the audit runs before anything is installed."""
     from dataclasses import asdict
 
     from verl_patches.sources import pins
 
-    line, found = pins.check()
-    return {"line": line, "cpu_host": pins.host_is_cpu(), "differences": [asdict(d) for d in found]}
+    cpu_host = device == "cpu"
+    line, found = pins.check(cpu_host=cpu_host)
+    return {"line": line, "cpu_host": cpu_host, "differences": [asdict(d) for d in found]}
 
 
 def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:

@@ -4,6 +4,7 @@
 under the estimate's bounds, so a change that keeps one more copy of the model alive fails here."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -68,5 +69,26 @@ def test_peak_memory_of_the_check_is_within_its_estimate(mid_model, tmp_path, ep
     assert "PASS" in out
     assert sampler.peak_anon <= est.need_bytes, summary
     assert sampler.peak_rss <= est.rss_bound, summary
-    # the estimate is not vacuous: it is within one copy of the slice above what was measured
-    assert est.need_bytes - sampler.peak_anon < est.copy_bytes, summary
+    # each rank's RSS high-water mark (the kernel's, exact however short the peak) is within what the estimate
+    # gives that rank in its largest phase
+    measured = rank_peaks(out)
+    estimated: dict[str, int] = {}
+    for phase in est.phases:
+        for u in phase.usage:
+            if u.process.startswith("rank"):
+                estimated[u.process] = max(estimated.get(u.process, 0), u.rss)
+    assert sorted(measured) == sorted(estimated) and len(measured) == ep, out[-3000:]
+    for rank, peak in measured.items():
+        assert peak <= estimated[rank], f"{rank}: peak RSS {peak / GIB:.2f} GiB > {estimated[rank] / GIB:.2f}; {summary}"
+    # the estimate is not vacuous: within one copy of the slice per process above the measured peak. Measured:
+    # where the copy sits between the main process and the ranks varies by host, and the ranks' sync peak
+    # lasts a fraction of a second, which the 0.1 s sampler sees on one host and misses on another
+    processes = 1 + ep
+    assert est.need_bytes - sampler.peak_anon < processes * est.copy_bytes, summary
+
+
+def rank_peaks(out: str) -> dict[str, int]:
+    from verl_patches.checks.run import RANK_PEAKS
+
+    line = next((ln for ln in out.splitlines() if RANK_PEAKS in ln), "")
+    return {name: int(b) for name, b in re.findall(r"(rank\d+) (\d+) B", line)}

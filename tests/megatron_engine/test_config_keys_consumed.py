@@ -19,6 +19,12 @@ PROFILES = sorted(p.stem for p in (REPO / "verl_patches/trainer/config/profile")
 A = "actor_rollout_ref.actor"
 ACTOR_PY = "verl_patches/patches/verl/workers/actor/megatron_actor.py"
 TRANSLATE_PY = "verl_patches/train_engine/translate.py"
+VLLM_ROLLOUT_PY = "verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py"
+ASCEND_CONFIG_PY = "vllm_ascend/ascend_config.py"
+ENGINE = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+TORCHAIR = f"{ENGINE}.additional_config.torchair_graph_config"
+SCHEDULER = f"{ENGINE}.additional_config.ascend_scheduler_config"
+A3_BUILD = "tests/rollout/test_a3_engine_build.py"
 
 # key -> (file, text that reads it[, behaviour test])
 CONSUMERS: dict[str, tuple[str, str, str]] = {
@@ -46,6 +52,18 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "overlay.d2d_tensor_cache": ("verl_patches/trainer/step_plan.py", 'D2D_KEY = "overlay.d2d_tensor_cache"',
                                  "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py"),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
+    # vLLM's LLM keyword arguments: verl's vLLMRollout passes engine_kwargs.vllm through unchanged
+    f"{ENGINE}.max_num_seqs": (VLLM_ROLLOUT_PY, "**engine_kwargs,", f"{A3_BUILD}::test_what_the_engine_receives"),
+    # vllm-ascend's own settings, read from LLM(additional_config=...)
+    **{f"{TORCHAIR}.{k}": (ASCEND_CONFIG_PY, f'"{k}"', f"{A3_BUILD}::test_what_the_engine_receives")
+       for k in ("enabled", "use_cached_graph", "graph_batch_sizes_init", "graph_batch_sizes",
+                 "enable_multistream_mla", "enable_multistream_moe", "enable_view_optimize", "enable_kv_nz")},
+    f"{SCHEDULER}.enabled": (ASCEND_CONFIG_PY, 'ascend_scheduler_config.get("enabled", False)',
+                             f"{A3_BUILD}::test_what_the_engine_receives"),
+    # AscendSchedulerConfig copies every key it is given, then the scheduler reads it as a dataclass field
+    f"{SCHEDULER}.enable_chunked_prefill": ("vllm_ascend/core/schedule_config.py",
+                                            "self.chunked_prefill_enabled = self.enable_chunked_prefill",
+                                            "tests/trainer/test_rollout_settings.py"),
 }
 
 

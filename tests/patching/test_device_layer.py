@@ -64,6 +64,9 @@ def test_detects_npu_from_an_installed_torch_npu_without_importing_it(monkeypatc
     import importlib.util
     import sys
 
+    # an earlier test in this process may have imported our CPU emulation: what matters is that detection
+    # itself imports nothing
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "torch_npu" else real(name, *a))

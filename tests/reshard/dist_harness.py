@@ -5,10 +5,12 @@ to a JSON file the parent reads back, so one spawn serves many test functions.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Callable
@@ -40,7 +42,10 @@ def run_scenarios(scenarios: dict[str, Callable[[int, int], None]], rank: int, w
     return results
 
 
-def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: float) -> None:
+def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: float, deadline_s: float) -> None:
+    # a rank still running shortly before the parent kills it prints every thread's stack to stderr (which
+    # pytest shows with the failure): where it hung, not only that it did
+    faulthandler.dump_traceback_later(max(deadline_s - 5.0, 1.0), exit=False)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
@@ -50,6 +55,7 @@ def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: fl
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    faulthandler.cancel_dump_traceback_later()
 
 
 def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
@@ -58,12 +64,13 @@ def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4))
+        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4, timeout_s))
                  for r in range(world)]
         for p in procs:
             p.start()
+        deadline = time.monotonic() + timeout_s
         for p in procs:
-            p.join(timeout_s)
+            p.join(max(deadline - time.monotonic(), 0.0))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]
         for r in hung:
             procs[r].kill()

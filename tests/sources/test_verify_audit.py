@@ -18,7 +18,7 @@ from verl_patches.sources.lock import load_lock
 PACKAGES = ["verl", "vllm", "vllm_ascend", "megatron", "mindspeed", "mindspeed_llm"]
 
 TOP_KEYS = {"schema", "lock", "device", "components", "patches", "summary", "distributions", "weight_sync", "npu_emulation",
-            "package_versions"}
+            "package_versions", "hang_diagnosis"}
 COMPONENT_KEYS = {"name", "package", "ref", "commit", "pypi_file", "needed_on", "optional_here", "route",
                   "origin_route", "status", "expected_tree_sha256", "found_tree_sha256", "differences", "problems",
                   "prelude", "diff", "diff_unavailable"}

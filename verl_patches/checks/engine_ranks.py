@@ -29,6 +29,8 @@ from unittest import mock
 
 import torch
 
+from verl_patches.checks.rss import peak_rss_bytes
+
 TEMPERATURE = 1.0
 
 
@@ -216,4 +218,6 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
         lp = _gathered_rollout_log_probs(standin, cfg_hf, torch_dtype, batch, rank, world)
         if lp is not None:
             torch.save(lp.float(), os.path.join(out_dir, "rollout.pt"))
+    # the rank's peaks are short (inside the sync): the kernel's high-water mark holds them exactly
+    out["peak_rss"] = peak_rss_bytes(os.getpid())
     return out

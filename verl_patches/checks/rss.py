@@ -9,16 +9,26 @@ from __future__ import annotations
 import threading
 
 
-def anon_bytes(pid: int) -> int:
-    """RssAnon of ``pid`` (0 when it is gone or the kernel does not report it)."""
+def _status_bytes(pid: int, field: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def anon_bytes(pid: int) -> int:
+    """RssAnon of ``pid`` (0 when it is gone or the kernel does not report it)."""
+    return _status_bytes(pid, "RssAnon")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """VmHWM of ``pid``: the kernel's own high-water mark of its RSS, which no sampling can miss (0 when the
+    kernel does not report it)."""
+    return _status_bytes(pid, "VmHWM")
 
 
 class TreeSampler(threading.Thread):

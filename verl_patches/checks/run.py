@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from verl_patches.checks.compare import EngineDiff, compare, verdict
+from verl_patches.checks.memory import GIB
 from verl_patches.checks.inputs import CheckRequestError, check_inputs
 
 if TYPE_CHECKING:
@@ -224,6 +225,14 @@ def collect(req: CheckRequest, out_dir: Path, dp: int) -> dict[str, torch.Tensor
     return got
 
 
+RANK_PEAKS = "measured peak RSS of each rank (VmHWM):"
+
+
+def rank_peaks_line(peaks: list[int]) -> str:
+    """Each rank's RSS high-water mark in bytes (so it can be compared exactly with the estimate)."""
+    return RANK_PEAKS + "".join(f" rank{r} {b} B ({b / GIB:.2f} GiB)," for r, b in enumerate(peaks)).rstrip(",")
+
+
 def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: Path | None = None) -> CheckResult:
     from verl_patches.checks.engine_ranks import rank_check
     from verl_patches.checks.launch import run_ranks
@@ -250,12 +259,15 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
         (work / "out").mkdir()
         log(f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
             f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})")
-        run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
+        ranks = run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
                   tp=req.tp, pp=req.pp, ep=req.ep,
                   layer_list=list(req.num_layer_list) if req.num_layer_list else None, engines=list(req.engines),
                   rollout_tp=req.rollout_tp, rollout_ep=req.rollout_ep_size, batch_file=str(work / "batch.pt"),
                   out_dir=str(work / "out"), dtype=dtype_name)
         got = collect(req, work / "out", req.dp)
+    peaks = [r.get("peak_rss") for r in ranks]
+    if all(isinstance(b, int) and b > 0 for b in peaks):
+        log(rank_peaks_line(peaks))
     diffs = [compare(name, reference, lp, batch["input_ids"]) for name, lp in got.items()]
     ok, lines = verdict(diffs, tolerance)
     return CheckResult(ok, lines, diffs)
