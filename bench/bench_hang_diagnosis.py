@@ -156,9 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     noise = abs(runs["off"][0] - runs["off"][1]) / off
     print(f"ratio on/off: {ratio:.3f} (goal <= {GOAL_RATIO}); off vs off (identical code): {noise:.1%}; "
           f"four runs {wall:.0f} s")
-    print(json.dumps({"off": runs["off"], "on": runs["on"], "ratio": ratio, "off_vs_off": noise}))
-    print("PASS" if ratio <= GOAL_RATIO else "FAIL")
-    return 0 if ratio <= GOAL_RATIO else 1
+    verdict = bench_verdict(ratio, noise)
+    print(json.dumps({"off": runs["off"], "on": runs["on"], "ratio": ratio, "off_vs_off": noise, "verdict": verdict}))
+    print(verdict)
+    return 0 if verdict == "PASS" else 1
+
+
+def bench_verdict(ratio: float, noise: float) -> str:
+    """PASS within the goal; INCONCLUSIVE when above it by no more than two identical runs differ on this host
+    (the host cannot resolve the difference: run again on a quiet machine or with more --steps); else FAIL."""
+    if ratio <= GOAL_RATIO:
+        return "PASS"
+    return "INCONCLUSIVE (above the goal by less than the off-vs-off noise)" if ratio - 1.0 <= noise else "FAIL"
 
 
 if __name__ == "__main__":
