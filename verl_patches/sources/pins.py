@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,18 +181,6 @@ def constraints_text(freeze_lines: list[str], pins: dict[str, Pin]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_patches.sources.pins", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -212,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if found else 0
         freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True,
                                 check=True).stdout.splitlines()
-        write_atomically(CONSTRAINTS, constraints_text(freeze, pins))
+        from verl_patches.weights.atomic_io import write_text_atomically  # standard library only
+
+        write_text_atomically(CONSTRAINTS, constraints_text(freeze, pins))
         print(f"wrote {CONSTRAINTS.name}")
         return 0
     except (PinError, OSError) as e:
