@@ -16,12 +16,18 @@ STEPS = 30
 
 
 def write_run(folder: Path, reward_shift: float = 0.0, mem: dict[int, float] | None = None, mismatch: float = 2e-4,
-              step_time: float = 1.0, console_only: bool = False, steps: int = STEPS) -> Path:
+              step_time: float = 1.0, console_only: bool = False, steps: int = STEPS,
+              val_rise: float | None = 0.3, val_shift: float = 0.0) -> Path:
+    """val_rise: validation at step 0 and every 10 steps, from 0.4 + val_shift rising linearly by this much;
+    None: no validation."""
     folder.mkdir(parents=True)
     rows = {}
     for s in range(1, steps + 1):
         rows[s] = {golden.REWARD_KEY: min(1.0, 0.05 + 0.02 * s) + reward_shift, ABS_DIFF: mismatch * (1 + 0.1 * (s % 3)),
                    RATIO_DEV: mismatch * 1.01, golden.STEP_TIME_KEY: (3.0 if s == 1 else step_time)}
+    if val_rise is not None:
+        for s in range(0, steps + 1, 10):
+            rows.setdefault(s, {})[golden.VAL_KEY] = 0.4 + val_shift + val_rise * s / STEPS
     if console_only:
         lines = [f"step:{s} - " + " - ".join(f"{k}:{v:.3f}" for k, v in m.items()) for s, m in rows.items()]
         (folder / "trainer.log").write_text("noise\n" + "\n".join(lines) + "\n")
@@ -48,7 +54,8 @@ RECORDED = ((0.0, {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1}), (-0.03, {0: 0.98, 1: 1.19, 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("golden")
-    runs = [write_run(root / f"base{i}", reward_shift=shift, mem=mem) for i, (shift, mem) in enumerate(RECORDED)]
+    runs = [write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
+            for i, (shift, mem) in enumerate(RECORDED)]
     out = root / "baseline.json"
     assert golden.main([*map(str, runs), "--write-baseline", str(out), "--note", "synthetic"]) == 0
     return out
@@ -155,7 +162,7 @@ def test_step_time_is_reported_and_gated_only_when_asked(tmp_path: Path, baselin
 
 def test_console_log_is_read_when_there_is_no_tensorboard(tmp_path: Path) -> None:
     run = golden.read_run(write_run(tmp_path / "r", console_only=True))
-    assert run.source.endswith("trainer.log") and len(run.steps) == STEPS
+    assert run.source.endswith("trainer.log") and len(run.steps) == STEPS + 1  # and step 0's validation
     assert run.steps[30][golden.REWARD_KEY] == pytest.approx(0.65)
 
 
@@ -234,3 +241,48 @@ def test_golden_record_changes_only_the_seeds_and_needs_three_runs(capsys) -> No
     assert golden_record.seed_overrides(2) == ["data.seed=3", "+actor_rollout_ref.rollout.seed=2"]
     assert len({tuple(golden_record.seed_overrides(i)) for i in range(5)}) == 5
     assert golden_record.main(["--runs", "2"]) == 2 and "at least 3" in capsys.readouterr().err
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def test_baseline_holds_validation_floors_and_the_smallest_rise(baseline: Path) -> None:
+    val = json.loads(baseline.read_text())["validation"]
+    assert val["key"] == golden.VAL_KEY and val["steps"] == [0, 10, 20, 30]
+    assert val["floors"] == pytest.approx([0.37, 0.47, 0.57, 0.67])  # the lowest run (shift -0.03) each step
+    assert val["rise_floor"] == pytest.approx(0.3) and len(val["rises"]) == 3
+
+
+def test_validation_that_does_not_rise_fails_naming_the_rise(tmp_path: Path, baseline: Path) -> None:
+    # above every step's floor at step 0, and still a regression: the 60 steps added nothing
+    rc, rep = check(tmp_path, baseline, val_rise=0.0)
+    bad = [c for c in regressions(rep) if c["metric"] == golden.VAL_KEY]
+    assert rc == 1 and any(c["where"] == "rise, step 0 to 30" for c in bad), bad
+
+
+def test_validation_below_a_floor_names_the_step(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, val_rise=0.1)  # 0.4 + 0.1 at step 30 < 0.67 - 0.1
+    wheres = {c["where"] for c in regressions(rep) if c["metric"] == golden.VAL_KEY}
+    assert rc == 1 and "step 30" in wheres and "step 0" not in wheres, wheres
+
+
+def test_a_run_that_did_not_validate_fails_at_each_recorded_step(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, val_rise=None)
+    wheres = [c["where"] for c in regressions(rep) if c["metric"] == golden.VAL_KEY]
+    assert rc == 1 and wheres == ["step 0", "step 10", "step 20", "step 30"]
+
+
+def test_a_partial_run_is_held_to_its_steps_and_to_not_falling(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path / "flat", baseline, "--up-to-step", "10", steps=10, val_rise=0.0, val_shift=-0.1)
+    # step 10's floor is 0.47 - 0.1: a flat 0.30 fails it, but the rise check asks only that it did not fall
+    wheres = {c["where"]: c["status"] for c in rep["checks"] if c["metric"] == golden.VAL_KEY}
+    assert wheres == {"step 0": "ok", "step 10": "regression", "rise, step 0 to 10": "ok"}, wheres
+    rc, rep = check(tmp_path / "ok", baseline, "--up-to-step", "20", steps=20)
+    assert rc == 0, regressions(rep)
+
+
+def test_a_baseline_without_validation_says_so(tmp_path: Path) -> None:
+    runs = [write_run(tmp_path / f"r{i}", val_rise=None) for i in range(3)]
+    doc = golden.make_baseline([golden.read_run(r) for r in runs])
+    assert doc["validation"] is None
+    checks = golden.compare_validation(golden.read_run(runs[0]), doc)
+    assert [c.status for c in checks] == ["info"]

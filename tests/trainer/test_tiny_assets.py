@@ -196,3 +196,49 @@ def test_a_failed_rebuild_never_passes_for_the_old_spec(tmp_path: Path, monkeypa
     monkeypatch.undo()
     prepare(root, old, progress=False)  # rebuilt, consistent again
     assert json.loads((root / STAMP).read_text()) == old.as_dict()
+
+
+def _greedy_accuracy(model_dir: Path, parquet: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_patches.trainer.tiny_base import supervised_rows
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    rows = supervised_rows(parquet, tok)
+    with torch.no_grad():
+        hits = [int(model(input_ids=torch.tensor([p])).logits[0, -1].argmax()) == r[0] for p, r in rows]
+    return sum(hits) / len(hits)
+
+
+def test_a_base_spec_trains_the_random_model_on_the_training_split_only(tmp_path: Path, monkeypatch) -> None:
+    """base_steps > 0: the model that the run starts from answers training problems far above the random
+    model, and the pass read the training split and nothing of the held-out one."""
+    import pandas as pd
+
+    spec = TinySpec(seed=3, max_operand=1, num_problems=300, train_ratio=0.7, unique_held_out=True)
+    random_model = prepare(tmp_path / "random", spec, progress=False)
+    read: list[str] = []
+    real_read = pd.read_parquet
+    monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **k: read.append(str(path)) or real_read(path, *a, **k))
+    from verl_patches.trainer import tiny_base
+
+    monkeypatch.setattr(tiny_base, "train_base", _recording(tiny_base.train_base, read))
+    base = prepare(tmp_path / "base", TinySpec(**{**spec.__dict__, "base_steps": 40}), progress=False)
+    during = read[read.index("train_base"):read.index("train_base done")]
+    assert during and all(p == str(base.train_parquet) for p in during[1:]), during
+    monkeypatch.undo()
+    before, after = (_greedy_accuracy(a.model_dir, a.train_parquet) for a in (random_model, base))
+    assert after >= 0.5 and after > before + 0.2, (before, after)
+    assert json.loads((base.root / STAMP).read_text())["base_steps"] == 40
+
+
+def _recording(fn, log: list[str]):
+    def wrapper(*args, **kwargs):
+        log.append("train_base")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            log.append("train_base done")
+    return wrapper

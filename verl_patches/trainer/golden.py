@@ -20,6 +20,10 @@ keeps bands that hold over all of them: the run-to-run spread of a healthy run i
   (relative) plus ``memory_abs_gib``; the ranks must be the same;
 * log-prob mismatch (``rollout_mismatch/*``, see `logprob_mismatch`): the largest per-step value may be
   at most ``mismatch_factor`` times the recorded runs' largest plus ``mismatch_abs``;
+* validation (``val-core/deepscaler/reward/mean@1``, greedy, on held-out problems), when the recorded runs
+  validated: at each recorded validation step the run's value may fall at most ``val_abs`` below the lowest
+  recorded one, and its rise (last validation minus the first, the base model's at step 0) at most
+  ``val_abs`` below the smallest recorded rise, so a run whose validation does not rise fails;
 * step time (median ``timing_s/step`` without the first step): always reported; a regression only with
   ``--gate-step-time``, when slower than ``1 + step_time_rel`` times the baseline.
 
@@ -45,10 +49,11 @@ from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
 SCHEMA = 2
 MIN_RUNS = 3
 REWARD_KEY = "critic/score/mean"
+VAL_KEY = "val-core/deepscaler/reward/mean@1"
 STEP_TIME_KEY = "timing_s/step"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
 DEFAULT_TOLERANCES = {"reward_window": 10, "reward_abs": 0.1, "memory_rel": 0.10, "memory_abs_gib": 0.05,
-                      "mismatch_factor": 2.0, "mismatch_abs": 1e-5, "step_time_rel": 0.25}
+                      "mismatch_factor": 2.0, "mismatch_abs": 1e-5, "step_time_rel": 0.25, "val_abs": 0.1}
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 
@@ -173,12 +178,24 @@ def make_baseline(runs: list[RunMetrics], tolerances: dict[str, float] | None = 
     mismatch = {k: max(v for r in runs for _, v in r.series(k)) for k in MISMATCH_KEYS
                 if any(r.series(k) for r in runs)}
     medians = [m for m in (_median_step_time(r) for r in runs) if m is not None]
+    validation = _validation_bands([dict(r.series(VAL_KEY)) for r in runs])
     return {"schema": SCHEMA, "note": note, "sources": [r.source for r in runs], "tolerances": tol,
             "reward": {"key": REWARD_KEY, "steps": steps,
                        "values": [sum(c[s] for c in curves) / len(curves) for s in steps], "windows": windows},
             "rank_peak_gib": {str(k): max(r.rank_peak_gib.get(k, 0.0) for r in runs) for k in ranks},
             "mismatch_max": mismatch,
-            "step_time_median_s": statistics.median(medians) if medians else None}
+            "step_time_median_s": statistics.median(medians) if medians else None,
+            "validation": validation}
+
+
+def _validation_bands(curves: list[dict[int, float]]) -> dict[str, Any] | None:
+    """Floors per validation step and of the rise, over the recorded runs (None when they did not validate)."""
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    if not steps:
+        return None
+    rises = [c[steps[-1]] - c[steps[0]] for c in curves]
+    return {"key": VAL_KEY, "steps": steps, "values": [[c[s] for s in steps] for c in curves],
+            "floors": [min(c[s] for c in curves) for s in steps], "rises": rises, "rise_floor": min(rises)}
 
 
 def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
@@ -208,6 +225,13 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
         raise bad("rank_peak_gib", "must be an object {rank: GiB}")
     if not isinstance(doc.get("mismatch_max"), dict):
         raise bad("mismatch_max", "must be an object {metric: value}")
+    val = doc.get("validation")
+    if val is not None and (not isinstance(val, dict) or not isinstance(val.get("steps"), list)
+                            or not isinstance(val.get("floors"), list) or len(val["steps"]) != len(val["floors"])
+                            or not val["steps"] or not all(isinstance(x, int) for x in val["steps"])
+                            or not all(isinstance(x, (int, float)) for x in val["floors"])
+                            or not isinstance(val.get("rise_floor"), (int, float))):
+        raise bad("validation", "must be null or {'steps': [int], 'floors': [number] as long, 'rise_floor': number}")
     return doc
 
 
@@ -265,6 +289,35 @@ def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None
     return out
 
 
+def compare_validation(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
+    val = base.get("validation")
+    if not val:
+        return [Check(VAL_KEY, "all steps", "info", "the baseline has no validation")]
+    slack = float(base["tolerances"]["val_abs"])
+    pairs = [(s, float(f)) for s, f in zip(val["steps"], val["floors"]) if up_to_step is None or s <= up_to_step]
+    have = dict(run.series(VAL_KEY))
+    out = []
+    for step, floor in pairs:
+        if step not in have:
+            out.append(Check(VAL_KEY, f"step {step}", "regression", "the run did not validate here (the baseline did)"))
+        elif have[step] < floor - slack:
+            out.append(Check(VAL_KEY, f"step {step}", "regression",
+                             f"{have[step]:.4f} < lowest recorded {floor:.4f} - {slack}"))
+        else:
+            out.append(Check(VAL_KEY, f"step {step}", "ok", f"{have[step]:.4f} (lowest recorded {floor:.4f}, "
+                                                            f"tolerance -{slack})"))
+    first, last = (pairs[0][0], pairs[-1][0]) if pairs else (None, None)
+    if first is not None and last != first and first in have and last in have:
+        rise, floor = have[last] - have[first], float(val["rise_floor"])
+        where = f"rise, step {first} to {last}"
+        if up_to_step is not None and last != val["steps"][-1]:
+            floor = min(floor, 0.0)  # a partial run is only held to not falling: the recorded rise is over all steps
+        status = "regression" if rise < floor - slack else "ok"
+        out.append(Check(VAL_KEY, where, status, f"{rise:+.4f} ({'<' if status != 'ok' else '>='} smallest recorded "
+                                                 f"{floor:+.4f} - {slack})"))
+    return out
+
+
 def compare_memory(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
     tol = base["tolerances"]
     want = {int(r): float(v) for r, v in base["rank_peak_gib"].items()}
@@ -319,8 +372,8 @@ def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list
 
 def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False,
             up_to_step: int | None = None) -> list[Check]:
-    return (compare_reward(run, base, up_to_step) + compare_memory(run, base) + compare_mismatch(run, base)
-            + compare_step_time(run, base, gate_step_time))
+    return (compare_reward(run, base, up_to_step) + compare_validation(run, base, up_to_step)
+            + compare_memory(run, base) + compare_mismatch(run, base) + compare_step_time(run, base, gate_step_time))
 
 
 # ---- command line --------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ def tiny_spec(cfg: Any) -> TinySpec:
     """The asset spec for this config (pure)."""
     o = cfg.overlay
     # a fifth of the distinct problems held out, each once (tiny_assets: what validation can measure)
-    spec = TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand), train_ratio=0.8, unique_held_out=True)
+    spec = TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand), train_ratio=0.8, unique_held_out=True,
+                    base_steps=int(o.get("tiny_base_steps", 0)))
     if not is_megatron(cfg):
         return spec
     from verl_patches.weights.config import official_config
@@ -39,7 +40,7 @@ def tiny_spec(cfg: Any) -> TinySpec:
     rope = dict(official_config()["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
     overrides = dict(MEGATRON_MODEL_OVERRIDES, rope_scaling=rope)
     return TinySpec(seed=spec.seed, max_operand=spec.max_operand, train_ratio=spec.train_ratio,
-                    unique_held_out=spec.unique_held_out, vocab_multiple=VOCAB_MULTIPLE,
+                    unique_held_out=spec.unique_held_out, base_steps=spec.base_steps, vocab_multiple=VOCAB_MULTIPLE,
                     model_overrides=tuple(sorted(overrides.items())))
 
 
