@@ -286,3 +286,17 @@ def test_a_baseline_without_validation_says_so(tmp_path: Path) -> None:
     assert doc["validation"] is None
     checks = golden.compare_validation(golden.read_run(runs[0]), doc)
     assert [c.status for c in checks] == ["info"]
+
+
+def test_a_baseline_recorded_before_validation_loads_with_the_default_tolerance(tmp_path: Path, baseline: Path) -> None:
+    doc = json.loads(baseline.read_text())
+    del doc["tolerances"]["val_abs"], doc["validation"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    loaded = golden.load_baseline(old)
+    assert loaded["tolerances"]["val_abs"] == golden.DEFAULT_TOLERANCES["val_abs"]
+    assert [c.status for c in golden.compare_validation(golden.read_run(write_run(tmp_path / "r")), loaded)] == ["info"]
+    doc["tolerances"]["val_abs"] = "0.1"
+    old.write_text(json.dumps(doc))
+    with pytest.raises(golden.GoldenInputError, match="tolerances.val_abs"):
+        golden.load_baseline(old)

@@ -54,6 +54,7 @@ STEP_TIME_KEY = "timing_s/step"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
 DEFAULT_TOLERANCES = {"reward_window": 10, "reward_abs": 0.1, "memory_rel": 0.10, "memory_abs_gib": 0.05,
                       "mismatch_factor": 2.0, "mismatch_abs": 1e-5, "step_time_rel": 0.25, "val_abs": 0.1}
+ADDED_TOLERANCES = ("val_abs",)  # keys added after schema 2's first baselines: defaulted when absent
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 
@@ -207,8 +208,12 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
     if doc.get("schema") != SCHEMA:
         raise bad("schema", f"is {doc.get('schema')!r}, expected {SCHEMA}")
     tol = doc.get("tolerances")
-    if not isinstance(tol, dict) or any(not isinstance(tol.get(k), (int, float)) for k in DEFAULT_TOLERANCES):
-        raise bad("tolerances", f"must hold numbers for {sorted(DEFAULT_TOLERANCES)}")
+    required = [k for k in DEFAULT_TOLERANCES if k not in ADDED_TOLERANCES]
+    if not isinstance(tol, dict) or any(not isinstance(tol.get(k), (int, float)) for k in required):
+        raise bad("tolerances", f"must hold numbers for {sorted(required)}")
+    for key in ADDED_TOLERANCES:  # a baseline recorded before the key existed has no use for it
+        if not isinstance(tol.setdefault(key, DEFAULT_TOLERANCES[key]), (int, float)):
+            raise bad(f"tolerances.{key}", "must be a number")
     if int(tol["reward_window"]) < 1:
         raise bad("tolerances.reward_window", "must be >= 1")
     rw = doc.get("reward")

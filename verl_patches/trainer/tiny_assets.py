@@ -26,12 +26,9 @@ SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>
 THINK_TOKENS = ["<think>", "</think>"]
 # How a sum is asked: different openings, the same ending, so a held-out text differs from trained ones of the
 # same sum only where a 0.3 M-parameter model can learn to look past (the digits sit at the same distance from
-# the answer in every phrasing); every word is in the training split (see the module docstring). Thirty
-# openings: with sums up to 2 + 2 that is 270 texts, and a fifth held out gives validation 54 problems
-OPENINGS = ("What is", "Tell me", "Quick :", "Now ,", "Please compute", "Find", "Compute", "Give", "Solve",
-            "Calculate", "Add", "Work out", "Evaluate", "Say", "Answer", "Try", "Do", "Determine", "Figure out",
-            "Get", "Show", "Sum", "Total of", "Result of", "Value of", "Hey ,", "Okay ,", "So ,", "Next ,", "Then ,")
-PHRASINGS = tuple(f"{opening} {{a}} + {{b}} ?" for opening in OPENINGS)
+# the answer in every phrasing); every word is in the training split (see the module docstring)
+PHRASINGS = ("What is {a} + {b} ?", "Tell me {a} + {b} ?", "Quick : {a} + {b} ?", "Now , {a} + {b} ?",
+             "Please compute {a} + {b} ?", "Find {a} + {b} ?")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 STAMP = "tiny_assets.json"
@@ -52,7 +49,8 @@ class TinySpec:
     # one held-out row per distinct problem: validation decodes greedily (n=1), so copies add time, not
     # information, and verl's val-core metric would score only the most repeated problem
     unique_held_out: bool = False
-    # supervised steps over the training split that turn the random model into a weak base (tiny_base.py)
+    # supervised steps over the training split that turn the random model into a weak base (tiny_base.py);
+    # 0 (the tiny profile today): RL starts from the random model
     base_steps: int = 0
 
     def as_dict(self) -> dict[str, Any]:
