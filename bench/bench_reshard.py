@@ -217,9 +217,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     tensors = {p.name: torch.randn(p.shape).to(getattr(torch, p.dtype)) for p in stages[stage]}
     for _ in gather_pipeline_params(pp, stage, tensors, group, rank, recorder=count("pp")):
         pass
-    dist.destroy_process_group()
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump(measured, f)
+    from verl_patches.reshard.rank_exit import exit_rank
+
+    exit_rank(0)  # not destroy_process_group: see rank_exit
 
 
 def gloo_section(timeout_s: float) -> None:

@@ -114,9 +114,11 @@ def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> Non
                            "calls": meter.calls, "lb_received": lb.received, "lb_peak": lb.peak_extra,
                            "time_s": statistics.median(times)}
     out["same_tensors"] = checks["all-to-all"] == checks["all-gather"]
-    dist.destroy_process_group()
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump(out, f)
+    from verl_patches.reshard.rank_exit import exit_rank
+
+    exit_rank(0)  # not destroy_process_group: see rank_exit
 
 
 def run(args: argparse.Namespace) -> list[dict]:

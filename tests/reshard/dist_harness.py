@@ -9,7 +9,6 @@ import faulthandler
 import json
 import os
 import socket
-import sys
 import tempfile
 import time
 import traceback
@@ -19,6 +18,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from verl_patches.reshard.rank_exit import exit_rank
 
 
 def free_port() -> int:
@@ -59,13 +60,8 @@ def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: fl
     except BaseException:
         traceback.print_exc()
     finally:
-        # no destroy_process_group: in the full suite on torch 2.5.1 one rank was seen stuck in it for good
-        # (native frames only, its result already computed), once rank 0, which hosts the store, had left;
-        # the process's exit releases the group, and a rank's result is its file
         faulthandler.cancel_dump_traceback_later()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        exit_rank(status)  # not destroy_process_group: see rank_exit
 
 
 def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
