@@ -54,7 +54,9 @@ def _entry(target: Callable[..., Any], rank: int, world: int, port: int, status_
         result = {"error": traceback.format_exc()}
     with open(os.path.join(status_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    os._exit(0)  # skip interpreter teardown of half-closed process groups
+    from verl_patches.reshard.rank_exit import exit_rank
+
+    exit_rank(0)  # the status is in the file; no teardown of the process groups (rank_exit says why)
 
 
 def run_ranks(target: Callable[..., Any], world: int, timeout_s: float, **kwargs: Any) -> list[Any]:
