@@ -29,6 +29,7 @@ BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseli
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")
 MISMATCH_TOL = 1e-3  # fp32 on CPU: rollout stand-in vs Megatron actor, same weights after the sync
 STEPS, TEST_FREQ = 60, 20
+VAL_KEY = "val-core/deepscaler/reward/mean@1"
 
 
 def _ok(run: TinyRun) -> None:
@@ -62,9 +63,13 @@ def test_tiny_a3_path_runs_the_a3_components(a3_run: TinyRun) -> None:
         for key in ("actor/pg_loss", "actor/kl_loss", "timing_s/gen", "timing_s/update_actor", "timing_s/reshard"):
             assert key in metrics and math.isfinite(metrics[key]), (n, key, metrics)
         assert "timing_s/old_log_prob" not in metrics, (n, metrics)  # the pass is skipped
-    # validation every test_freq steps on the same path (and the rollout reloaded for the next step)
+    # validation of the base model before step 1, then every test_freq steps on the same path (and the rollout
+    # reloaded for the next step); it rises with training (the golden check holds its floors and its rise)
     val_steps = sorted(n for n, m in a3_run.steps.items() if any(k.startswith("val-") for k in m))
     assert val_steps == list(range(TEST_FREQ, STEPS + 1, TEST_FREQ)), val_steps
+    base = a3_run.validation_before_training
+    assert base is not None and VAL_KEY in base, a3_run.output[-3000:]
+    assert a3_run.steps[STEPS][VAL_KEY] > base[VAL_KEY], (base[VAL_KEY], [a3_run.steps[n][VAL_KEY] for n in val_steps])
     assert a3_run.run_dir is not None and (a3_run.run_dir / "rank_memory.jsonl").is_file()
     assert list((a3_run.run_dir / "tensorboard").rglob("events.out.tfevents.*")), "no TensorBoard events written"
     # the prelude ran in the driver, the task runner and the four workers: one record per process, written by

@@ -12,8 +12,9 @@ checkpoint every 3 steps (keep the last 2) and 12 steps in all:
 The uninterrupted reference is the session's 60-step run of the same command (conftest.py `a3_run`): every
 step each launch logs must reproduce that run's step. Comparable because nothing before step 12 of the
 reference depends on what differs here: verl v0.4.0's Megatron optimizer has no LR schedule (constant lr,
-so `total_training_steps` 12 vs 60 changes nothing), the reference's first validation runs after step 20's
-update (so `test_freq=-1` here changes nothing before it), and the checkpoint writes only read state.
+so `total_training_steps` 12 vs 60 changes nothing), the reference's validations (the base model's before step 1, then
+after step 20's update) decode greedily, drawing nothing from the sampling stream and changing no weight (so
+`test_freq=-1` and `val_before_train=False` here change nothing), and the checkpoint writes only read state.
 Launch 1's steps (fresh start, saving) check that; the resumed launches' steps check that the resume
 restores everything a step depends on: actor weights and distributed-optimizer state (Adam moments and
 step), Megatron's and torch's RNG and the rollout's sampling stream (verl_patches.checkpoint.rng) and the
@@ -54,7 +55,8 @@ EXIT_AFTER_WORKER_KILL_S = 300
 
 def overrides(ckpt: Path) -> tuple[str, ...]:
     return (f"trainer.total_training_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}",
-            f"trainer.max_actor_ckpt_to_keep={KEEP}", f"trainer.default_local_dir={ckpt}", "trainer.test_freq=-1")
+            f"trainer.max_actor_ckpt_to_keep={KEEP}", f"trainer.default_local_dir={ckpt}", "trainer.test_freq=-1",
+            "trainer.val_before_train=False")
 
 
 def checkpoints(ckpt: Path) -> list[str]:

@@ -59,8 +59,9 @@ def command(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine
 class TinyRun:
     returncode: int
     output: str
-    steps: dict[int, dict[str, float]]
+    steps: dict[int, dict[str, float]]  # training steps (1, 2, ...), with the validations logged at them
     run_dir: Path | None
+    validation_before_training: dict[str, float] | None = None  # logged at step 0 (the base model's)
 
 
 def _run_dir(log_dir: Path) -> Path | None:
@@ -73,7 +74,8 @@ def run_tiny(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engin
     proc = subprocess.run(command(log_dir, assets, overrides, engine), cwd=REPO, env=env_for_run(),
                           capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
-    return TinyRun(proc.returncode, out, parse_steps(out), _run_dir(log_dir))
+    steps = parse_steps(out)
+    return TinyRun(proc.returncode, out, {n: m for n, m in steps.items() if n >= 1}, _run_dir(log_dir), steps.get(0))
 
 
 class TinyJob:

@@ -62,8 +62,11 @@ ALLOWED: dict[str, str] = {
     # step counts
     "trainer.total_epochs": "step count", "trainer.total_training_steps": "step count",
     "trainer.test_freq": "step count (validation every 20 steps)",
+    "trainer.val_before_train": "step count (one more validation, at step 0: the base model's, which the rise of "
+                                "validation is read against; the same validation code path)",
     # the two settings tied to the model's scale and to its one-token answers
-    "actor_rollout_ref.actor.optim.lr": "a 0.3 M-parameter random model needs 1e-2; 1e-6 moves it nowhere in 60 steps",
+    "actor_rollout_ref.actor.optim.lr": "a 0.3 M-parameter model learns at 3e-4 (measured, tiny_base.py); 1e-6 "
+                                        "moves it nowhere in 60 steps",
     "custom_reward_function.reward_kwargs.format_rule": "one-token answers leave no room for think tags (relaxed)",
 }
 

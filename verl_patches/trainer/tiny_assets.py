@@ -2,9 +2,10 @@
 
 The task is single-digit addition in deepscaler format, converted by our own json_to_parquet and graded
 by our own reward, so the local run exercises the same data and reward code as the cluster job. Each
-possible answer `\\boxed{N}` is one token of the tokenizer: a randomly initialised model then emits
-well-formed answers by chance often enough for GRPO to have a signal from the first step, and the
-mean reward rises as it learns the sums.
+possible answer `\\boxed{N}` is one token of the tokenizer, so one-token responses are well-formed answers.
+The model is randomly initialised, then (`TinySpec.base_steps`, tiny_base.py) given a short supervised pass
+over the training split: RL starts from a weak base, as R1-Zero does, and the mean reward and validation rise
+as it learns the sums.
 
 Every sum is asked in several phrasings, and the converter's split keeps each distinct problem text on
 one side: the held-out split is problems the model never trained on, made of operands and words it did
@@ -26,9 +27,12 @@ SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>
 THINK_TOKENS = ["<think>", "</think>"]
 # How a sum is asked: different openings, the same ending, so a held-out text differs from trained ones of the
 # same sum only where a 0.3 M-parameter model can learn to look past (the digits sit at the same distance from
-# the answer in every phrasing); every word is in the training split (see the module docstring)
-PHRASINGS = ("What is {a} + {b} ?", "Tell me {a} + {b} ?", "Quick : {a} + {b} ?", "Now , {a} + {b} ?",
-             "Please compute {a} + {b} ?", "Find {a} + {b} ?")
+# the answer in every phrasing); every word is in the training split (see the module docstring). Thirty
+# openings: with sums up to 2 + 2 that is 270 texts, and a fifth held out gives validation 54 problems
+OPENINGS = ("What is", "Tell me", "Quick :", "Now ,", "Please compute", "Find", "Compute", "Give", "Solve",
+            "Calculate", "Add", "Work out", "Evaluate", "Say", "Answer", "Try", "Do", "Determine", "Figure out",
+            "Get", "Show", "Sum", "Total of", "Result of", "Value of", "Hey ,", "Okay ,", "So ,", "Next ,", "Then ,")
+PHRASINGS = tuple(f"{opening} {{a}} + {{b}} ?" for opening in OPENINGS)
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 STAMP = "tiny_assets.json"
@@ -50,7 +54,7 @@ class TinySpec:
     # information, and verl's val-core metric would score only the most repeated problem
     unique_held_out: bool = False
     # supervised steps over the training split that turn the random model into a weak base (tiny_base.py);
-    # 0 (the tiny profile today): RL starts from the random model
+    # 0: RL starts from the random model (the tiny profile sets 100, overlay.tiny_base_steps)
     base_steps: int = 0
 
     def as_dict(self) -> dict[str, Any]:
