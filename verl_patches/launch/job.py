@@ -95,7 +95,8 @@ class Launch:
 
 
 def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Launch, name: str) -> int:
-    """Run a child with its output both on the console and in its log; forward Ctrl-C/TERM to it."""
+    """Run a child in a session of its own, with its output both on the console and in its log; forward
+    Ctrl-C/TERM to it; once it has exited, end what is left of its session (session_leftovers)."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
                                 start_new_session=True)
@@ -112,10 +113,14 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
                 log.write(chunk)
-            return proc.wait()
+            rc = proc.wait()
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+    from verl_patches.launch.session_leftovers import end_session_leftovers
+
+    end_session_leftovers(proc.pid, launch.say)  # the child's own session: what it started and left running
+    return rc
 
 
 def trainer_command(config_name: str, overrides: list[str]) -> list[str]:
