@@ -60,38 +60,44 @@ def test_exec_kv_prefill_writes_the_nz_cache_with_pa_nz(nz: bool, want_upstream:
     upstream(mla_self(nz), *args)
     patched = upstream_method(MLA, "AscendMLAImpl", "exec_kv_prefill",
                               {"torch": torch, "torch_npu": kv_nz.proxied_torch_npu(fake), "Tuple": Tuple})
-    kv_nz.wrap_exec_kv_prefill(patched)(mla_self(nz), *args)
+    patched(mla_self(nz), *args)
     assert [c[1]["cache_mode"] for c in fake.calls] == [want_upstream, want_patched]
 
 
-def test_graph_mode_forward_skips_the_nd_rewrite_and_eager_keeps_it() -> None:
+def test_the_proxy_drops_the_nd_rewrite_and_passes_every_other_kernel_through() -> None:
     fake = RecordingNpu()
     proxy = kv_nz.proxied_torch_npu(fake)
     assert kv_nz.proxied_torch_npu(proxy) is proxy  # applying twice is a no-op
-
-    def forward(self):  # stands for AscendMLAImpl.forward's cache writes
-        proxy._npu_reshape_and_cache(key=1)
-        return "out"
-
-    wrapped = kv_nz.wrap_forward(forward)
-    assert wrapped(SimpleNamespace(torchair_graph_enabled=True)) == "out" and fake.calls == []
-    wrapped(SimpleNamespace(torchair_graph_enabled=False))
-    proxy._npu_reshape_and_cache(key=2)  # outside forward: untouched
-    assert [c[1]["key"] for c in fake.calls] == [1, 2]
-    assert proxy.npu_kv_rmsnorm_rope_cache is not None and proxy.__class__ is kv_nz.KvNzTorchNpu
+    assert proxy._npu_reshape_and_cache(key=1) is None and fake.calls == []
+    proxy.npu_kv_rmsnorm_rope_cache(cache_mode="PA")
+    assert fake.calls == [("npu_kv_rmsnorm_rope_cache", {"cache_mode": "PA"})]
+    assert proxy.calls is fake.calls  # any other name is the real module's, read at call time
+    fake.late = "added after the patch"
+    assert proxy.late == "added after the patch"
 
 
-def test_upstream_forward_writes_the_cache_only_where_the_patch_expects() -> None:
-    """The invariant the proxy relies on: in AscendMLAImpl.forward every _npu_reshape_and_cache call sits
-    under `if self.torchair_graph_enabled:` (two: removed by F4) or its `else:` (one: kept)."""
-    tree = ast.parse(MLA.read_text())
-    fwd = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AscendMLAImpl"
-               for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+def _mla_tree() -> ast.Module:
+    return ast.parse(MLA.read_text())
+
+
+def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AscendMLAImpl"
+                for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_upstream_writes_the_cache_only_where_the_patch_expects() -> None:
+    """The invariants that make F4 static (no scope marking): in mla_v1 every _npu_reshape_and_cache call
+    is in AscendMLAImpl.forward, two under `if self.torchair_graph_enabled:` (dropped by F4) and one in its
+    `else:` (eager, never reached in graph mode); "PA_BLK_NZ" is passed by exec_kv_prefill only."""
+    tree = _mla_tree()
+    fwd = _method(tree, "forward")
     branch = next(n for n in ast.walk(fwd) if isinstance(n, ast.If) and ast.unparse(n.test) == "self.torchair_graph_enabled"
                   and "_npu_reshape_and_cache" in ast.unparse(n))
-    count = lambda nodes: sum(ast.unparse(x).count("torch_npu._npu_reshape_and_cache(") for x in nodes)  # noqa: E731
-    assert count(branch.body) == 2 and count(branch.orelse) == 1
-    assert ast.unparse(fwd).count("torch_npu._npu_reshape_and_cache(") == 3
+    count = lambda nodes, text: sum(ast.unparse(x).count(text) for x in nodes)  # noqa: E731
+    call = "torch_npu._npu_reshape_and_cache("
+    assert count(branch.body, call) == 2 and count(branch.orelse, call) == 1
+    assert count([fwd], call) == 3 == count([tree], call)
+    assert count([_method(tree, "exec_kv_prefill")], "PA_BLK_NZ") == 1 == count([tree], "PA_BLK_NZ")
 
 
 class RecordingDist:
@@ -133,7 +139,15 @@ def test_declarations_are_npu_only_and_pinned() -> None:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
     f4 = [p for p in declarations.PATCHES if p.vendor_item == "F4"]
     assert {p.name for p in declarations.PATCHES} >= {"npu.vllm_ascend.kernels_path"}
-    assert len(f4) == 3 and all("NOT numerically" in p.reason for p in f4)
+    assert len(f4) == 1 and "NOT numerically" in f4[0].reason
+
+
+def test_f4_is_installed_only_with_its_flag() -> None:
+    from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
+
+    (f4,) = [p for p in declarations.PATCHES if p.vendor_item == "F4"]
+    assert f4.env_flag == KV_NZ_FLAG and f4.env_default is False
+    assert not f4.env_flag_on({}) and not f4.env_flag_on({KV_NZ_FLAG: "0"}) and f4.env_flag_on({KV_NZ_FLAG: "1"})
 
 
 def test_wrap_factories_take_the_original() -> None:

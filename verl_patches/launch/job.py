@@ -248,6 +248,7 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch import job_env, preflight, ray_cluster
     from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
+    from verl_patches.rollout.kv_nz_switch import kv_nz_env
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(settings, needs_checkpoint=needs_ckpt,
@@ -269,6 +270,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     env.update(source_scripts([p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV"))
                                if p and Path(p).is_file()]))
     env.update(job_env.as_dict(job_env.job_environment(settings, int(cfg.overlay.vllm_dp_size))))
+    env.update(kv_nz_env(cfg))  # F4 is installed at process start, from the config's KV-NZ setting
     env.update(preflight.path_environment(settings, REPO_ROOT))  # absolute, as the profiles read them
     env["TENSORBOARD_DIR"] = str(launch.log_dir / "tensorboard")
     auth = ray_auth_env()

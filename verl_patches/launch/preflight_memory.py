@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 from verl_patches.launch.memory_estimate import (DEFAULT_HCCL_BUFFSIZE_MB, DieSpec, ModelShape, PhaseEstimate,
                                                  Recompute, RolloutSetup, TrainingSetup, estimate_ref,
-                                                 estimate_reshard, estimate_rollout, estimate_training, gib)
+                                                 estimate_reshard, estimate_rollout, estimate_training, gib,
+                                                 rollout_weight_bytes)
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight_layout import A, M, R, config_world, megatron_sizes
 
@@ -108,4 +109,28 @@ def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> lis
     else:
         out.append(Finding("memory.rollout", OK, _table(v) + kv_msg))
     out.append(_finding("memory.rollout_outside_vllm", ro.outside))
+    out.append(graph_rebuild_finding(cfg, tr, rollout_weight_bytes(m, r), die))
     return out
+
+
+# vllm-ascend's own log line for a TorchAir capture: "this usually takes 0.5~1.5 mins" per graph batch size
+TORCHAIR_CAPTURE_MIN = (0.5, 1.5)
+
+
+def graph_rebuild_finding(cfg: Any, training: PhaseEstimate, rollout_weights: float, die: DieSpec) -> Finding:
+    """What the rollout's weight lifecycle costs under TorchAir's frozen parameters (rollout/graph_binding.py):
+    no device memory, one graph compile per step; and what keeping the weights resident would cost instead."""
+    extra = get(cfg, f"{R}.engine_kwargs.vllm.additional_config") or {}
+    graph = (extra.get("torchair_graph_config") or {}) if hasattr(extra, "get") else {}
+    if not graph.get("enabled"):
+        return Finding("memory.rollout_weight_lifecycle", OK, "eager rollout (no TorchAir graph): the rollout's "
+                       f"weights ({gib(rollout_weights):.1f} GiB) are released for training and reloaded each step")
+    sizes = len(list(graph.get("graph_batch_sizes") or [1]))
+    low, high = (round(x * sizes, 1) for x in TORCHAIR_CAPTURE_MIN)
+    resident = training.total_bytes + rollout_weights
+    return Finding(
+        "memory.rollout_weight_lifecycle", OK,
+        f"rollout weights {gib(rollout_weights):.1f} GiB per die released for training; TorchAir freezes parameter "
+        f"addresses, so the {sizes} graph(s) are compiled again on the new addresses each step: 0 GiB, about "
+        f"{low}-{high} min per step (vllm-ascend's capture time). Keeping the weights resident instead would put "
+        f"training at {gib(resident):.1f} GiB of {gib(die.hbm_bytes):.0f} GiB")

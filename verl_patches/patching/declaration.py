@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,12 +100,19 @@ class Patch:
     def condition_holds(self, device: str) -> tuple[bool, str]:
         if device not in self.devices:
             return False, f"device is {device}; applies on {','.join(self.devices)}"
-        if self.env_flag:
-            raw = os.environ.get(self.env_flag)
-            on = self.env_default if raw is None else raw.strip().lower() not in ("", "0", "false", "no", "off")
-            if not on:
-                return False, f"{self.env_flag} is off"
+        if self.env_flag and not self.env_flag_on(os.environ):
+            return False, f"{self.env_flag} is off"
         return True, ""
+
+    def env_flag_on(self, environ: Mapping[str, str]) -> bool:
+        """The value of this patch's environment flag in `environ` (True when it has none)."""
+        return True if not self.env_flag else flag_on(environ, self.env_flag, self.env_default)
+
+
+def flag_on(environ: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """A patch switch in the environment: unset -> `default`; "", 0, false, no, off -> off; else on."""
+    raw = environ.get(name)
+    return default if raw is None else raw.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _resolve(path: str) -> Any:

@@ -21,6 +21,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from verl_patches.patching.declaration import flag_on
+from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
+
 
 class EngineArgumentError(ValueError):
     """Engine arguments that contradict each other; the message names the config key to change."""
@@ -58,9 +61,33 @@ def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | N
             f"{_ENGINE_KEYS}.additional_config.ascend_scheduler_config.enable_chunked_prefill="
             f"{scheduler.get('enable_chunked_prefill')} contradicts actor_rollout_ref.rollout.enable_chunked_prefill="
             f"{chunked}: vllm-ascend's scheduler would use its own value")
+    check_kv_nz_patch(graph, env)
     extra.setdefault("refresh", True)  # vllm-ascend keeps its first parsed config process-wide otherwise
     out["additional_config"] = extra
+    out["seed"] = engine_seed(out.get("seed"), int(out.get("tensor_parallel_size") or 1), env)
     return out
+
+
+def engine_seed(base: Any, tp: int, environ: Mapping[str, str]) -> int:
+    """The seed of this rank's engine: `base` + the engine's index (global rank // TP). vLLM seeds its
+    sampling stream (the device's default generator on A3) from it once, at engine start; every rank of
+    one engine (its TP group: consecutive ranks in verl's layout) must draw the same noise to agree on the
+    tokens, and every engine, across DP ranks and vLLM instances, draws its own."""
+    rank = int(environ.get("RANK", "0") or 0)
+    return int(base or 0) + rank // max(1, tp)
+
+
+def check_kv_nz_patch(graph: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """F4 is installed by a patch flag the launcher derives from this config; an engine whose config and
+    flag disagree would either write an NZ cache without the fix or skip the ND cache writes it needs."""
+    want = kv_nz_wanted(graph)
+    flag = flag_on(environ, KV_NZ_FLAG)
+    if want != flag:
+        raise EngineArgumentError(
+            f"{_ENGINE_KEYS}.additional_config.torchair_graph_config: enabled={graph.get('enabled')}, "
+            f"enable_kv_nz={graph.get('enable_kv_nz')} {'needs' if want else 'contradicts'} the F4 patch, "
+            f"but {KV_NZ_FLAG}={environ.get(KV_NZ_FLAG, '(unset)')}: start the job with the launcher "
+            f"(it sets {KV_NZ_FLAG} from this config) or set {KV_NZ_FLAG}={int(want)} in every process")
 
 
 _OVERLAY_CLASS: type | None = None

@@ -5,7 +5,8 @@ before the next one. vLLM's `EngineCore._initialize_kv_caches` keeps the per-wor
 re-init would have to profile memory again, and a different block count than the scheduler was built
 with lets the two disagree about which blocks exist (memory trampling). This version does what vLLM
 0.9.1 does at first init and also keeps the configs on the engine core as `kv_cache_configs`;
-`reinitialize_kv_caches` then re-creates the cache from exactly those configs, without profiling.
+`reinitialize_kv_caches` then re-creates the cache from exactly those configs, without profiling, and
+without resetting the sampling stream (the warm-up that follows re-seeds every RNG).
 """
 
 from __future__ import annotations
@@ -50,7 +51,19 @@ def saved_configs(engine_core: Any) -> list[Any]:
 
 
 def reinitialize_kv_caches(engine_core: Any) -> int:
-    """Re-create the KV cache from the configs saved at first init; returns the block count."""
+    """Re-create the KV cache from the configs saved at first init; returns the block count.
+
+    vLLM's executor follows every `initialize_from_config` with `compile_or_warm_up_model`, whose last
+    act on vllm-ascend's NPUWorker is `set_random_seed(model_config.seed)`: re-run each step, it would give
+    every step the same sampling noise and overwrite a resumed run's restored stream. The process's RNG
+    states (Python, NumPy, torch, the device's generator, which vLLM samples from on A3) are kept across
+    the re-init, so the rollout's stream continues from where the last generation left it."""
+    from verl_patches.checkpoint import rng
+
     configs = saved_configs(engine_core)
-    engine_core.model_executor.initialize_from_config(configs)
+    before = rng.capture()
+    try:
+        engine_core.model_executor.initialize_from_config(configs)
+    finally:
+        rng.restore(before, "KV cache re-init")
     return configs[0].num_blocks

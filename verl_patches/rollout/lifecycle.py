@@ -11,8 +11,11 @@ rollout's memory is managed directly:
   onload_model_weights()   every parameter gets fresh, uninitialised device storage (filled by the sync)
   free_cache_engine()      the model runner's `kv_caches` and every attention layer's `kv_cache` in the
                            forward context are emptied
-  init_cache_engine()      when `kv_caches` is empty, the engine core re-creates the cache from the KV
-                           cache configs saved at first init (F3: same block count as the scheduler)
+  init_cache_engine()      TorchAir graphs built on other weight addresses are dropped and compiled again
+                           (graph_binding.py: vllm-ascend freezes parameter addresses in its graphs); when
+                           `kv_caches` is empty, the engine core re-creates the cache from the KV cache
+                           configs saved at first init (F3: same block count as the scheduler), keeping
+                           the sampling stream (kv_cache_config.reinitialize_kv_caches)
 
 The weight-sync sharding manager (issue #14) drives one GRPO step as
   onload_model_weights() -> model.load_weights(iter) -> rebuild_mla(model) -> init_cache_engine()
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 
+from verl_patches.rollout.graph_binding import forget_graphs_if_moved
 from verl_patches.rollout.kv_cache_config import reinitialize_kv_caches
 
 
@@ -120,7 +124,11 @@ class RolloutLifecycle:
         _empty_cache()
 
     def init_cache_engine(self) -> None:
-        if not model_runner_of(self.llm).kv_caches:
+        """Before the rollout generates again: TorchAir graphs built on other weight addresses are dropped
+        (graph_binding.py; the KV re-init's warm-up compiles them again), then the KV cache is re-created."""
+        runner = model_runner_of(self.llm)
+        forget_graphs_if_moved(runner)
+        if not runner.kv_caches:
             reinitialize_kv_caches(engine_core_of(self.llm))
 
     # ---- accounting ---------------------------------------------------------------------------

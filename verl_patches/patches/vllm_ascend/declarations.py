@@ -1,44 +1,30 @@
 """Patches of vllm_ascend.* (v0.9.1)."""
 
 from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 
-_KV_NZ_REASON = ("F4 (KV-NZ fix) as a runtime patch, never git apply: {what}. NPU kernels only: checked on CPU "
-                 "structurally (calls and cache modes reaching torch_npu), NOT numerically")
+_KV_NZ_REASON = ("F4 (KV-NZ fix) as a runtime patch, never git apply: mla_v1's torch_npu passes cache_mode "
+                 "PA_NZ where exec_kv_prefill asks for PA_BLK_NZ and drops the graph-mode ND re-writes "
+                 "(_npu_reshape_and_cache) of an NZ cache. Installed only where the profile turns on TorchAir "
+                 "graph mode and enable_kv_nz (the launcher sets VERL_PATCHES_KV_NZ from the config; the engine "
+                 "build refuses a disagreement); static, so dynamo traces it with fullgraph=True. NPU kernels "
+                 "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically")
 
 PATCHES = [
     Patch(
         name="vllm_ascend.mla_v1.kv_nz.torch_npu",
         target="vllm_ascend.attention.mla_v1:torch_npu",
         kind=Kind.WRAP,
-        fingerprint="sha256:8adec96dbd32c448",
+        fingerprint="sha256:36b141244838467c",
         fingerprint_of=("vllm_ascend.attention.mla_v1:AscendMLAImpl.forward",
-                        "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv_prefill"),
+                        "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv_prefill",
+                        "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv"),
         replacement=lazy_call("verl_patches.patches.vllm_ascend.attention.kv_nz:proxied_torch_npu"),
         vendor_item="F4",
-        reason=_KV_NZ_REASON.format(what="mla_v1's torch_npu maps PA_BLK_NZ to PA_NZ in exec_kv_prefill and skips "
-                                         "the ND re-write (_npu_reshape_and_cache) in graph-mode forward"),
+        reason=_KV_NZ_REASON,
         devices=("npu",),
+        env_flag=KV_NZ_FLAG,
         rebind=False,  # only mla_v1's own name `torch_npu`
-    ),
-    Patch(
-        name="vllm_ascend.mla_v1.kv_nz.exec_kv_prefill",
-        target="vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv_prefill",
-        kind=Kind.WRAP,
-        fingerprint="sha256:9e5bb9ac7e2fc0bc",
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.attention.kv_nz:wrap_exec_kv_prefill"),
-        vendor_item="F4",
-        reason=_KV_NZ_REASON.format(what="marks the prefill cache write so enable_kv_nz uses cache_mode PA_NZ"),
-        devices=("npu",),
-    ),
-    Patch(
-        name="vllm_ascend.mla_v1.kv_nz.forward",
-        target="vllm_ascend.attention.mla_v1:AscendMLAImpl.forward",
-        kind=Kind.WRAP,
-        fingerprint="sha256:267f96407305f00a",
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.attention.kv_nz:wrap_forward"),
-        vendor_item="F4",
-        reason=_KV_NZ_REASON.format(what="marks TorchAir graph-mode forward so the extra ND cache writes are skipped"),
-        devices=("npu",),
     ),
     Patch(
         name="vllm_ascend.model_runner_v1.dp_sync_over_hccl.dist",

@@ -6,74 +6,55 @@ Two corrections for the NZ-layout KV cache in TorchAir graph mode:
 2. In graph mode the fused `npu_kv_rmsnorm_rope_cache` has already written the cache; the extra
    `torch_npu._npu_reshape_and_cache` calls in `AscendMLAImpl.forward` (PrefillNoCache and
    ChunkedPrefill-with-decode branches) would write it again in ND layout and corrupt an NZ cache.
-   Only the eager path (graph mode off) keeps `_npu_reshape_and_cache`.
 
-How, without copying upstream bodies: mla_v1's module-level name `torch_npu` becomes `KvNzTorchNpu`, a
-proxy that forwards every attribute to the real torch_npu, except that (1) inside `exec_kv_prefill`
-with `enable_kv_nz` a "PA_BLK_NZ" cache mode is passed as "PA_NZ", and (2) inside `forward` with TorchAir
-graph mode `_npu_reshape_and_cache` does nothing. The two methods are wrapped to mark those scopes
-(thread-local, so nothing leaks across calls). The kernels are NPU-only: on CPU this is checked
-structurally (which calls reach the kernels, with which modes), not numerically.
+When: only where the profile turns on both TorchAir graph mode and `enable_kv_nz` (rollout/kv_nz_switch.py:
+the launcher sets `VERL_PATCHES_KV_NZ` from the composed config; the engine build refuses an engine whose
+config and flag disagree). Under that condition both corrections are static facts of the process, which is what
+keeps this patch traceable by dynamo with `fullgraph=True` (vllm-ascend compiles the model that calls
+these functions, `capture_model`): no scope marking, no context manager, no thread-local, no wrapper
+around `forward`. In mla_v1 at the pin:
+  * "PA_BLK_NZ" is passed only by `exec_kv_prefill` with `enable_kv_nz` -> every one becomes "PA_NZ";
+  * `_npu_reshape_and_cache` is called only in `forward`: twice in the `torchair_graph_enabled` branch
+    (the ND re-writes to drop) and once in the eager `else` branch, which graph mode never reaches
+    -> with graph mode on, every call is one to drop.
+Both facts are fingerprinted (`forward`, `exec_kv_prefill`, `exec_kv`). mla_v1's module-level name
+`torch_npu` becomes a `KvNzTorchNpu`: a module object whose attributes are the real torch_npu's, read
+through at call time, except those two functions. The kernels are NPU-only: on CPU this is checked
+structurally (which calls reach the kernels, with which modes) and traced with `fullgraph=True`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-from collections.abc import Callable, Iterator
+import types
 from typing import Any
 
-_scope = threading.local()
+
+class KvNzTorchNpu(types.ModuleType):
+    """Stands for `torch_npu` inside vllm_ascend.attention.mla_v1 only (a module, so dynamo reads its
+    attributes as it reads the real torch_npu's)."""
+
+    def __init__(self, real: types.ModuleType) -> None:
+        super().__init__(f"{getattr(real, '__name__', 'torch_npu')}[kv_nz]")
+        self.__dict__["_real"] = real
+        self.__dict__["npu_kv_rmsnorm_rope_cache"] = _kv_rmsnorm_rope_cache_pa_nz(real)
+        self.__dict__["_npu_reshape_and_cache"] = _skip_nd_rewrite
+
+    def __getattr__(self, name: str) -> Any:  # only for names not set above
+        return getattr(self.__dict__["_real"], name)
 
 
-@contextlib.contextmanager
-def _marked(name: str, on: bool) -> Iterator[None]:
-    before = getattr(_scope, name, False)
-    setattr(_scope, name, on)
-    try:
-        yield
-    finally:
-        setattr(_scope, name, before)
-
-
-class KvNzTorchNpu:
-    """Stands for `torch_npu` inside vllm_ascend.attention.mla_v1 only."""
-
-    def __init__(self, real: Any) -> None:
-        object.__setattr__(self, "_real", real)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def npu_kv_rmsnorm_rope_cache(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_scope, "prefill_nz", False) and kwargs.get("cache_mode") == "PA_BLK_NZ":
+def _kv_rmsnorm_rope_cache_pa_nz(real: Any) -> Any:
+    def npu_kv_rmsnorm_rope_cache(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("cache_mode") == "PA_BLK_NZ":
             kwargs["cache_mode"] = "PA_NZ"
-        return self._real.npu_kv_rmsnorm_rope_cache(*args, **kwargs)
+        return real.npu_kv_rmsnorm_rope_cache(*args, **kwargs)
 
-    def _npu_reshape_and_cache(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_scope, "graph_forward", False):
-            return None  # the fused op already wrote the (NZ) cache in graph mode
-        return self._real._npu_reshape_and_cache(*args, **kwargs)
+    return npu_kv_rmsnorm_rope_cache
 
 
-def proxied_torch_npu(original: Any) -> KvNzTorchNpu:
+def _skip_nd_rewrite(*args: Any, **kwargs: Any) -> None:
+    return None  # graph mode: the fused npu_kv_rmsnorm_rope_cache already wrote the (NZ) cache
+
+
+def proxied_torch_npu(original: Any) -> Any:
     return original if isinstance(original, KvNzTorchNpu) else KvNzTorchNpu(original)
-
-
-def wrap_exec_kv_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def exec_kv_prefill(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _marked("prefill_nz", bool(getattr(self, "enable_kv_nz", False))):
-            return original(self, *args, **kwargs)
-
-    return exec_kv_prefill
-
-
-def wrap_forward(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _marked("graph_forward", bool(getattr(self, "torchair_graph_enabled", False))):
-            return original(self, *args, **kwargs)
-
-    return forward

@@ -1,0 +1,71 @@
+"""TorchAir graphs and the rollout's moving weights: graphs are rebuilt whenever the weights move.
+
+vllm-ascend 0.9.1 compiles the model for TorchAir with `frozen_parameter = True`: each `nn.Parameter`'s
+device address is bound at a graph's first run and never read again, and dynamo (torch 2.5.1) neither
+guards on nor recompiles for a replaced `param.data`. The lifecycle (lifecycle.py) releases the weights'
+device memory for training and gives them new storage before each weight sync, so a graph built before
+would decode from freed (soon reused) memory: garbage tokens, no error.
+
+Design: the addresses the graphs were built with are recorded on the model runner (`record`), and before
+the rollout generates again (`init_cache_engine`) `forget_graphs_if_moved` compares them with the
+parameters' current storage; if any moved, dynamo's caches and the runner's compiled models are dropped,
+so vllm-ascend compiles the graphs again on the new addresses (in the capture that the KV cache init
+runs, or lazily at the first decode). Cost on A3: one TorchAir compile of the decode graph per step
+(vllm-ascend: 0.5-1.5 min per graph batch size; the profiles use one) and no device memory. Why not
+the alternatives: keeping the rollout weights resident costs 27.4 GiB per die (true weight) / 22.6 GiB
+(random init) through training, which the random-init profile's training phase (53.0 GiB) cannot add
+(launch/memory_estimate.py); vLLM's sleep mode keeps addresses through camem, which the vendor found
+does not free memory across nodes and which no CPU proof can run; TorchAir without frozen parameters
+re-binds every weight at every decode step of every rollout.
+
+On a CPU host the emulated TorchAir backend (npu_emulation/site/torchair) raises `FrozenParameterMoved`,
+naming the parameter, if a graph ever runs on moved weights: the contract is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ATTR = "_verl_patches_graph_weight_addresses"
+
+
+def weight_addresses(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """name -> (storage base, element offset) of every parameter: what a frozen-parameter graph binds."""
+    return {n: (p.untyped_storage().data_ptr(), p.storage_offset()) for n, p in model.named_parameters()}
+
+
+def has_graphs(runner: Any) -> bool:
+    return bool(getattr(runner, "torchair_compiled_model", None)) or bool(getattr(runner, "torchair_compiled_models", None))
+
+
+def record(runner: Any) -> None:
+    """The runner's graphs are (or will be) built on the parameters' current addresses."""
+    setattr(runner, ATTR, weight_addresses(runner.model))
+
+
+def moved_parameters(runner: Any) -> list[str]:
+    """Parameters whose storage differs from the recorded addresses (all of them when none is recorded)."""
+    bound = getattr(runner, ATTR, None)
+    now = weight_addresses(runner.model)
+    if bound is None:
+        return list(now)
+    return [n for n, a in now.items() if bound.get(n) != a]
+
+
+def forget_graphs_if_moved(runner: Any) -> list[str]:
+    """Drop the runner's TorchAir graphs if they were built on other weight addresses; returns the moved
+    parameters (empty: nothing dropped). The next capture or decode compiles them on today's addresses."""
+    if not has_graphs(runner):
+        record(runner)  # graphs built from now on bind the current addresses
+        return []
+    moved = moved_parameters(runner)
+    if moved:
+        torch._dynamo.reset()  # dynamo would hand back the graph cached for this code object
+        runner.torchair_compiled_model = None
+        compiled = getattr(runner, "torchair_compiled_models", None)
+        if compiled is not None:
+            compiled.clear()
+        record(runner)
+    return moved
