@@ -66,12 +66,12 @@ def test_weights_only_loader_refuses_the_payload_by_name(tmp_path: Path, fmt: st
     else:
         evil.write_bytes(tampered_bytes(marker, 2000))
     for kwargs in ({}, {"mmap": True}, {"expected_sha256": sha256_file(evil)}):  # no digest, or a matching one
-        # mmap reads only the zip format: a legacy file is refused by that check, before anything is unpickled
-        err = CheckpointFileError if fmt == "legacy pickle" and kwargs.get("mmap") else UnsafeCheckpointError
-        with pytest.raises(err, match=f"^{evil}: ") as e:
+        with pytest.raises(UnsafeCheckpointError, match=f"^{evil}: ") as e:
             load_tensor_file(evil, **kwargs)
-        if err is UnsafeCheckpointError:
+        if fmt == "torch zip":
             assert "refused by the weights-only loader" in str(e.value) and "posix.system" in str(e.value)
+        else:  # only the zip format torch.save writes is handed to torch at all
+            assert "legacy or foreign format" in str(e.value)
         assert "\n" not in str(e.value)
     assert not marker.exists()
 
@@ -142,7 +142,7 @@ def tamper(path: Path, marker: Path, fix_manifest: bool) -> None:
         (step / "checkpoint.json").write_text(json.dumps(man))
 
 
-@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "refused by the weights-only loader")])
+@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")])
 def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_manifest: bool, needle: str) -> None:
     role = committed_actor(tmp_path)
     committed = actor_state.CommittedRole.open(role)
@@ -156,7 +156,7 @@ def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_ma
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "refused by the weights-only loader")])
+@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")])
 def test_tampered_optimizer_param_state_is_never_unpickled(tmp_path: Path, monkeypatch, fix_manifest: bool,
                                                            needle: str) -> None:
     """Megatron's load_parameter_state would torch.load this file bare; ours reads it on DP rank 0 through
@@ -238,3 +238,68 @@ def test_no_bare_torch_load_on_the_resume_path() -> None:
                 kw = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
                 calls.append((p.name, node.func.value.id, kw.get("weights_only")))
     assert calls == [("safe_load.py", "torch", True)]
+
+
+# --- TorchScript and foreign zip archives (torch 2.5.1 hands a TorchScript zip to torch.jit.load) -----------------
+
+def torchscript_archive(path: Path) -> Path:
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+    return path
+
+
+def rezip(src: Path, dst: Path, edit) -> Path:
+    """A copy of the torch.save archive ``src`` with its entries changed by ``edit(list of (name, bytes))``."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zf:
+        entries = [(n, zf.read(n)) for n in zf.namelist()]
+    with zipfile.ZipFile(dst, "w") as zf:
+        for name, data in edit(entries):
+            zf.writestr(name, data)
+    return dst
+
+
+def test_weights_only_runs_torchscript_through_jit_load_on_this_torch(tmp_path: Path, monkeypatch) -> None:
+    """The premise: weights_only=True does not protect a TorchScript archive on torch 2.5.1."""
+    archive = torchscript_archive(tmp_path / "model.pt")
+    calls = []
+    real = torch.jit.load
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
+    with pytest.warns(UserWarning, match="TorchScript"):
+        torch.load(archive, weights_only=True)  # noqa: S614 - proves the code-running path is reached
+    assert calls
+
+
+def test_a_torchscript_archive_never_reaches_torch(tmp_path: Path, monkeypatch) -> None:
+    archive = torchscript_archive(tmp_path / "model.pt")
+    reached = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reached.append("torch.load"))
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: reached.append("torch.jit.load"))
+    for kwargs in ({}, {"mmap": True}, {"expected_sha256": sha256_file(archive)}):
+        with pytest.raises(UnsafeCheckpointError, match=f"^{archive}: a TorchScript archive") as e:
+            load_tensor_file(archive, **kwargs)
+        assert "\n" not in str(e.value)
+    assert reached == []
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda es: es + [(es[0][0].split("/")[0] + "/constants.pkl", b"x")], "a TorchScript archive"),
+    (lambda es: es + [(es[0][0].split("/")[0] + "/code/__torch__/m.py", b"x")], "a TorchScript archive"),
+    (lambda es: es + [(es[0][0].split("/")[0] + "/extra/run.py", b"x")], "'extra/run.py' is not one torch.save writes"),
+    (lambda es: es + [("other/data.pkl", b"x")], "not under one archive folder"),
+    (lambda es: es + [es[0]], "appears twice"),
+    (lambda es: [e for e in es if not e[0].endswith("data.pkl")], "no data.pkl"),
+])
+def test_zip_archives_torch_save_does_not_write_are_refused_by_entry(tmp_path: Path, edit, needle: str) -> None:
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.arange(3.0)}, good)
+    assert torch.equal(load_tensor_file(good)["w"], torch.arange(3.0))
+    assert torch.equal(load_tensor_file(good, mmap=True)["w"], torch.arange(3.0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name it was told to write
+        bad = rezip(good, tmp_path / "bad.pt", edit)
+    with pytest.raises(CheckpointFileError, match=needle) as e:
+        load_tensor_file(bad)
+    assert str(e.value).startswith(f"{bad}: ") and "\n" not in str(e.value)

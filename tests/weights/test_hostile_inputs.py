@@ -453,3 +453,41 @@ def test_overwrite_never_follows_a_planted_link_out_of_the_folder(hf_dir, tmp_pa
     os.symlink(elsewhere, victim_rank)  # listed in our manifest, now a link out of the folder
     convert_hf_to_mcore(hf_dir, out, TP2, overwrite=True, progress=False)
     assert (elsewhere / "model_optim_rng.pt").read_bytes() == b"precious"
+
+
+def _retamper_rank_file(folder: Path) -> Path:
+    """One rank file of a converted folder rewritten by a plain torch.save: a valid file, other values."""
+    path = sorted(folder.rglob("model_optim_rng.pt"))[0]
+    obj = torch.load(path, weights_only=False)  # noqa: S614 - our own converter's file, read to alter it
+    key = next(k for k, v in obj["model"].items() if isinstance(v, torch.Tensor) and v.is_floating_point())
+    obj["model"][key] = obj["model"][key] + 1
+    torch.save(obj, path)
+    return path
+
+
+def test_export_and_verify_refuse_a_rank_file_changed_after_the_conversion(mcore_dir, hf_dir, tiny_cfg, tmp_path):
+    copy = tmp_path / "mcore"
+    shutil.copytree(mcore_dir, copy)
+    changed = _retamper_rank_file(copy)
+    with pytest.raises(CheckpointError, match=f"^{changed}: sha256 .* differs") as e:
+        convert_mcore_to_hf(copy, tmp_path / "hf_out", progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "hf_out").exists()
+    with pytest.raises(CheckpointError, match="sha256 .* differs"):
+        verify_hf_mcore_pair(hf_dir, copy, TP2, tiny_cfg, progress=False)
+
+
+def test_c1_refuses_a_rank_file_changed_after_the_conversion(mcore_dir, tmp_path, monkeypatch):
+    from verl_patches.patches.verl.workers import legacy_checkpoint as c1
+
+    copy = tmp_path / "mcore"
+    shutil.copytree(mcore_dir, copy)
+    monkeypatch.setattr(c1, "running_layout", lambda: c1.RunningLayout(tp=2, pp=1, ep=1, tp_rank=0, pp_rank=0,
+                                                                      ep_rank=0))
+    # an unchanged checkpoint passes the digest (and then fails the strict copy into an empty module)
+    with pytest.raises(CheckpointError, match="parameters do not match"):
+        c1.load_legacy_weights([torch.nn.Linear(1, 1)], str(copy))
+    changed = next(p for p in sorted(copy.rglob("model_optim_rng.pt")) if "mp_rank_00" in str(p))
+    obj = torch.load(changed, weights_only=False)  # noqa: S614 - our own converter's file, read to alter it
+    torch.save(obj, changed)  # the same content saved again: other bytes, so not the file the manifest records
+    with pytest.raises(CheckpointError, match=f"^{changed}: sha256 .* differs"):
+        c1.load_legacy_weights([torch.nn.Linear(1, 1)], str(copy))

@@ -1,18 +1,27 @@
 """The one reader of ``.pt`` files on the resume, export and check paths: never unpickles code.
 
 ``torch.load`` defaults to ``weights_only=False`` before torch 2.6 (the A3 library set has 2.5.1): a
-tampered ``.pt`` then runs whatever its pickle names. Every load here passes ``weights_only=True``
-(tensors, plain containers, dtypes and numbers only), and, when the caller knows the file's sha256 (the
-step manifest records one per file), a file whose digest differs is refused by name before a byte of it
-is unpickled. The digest is computed from the same open file that is then loaded, so a rename in between
-cannot swap in another file. Every failure is one line naming the file.
+tampered ``.pt`` then runs whatever its pickle names. And ``weights_only=True`` alone is not enough on
+2.5.1: ``torch.load`` hands any zip holding ``constants.pkl`` (a TorchScript archive) to ``torch.jit.load``
+before the weights-only check, and loading TorchScript runs the archive's code (``__setstate__``).
+So, in this order, on one open file (a rename in between cannot swap in another file):
+  1. when the caller knows the file's sha256 (a manifest records one), a differing digest is refused;
+  2. the file must be a plain ``torch.save`` archive (`check_plain_archive`): a zip whose entries are all
+     under one folder and are exactly those ``torch.save`` writes (``data.pkl``, ``data/<n>``, ``version``,
+     ``byteorder``, ``.data/...``); a TorchScript archive is refused by name, so is any other entry, a
+     legacy (non-zip) file, or a zip with duplicate names;
+  3. ``torch.load(weights_only=True)``: tensors, plain containers, dtypes and numbers only.
+A memory-mapped load reads the checked open file through ``/proc/self/fd`` (same inode). Every failure
+is one line naming the file.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import pickle
+import re
 import stat
+import zipfile
 from typing import IO, Any, Sequence
 
 _CHUNK = 1 << 22  # 4 MiB reads while hashing
@@ -80,6 +89,46 @@ def check_digest(path: str | os.PathLike, actual: str, expected: str) -> None:
                                     "when it was saved; the file was changed after the save, refused unread")
 
 
+# What torch.save (torch 2.5.1, zip format) writes under the archive's one folder; nothing else is loaded.
+_PLAIN_ENTRY = re.compile(r"data\.pkl|byteorder|version|\.format_version|\.storage_alignment|"
+                          r"\.data/version|\.data/serialization_id|data/[0-9]+")
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.serialization._is_zipfile checks these bytes at offset 0
+
+
+def check_plain_archive(f: IO[bytes], path: str | os.PathLike) -> None:
+    """Refuse (UnsafeCheckpointError naming the file and the entry) anything but a plain torch.save zip;
+    leaves ``f`` at offset 0."""
+    f.seek(0)
+    if f.read(4) != _ZIP_MAGIC:
+        raise UnsafeCheckpointError(f"{path}: not a torch file in the zip format torch.save writes (a legacy or "
+                                    "foreign format); refused unread")
+    f.seek(0)
+    try:
+        with zipfile.ZipFile(f) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointFileError(f"{path}: not a readable torch file (zip: {_first_line(err)})") from None
+    finally:
+        f.seek(0)
+    if len(names) != len(set(names)):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UnsafeCheckpointError(f"{path}: zip entry {dup[:120]!r} appears twice (readers could disagree on "
+                                    "which one is loaded); refused unread")
+    folders = {n.partition("/")[0] for n in names}
+    if len(folders) != 1 or any("/" not in n for n in names):
+        raise UnsafeCheckpointError(f"{path}: zip entries are not under one archive folder ({sorted(folders)[:3]}); "
+                                    "refused unread")
+    rest = [n.partition("/")[2] for n in names]
+    if "constants.pkl" in rest or any(r.startswith("code/") for r in rest):
+        raise UnsafeCheckpointError(f"{path}: a TorchScript archive (constants.pkl/code/): torch 2.5.1 would hand it "
+                                    "to torch.jit.load, which runs its code; refused unread")
+    odd = next((r for r in rest if not _PLAIN_ENTRY.fullmatch(r)), None)
+    if odd is not None:
+        raise UnsafeCheckpointError(f"{path}: zip entry {odd[:120]!r} is not one torch.save writes; refused unread")
+    if "data.pkl" not in rest:
+        raise CheckpointFileError(f"{path}: not a readable torch file (no data.pkl)")
+
+
 def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]) -> Any:
     import torch
 
@@ -104,14 +153,10 @@ def load_tensor_file(path: str | os.PathLike, *, mmap: bool = False, expected_sh
     digest is checked on the same path just before). ``safe_globals`` adds data-only classes the weights-only
     unpickler may build (Megatron's rank files hold an ``argparse.Namespace``); never a callable that acts.
     """
-    if mmap:
-        if expected_sha256 is not None:
-            check_digest(path, sha256_file(path), expected_sha256)
-        else:
-            _open_regular(path).close()
-        return _torch_load(os.fspath(path), path, True, map_location, safe_globals)
     with _open_regular(path) as f:
         if expected_sha256 is not None:
             check_digest(path, _hash_stream(f), expected_sha256)
-            f.seek(0)
+        check_plain_archive(f, path)
+        if mmap:  # torch maps by name: the name of this open file, not the path (which may be swapped since)
+            return _torch_load(f"/proc/self/fd/{f.fileno()}", path, True, map_location, safe_globals)
         return _torch_load(f, path, False, map_location, safe_globals)

@@ -26,7 +26,7 @@ from verl_patches.weights.config import CONFIG_FILE, validate_config
 from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
-from verl_patches.weights.hf_to_mcore import (CKPT_FILE, MANIFEST_FILE as MCORE_MANIFEST, TRACKER_FILE,
+from verl_patches.weights.hf_to_mcore import (CKPT_FILE, ITERATION, MANIFEST_FILE as MCORE_MANIFEST, TRACKER_FILE,
                                               iteration_dir, meta_source, plan_rank_shapes)
 from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, local_experts, owners_of_expert,
                                          rank_dir_name, stage_layers, validate_layout)
@@ -35,7 +35,7 @@ from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_nam
 from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.manifest_file import is_shard_file_name, read_conversion_manifest
+from verl_patches.weights.manifest_file import CONVERTER_TOOL, is_shard_file_name, read_conversion_manifest
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
@@ -70,15 +70,36 @@ def _rank_file_globals() -> list[Any]:
     return [Namespace, _reconstruct, np.ndarray, np.dtype, *dtype_classes]
 
 
-def load_rank_file(path: Path) -> tuple[dict[str, torch.Tensor], Any]:
+def recorded_rank_digests(mcore_dir: Path, iteration: int | str) -> dict[str, str] | None:
+    """rank folder name -> the sha256 our converter recorded for that rank's file, when ``iteration`` is the
+    one the converter wrote (its manifest says nothing of later iterations); None when no digest applies."""
+    man = read_conversion_manifest(mcore_dir, MCORE_MANIFEST)
+    if man is None or man.tool != CONVERTER_TOOL or iteration_dir(iteration) != iteration_dir(ITERATION):
+        return None
+    return {name: entry["sha256"] for name, entry in man.ranks.items()}
+
+
+def expected_rank_digest(digests: Mapping[str, str] | None, name: str, path: Path) -> str | None:
+    """The digest a rank file must have before it is read; a rank the converter's manifest does not list
+    (a folder added after the conversion) is refused by name."""
+    if digests is None:
+        return None
+    if name not in digests:
+        raise CheckpointError(f"{path}: rank folder {name!r} is not listed in {MCORE_MANIFEST} (added after the "
+                              "conversion?); refused unread")
+    return digests[name]
+
+
+def load_rank_file(path: Path, expected_sha256: str | None = None) -> tuple[dict[str, torch.Tensor], Any]:
     """``(model state dict, training args or None)`` of a rank file, memory-mapped and loaded weights-only
-    (never unpickling code, whatever the torch version); Megatron's ``_extra_state`` entries dropped."""
+    (never unpickling code, whatever the torch version); Megatron's ``_extra_state`` entries dropped. With
+    ``expected_sha256`` (the converter's manifest records one per rank) a differing file is refused unread."""
     from verl_patches.checkpoint.safe_load import CheckpointFileError, load_tensor_file
 
     if not path.is_file():
         raise CheckpointError(f"{path}: rank file not found")
     try:
-        obj = load_tensor_file(path, mmap=True, safe_globals=_rank_file_globals())
+        obj = load_tensor_file(path, mmap=True, safe_globals=_rank_file_globals(), expected_sha256=expected_sha256)
     except CheckpointFileError as err:
         raise CheckpointError(str(err)) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
@@ -171,13 +192,15 @@ class RankStore:
         self.layout = layout
         self._open: dict[Rank, dict[str, torch.Tensor]] = {}
         self.args: Any = None
+        self.digests = recorded_rank_digests(mcore_dir, iteration)  # checked before a rank file is read
 
     def path(self, rank: Rank) -> Path:
         return self.root / rank_dir_name(self.layout, rank) / CKPT_FILE
 
     def state_dict(self, rank: Rank) -> dict[str, torch.Tensor]:
         if rank not in self._open:
-            sd, args = load_rank_file(self.path(rank))
+            name = rank_dir_name(self.layout, rank)
+            sd, args = load_rank_file(self.path(rank), expected_rank_digest(self.digests, name, self.path(rank)))
             if args is not None and self.args is None:
                 check_args_match_layout(args, self.layout, self.path(rank))
                 self.args = args

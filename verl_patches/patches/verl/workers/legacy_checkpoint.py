@@ -20,7 +20,7 @@ import torch
 from verl_patches.weights.errors import CheckpointError, LayoutError
 from verl_patches.weights.hf_to_mcore import load_manifest, rank_file
 from verl_patches.weights.layout import ParallelLayout, Rank
-from verl_patches.weights.mcore_to_hf import load_rank_file, read_tracker
+from verl_patches.weights.mcore_to_hf import expected_rank_digest, load_rank_file, read_tracker, recorded_rank_digests
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,9 @@ def load_legacy_weights(parallel_model: Sequence[torch.nn.Module], dist_weight_p
         raise NotImplementedError("loading a value model from a legacy DeepSeek-V3 checkpoint is not supported")
     if len(parallel_model) != 1:
         raise NotImplementedError("virtual pipeline stages are not supported by the legacy checkpoint loader")
-    path = plan_rank_file(Path(dist_weight_path), running_layout())
-    state, _ = load_rank_file(path)
+    ckpt_dir = Path(dist_weight_path)
+    path = plan_rank_file(ckpt_dir, running_layout())
+    # the converter's manifest records each rank file's sha256: a changed file is refused before it is read
+    digest = expected_rank_digest(recorded_rank_digests(ckpt_dir, read_tracker(ckpt_dir)), path.parent.name, path)
+    state, _ = load_rank_file(path, digest)
     load_into(unwrap_model(parallel_model[0]), state, path)
