@@ -175,7 +175,7 @@ def test_bad_inputs_exit_2_naming_file_and_key(tmp_path: Path, baseline: Path, c
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     assert golden.main([str(run), "--check-against", str(bad)]) == 2
-    assert "'tolerances'" in capsys.readouterr().err
+    assert "'tolerances.reward_abs'" in capsys.readouterr().err
     doc = json.loads(baseline.read_text())
     doc["reward"]["windows"][1]["floor"] = "high"
     bad.write_text(json.dumps(doc))
@@ -183,7 +183,7 @@ def test_bad_inputs_exit_2_naming_file_and_key(tmp_path: Path, baseline: Path, c
     assert "'reward.windows'" in capsys.readouterr().err
     bad.write_text("{\n oops")
     assert golden.main([str(run), "--check-against", str(bad)]) == 2
-    assert "bad.json:2" in capsys.readouterr().err
+    assert "bad.json: line 2" in capsys.readouterr().err
     (run / rank_memory.FILE_NAME).write_text('{"step": 1}\n')
     assert golden.main([str(run), "--check-against", str(baseline)]) == 2
     assert "rank_memory.jsonl:1" in capsys.readouterr().err

@@ -29,22 +29,31 @@ keeps bands that hold over all of them: the run-to-run spread of a healthy run i
 
 Exit status: 0 no regression, 1 a regression (each named with metric, step window or rank), 2 bad input.
 Higher reward, lower memory, smaller mismatch and faster steps are reported, never failures.
+
+Fail closed: every comparison with NaN is false, so a non-finite value of a compared metric (by step) or
+of a memory peak (by rank) is itself a regression; a baseline is validated before use (strict JSON without
+NaN, finite numbers, tolerances within `TOLERANCE_RANGES`, integer steps) and refused in one line
+otherwise; a baseline is recorded only from runs without non-finite values. Run files and baselines are
+read only when they are regular files (a FIFO would block the check).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import re
+import stat
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
+from verl_patches.regular_file import FileRefused, read_regular_file
 from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
+from verl_patches.weights.atomic_io import write_json_atomically
 
 SCHEMA = 2
 MIN_RUNS = 3
@@ -57,6 +66,14 @@ DEFAULT_TOLERANCES = {"reward_window": 10, "reward_abs": 0.1, "memory_rel": 0.10
 ADDED_TOLERANCES = ("val_abs",)  # keys added after schema 2's first baselines: defaulted when absent
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
+COMPARED_KEYS = (REWARD_KEY, VAL_KEY, STEP_TIME_KEY, *MISMATCH_KEYS)
+# What a tolerance may be: outside these a baseline could pass anything (a reward slack of 10, a factor of 1e9)
+TOLERANCE_RANGES = {"reward_window": (1, 10_000), "reward_abs": (0.0, 1.0), "memory_rel": (0.0, 1.0),
+                    "memory_abs_gib": (0.0, 64.0), "mismatch_factor": (1.0, 100.0), "mismatch_abs": (0.0, 1.0),
+                    "step_time_rel": (0.0, 10.0), "val_abs": (0.0, 1.0)}
+MAX_LOG_BYTES = 1 << 30  # trainer.log, rank_memory.jsonl
+MAX_BASELINE_BYTES = 64 << 20
+MAX_STEP = 10 ** 9
 
 
 class GoldenInputError(ValueError):
@@ -86,15 +103,33 @@ class Check:
 
 # ---- reading a run -------------------------------------------------------------------------------
 
+def _regular(path: Path) -> None:
+    """Run files are read only when they are regular files (a FIFO would block the reader for ever)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError as e:
+        raise GoldenInputError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise GoldenInputError(f"{path}: not a regular file")
+
+
 def read_tensorboard(folder: Path) -> dict[int, dict[str, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     steps: dict[int, dict[str, float]] = {}
-    for events in sorted(folder.rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags().get("scalars", []):
-            for ev in acc.Scalars(tag):
+    files = sorted(folder.rglob("events.out.tfevents.*"), key=lambda p: p.lstat().st_mtime)
+    for events in files:
+        _regular(events)
+        try:
+            acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+            acc.Reload()
+            scalars = [(tag, acc.Scalars(tag)) for tag in acc.Tags().get("scalars", [])]
+        except Exception as e:  # noqa: BLE001 - a damaged event file raises many types; one line names it
+            raise GoldenInputError(f"{events}: not a readable TensorBoard event file ({type(e).__name__})") from None
+        for tag, events_of_tag in scalars:
+            for ev in events_of_tag:
+                if not 0 <= int(ev.step) <= MAX_STEP:
+                    raise GoldenInputError(f"{events}: {tag} has step {ev.step}, outside 0..{MAX_STEP}")
                 steps.setdefault(int(ev.step), {})[tag] = float(ev.value)
     return steps
 
@@ -102,6 +137,8 @@ def read_tensorboard(folder: Path) -> dict[int, dict[str, float]]:
 def parse_console(text: str) -> dict[int, dict[str, float]]:
     steps: dict[int, dict[str, float]] = {}
     for m in STEP_LINE.finditer(text):
+        if len(m.group(1)) > 10:
+            continue
         row = steps.setdefault(int(m.group(1)), {})
         for item in m.group(2).split(" - "):
             key, _, value = item.strip().partition(":")
@@ -112,17 +149,25 @@ def parse_console(text: str) -> dict[int, dict[str, float]]:
     return steps
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return read_regular_file(path, max_bytes=MAX_LOG_BYTES, follow_symlinks=False).decode("utf-8", "replace")
+    except FileRefused as e:
+        raise GoldenInputError(str(e)) from None
+
+
 def read_rank_memory(path: Path) -> dict[int, float]:
     peaks: dict[int, float] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             for row in json.loads(line)["ranks"]:
                 r, v = int(row["rank"]), float(row["peak_gib"])
-                peaks[r] = max(peaks.get(r, 0.0), v)
-        except (ValueError, KeyError, TypeError) as e:
-            raise GoldenInputError(f"{path}:{n}: not a rank-memory record ({type(e).__name__}: {e})") from None
+                peaks[r] = max(peaks.get(r, 0.0), v) if math.isfinite(v) else v  # a NaN peak is kept, and flagged
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
+            raise GoldenInputError(f"{path}:{n}: not a rank-memory record ({type(e).__name__}: "
+                                   f"{str(e)[:80]})") from None
     return peaks
 
 
@@ -136,13 +181,25 @@ def read_run(run_dir: Path) -> RunMetrics:
     steps, source = {}, ""
     if tb.is_dir() and any(tb.rglob("events.out.tfevents.*")):
         steps, source = read_tensorboard(tb), str(tb)
-    if not steps and (run_dir / "trainer.log").is_file():
-        steps = parse_console((run_dir / "trainer.log").read_text(encoding="utf-8", errors="replace"))
-        source = str(run_dir / "trainer.log")
+    log = run_dir / "trainer.log"
+    if not steps and (log.exists() or log.is_symlink()):
+        steps, source = parse_console(_read_text(log)), str(log)
     if not steps:
         raise GoldenInputError(f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)")
     mem = run_dir / FILE_NAME
-    return RunMetrics(steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.is_file() else {}, source=source)
+    return RunMetrics(steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.exists() or mem.is_symlink() else {},
+                      source=source)
+
+
+def non_finite(run: RunMetrics) -> list[Check]:
+    """Every non-finite value of a compared metric (by step) and every non-finite memory peak (by rank): each
+    is a regression, since a comparison with NaN is always false and would pass."""
+    out = [Check(key, f"step {step}", "regression", f"non-finite value {value!r}")
+           for step, row in sorted(run.steps.items()) for key, value in sorted(row.items())
+           if key in COMPARED_KEYS and not math.isfinite(value)]
+    out += [Check("memory", f"rank {r}", "regression", f"non-finite peak {v!r} GiB")
+            for r, v in sorted(run.rank_peak_gib.items()) if not math.isfinite(v)]
+    return out
 
 
 # ---- baseline ------------------------------------------------------------------------------------
@@ -165,6 +222,10 @@ def make_baseline(runs: list[RunMetrics], tolerances: dict[str, float] | None = 
                                f"run-to-run spread; got {len(runs)}")
     curves = []
     for run in runs:
+        bad = non_finite(run)
+        if bad:
+            raise GoldenInputError(f"the run ({run.source}) has {len(bad)} non-finite value(s), first {bad[0].metric} "
+                                   f"[{bad[0].where}]: a baseline is recorded from healthy runs only")
         reward = dict(run.series(REWARD_KEY))
         if not reward:
             raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
@@ -199,70 +260,88 @@ def _validation_bands(curves: list[dict[int, float]]) -> dict[str, Any] | None:
             "floors": [min(c[s] for c in curves) for s in steps], "rises": rises, "rise_floor": min(rises)}
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _step(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_STEP
+
+
 def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
+    """The baseline, or GoldenInputError naming the key: finite numbers, tolerances in their ranges, steps
+    as integers in order, every list as long as its partner."""
     def bad(key: str, why: str) -> GoldenInputError:
         return GoldenInputError(f"{where}: key {key!r} {why}")
 
     if not isinstance(doc, dict):
         raise GoldenInputError(f"{where}: not a JSON object")
-    if doc.get("schema") != SCHEMA:
-        raise bad("schema", f"is {doc.get('schema')!r}, expected {SCHEMA}")
+    if doc.get("schema") != SCHEMA or isinstance(doc.get("schema"), bool):
+        raise bad("schema", f"is {str(doc.get('schema'))[:40]!r}, expected {SCHEMA}")
     tol = doc.get("tolerances")
-    required = [k for k in DEFAULT_TOLERANCES if k not in ADDED_TOLERANCES]
-    if not isinstance(tol, dict) or any(not isinstance(tol.get(k), (int, float)) for k in required):
-        raise bad("tolerances", f"must hold numbers for {sorted(required)}")
+    if not isinstance(tol, dict):
+        raise bad("tolerances", f"must be an object holding {sorted(DEFAULT_TOLERANCES)}")
     for key in ADDED_TOLERANCES:  # a baseline recorded before the key existed has no use for it
-        if not isinstance(tol.setdefault(key, DEFAULT_TOLERANCES[key]), (int, float)):
-            raise bad(f"tolerances.{key}", "must be a number")
-    if int(tol["reward_window"]) < 1:
-        raise bad("tolerances.reward_window", "must be >= 1")
+        tol.setdefault(key, DEFAULT_TOLERANCES[key])
+    for key, (low, high) in TOLERANCE_RANGES.items():
+        value = tol.get(key)
+        if not _number(value) or not low <= value <= high:
+            raise bad(f"tolerances.{key}", f"must be a number from {low} to {high}, got {str(value)[:40]!r}")
+    if int(tol["reward_window"]) != tol["reward_window"]:
+        raise bad("tolerances.reward_window", "must be a whole number of steps")
     rw = doc.get("reward")
     if not isinstance(rw, dict) or not isinstance(rw.get("values"), list) or not isinstance(rw.get("steps"), list) \
             or len(rw["values"]) != len(rw["steps"]) or not rw["values"]:
         raise bad("reward", "must hold equally long, non-empty 'steps' and 'values' lists")
+    if not all(_step(x) for x in rw["steps"]) or rw["steps"] != sorted(set(rw["steps"])):
+        raise bad("reward.steps", "must be increasing step numbers")
+    if not all(_number(x) for x in rw["values"]):
+        raise bad("reward.values", "must be finite numbers")
     windows = rw.get("windows")
     if not isinstance(windows, list) or not windows or any(
-            not isinstance(x, dict) or not isinstance(x.get("floor"), (int, float))
-            or not (isinstance(x.get("steps"), list) and len(x["steps"]) == 2
-                    and all(isinstance(v, int) for v in x["steps"])) for x in windows):
-        raise bad("reward.windows", "must be a non-empty list of {'steps': [first, last], 'floor': number}")
-    if not isinstance(doc.get("rank_peak_gib"), dict):
-        raise bad("rank_peak_gib", "must be an object {rank: GiB}")
-    if not isinstance(doc.get("mismatch_max"), dict):
-        raise bad("mismatch_max", "must be an object {metric: value}")
+            not isinstance(x, dict) or not _number(x.get("floor"))
+            or not (isinstance(x.get("steps"), list) and len(x["steps"]) == 2 and all(_step(v) for v in x["steps"])
+                    and x["steps"][0] <= x["steps"][1]) for x in windows):
+        raise bad("reward.windows", "must be a non-empty list of {'steps': [first, last], 'floor': finite number}")
+    if any(not any(w["steps"][0] <= s <= w["steps"][1] for s in rw["steps"]) for w in windows):
+        raise bad("reward.windows", "has a window with none of reward.steps in it")
+    peaks = doc.get("rank_peak_gib")
+    if not isinstance(peaks, dict) or any(not re.fullmatch(r"[0-9]{1,7}", str(k)) or not _number(v) or v < 0
+                                          for k, v in peaks.items()):
+        raise bad("rank_peak_gib", "must be an object {rank: GiB} of ranks and finite, non-negative numbers")
+    mismatch = doc.get("mismatch_max")
+    if not isinstance(mismatch, dict) or any(not _number(v) or v < 0 for v in mismatch.values()):
+        raise bad("mismatch_max", "must be an object {metric: finite, non-negative number}")
+    step_time = doc.get("step_time_median_s")
+    if step_time is not None and (not _number(step_time) or step_time <= 0):
+        raise bad("step_time_median_s", "must be null or a positive finite number")
     val = doc.get("validation")
     if val is not None and (not isinstance(val, dict) or not isinstance(val.get("steps"), list)
                             or not isinstance(val.get("floors"), list) or len(val["steps"]) != len(val["floors"])
-                            or not val["steps"] or not all(isinstance(x, int) for x in val["steps"])
-                            or not all(isinstance(x, (int, float)) for x in val["floors"])
-                            or not isinstance(val.get("rise_floor"), (int, float))):
-        raise bad("validation", "must be null or {'steps': [int], 'floors': [number] as long, 'rise_floor': number}")
+                            or not val["steps"] or not all(_step(x) for x in val["steps"])
+                            or val["steps"] != sorted(set(val["steps"]))
+                            or not all(_number(x) for x in val["floors"]) or not _number(val.get("rise_floor"))):
+        raise bad("validation", "must be null or {'steps': [increasing ints], 'floors': [finite numbers] as long, "
+                                "'rise_floor': finite number}")
     return doc
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise GoldenInputError(f"{path}: cannot read the baseline ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise GoldenInputError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+        data = read_regular_file(path, max_bytes=MAX_BASELINE_BYTES)
+        doc = loads_strict(data, str(path))
+    except FileRefused as e:
+        raise GoldenInputError(f"cannot read the baseline: {e}") from None
+    except StrictJsonError as e:
+        raise GoldenInputError(str(e)) from None
     return validate_baseline(doc, str(path))
 
 
 def write_baseline(doc: dict[str, Any], path: Path) -> None:
-    """Atomically: a temp file beside the target, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically (a temp file beside the target, then rename), with the umask's mode; a document that
+    would not load back (NaN, a bad tolerance) is refused before anything is written."""
+    validate_baseline(json.loads(json.dumps(doc)), f"the baseline for {path}")
+    write_json_atomically(Path(path), doc)
 
 
 # ---- comparison (pure) ---------------------------------------------------------------------------
@@ -377,7 +456,7 @@ def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list
 
 def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False,
             up_to_step: int | None = None) -> list[Check]:
-    return (compare_reward(run, base, up_to_step) + compare_validation(run, base, up_to_step)
+    return (non_finite(run) + compare_reward(run, base, up_to_step) + compare_validation(run, base, up_to_step)
             + compare_memory(run, base) + compare_mismatch(run, base) + compare_step_time(run, base, gate_step_time))
 
 
@@ -412,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
         checks = compare(run, load_baseline(args.check_against), args.gate_step_time, args.up_to_step)
     except GoldenInputError as e:
         print(f"golden: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a folder that cannot be listed, a baseline folder that cannot be written
+        print(f"golden: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
     bad = [c for c in checks if c.status == "regression"]
     if args.json:
