@@ -122,11 +122,11 @@ def test_a_killed_runs_temp_files_are_cleaned_and_only_those(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     host = parquet_io._host()
-    stale = [f".train.parquet.{host}.{_dead_pid()}.0123abcd.tmp", ".test.parquet.k3j_9xq2.tmp",
-             ".parquet-write-in-progress.json.tmp"]
+    stale = [f".train.parquet.{host}.{_dead_pid()}.0123abcd.tmp", ".parquet-write-in-progress.json.tmp"]
     alive = f".train.parquet.{host}.{os.getppid()}.0123abcd.tmp"  # a running process's: may be writing
     other_host = f".test.parquet.elsewhere.{_dead_pid()}.0123abcd.tmp"  # on shared storage: not ours to judge
-    foreign = ["notes.tmp", ".train.parquet.bak", "x.parquet.12345678.tmp"]
+    # a user's files, whatever they look like (the old mkstemp pattern is a name a user may have chosen too)
+    foreign = ["notes.tmp", ".train.parquet.bak", "x.parquet.12345678.tmp", ".test.parquet.k3j_9xq2.tmp"]
     for name in stale + [alive, other_host] + foreign:
         (out / name).write_bytes(b"partial")
     path = tmp_path / "in.json"

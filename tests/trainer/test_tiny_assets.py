@@ -195,7 +195,24 @@ def test_a_failed_rebuild_never_passes_for_the_old_spec(tmp_path: Path, monkeypa
     assert not (root / STAMP).exists()  # data were rewritten for seed 2: no stamp may vouch for them
     monkeypatch.undo()
     prepare(root, old, progress=False)  # rebuilt, consistent again
-    assert json.loads((root / STAMP).read_text()) == old.as_dict()
+    from verl_patches.trainer import cpu_numerics
+
+    assert json.loads((root / STAMP).read_text()) == {**old.as_dict(), "cpu_numerics": cpu_numerics.current()}
+
+
+def test_assets_built_under_other_cpu_kernels_are_rebuilt(tmp_path, monkeypatch):
+    """The base model's floats depend on the CPU code path: the stamp records the pins (cpu_numerics.py)."""
+    root = tmp_path / "assets"
+    spec = TinySpec(seed=1, max_operand=2, num_problems=40)
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    prepare(root, spec, progress=False)
+    built = (root / "model" / "config.json").stat().st_mtime_ns
+    prepare(root, spec, progress=False)
+    assert (root / "model" / "config.json").stat().st_mtime_ns == built  # same settings: reused
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    prepare(root, spec, progress=False)
+    assert json.loads((root / STAMP).read_text())["cpu_numerics"]["MKL_CBWR"] == "AVX2"
+    assert (root / "model" / "config.json").stat().st_mtime_ns != built
 
 
 def _greedy_accuracy(model_dir: Path, parquet: Path) -> float:

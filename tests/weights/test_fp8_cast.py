@@ -74,7 +74,7 @@ def test_output_equals_reference_and_index_config_are_consistent(fp8_dir, bf16_d
         assert (bf16_dir / f).read_bytes() == (fp8_dir / f).read_bytes()
     man = json.loads((bf16_dir / MANIFEST_FILE).read_text())
     assert man["complete"] and sorted(man["shards"]) == index.files()
-    assert not [p for p in bf16_dir.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in bf16_dir.iterdir() if p.name.startswith(".verl_patches-tmp-")]
 
 
 def test_verify_passes_and_catches_a_corrupted_tensor(fp8_dir, bf16_dir, tmp_path):
@@ -135,7 +135,7 @@ def test_interrupted_run_leaves_no_index_and_resumes(fp8_dir, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         run_fp8_cast(fp8_dir, out, progress=False)
     assert not (out / "model.safetensors.index.json").exists() and not (out / "config.json").exists()
-    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in out.iterdir() if p.name.startswith(".verl_patches-tmp-")]
     done = json.loads((out / MANIFEST_FILE).read_text())["shards"]
     assert 1 <= len(done) < 4 and not json.loads((out / MANIFEST_FILE).read_text())["complete"]
 

@@ -102,6 +102,16 @@ def test_verify_both_directions_and_detects_corruption(hf_dir, tiny_cfg, tmp_pat
     obj = torch.load(path, weights_only=True)
     obj["model"]["decoder.layers.2.mlp.experts.weight2"][3, 7] += 1
     torch.save(obj, path)
+    from verl_patches.weights.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"^{path}: sha256 .* differs"):  # the converter's digest first
+        verify_hf_mcore_pair(hf_dir, save, layout, tiny_cfg, progress=False)
+    import hashlib
+    import json
+
+    man = json.loads((save / "conversion_manifest.json").read_text())  # the digest rewritten too: by value
+    man["ranks"][rank_dir_name(layout, rank)]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (save / "conversion_manifest.json").write_text(json.dumps(man))
     with pytest.raises(VerifyError, match="decoder.layers.2.mlp.experts.weight2"):
         verify_hf_mcore_pair(hf_dir, save, layout, tiny_cfg, progress=False)
 
@@ -122,7 +132,7 @@ def test_interrupted_conversion_resumes_per_rank(hf_dir, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         convert_hf_to_mcore(hf_dir, save, layout, progress=False)
     assert not (save / "latest_checkpointed_iteration.txt").exists()  # not loadable while incomplete
-    assert not list(save.rglob(".tmp-*"))
+    assert not list(save.rglob(".verl_patches-tmp-*"))
     monkeypatch.setattr(h2m.torch, "save", real)
     rep = convert_hf_to_mcore(hf_dir, save, layout, progress=False)
     assert len(rep.ranks_skipped) == 3 and len(rep.ranks_written) == 5

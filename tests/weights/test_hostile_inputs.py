@@ -179,9 +179,9 @@ def test_a_manifest_of_another_tool_is_not_ours(fp8_dir, tmp_path):
 def test_our_own_leftover_temp_files_do_not_make_a_folder_foreign(fp8_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / ".tmp-fp8_cast_manifest.json.abc123").write_text("{")  # a run killed before its first manifest
+    (out / ".verl_patches-tmp-0123456789abcdef.fp8_cast_manifest.json").write_text("{")  # a run killed before its first manifest
     rep = run_fp8_cast(fp8_dir, out, progress=False)
-    assert len(rep.shards_converted) == 4 and not list(out.glob(".tmp-*"))
+    assert len(rep.shards_converted) == 4 and not list(out.glob(".verl_patches-tmp-*"))
 
 
 # ---- 3. no silently wrong weights --------------------------------------------------------------------------
@@ -491,3 +491,95 @@ def test_c1_refuses_a_rank_file_changed_after_the_conversion(mcore_dir, tmp_path
     torch.save(obj, changed)  # the same content saved again: other bytes, so not the file the manifest records
     with pytest.raises(CheckpointError, match=f"^{changed}: sha256 .* differs"):
         c1.load_legacy_weights([torch.nn.Linear(1, 1)], str(copy))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, -1.0, -1e-30])
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_zero_or_negative_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, value, verify):
+    """DeepSeek's weight_scale_inv is always positive: zero would silently zero a block, a negative one negate it."""
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    weight = "model.layers.2.self_attn.o_proj.weight"
+
+    def poison(s):
+        s[0, -1] = value
+        return s
+    _edit_tensor(src, weight + SCALE_SUFFIX, poison)
+    if verify:  # --verify-only of an earlier, clean cast against the edited source
+        from verl_patches.weights.verify import verify_fp8_cast
+
+        run_fp8_cast(fp8_dir, tmp_path / "clean", progress=False)
+        with pytest.raises((CheckpointError, VerifyError)) as e:
+            verify_fp8_cast(src, tmp_path / "clean", progress=False)
+    else:
+        with pytest.raises(CheckpointError) as e:
+            run_fp8_cast(src, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out" / INDEX).exists()
+    assert repr(weight) in _one_line(e.value) and "non-positive" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_hf_to_mcore_refuses_a_non_finite_weight_by_name(hf_dir, tmp_path, value):
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir, src)
+
+    def poison(t):
+        t.view(-1)[3] = value
+        return t
+    _edit_tensor(src, "model.layers.0.self_attn.o_proj.weight", poison)
+    with pytest.raises(CheckpointError) as e:
+        convert_hf_to_mcore(src, tmp_path / "mc", TP2, progress=False)
+    line = _one_line(e.value)
+    assert "self_attention.linear_proj.weight" in line and "non-finite" in line
+    assert not list((tmp_path / "mc").rglob("model_optim_rng.pt"))
+
+
+def test_mcore_to_hf_refuses_a_non_finite_weight_by_name(mcore_dir, tmp_path):
+    import hashlib
+
+    copy = tmp_path / "mcore"
+    shutil.copytree(mcore_dir, copy)
+    path = sorted(copy.rglob("model_optim_rng.pt"))[0]
+    obj = torch.load(path, weights_only=False)  # noqa: S614 - our own converter's file, read to alter it
+    key = next(k for k, v in obj["model"].items() if v.is_floating_point() and v.dim() == 2)
+    obj["model"][key].view(-1)[0] = float("nan")
+    torch.save(obj, path)
+    # the manifest rewritten too (the digest would refuse the file first): the non-finite check is tested here
+    man = json.loads((copy / "conversion_manifest.json").read_text())
+    man["ranks"][path.parent.name] = {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (copy / "conversion_manifest.json").write_text(json.dumps(man))
+    with pytest.raises(CheckpointError, match="non-finite") as e:
+        convert_mcore_to_hf(copy, tmp_path / "hf_out", progress=False)
+    assert "\n" not in str(e.value) and "tensor 'model." in str(e.value)
+
+
+@pytest.mark.parametrize("key, value", [("rms_norm_eps", "NaN"), ("rope_theta", "Infinity"),
+                                        ("rope_scaling", '{"factor": NaN, "type": "yarn"}')])
+def test_a_non_finite_config_float_is_refused_by_key(hf_dir, tmp_path, key, value):
+    src = tmp_path / "src"
+    shutil.copytree(hf_dir, src)
+    text = (src / "config.json").read_text()
+    cfg = json.loads(text)
+    cfg[key] = "__X__"
+    (src / "config.json").write_text(json.dumps(cfg).replace('"__X__"', value))
+    with pytest.raises(Exception) as e:
+        convert_hf_to_mcore(src, tmp_path / "mc", TP2, progress=False)
+    assert key in _one_line(e.value) and "finite" in str(e.value)
+    r = subprocess.run([sys.executable, "verl_patches/scripts/make_config.py", "--out", str(tmp_path / "o"),
+                        "--set", f"{key}={value}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and key in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_users_tmp_file_in_an_output_folder_is_never_deleted(fp8_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = out / ".tmp-notes.txt"  # the name earlier versions gave their temp files: now simply a user's file
+    mine.write_text("keep me")
+    with pytest.raises(Exception):  # a folder holding someone's file is not ours to write into
+        run_fp8_cast(fp8_dir, out, progress=False)
+    assert mine.read_text() == "keep me"
+    ours = out / ".verl_patches-tmp-0123456789abcdef.model-00001-of-00002.safetensors"
+    mine.unlink()
+    ours.write_bytes(b"partial")
+    run_fp8_cast(fp8_dir, out, progress=False)
+    assert not ours.exists()

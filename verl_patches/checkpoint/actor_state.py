@@ -253,7 +253,7 @@ def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole
 
 
 def saved_layout(committed: CommittedRole) -> tuple[TrainLayout, list[RankRecord]]:
-    records = read_rank_records(committed.role)
+    records = read_rank_records(committed.role, committed.files)  # exactly the records the manifest lists
     if not records or committed.layout is None:
         raise CheckpointIncomplete(f"{committed.role}: no rank records; not a checkpoint written by verl_patches")
     if any(r.layout != committed.layout for r in records):

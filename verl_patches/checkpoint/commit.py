@@ -13,6 +13,7 @@ link are left alone, and a trash folder is deleted where it is, never renamed ag
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -175,8 +176,11 @@ def listing(root: Path) -> dict[str, Entry]:
             elif not folder:
                 out[name] = Entry(problem=f"{path}: not a folder")
             else:
-                problem = step_problem(path)
-                out[name] = Entry(complete=not problem, ours=_is_ours(path, nonce), problem=problem)
+                problem, ours = step_problem(path), _is_ours(path, nonce)
+                if not problem and nonce is not None and not ours:  # copied in: its saves were another root's
+                    problem = (f"{path}: saved under another checkpoint root (its {OWNER_FILE} is not {root}'s); "
+                               "not resumed automatically: name it with trainer.resume_from_path, or move it away")
+                out[name] = Entry(complete=not problem, ours=ours, problem=problem)
         elif name.startswith(STAGING_PREFIX):
             out[name] = Entry(ours=not link and _is_ours(path, nonce))
         elif name.startswith(TRASH_PREFIX):
@@ -200,17 +204,26 @@ def _files_under(folder: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def read_rank_records(role_dir: Path) -> list[RankRecord]:
-    """The rank records of a role folder, each strictly parsed; CheckpointIncomplete naming the file."""
+def read_rank_records(role_dir: Path, listed: Mapping[str, FileRecord] | None = None) -> list[RankRecord]:
+    """The rank records of a role folder, each strictly parsed; CheckpointIncomplete naming the file.
+
+    ``listed``: the role's files as the committed step's manifest records them (`StepManifest.role_files`).
+    A resume reads exactly the records listed there, each checked against its recorded sha256, and never
+    one that was added to the folder afterwards. Without it (the save's own check before the commit) the
+    records are the ones the ranks wrote into the staging folder."""
     role_dir = Path(role_dir)
     try:
         ranks = confined_path(role_dir, RANKS_DIR, str(role_dir))
     except ConfinementError as err:
         raise CheckpointIncomplete(str(err)) from None
-    if not is_real_dir(ranks):
-        return []
+    if listed is None:
+        if not is_real_dir(ranks):
+            return []
+        names = sorted(os.listdir(ranks))
+    else:
+        names = sorted(rel.partition("/")[2] for rel in listed if rel.partition("/")[0] == RANKS_DIR)
     out = []
-    for name in sorted(os.listdir(ranks)):
+    for name in names:
         if not _RANK_RECORD_RE.fullmatch(name):
             continue
         p = ranks / name
@@ -218,6 +231,8 @@ def read_rank_records(role_dir: Path) -> list[RankRecord]:
             data = read_regular_file(p, MAX_RANK_RECORD_BYTES)
         except ConfinementError as err:
             raise CheckpointIncomplete(str(err)) from None
+        if listed is not None:
+            check_digest(p, hashlib.sha256(data).hexdigest(), listed[f"{RANKS_DIR}/{name}"].sha256)
         out.append(parse_rank_record(data, str(p)))
     return out
 
@@ -316,7 +331,7 @@ def small_files_problem(step_dir: Path) -> str:
                 check_digest(path, sha256_file(path), rec.sha256)
         for role, layout in manifest.roles.items():
             if layout is not None:
-                read_rank_records(step_dir / role)
+                read_rank_records(step_dir / role, manifest.role_files(role))
     except (CheckpointIncomplete, ConfinementError, UnsafeCheckpointError, OSError) as err:
         return str(err).splitlines()[0] if str(err) else type(err).__name__
     return ""

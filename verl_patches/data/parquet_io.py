@@ -26,7 +26,6 @@ from verl_patches.data.errors import OutputExistsError
 
 MARKER = ".parquet-write-in-progress.json"
 _TEMP = re.compile(r"\.(?P<target>[^/]+\.parquet)\.(?P<host>[A-Za-z0-9-]{1,32})\.(?P<pid>\d{1,10})\.[0-9a-f]{8}\.tmp")
-_LEGACY_TEMP = re.compile(r"\.(train|test)\.parquet\.[a-z0-9_]{8}\.tmp")  # earlier versions' mkstemp names
 
 
 def _marker(folder: Path) -> Path:
@@ -51,7 +50,7 @@ def _is_stale_temp(name: str) -> bool:
     m = _TEMP.fullmatch(name)
     if m:
         return m["host"] == _host() and int(m["pid"]) != os.getpid() and not _pid_alive(int(m["pid"]))
-    return bool(_LEGACY_TEMP.fullmatch(name)) or name == MARKER + ".tmp"
+    return name == MARKER + ".tmp"
 
 
 def remove_stale_temps(folder: Path) -> list[str]:

@@ -18,10 +18,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
+from verl_patches.process_identity import ProcessId, become_subreaper
 from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, SETTINGS, ClusterSettings, SettingsError,
                                           cluster_setting_problems, dashboard_exposure, describe_settings,
                                           load_settings)
@@ -76,10 +79,15 @@ class Launch:
         log_root = Path(settings.get("LOG_DIR") or "logs")
         if not log_root.is_absolute():
             log_root = REPO_ROOT / log_root
-        self.log_dir = log_root / f"{name}-{stamp}-{role}-{socket.gethostname()}"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_root.mkdir(parents=True, exist_ok=True)
+        warning = check_log_root(log_root)
+        self.log_dir = new_run_dir(log_root, f"{name}-{stamp}-{role}-{socket.gethostname()}")
         self.owned: dict[str, int] = {}
-        self._log = open(self.log_dir / "launcher.log", "a", encoding="utf-8")
+        self.keep: list[int] = []  # processes (and their subtrees) ended by their own code, not as leftovers
+        self._log = open_new(self.log_dir / "launcher.log", "a")
+        self.subreaper = become_subreaper()  # orphans of the job stay findable (session_leftovers)
+        if warning:
+            self.say(warning)
 
     def say(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
@@ -89,37 +97,57 @@ class Launch:
 
     def record(self, name: str, pid: int) -> None:
         self.owned[name] = pid
-        tmp = self.log_dir / "pids.json.tmp"
-        tmp.write_text(json.dumps(self.owned, indent=2))
-        tmp.replace(self.log_dir / "pids.json")
+        tmp = self.log_dir / f".pids.json.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        with open_new(tmp, "w") as f:
+            f.write(json.dumps(self.owned, indent=2))
+        os.replace(tmp, self.log_dir / "pids.json")
+
+
+PIPE_DRAIN_S = 2.0  # after the trainer exits, how long its output may still arrive before cleanup starts
 
 
 def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Launch, name: str) -> int:
     """Run a child in a session of its own, with its output both on the console and in its log; forward
-    Ctrl-C/TERM to it; once it has exited, end what is left of its session (session_leftovers)."""
-    with open(log_path, "ab") as log:
+    Ctrl-C/TERM to it; once it has exited, end what is left of its session (session_leftovers).
+
+    The output is copied by a thread and the launcher waits for the child itself: a leftover that keeps the
+    child's stdout open cannot hold the launcher (the copy gets `PIPE_DRAIN_S`, then the cleanup ends the
+    holder, which closes the pipe)."""
+    with open_new(log_path) as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
                                 start_new_session=True)
         launch.record(name, proc.pid)
+        leader = ProcessId.of(proc.pid)
 
         def forward(signum: int, _frame: Any) -> None:
             if proc.poll() is None:
-                os.killpg(proc.pid, signum)
+                os.killpg(proc.pid, signum)  # the child is alive and unreaped: its group id is still its own
 
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        def copy() -> None:
             assert proc.stdout is not None
             for chunk in iter(lambda: proc.stdout.readline(), b""):
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
                 log.write(chunk)
+
+        reader = threading.Thread(target=copy, name=f"{name}-output", daemon=True)
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            reader.start()
             rc = proc.wait()
+            reader.join(PIPE_DRAIN_S)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-    from verl_patches.launch.session_leftovers import end_session_leftovers
+        from verl_patches.launch.session_leftovers import end_session_leftovers
 
-    end_session_leftovers(proc.pid, launch.say)  # the child's own session: what it started and left running
+        # the child's own session, and what left it: what it started and left running
+        end_session_leftovers(leader.pid if leader else proc.pid, launch.say,
+                              adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep)
+        reader.join(PIPE_DRAIN_S)
+        if reader.is_alive():
+            launch.say(f"the {name}'s output pipe is still held open by a process outside this launch's reach; "
+                       "not waiting for it")
     return rc
 
 
@@ -155,6 +183,13 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch = Launch(args, settings, "local")
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
     env = base_env()
+    from verl_patches.trainer.cpu_numerics import pinned
+
+    pins = pinned(env) if device() == "cpu" else {}
+    env.update(pins)  # one CPU code path on every x86-64 host: the golden baseline holds across machines
+    if pins:
+        launch.say("CPU kernels pinned to AVX2 for reproducible numbers: "
+                   + " ".join(f"{k}={v}" for k, v in pins.items()))
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()
@@ -307,6 +342,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
                                  settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1", settings.int("RAY_DASHBOARD_PORT")),
         "head", launch.log_dir / "ray.log", env, address=f"{node_ip}:{settings.int('MASTER_PORT')}")
     launch.record("ray", head.pid)
+    launch.keep.append(head.pid)  # stopped by ray_cluster below, not as a leftover of the trainer
     rc = 1
     try:
         ray_cluster.wait_for_resource(address, NPU_RESOURCE, float(settings.world_size), settings.int("NNODES"),
@@ -339,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return run_preflight(args, settings)
     if args.tiny:
-        return run_tiny(args, settings)
+        try:
+            return run_tiny(args, settings)
+        except OSError as e:  # a log folder refused (LogDirError) or not writable
+            print(f"launch: {e}", file=sys.stderr)
+            return 1
     from verl_patches.launch.node_ip import NetworkError
     from verl_patches.trainer.config_compose import ConfigCompositionError
 

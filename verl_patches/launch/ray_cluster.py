@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from verl_patches.launch.run_dir import open_new
+from verl_patches.process_identity import (ProcessId, children_of, descendants, is_subreaper, signal_if_same,
+                                           start_ticks)
+
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 
@@ -61,8 +65,9 @@ class RayNode:
                 _signal_group(pgid, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait(10)
-        deadline = time.time() + 5.0  # killed processes linger until reaped; return once they are gone
-        while time.time() < deadline and _group_alive(pgid):
+        deadline = time.time() + 5.0  # killed processes linger (zombies) until reaped; return once they are gone
+        while time.time() < deadline and _group_present(pgid):
+            _reap_adopted(pgid)
             time.sleep(0.1)
         if self.role == "head" and self.address:
             forget_current_cluster(self.address)
@@ -100,14 +105,53 @@ def forget_current_cluster(address: str, marker: Path | None = None) -> None:
         pass
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def group_members(pgid: int) -> list[ProcessId]:
+    """The live processes of the node's process group that this process started: its descendants in that
+    group (a subreaper launcher keeps orphaned daemons as descendants). A process that only carries the
+    number (a later group that reused it) is never one of them. Without subreaping (a test calling this
+    directly), orphans are found by group id and a start no earlier than the group leader's."""
+    mine = [d for d in descendants(os.getpid()) if _pgid(d.pid) == pgid]
+    if is_subreaper():
+        return mine
+    leader = start_ticks(pgid)
+    seen = {d.pid for d in mine}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in seen and _pgid(int(name)) == pgid:
+            ident = ProcessId.of(int(name))
+            if ident is not None and (leader is None or ident.started >= leader) and ident.alive():
+                mine.append(ident)
+    return mine
+
+
+def _pgid(pid: int) -> int | None:
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the last member exited between the check and the signal
-        pass
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    for member in group_members(pgid):
+        signal_if_same(member.pid, member.started, sig)
 
 
 def _group_alive(pgid: int) -> bool:
+    return bool(group_members(pgid))
+
+
+def _reap_adopted(pgid: int) -> None:
+    """Collect the killed members of the group that a subreaper launcher adopted (its zombie children; the
+    leader was waited by its Popen above)."""
+    for pid in children_of(os.getpid()):
+        try:
+            if os.getpgid(pid) == pgid:
+                os.waitpid(pid, os.WNOHANG)
+        except (ChildProcessError, ProcessLookupError, PermissionError):
+            continue
+
+
+def _group_present(pgid: int) -> bool:
+    """Any process, zombies included, still carries the group id (signal 0 sends nothing)."""
     try:
         os.killpg(pgid, 0)
         return True
@@ -134,7 +178,7 @@ def worker_command(address: str, node_ip: str, npus: int, resource: str, num_cpu
 def start_node(cmd: list[str], role: str, log_path: Path, env: dict[str, str] | None = None,
                address: str = "") -> RayNode:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "ab")
+    log = open_new(log_path) if not log_path.exists() else open(log_path, "ab")  # the launch's own: never a link
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env)
     log.close()

@@ -5,7 +5,13 @@ trainer starts (GCS, raylet, dashboard agent, workers) belongs to that session. 
 error, for example a hang report, Ray's helpers can outlive it by many seconds on a loaded host (the
 dashboard agent was seen alive 10 s after the launcher's last line). The launcher must not return with
 parts of its job still running, so it waits a short grace for them to exit by themselves, then ends
-them. Only processes of that session are touched: the launcher created it, nothing else runs in it.
+them.
+
+Which processes: those of that session (the launcher created it, nothing else runs in it), and, since a
+process can leave the session (``setsid``), every descendant of the launcher outside the subtrees it keeps
+(its Ray node): the launcher is a subreaper (`process_identity.become_subreaper`), so an orphan that left
+the session is reparented to it, not to init. Each is named by pid and start time when found and signalled
+only through that identity (`process_identity.signal_if_same`: a pidfd), never by a number alone.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psutil
+
+from verl_patches.process_identity import ProcessId, descendants, signal_if_same
 
 GRACE_S = 10.0  # the time Ray's own teardown gets first
 TERM_S = 5.0  # after SIGTERM, before SIGKILL
@@ -33,39 +41,69 @@ def session_members(sid: int) -> list[psutil.Process]:
     return out
 
 
-def _describe(p: psutil.Process) -> str:
+def leftovers(sid: int, adopted_from: int | None = None, keep: Iterable[int] = ()) -> list[ProcessId]:
+    """The session's live processes, and (with `adopted_from`, the launcher) its live descendants outside the
+    subtrees rooted at `keep`; each with its identity."""
+    found = {ident for p in session_members(sid) if (ident := ProcessId.of(p.pid)) is not None}
+    if adopted_from is not None:
+        kept = set(keep)
+        for k in keep:
+            kept |= {d.pid for d in descendants(k)}
+        found |= {d for d in descendants(adopted_from) if d.pid not in kept and d.pid != os.getpid()}
+    return sorted(found, key=lambda i: i.pid)
+
+
+def _describe(ident: ProcessId) -> str:
     try:
-        return f"{p.pid} ({' '.join(p.cmdline())[:80] or p.name()})"
+        p = psutil.Process(ident.pid)
+        return f"{ident.pid} ({' '.join(p.cmdline())[:80] or p.name()})"
     except psutil.Error:
-        return f"{p.pid} (gone)"
+        return f"{ident.pid} (gone)"
 
 
-def _wait_gone(sid: int, timeout_s: float) -> list[psutil.Process]:
+def _reap(idents: list[ProcessId]) -> None:
+    """Collect the exit status of those that are this process's own children (orphans a subreaper adopted;
+    Popen children are waited by their owners and are never among the leftovers)."""
+    for i in idents:
+        try:
+            if not i.alive():
+                os.waitpid(i.pid, os.WNOHANG)
+        except ChildProcessError:  # not our child: its parent reaps it
+            continue
+
+
+def _wait_gone(idents: list[ProcessId], timeout_s: float) -> list[ProcessId]:
     deadline = time.monotonic() + timeout_s
     while True:
-        left = session_members(sid)
+        _reap(idents)
+        left = [i for i in idents if i.alive()]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.2)
 
 
-def end_session_leftovers(sid: int, say: Callable[[str], None], grace_s: float = GRACE_S,
-                          term_s: float = TERM_S) -> list[str]:
-    """Wait up to `grace_s` for the session's processes to exit, then SIGTERM the rest, then SIGKILL what is
+def end_session_leftovers(sid: int, say: Callable[[str], None], grace_s: float | None = None,
+                          term_s: float = TERM_S, adopted_from: int | None = None,
+                          keep: Iterable[int] = ()) -> list[str]:
+    """Wait up to `grace_s` for the leftovers (`leftovers`) to exit, then SIGTERM the rest, then SIGKILL what is
     still there after `term_s`; says one line when it had to end any, and returns their descriptions."""
-    left = _wait_gone(sid, grace_s)
+    keep = tuple(keep)
+    grace_s = GRACE_S if grace_s is None else grace_s
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = leftovers(sid, adopted_from, keep)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if not left:
         return []
-    names = [_describe(p) for p in left]
+    names = [_describe(i) for i in left]
     for sig, wait_s in ((signal.SIGTERM, term_s), (signal.SIGKILL, term_s)):
-        for p in left:
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                continue
-        left = _wait_gone(sid, wait_s)
+        for i in left:
+            signal_if_same(i.pid, i.started, sig)
+        left = _wait_gone(left, wait_s)
         if not left:
             break
     say(f"ended {len(names)} process(es) of the trainer's session still running {grace_s:.0f} s after it exited: "
-        + ", ".join(names) + (f"; still alive: {', '.join(_describe(p) for p in left)}" if left else ""))
+        + ", ".join(names) + (f"; still alive: {', '.join(_describe(i) for i in left)}" if left else ""))
     return names

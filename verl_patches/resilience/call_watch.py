@@ -10,13 +10,13 @@ call's start.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from verl_patches.resilience.boards import Board
 from verl_patches.resilience.hang_diagnosis import Diagnosis, Observed, diagnose
+from verl_patches.resilience.heartbeat_record import parse_heartbeat
 from verl_patches.resilience.timeout import stale_after
 
 
@@ -37,6 +37,7 @@ class _Seen:
     progress: tuple[int, int] | None = None
     record: dict | None = None
     starting: dict | None = None  # what the scheduler says of a member with no heartbeat yet
+    malformed: str = ""  # why its last published value was not a heartbeat (it then counts as silent)
 
 
 class CallWatch:
@@ -66,8 +67,11 @@ class CallWatch:
             raw = values.get(key)
             if not raw:
                 continue
-            record = json.loads(raw)
             s = self.seen[key]
+            record, problem = parse_heartbeat(raw)
+            s.malformed = problem
+            if record is None:  # a damaged or foreign value: no news from that member, named in the report
+                continue
             s.record = record
             if s.beat is not None and record["beat"] != s.beat:
                 s.beat_at = now
@@ -83,7 +87,9 @@ class CallWatch:
                 known = self.lookup(unseen)
             except Exception:
                 known = {}
-            for key, info in known.items():
+            for key, info in (known if isinstance(known, dict) else {}).items():
+                if key not in self.seen or not isinstance(info, dict):
+                    continue
                 self.seen[key].starting = info
                 if info.get("state") in STARTING_STATES and now - self.started < startup_allowance(self.timeout_s):
                     self.seen[key].progress_at = self.seen[key].beat_at = now
@@ -97,8 +103,10 @@ class CallWatch:
                          now - self.seen[k].progress_at) for k in keys]
 
     def _label(self, key: str) -> str:
-        info = self.seen[key].starting
-        if not info:
-            return self.members[key]
+        seen = self.seen[key]
+        bad = f" (its heartbeat value is malformed: {seen.malformed})" if seen.malformed else ""
+        info = seen.starting
+        if not info or not isinstance(info, dict):
+            return self.members[key] + bad
         return (f"{self.members[key]} (node {info.get('node', '?')}, pid {info.get('pid', '?')}, scheduler state "
-                f"{info.get('state', '?')})")
+                f"{info.get('state', '?')}){bad}")

@@ -7,30 +7,16 @@ A process is named by its heartbeat: node id, pid and start time (clock ticks si
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any
 
-
-def start_ticks(pid: int | str = "self") -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+from verl_patches.process_identity import signal_if_same, start_ticks  # noqa: F401  (start_ticks: heartbeats)
 
 
 def kill_if_same(pid: int, started: int | None) -> bool:
-    """SIGKILL `pid` if it is still the process that started at `started`; True if signalled."""
-    if started is None or start_ticks(pid) != started:
-        return False
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        return False
-    return True
+    """SIGKILL `pid` if it is still the process that started at `started` (through a pidfd: a reused number is
+    never signalled); True if signalled."""
+    return signal_if_same(pid, started, signal.SIGKILL)
 
 
 def kill_processes(records: list[dict[str, Any]], timeout_s: float = 30.0) -> int:
@@ -42,7 +28,8 @@ def kill_processes(records: list[dict[str, Any]], timeout_s: float = 30.0) -> in
     here = ray.get_runtime_context().get_node_id()
     done, remote = 0, []
     for r in records:
-        if r.get("pid") is None or r.get("started") is None:
+        pid, started = r.get("pid"), r.get("started")
+        if not isinstance(pid, int) or not isinstance(started, int) or isinstance(pid, bool):
             continue
         if r.get("node_id") in (None, here):
             done += kill_if_same(int(r["pid"]), int(r["started"]))

@@ -198,7 +198,10 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     assets = TinyAssets(root=root, model_dir=root / "model", train_parquet=root / "data" / "train.parquet",
                         val_parquet=root / "data" / "test.parquet", raw_json=root / "raw" / "arithmetic.json")
     stamp = root / STAMP
-    if stamp.exists() and json.loads(stamp.read_text()) == spec.as_dict() and assets.train_parquet.exists() \
+    from verl_patches.trainer import cpu_numerics
+
+    recorded = {**spec.as_dict(), "cpu_numerics": cpu_numerics.current()}  # the base model depends on both
+    if stamp.exists() and json.loads(stamp.read_text()) == recorded and assets.train_parquet.exists() \
             and (assets.model_dir / "config.json").exists():
         return assets
     # The stamp goes first: a rebuild that fails half-way must not leave the old spec's stamp beside a mix
@@ -220,7 +223,7 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
 
         train_base(assets.model_dir, assets.train_parquet, spec.base_steps, spec.seed)
     tmp = stamp.with_name(STAMP + ".tmp")
-    tmp.write_text(json.dumps(spec.as_dict(), indent=2))
+    tmp.write_text(json.dumps(recorded, indent=2))
     tmp.replace(stamp)
     return assets
 

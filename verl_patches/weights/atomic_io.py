@@ -8,12 +8,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".verl_patches-tmp-"  # + 16 hex digits + "." + the target's name: no user file is named so
+_TMP_NAME = re.compile(r"\.verl_patches-tmp-[0-9a-f]{16}\..+", re.DOTALL)
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is one of our temp files (`temp_path_for`): the only names a tool removes unasked."""
+    return bool(_TMP_NAME.fullmatch(name))
 _HASH_CHUNK = 8 << 20
 
 
@@ -23,7 +30,7 @@ def temp_path_for(target: Path) -> Path:
     the other accounts of a shared storage, whatever the umask says)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        path = target.parent / f"{TMP_PREFIX}{target.name}.{secrets.token_hex(4)}"
+        path = target.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}.{target.name[:200]}"
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
             return path
@@ -68,7 +75,7 @@ def remove_stale_temps(directory: Path) -> int:
     n = 0
     if Path(directory).is_dir():
         for p in Path(directory).iterdir():
-            if p.name.startswith(TMP_PREFIX) and p.is_file():
+            if is_temp_name(p.name) and p.is_file() and not p.is_symlink():
                 p.unlink(missing_ok=True)
                 n += 1
     return n

@@ -8,6 +8,8 @@ architecture (MLA + dense first layers + grouped MoE with a shared expert).
 """
 from __future__ import annotations
 
+import math
+
 import copy
 import json
 from pathlib import Path
@@ -167,6 +169,23 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _non_finite_key(value: Any, key: str = "") -> str | None:
+    """The dotted key of the first non-finite float anywhere in a config value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return key or "(value)"
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            found = _non_finite_key(v, f"{key}.{k}" if key else str(k))
+            if found is not None:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _non_finite_key(v, f"{key}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
 def validate_config(cfg: Mapping[str, Any], where: str = "config", training: bool = False) -> None:
     """Check keys, types and arithmetic; raise ``ConfigError`` naming the first offending key.
 
@@ -205,6 +224,9 @@ def validate_config(cfg: Mapping[str, Any], where: str = "config", training: boo
         if not isinstance(cfg[key], str) or (allowed is not None and cfg[key] not in allowed):
             _fail(where, key, f"must be one of {allowed}, got {cfg[key]!r}" if allowed
                   else f"must be a string, got {cfg[key]!r}")
+    bad = _non_finite_key(cfg)
+    if bad is not None:  # json.dumps writes NaN/Infinity, which transformers and vLLM then compute with
+        _fail(where, bad, "must be a finite number, got a non-finite value")
     arch = cfg.get("architectures")
     if not isinstance(arch, list) or "DeepseekV3ForCausalLM" not in arch:
         _fail(where, "architectures", f"must be a list containing 'DeepseekV3ForCausalLM', got {arch!r}")

@@ -20,7 +20,8 @@ elements/s here) and the naive path also materialises the repeat-interleaved sca
   (a handful per tensor), not a loop over 128x128 blocks.
 
 FP8 NaN encodings (0x7F/0xFF) have no finite meaning in a weight; they raise ``ValueError``, as does a
-non-finite scale (NaN or inf; every weight of its block would be NaN or inf) and a result that overflows the
+non-finite scale (NaN or inf; every weight of its block would be NaN or inf), a scale that is zero or
+negative (its block would silently become zeros or flip sign) and a result that overflows the
 output dtype: a checkpoint never silently becomes non-finite weights, ``--verify`` or not.
 """
 from __future__ import annotations
@@ -69,6 +70,11 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     bad = first_non_finite(scale_inv)
     if bad is not None:
         raise ValueError(f"its scale holds a non-finite value ({bad[1]}) at block {bad[0]}")
+    if scale_inv.numel() and bool((scale_inv <= 0).any()):  # DeepSeek's weight_scale_inv is always positive:
+        flat = int((scale_inv <= 0).reshape(-1).to(torch.uint8).argmax())  # zero would zero a block, < 0 negate it
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(scale_inv.shape)))
+        raise ValueError(f"its scale holds a non-positive value ({float(scale_inv.reshape(-1)[flat])}) at block "
+                         f"{index}; a scale must be finite and positive")
 
 
 def _check_result(out: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from verl_patches.weights.atomic_io import (file_sha256, remove_stale_temps, tem
                                             write_text_atomically)
 from verl_patches.weights.config import load_config
 from verl_patches.weights.errors import CheckpointError, MissingTensorError
+from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.hf_dir import HF_TO_MCORE_MANIFEST
 from verl_patches.weights.hf_schema import hf_tensor_specs, is_moe_layer
 from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, expert_slice_index, expert_tp,
@@ -207,6 +208,11 @@ def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]
     index = CheckpointIndex.load(load_dir)
     with LazyCheckpoint(index, remap_bytes=remap_bytes) as src:
         sd = build_rank_state_dict(src, cfg, layout, rank)
+    for key, t in sd.items():  # a NaN or inf weight is never copied bit for bit into a rank file
+        bad = first_non_finite(t)
+        if bad is not None:
+            raise CheckpointError(f"{load_dir}: the weights for {key!r} (rank {rank_dir_name(layout, rank)}) hold a "
+                                  f"non-finite value ({bad[1]}) at {bad[0]}; refused")
     target = rank_file(Path(save_dir), layout, rank)
     tmp = temp_path_for(target)
     try:

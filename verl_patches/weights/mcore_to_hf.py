@@ -23,6 +23,7 @@ from verl_patches.weights import tensor_layout as tl
 from verl_patches.weights.atomic_io import (copy_file_atomically, file_sha256, remove_stale_temps, temp_path_for,
                                             write_json_atomically)
 from verl_patches.weights.config import CONFIG_FILE, validate_config
+from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
@@ -68,6 +69,13 @@ def _rank_file_globals() -> list[Any]:
         from numpy._core.multiarray import _reconstruct  # type: ignore[no-redef]
     dtype_classes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUS"}
     return [Namespace, _reconstruct, np.ndarray, np.dtype, *dtype_classes]
+
+
+def refuse_non_finite(t: torch.Tensor, what: str) -> None:
+    """A weight holding NaN or inf is never converted (bit for bit it would reach training or inference)."""
+    bad = first_non_finite(t)
+    if bad is not None:
+        raise CheckpointError(f"{what} holds a non-finite value ({bad[1]}) at {bad[0]}; refused")
 
 
 def recorded_rank_digests(mcore_dir: Path, iteration: int | str) -> dict[str, str] | None:
@@ -351,6 +359,7 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
 
             def produce(spec: TensorSpec) -> torch.Tensor:
                 t = hf_tensor_from_ranks(spec.name, cfg, layout, store.fetch)
+                refuse_non_finite(t, f"{load}: tensor {spec.name!r} (from the rank files)")
                 bar.update(spec.nbytes)
                 return t
 

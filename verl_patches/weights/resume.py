@@ -3,7 +3,7 @@ and with ``--overwrite`` remove only what our own earlier manifest lists.
 
 Whose files are these? Only a manifest of this very tool (its ``tool`` key) tells. A folder that holds
 anything else and no such manifest (another model, someone's data, an actor checkpoint) is refused with or
-without ``--overwrite``: nothing there is ours to replace or delete. Our own temporary files (``.tmp-*``,
+without ``--overwrite``: nothing there is ours to replace or delete. Our own temporary files (``.verl_patches-tmp-*``,
 left by a killed run) do not make a folder foreign.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from verl_patches.weights.atomic_io import TMP_PREFIX
+from verl_patches.weights.atomic_io import is_temp_name
 from verl_patches.weights.errors import ManifestError, ResumeError
 from verl_patches.weights.manifest_file import parse_file_entries, parse_file_list, read_manifest_json
 
@@ -33,7 +33,7 @@ class OutputPlan:
 
 
 def _foreign_entries(out_dir: Path) -> list[str]:
-    return sorted(p.name for p in out_dir.iterdir() if not (p.name.startswith(TMP_PREFIX) and p.is_file()
+    return sorted(p.name for p in out_dir.iterdir() if not (is_temp_name(p.name) and p.is_file()
                                                             and not p.is_symlink()))
 
 

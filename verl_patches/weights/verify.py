@@ -90,7 +90,10 @@ def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> 
             got = dst.get(name)
             scale_name = name + SCALE_SUFFIX
             if scale_name in src.index:
-                ref = dequantize_fp8_reference(src.get(name), src.get(scale_name), block)
+                try:
+                    ref = dequantize_fp8_reference(src.get(name), src.get(scale_name), block)
+                except ValueError as err:  # a scale that is not finite and positive: named, never a traceback
+                    raise VerifyError(f"{Path(in_root)}: tensor {name!r}: {err}") from None
                 if got.dtype != torch.bfloat16 or tuple(got.shape) != tuple(ref.shape):
                     raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} is {got.dtype} {tuple(got.shape)}, "
                                       f"expected bfloat16 {tuple(ref.shape)}")

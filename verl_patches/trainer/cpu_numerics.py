@@ -1,0 +1,28 @@
+"""The CPU proof's floating-point results, pinned to one code path on every x86-64 host.
+
+The tiny run is compared with a baseline recorded on another machine (the golden check), and its 100-step
+base model is trained from scratch on the host that runs it. PyTorch picks its CPU kernels by what the
+processor offers (ATen's vectorised kernels: AVX2 or AVX-512; MKL's GEMM: AVX2, AVX-512 or AMX; oneDNN
+likewise), and their sums round differently: on 2026-11-26 the same code gave a base model validating at
+0.52 on an AVX-512/AMX host where the baseline's host gave 0.72. With ATen, MKL (conditional numerical
+reproducibility) and oneDNN held to AVX2, every host with AVX2 runs the same code path and computes the
+same floats. Set by the launcher for the tiny run only (`run_tiny`), unless the user set them; recorded in
+the tiny assets' stamp, so assets built under other settings are rebuilt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def pinned(environ: Mapping[str, str]) -> dict[str, str]:
+    """The pins this environment lacks (an explicit user setting wins)."""
+    return {k: v for k, v in PINS.items() if k not in environ}
+
+
+def current(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    env = os.environ if environ is None else environ
+    return {k: env.get(k) for k in PINS}
