@@ -63,3 +63,24 @@ def test_a_root_without_its_owner_marker_still_resumes(tmp_path: Path) -> None:
     (tmp_path / commit.OWNER_FILE).unlink()  # lost: nothing tells ours from foreign, so nothing is skipped
     point, _ = commit.find_resume_and_why(tmp_path)
     assert point is not None and point.name == "global_step_3"
+
+
+def test_the_checkpoint_roots_permissions_are_checked_where_it_is_cheap(tmp_path: Path) -> None:
+    from verl_patches.checkpoint.commit import CheckpointRootError, check_root_permissions
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    said: list[str] = []
+    root.chmod(0o700)
+    check_root_permissions(root, said.append)
+    root.chmod(0o770)
+    check_root_permissions(root, said.append)
+    check_root_permissions(root, said.append)  # once per process
+    assert len(said) == 1 and "writable by group/others (mode 770)" in said[0]
+    root.chmod(0o777)
+    with pytest.raises(CheckpointRootError, match="writable by every user and not sticky"):
+        commit.begin_step(root, 1)
+    with pytest.raises(CheckpointRootError, match="writable by every user and not sticky"):
+        commit.find_resume_and_why(root)
+    root.chmod(0o1777)
+    commit.begin_step(root, 1)  # sticky: others cannot replace what the job created

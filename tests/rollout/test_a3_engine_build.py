@@ -40,7 +40,7 @@ WRONG = {
         "enabled": False, "graph_batch_sizes": []}}}}, "enforce_eager": True},
         "RuntimeError", "vllm_ascend/ascend_config.py", "enable_multistream_mla is valid only when Torchair"),
     "no_chunked_prefill_below_max_model_len": ({"enable_chunked_prefill": False, "engine_kwargs": {"vllm": {
-        "additional_config": {"ascend_scheduler_config": {"enable_chunked_prefill": False}}}}},
+        "additional_config": {"ascend_scheduler_config": {"enabled": True, "enable_chunked_prefill": False}}}}},
         "ValidationError", "", "max_num_batched_tokens (32) is smaller than max_model_len (64)"),
 }
 
@@ -122,9 +122,10 @@ def test_what_the_engine_receives(ranks) -> None:
         assert engine["enable_sleep_mode"] is False and engine["prefix_caching"] is False
         assert engine["expert_parallel"] is True
         assert (engine["data_parallel_size"], engine["data_parallel_rank"], engine["tensor_parallel_size"]) == (2, rank, 1)
-        # chunked prefill as configured, in vllm-ascend's scheduler (which replaces vLLM's)
-        assert engine["platform_config_class"] == "vllm_ascend.core.schedule_config.AscendSchedulerConfig"
-        assert engine["ascend_scheduler"] == {"enabled": True, "enable_chunked_prefill": True}
+        # chunked prefill as configured, in vLLM's scheduler: vllm-ascend's would return vLLM's schedule anyway
+        # with chunked prefill on, so the profile does not enable it (rollout_settings refuses enabled=True)
+        assert engine["platform_config_class"] == "vllm.config.SchedulerConfig"
+        assert engine["ascend_scheduler"] == {"enabled": False, "enable_chunked_prefill": True}
         assert engine["scheduler"]["chunked_prefill_enabled"] is True
         assert (engine["scheduler"]["max_num_batched_tokens"], engine["scheduler"]["max_num_seqs"]) == (32, 8)
         assert engine["worker_cls"] == "vllm_ascend.worker.worker_v1.NPUWorker"

@@ -72,7 +72,7 @@ def test_upstream_refuses_the_a3_rollout_settings_and_ours_builds_the_engine_wit
     assert llm["max_num_seqs"] == 64  # engine_kwargs.vllm: train_batch_size 512 x n 16 / rollout DP 128
     graph = llm["additional_config"]["torchair_graph_config"]
     assert graph["enabled"] is True and graph["graph_batch_sizes"] == [64]
-    assert llm["additional_config"]["ascend_scheduler_config"] == {"enabled": True, "enable_chunked_prefill": True}
+    assert llm["additional_config"]["ascend_scheduler_config"] == {"enabled": False, "enable_chunked_prefill": True}
     assert a3["patched"]["sampling"] == {"temperature": 0.9, "top_k": 50, "top_p": 0.9, "n": 16}
     assert probe["dropped_checks"] == [d.name for d in DROPPED]
 

@@ -66,7 +66,8 @@ def test_a3_engine_arguments() -> None:
     graph = kw["additional_config"]["torchair_graph_config"]
     assert graph["enabled"] is True and graph["graph_batch_sizes"] == [64] and graph["enable_kv_nz"] is False
     assert graph["enable_multistream_mla"] is True and graph["enable_multistream_moe"] is True
-    assert kw["additional_config"]["ascend_scheduler_config"] == {"enabled": True, "enable_chunked_prefill": True}
+    # chunked prefill on: vllm-ascend's scheduler would return vLLM's schedule, so the profile does not enable it
+    assert kw["additional_config"]["ascend_scheduler_config"] == {"enabled": False, "enable_chunked_prefill": True}
     assert kw["additional_config"]["refresh"] is True
     assert {k: kw[k] for k in ("model", "tensor_parallel_size", "distributed_executor_backend")} == \
         {"model": "/m", "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
@@ -86,8 +87,10 @@ def test_a3_engine_arguments() -> None:
 def test_engine_arguments_that_contradict_each_other_are_refused(change: dict, key: str) -> None:
     from verl_patches.rollout.engine_factory import EngineArgumentError
 
+    kwargs = _a3_engine_kwargs()
+    kwargs["additional_config"]["ascend_scheduler_config"]["enabled"] = True  # where its own value is read
     with pytest.raises(EngineArgumentError, match=key.replace(".", r"\.")):
-        rollout_llm_kwargs({**_a3_engine_kwargs(), **change}, {})
+        rollout_llm_kwargs({**kwargs, **change}, {})
 
 
 def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:

@@ -166,7 +166,7 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**6) | st.
                        max_leaves=12)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.lists(st.sampled_from(["tolerances", "reward", "windows", "steps", "values", "validation",
                                       "rank_peak_gib", "mismatch_max", "floors", "rise_floor", "floor", 0, 1,
                                       "reward_abs", "step_time_median_s", "schema"]), min_size=1, max_size=4),

@@ -70,7 +70,8 @@ def test_seqs_per_engine_holds_every_engines_sequences(tbs, n, nnodes, per_node,
     ((f"{GRAPH}.graph_batch_sizes=[32]",), f"{GRAPH}.graph_batch_sizes"),
     ((f"{ENGINE}.max_num_seqs=32",), f"{ENGINE}.max_num_seqs"),
     ((f"{R}.enable_chunked_prefill=False",), f"{R}.enable_chunked_prefill"),  # 1024 < 4096
-    ((f"{SCHEDULER}.enable_chunked_prefill=False",), f"{SCHEDULER}.enable_chunked_prefill"),
+    ((f"{SCHEDULER}.enabled=True", f"{SCHEDULER}.enable_chunked_prefill=False"), f"{SCHEDULER}.enable_chunked_prefill"),
+    ((f"{SCHEDULER}.enabled=True",), f"{SCHEDULER}.enabled"),  # with chunked prefill it never schedules
     ((f"{R}.max_num_batched_tokens=32",), f"{R}.max_num_batched_tokens"),  # below max_num_seqs 64
     ((f"{R}.free_cache_engine=False",), f"{R}.free_cache_engine"),
 ])

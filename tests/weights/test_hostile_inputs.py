@@ -583,3 +583,25 @@ def test_a_users_tmp_file_in_an_output_folder_is_never_deleted(fp8_dir, tmp_path
     ours.write_bytes(b"partial")
     run_fp8_cast(fp8_dir, out, progress=False)
     assert not ours.exists()
+
+
+def test_export_of_an_actor_checkpoint_checks_the_step_manifests_digests(mcore_dir, tmp_path):
+    """An actor checkpoint (global_step_N/actor, in our converter's layout) records its files' digests in the
+    step's checkpoint.json: the export compares them before it reads a rank file."""
+    from verl_patches.checkpoint import commit
+    from verl_patches.weights.manifest_file import ACTOR_CHECKPOINT_TOOL
+
+    root = tmp_path / "ckpt"
+    staging = commit.begin_step(root, 5)
+    shutil.copytree(mcore_dir, staging / "actor")
+    man = json.loads((staging / "actor" / "conversion_manifest.json").read_text())
+    man["tool"], man["ranks"] = ACTOR_CHECKPOINT_TOOL, {}
+    (staging / "actor" / "conversion_manifest.json").write_text(json.dumps(man))
+    actor = commit.commit_step(root, staging, 5) / "actor"
+    convert_mcore_to_hf(actor, tmp_path / "ok", progress=False)  # intact: exported
+    path = sorted(actor.rglob("model_optim_rng.pt"))[0]
+    obj = torch.load(path, weights_only=False)  # noqa: S614 - our own converter's file, read to alter it
+    torch.save(obj, path)  # same tensors, other bytes: not the committed file
+    with pytest.raises(CheckpointError, match=f"^{path}: sha256 .* differs") as e:
+        convert_mcore_to_hf(actor, tmp_path / "bad", progress=False)
+    assert "\n" not in str(e.value)

@@ -90,11 +90,34 @@ def _remove_tree(path: Path, nonce: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+_ROOTS_SAID: set[str] = set()
+
+
+def check_root_permissions(root: Path, say=print) -> None:
+    """The trust boundary (README, "What a checkpoint can and cannot protect against"): the digests catch a
+    changed file, not a rewritten step folder, so the root must be writable only by the job's account. A
+    root anyone can write into without the sticky bit is refused; one writable by group or others is named
+    once per process."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return
+    mode = st.st_mode & 0o7777
+    if mode & 0o002 and not mode & 0o1000:
+        raise CheckpointRootError(f"{root}: writable by every user and not sticky (mode {mode:o}); refused: "
+                                  f"chmod 700 {root}")
+    if mode & 0o022 and str(root) not in _ROOTS_SAID:
+        _ROOTS_SAID.add(str(root))
+        say(f"verl_patches checkpoint: {root} is writable by group/others (mode {mode:o}); whoever can write there "
+            "can replace a whole step folder, which the digests cannot catch (chmod 700)")
+
+
 def begin_step(root: Path, step: int) -> Path:
     """A fresh, empty staging folder for ``step``, carrying this root's owner marker (a leftover of an
     interrupted save of ours is removed; anything else of that name is refused)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    check_root_permissions(root)
     nonce = root_nonce(root, create=True)
     assert nonce is not None
     staging = root / staging_dir_name(step)
@@ -341,6 +364,8 @@ def find_resume_and_why(root: Path) -> tuple[ResumePoint | None, str]:
     """The newest complete step whose small files are intact (`small_files_problem`), or None, and one line:
     the point's note (a newer step skipped and why, a tracker that could not be used), or why there is none."""
     root = Path(root)
+    if root.is_dir():
+        check_root_permissions(root)
     tracked, problem = read_root_tracker(root)
     entries = listing(root)
     while True:

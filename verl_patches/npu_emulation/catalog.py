@@ -76,8 +76,11 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
              "need the CANN toolkit and an NPU; on CPU every builder the profile uses returns the plain-torch ops above"),
     CpuLimit("attention dropout in npu_fusion_attention (keep_prob < 1)",
              "the kernel's dropout mask generator is not reproduced; the A3 profile sets attention_dropout=0"),
-    CpuLimit("torchair graph mode (GE converters, torch.compile backend)",
-             "Ascend graph engine only; converters are registered and never called on CPU"),
+    CpuLimit("torchair graph mode (GE converters, GE compile)",
+             "Ascend graph engine only; converters are registered and never called on CPU. Emulated instead: "
+             "torchair.get_npu_backend runs the graph dynamo captures (vllm-ascend's fullgraph=True tracing is "
+             "real) and enforces frozen_parameter: a parameter whose storage moved after the graph's first run "
+             "raises FrozenParameterMoved naming it, where the NPU would read the old address"),
     CpuLimit("swap_optimizer (optimizer state swapped host<->device)",
              "runs (MindSpeed's SwapDistributedOptimizer, emulated fused AdamW), but on a CPU host device memory is "
              "host memory and streams are one: the swap moves nothing and its memory saving cannot show"),

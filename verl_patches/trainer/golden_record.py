@@ -6,7 +6,10 @@ one baseline whose bands hold over all of them (`golden.make_baseline`).
 
 Run i > 0 changes only where randomness enters (the data order and the rollout's sampling stream), never
 the model or the data set: `data.seed=1+i` and `actor_rollout_ref.rollout.seed=i`; run 0 is the command as
-README gives it. Each run takes 5-20 minutes on a 2-core machine; progress is printed per run. Nothing is
+README gives it. With `--same-command` every run is README command 1 as is: with the CPU kernels pinned
+(trainer/cpu_numerics.py) its reruns are bit-identical, and the bands are the tolerances around that one
+run (the stored baseline: at the tiny settings one of the two seeded variants stalls, and bands over it could
+not tell a learning rate of 0 from a healthy run). Each run takes 5-20 minutes on a 2-core machine; progress is printed per run. Nothing is
 written unless every run finished and the baseline could be made from them (then atomically).
 """
 
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-root", type=Path, default=REPO_ROOT / "logs" / "golden-record")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--note", default="")
+    p.add_argument("--same-command", action="store_true", help="every run is README command 1 as is (no seeds)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = p.parse_args(argv)
     if args.runs < MIN_RUNS:
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dirs = []
     for i in range(args.runs):
         log_dir = args.log_root / f"run{i}"
-        overrides = seed_overrides(i) + list(args.overrides)
+        overrides = ([] if args.same_command else seed_overrides(i)) + list(args.overrides)
         print(f"golden_record: run {i + 1}/{args.runs} ({' '.join(overrides) or 'README command 1'}), logs in {log_dir}",
               flush=True)
         start = time.monotonic()
@@ -68,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = [read_run(d) for d in run_dirs]
         extra = f"; every run also {' '.join(args.overrides)}" if args.overrides else ""
-        note = args.note or (f"{args.runs} runs of README command 1; run i: data.seed=1+i and "
+        note = args.note or (f"{args.runs} runs of README command 1 as is{extra}" if args.same_command else
+                             f"{args.runs} runs of README command 1; run i: data.seed=1+i and "
                              f"actor_rollout_ref.rollout.seed=i (run 0 as README gives it){extra}")
         doc = make_baseline(runs, note=note)
         write_baseline(doc, args.out)

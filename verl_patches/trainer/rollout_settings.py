@@ -120,7 +120,11 @@ def _prefill_problems(cfg: Any, seqs: int | None) -> list[str]:
     if batched and seqs is not None and batched < seqs:
         out.append(f"{R}.max_num_batched_tokens={batched} must be >= {ENGINE}.max_num_seqs={seqs} (vLLM's scheduler)")
     scheduler = get(cfg, SCHEDULER) or {}
-    if scheduler.get("enabled") and bool(scheduler.get("enable_chunked_prefill", False)) != chunked:
+    if scheduler.get("enabled") and chunked and bool(scheduler.get("enable_chunked_prefill", False)):
+        out.append(f"{SCHEDULER}.enabled=True has no effect with chunked prefill on: vllm-ascend 0.9.1's "
+                   f"AscendScheduler.schedule() returns vLLM's schedule then; set {SCHEDULER}.enabled=False, or turn "
+                   f"chunked prefill off with {R}.max_num_batched_tokens >= max_model_len {length}")
+    elif scheduler.get("enabled") and bool(scheduler.get("enable_chunked_prefill", False)) != chunked:
         out.append(f"{SCHEDULER}.enable_chunked_prefill={scheduler.get('enable_chunked_prefill', False)} but "
                    f"{R}.enable_chunked_prefill={chunked}: vllm-ascend's scheduler replaces vLLM's and uses its own "
                    f"value; make them agree")

@@ -36,7 +36,8 @@ from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_nam
 from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.manifest_file import CONVERTER_TOOL, is_shard_file_name, read_conversion_manifest
+from verl_patches.weights.manifest_file import (ACTOR_CHECKPOINT_TOOL, CONVERTER_TOOL, is_shard_file_name,
+                                                read_conversion_manifest)
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
@@ -79,12 +80,30 @@ def refuse_non_finite(t: torch.Tensor, what: str) -> None:
 
 
 def recorded_rank_digests(mcore_dir: Path, iteration: int | str) -> dict[str, str] | None:
-    """rank folder name -> the sha256 our converter recorded for that rank's file, when ``iteration`` is the
-    one the converter wrote (its manifest says nothing of later iterations); None when no digest applies."""
+    """rank folder name -> the sha256 recorded for that rank's file of ``iteration``: by our converter (its
+    manifest, for the iteration it wrote), or, for an actor checkpoint (the role folder of a committed step),
+    by the step's checkpoint.json. None when no digest applies (another tool's folder)."""
     man = read_conversion_manifest(mcore_dir, MCORE_MANIFEST)
-    if man is None or man.tool != CONVERTER_TOOL or iteration_dir(iteration) != iteration_dir(ITERATION):
+    if man is None:
         return None
-    return {name: entry["sha256"] for name, entry in man.ranks.items()}
+    if man.tool == CONVERTER_TOOL:
+        if iteration_dir(iteration) != iteration_dir(ITERATION):
+            return None
+        return {name: entry["sha256"] for name, entry in man.ranks.items()}
+    if man.tool == ACTOR_CHECKPOINT_TOOL:
+        # imported here: the checkpoint package builds on this one (its actor folders are in our layout)
+        from verl_patches.checkpoint.commit import read_manifest
+        from verl_patches.checkpoint.manifest import CheckpointIncomplete
+
+        try:
+            files = read_manifest(mcore_dir.parent).role_files(mcore_dir.name)
+        except CheckpointIncomplete as err:
+            raise CheckpointError(f"{mcore_dir}: an actor checkpoint whose step manifest cannot be read ({err})") \
+                from None
+        prefix, suffix = iteration_dir(iteration) + "/", "/" + CKPT_FILE
+        return {rel[len(prefix):-len(suffix)]: rec.sha256 for rel, rec in files.items()
+                if rel.startswith(prefix) and rel.endswith(suffix)}
+    return None
 
 
 def expected_rank_digest(digests: Mapping[str, str] | None, name: str, path: Path) -> str | None:
@@ -93,8 +112,8 @@ def expected_rank_digest(digests: Mapping[str, str] | None, name: str, path: Pat
     if digests is None:
         return None
     if name not in digests:
-        raise CheckpointError(f"{path}: rank folder {name!r} is not listed in {MCORE_MANIFEST} (added after the "
-                              "conversion?); refused unread")
+        raise CheckpointError(f"{path}: rank folder {name!r} has no recorded digest (not listed in {MCORE_MANIFEST} "
+                              "or the step's checkpoint.json: added afterwards?); refused unread")
     return digests[name]
 
 
