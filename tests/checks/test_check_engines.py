@@ -96,6 +96,16 @@ def test_one_changed_expert_fails_for_both_engines(models, tmp_path, capsys):
     torch.save(obj, path)
     code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2",
                       "--layers", "3", "--experts", "4")
+    assert code == 2 and "sha256" in text and "differs" in text, text  # the converter's digest: refused unread
+    import hashlib
+    import json
+
+    man = json.loads((mcore / "conversion_manifest.json").read_text())  # rewritten too: the engines must see it
+    man["ranks"][path.parent.name]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    man["ranks"][path.parent.name]["size"] = path.stat().st_size
+    (mcore / "conversion_manifest.json").write_text(json.dumps(man))
+    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2",
+                      "--layers", "3", "--experts", "4")
     print(text)
     assert code == 1, text
     fails = {ln.split(":")[0] for ln in text.splitlines() if ln.startswith("FAIL ")}
