@@ -92,6 +92,17 @@ def become_subreaper() -> bool:
         return False
 
 
+def reap_dead_children(pids: list[int]) -> None:
+    """Collect the exit status of those of `pids` that are this process's exited children (orphans a subreaper
+    adopted and ended; children a Popen owns are waited by their owner and must not be passed)."""
+    for pid in pids:
+        try:
+            if _zombie(pid):
+                os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child: its parent reaps it
+            continue
+
+
 def is_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -168,3 +168,19 @@ def test_a_malformed_heartbeat_is_named_by_the_watch_not_a_traceback(raw, needle
     assert diagnosis is not None
     text = str(getattr(diagnosis, "message", diagnosis))
     assert "heartbeat value is malformed" in text and needle in text
+
+
+def test_the_dry_run_refuses_the_log_dir_the_launch_refuses(tmp_path: Path) -> None:
+    from verl_patches.launch.preflight import log_dir_findings
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    settings = SimpleNamespace(get=lambda k: str(root) if k == "LOG_DIR" else None)
+    root.chmod(0o755)
+    assert [f.status for f in log_dir_findings(settings, tmp_path)] == ["ok"]
+    root.chmod(0o777)
+    (found,) = log_dir_findings(settings, tmp_path)
+    assert found.status == "fail" and "writable by every user and not sticky" in found.message
+    root.chmod(0o1777)
+    assert [f.status for f in log_dir_findings(settings, tmp_path)] == ["warn"]
+    root.chmod(0o755)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
-from verl_patches.process_identity import ProcessId, become_subreaper
+from verl_patches.process_identity import become_subreaper
 from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, SETTINGS, ClusterSettings, SettingsError,
                                           cluster_setting_problems, dashboard_exposure, describe_settings,
                                           load_settings)
@@ -117,7 +117,6 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
                                 start_new_session=True)
         launch.record(name, proc.pid)
-        leader = ProcessId.of(proc.pid)
 
         def forward(signum: int, _frame: Any) -> None:
             if proc.poll() is None:
@@ -142,7 +141,7 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
         from verl_patches.launch.session_leftovers import end_session_leftovers
 
         # the child's own session, and what left it: what it started and left running
-        end_session_leftovers(leader.pid if leader else proc.pid, launch.say,
+        end_session_leftovers(proc.pid, launch.say,
                               adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep)
         reader.join(PIPE_DRAIN_S)
         if reader.is_alive():

@@ -103,9 +103,25 @@ def settings_findings(ctx: Context, allow_remote_dashboard: bool = False) -> lis
         return []
     problems = [p for p in cluster_setting_problems(ctx.settings, needs_checkpoint=False,
                                                     allow_remote_dashboard=allow_remote_dashboard) if not p.missing]
-    if not problems:
-        return [Finding("cluster.settings", OK, "every cluster setting given is one the launch accepts")]
-    return [Finding("cluster.settings", FAIL, p.message, p.name) for p in problems]
+    found = ([Finding("cluster.settings", OK, "every cluster setting given is one the launch accepts")] if not problems
+             else [Finding("cluster.settings", FAIL, p.message, p.name) for p in problems])
+    return found + log_dir_findings(ctx.settings, ctx.root)
+
+
+def log_dir_findings(settings: ClusterSettings, root: Path) -> list[Finding]:
+    """The launch refuses a LOG_DIR others can replace things in (`run_dir.check_log_root`); so does the dry run."""
+    from verl_patches.launch.run_dir import LogDirError, check_log_root
+
+    log_root = Path(settings.get("LOG_DIR") or "logs")
+    log_root = log_root if log_root.is_absolute() else root / log_root
+    if not log_root.is_dir():
+        return [Finding("launch.log_dir", OK, f"LOG_DIR {log_root}: created by the launch")]
+    try:
+        warning = check_log_root(log_root)
+    except LogDirError as err:
+        return [Finding("launch.log_dir", FAIL, str(err), "LOG_DIR")]
+    return [Finding("launch.log_dir", WARN if warning else OK, warning or f"LOG_DIR {log_root}: only yours to write",
+                    "LOG_DIR" if warning else "")]
 
 
 def run_preflight(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from verl_patches.launch.run_dir import open_new
-from verl_patches.process_identity import (ProcessId, children_of, descendants, is_subreaper, signal_if_same,
-                                           start_ticks)
+from verl_patches.process_identity import (ProcessId, children_of, descendants, is_subreaper, reap_dead_children,
+                                           signal_if_same, start_ticks)
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
@@ -67,7 +67,7 @@ class RayNode:
             self.process.wait(10)
         deadline = time.time() + 5.0  # killed processes linger (zombies) until reaped; return once they are gone
         while time.time() < deadline and _group_present(pgid):
-            _reap_adopted(pgid)
+            reap_dead_children([p for p in children_of(os.getpid()) if _pgid(p) == pgid])  # the leader was waited
             time.sleep(0.1)
         if self.role == "head" and self.address:
             forget_current_cluster(self.address)
@@ -137,17 +137,6 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
-
-
-def _reap_adopted(pgid: int) -> None:
-    """Collect the killed members of the group that a subreaper launcher adopted (its zombie children; the
-    leader was waited by its Popen above)."""
-    for pid in children_of(os.getpid()):
-        try:
-            if os.getpgid(pid) == pgid:
-                os.waitpid(pid, os.WNOHANG)
-        except (ChildProcessError, ProcessLookupError, PermissionError):
-            continue
 
 
 def _group_present(pgid: int) -> bool:

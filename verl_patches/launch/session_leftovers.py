@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-from verl_patches.process_identity import ProcessId, descendants, signal_if_same
+from verl_patches.process_identity import ProcessId, descendants, reap_dead_children, signal_if_same
 
 GRACE_S = 10.0  # the time Ray's own teardown gets first
 TERM_S = 5.0  # after SIGTERM, before SIGKILL
@@ -61,21 +61,10 @@ def _describe(ident: ProcessId) -> str:
         return f"{ident.pid} (gone)"
 
 
-def _reap(idents: list[ProcessId]) -> None:
-    """Collect the exit status of those that are this process's own children (orphans a subreaper adopted;
-    Popen children are waited by their owners and are never among the leftovers)."""
-    for i in idents:
-        try:
-            if not i.alive():
-                os.waitpid(i.pid, os.WNOHANG)
-        except ChildProcessError:  # not our child: its parent reaps it
-            continue
-
-
 def _wait_gone(idents: list[ProcessId], timeout_s: float) -> list[ProcessId]:
     deadline = time.monotonic() + timeout_s
     while True:
-        _reap(idents)
+        reap_dead_children([i.pid for i in idents])  # leftovers are never the Popen-owned trainer
         left = [i for i in idents if i.alive()]
         if not left or time.monotonic() >= deadline:
             return left
