@@ -33,6 +33,7 @@ built transformers' whole model in float32 next to the Megatron model. A 2-rank 
 slice is refused up front (estimate 37.2 GiB: every rank holds its Megatron share plus a stand-in with every
 dense weight, and rank 0 then gathers a whole EP-1 instance); use ``--layers``/``--experts`` to shrink it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,8 @@ sys.path.insert(0, str(REPO))
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl_patches" / "bench"
 FOLDER = "dsv3_671b_4layers_32experts"
-LAYOUTS = {"tp1": ["--tp", "1", "--pp", "1", "--ep", "1"],
-           "ep2": ["--tp", "1", "--pp", "1", "--ep", "2"]}
-GIB = 1024 ** 3
+LAYOUTS = {"tp1": ["--tp", "1", "--pp", "1", "--ep", "1"], "ep2": ["--tp", "1", "--pp", "1", "--ep", "2"]}
+GIB = 1024**3
 
 
 def bench_config() -> dict:
@@ -89,12 +89,27 @@ def run_layout(hf: Path, name: str, work: Path) -> dict:
     from verl_patches.checks.run import CheckRequest, estimate_check_memory
 
     layout = LAYOUTS[name]
-    argv = [sys.executable, str(REPO / "verl_patches/scripts/check_logprobs.py"), "--hf", str(hf),
-            "--layers", "4", "--experts", "16", *layout, "--engines", "megatron,rollout", "--tokens", "16",
-            "--work-dir", str(work)]
+    argv = [
+        sys.executable,
+        str(REPO / "verl_patches/scripts/check_logprobs.py"),
+        "--hf",
+        str(hf),
+        "--layers",
+        "4",
+        "--experts",
+        "16",
+        *layout,
+        "--engines",
+        "megatron,rollout",
+        "--tokens",
+        "16",
+        "--work-dir",
+        str(work),
+    ]
     kv = dict(zip(layout[::2], layout[1::2]))
-    req = CheckRequest(hf=hf, tp=int(kv["--tp"]), pp=int(kv["--pp"]), ep=int(kv["--ep"]), layers=4, experts=16,
-                       tokens=16)
+    req = CheckRequest(
+        hf=hf, tp=int(kv["--tp"]), pp=int(kv["--pp"]), ep=int(kv["--ep"]), layers=4, experts=16, tokens=16
+    )
     est = estimate_check_memory(req)
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
@@ -108,11 +123,20 @@ def run_layout(hf: Path, name: str, work: Path) -> dict:
     sampler.stop()
     wall = time.monotonic() - t0
     verdict = next((ln for ln in reversed(lines) if ln.startswith(("PASS", "FAIL"))), f"exit {code}")
-    return {"layout": name, "exit": code, "wall_s": round(wall), "peak_rss_gib": sampler.peak_rss / GIB,
-            "peak_anon_gib": sampler.peak_anon / GIB, "processes_at_peak": sampler.procs_at_peak,
-            "copy_gib": est.copy_bytes / GIB, "estimate_gib": est.need_bytes / GIB,
-            "rss_bound_gib": est.rss_bound / GIB, "ratio": sampler.peak_anon / est.need_bytes,
-            "verdict": verdict, "engine_lines": [ln for ln in lines if ": max |diff|" in ln]}
+    return {
+        "layout": name,
+        "exit": code,
+        "wall_s": round(wall),
+        "peak_rss_gib": sampler.peak_rss / GIB,
+        "peak_anon_gib": sampler.peak_anon / GIB,
+        "processes_at_peak": sampler.procs_at_peak,
+        "copy_gib": est.copy_bytes / GIB,
+        "estimate_gib": est.need_bytes / GIB,
+        "rss_bound_gib": est.rss_bound / GIB,
+        "ratio": sampler.peak_anon / est.need_bytes,
+        "verdict": verdict,
+        "engine_lines": [ln for ln in lines if ": max |diff|" in ln],
+    }
 
 
 def main() -> int:
@@ -129,10 +153,13 @@ def main() -> int:
     for name in ns.layouts.split(","):
         r = run_layout(hf, name, work)
         results.append(r)
-        print(f"{name}: peak summed RSS {r['peak_rss_gib']:.2f} GiB (bound {r['rss_bound_gib']:.2f}, "
-              f"{r['processes_at_peak']} processes), peak summed RssAnon {r['peak_anon_gib']:.2f} GiB, estimate "
-              f"{r['estimate_gib']:.2f} GiB, measured/estimate {r['ratio']:.2f}, one copy {r['copy_gib']:.2f} GiB, "
-              f"wall {r['wall_s']} s, exit {r['exit']}: {r['verdict']}", flush=True)
+        print(
+            f"{name}: peak summed RSS {r['peak_rss_gib']:.2f} GiB (bound {r['rss_bound_gib']:.2f}, "
+            f"{r['processes_at_peak']} processes), peak summed RssAnon {r['peak_anon_gib']:.2f} GiB, estimate "
+            f"{r['estimate_gib']:.2f} GiB, measured/estimate {r['ratio']:.2f}, one copy {r['copy_gib']:.2f} GiB, "
+            f"wall {r['wall_s']} s, exit {r['exit']}: {r['verdict']}",
+            flush=True,
+        )
     print(json.dumps(results, indent=1))
     ok = all(r["exit"] == 0 and r["ratio"] <= 1.0 and r["peak_rss_gib"] <= r["rss_bound_gib"] for r in results)
     return 0 if ok else 1

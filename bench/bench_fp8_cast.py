@@ -12,6 +12,7 @@ Measured side by side in one run:
 GB/s are BF16 output bytes per second. Goal: dequantisation >= 5x the naive path. End to end both are
 capped by the filesystem's write speed, which is printed too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,11 +72,14 @@ def in_memory_bench(workers: int, rounds: int = 4) -> tuple[float, float, float]
             local.ws = Workspace()
         return dequantize_fp8_blockwise(*pair, workspace=local.ws)
 
-    best = interleaved_best({
-        "ours": lambda: run_tasks(ours_one, pairs, sizes, workers=workers, progress=False),
-        "naive": lambda: [dequantize_fp8_reference(w, s).to(torch.bfloat16) for w, s in pairs],
-        "copy": lambda: [o.copy_(s) for o, s in zip(outs, srcs)],
-    }, rounds)
+    best = interleaved_best(
+        {
+            "ours": lambda: run_tasks(ours_one, pairs, sizes, workers=workers, progress=False),
+            "naive": lambda: [dequantize_fp8_reference(w, s).to(torch.bfloat16) for w, s in pairs],
+            "copy": lambda: [o.copy_(s) for o, s in zip(outs, srcs)],
+        },
+        rounds,
+    )
     return nbytes / best["ours"] / 1e9, nbytes / best["naive"] / 1e9, nbytes / best["copy"] / 1e9
 
 
@@ -86,8 +90,13 @@ def one_thread_kernel_ratio(rounds: int = 4) -> float:
     torch.set_num_threads(1)
     ws = Workspace()
     try:
-        best = interleaved_best({"ours": lambda: dequantize_fp8_blockwise(w, s, workspace=ws),
-                                 "naive": lambda: dequantize_fp8_reference(w, s).to(torch.bfloat16)}, rounds)
+        best = interleaved_best(
+            {
+                "ours": lambda: dequantize_fp8_blockwise(w, s, workspace=ws),
+                "naive": lambda: dequantize_fp8_reference(w, s).to(torch.bfloat16),
+            },
+            rounds,
+        )
     finally:
         torch.set_num_threads(threads)
     return best["naive"] / best["ours"]
@@ -125,17 +134,33 @@ def main() -> int:
 
     ours, naive, copy = in_memory_bench(args.workers)
     ratio = ours / naive
-    print(f"in memory  ours {ours:6.2f} GB/s ({args.workers} workers) | naive {naive:6.2f} GB/s | memcopy {copy:6.2f} GB/s"
-          f" | ours/naive {ratio:5.1f}x | ours/memcopy {ours / copy:4.2f}")
+    print(
+        f"in memory  ours {ours:6.2f} GB/s ({args.workers} workers) | naive {naive:6.2f} GB/s | memcopy {copy:6.2f} GB/s"
+        f" | ours/naive {ratio:5.1f}x | ours/memcopy {ours / copy:4.2f}"
+    )
     print(f"           one thread each: ours/naive {one_thread_kernel_ratio():.1f}x (the kernel alone)")
 
     # DeepSeek-V3's own expert and dense-MLP tensor shapes ([2048, 7168] / [7168, 2048]), fewer of them
     per_layer = 3 * 8 * 2048 * 7168 * 2  # BF16 bytes of one MoE layer's 8 experts
     layers = 1 + max(1, round(args.mb * 1e6 / per_layer))
-    cfg = make_tiny_config(1024, hidden_size=7168, intermediate_size=2048, moe_intermediate_size=2048,
-                           num_hidden_layers=layers, first_k_dense_replace=1, n_routed_experts=8, n_group=4,
-                           topk_group=2, num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256,
-                           kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
+    cfg = make_tiny_config(
+        1024,
+        hidden_size=7168,
+        intermediate_size=2048,
+        moe_intermediate_size=2048,
+        num_hidden_layers=layers,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        q_lora_rank=256,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+    )
     # tmpfs when it has room: this VM's disk writes at ~0.5 GB/s, which would measure the disk, not the
     # converter (a cluster's NVMe is several times faster); the disk ceiling is printed separately below
     shm = Path("/dev/shm")
@@ -144,10 +169,13 @@ def main() -> int:
     print(f"working directory: {tmp} ({'tmpfs' if use_shm else 'disk'})")
     try:
         t = time.perf_counter()
-        write_synthetic_checkpoint(tmp / "fp8", cfg, fp8=True, num_shards=8, scales_in_next_shard=True,
-                                   tokenizer_files=False)
-        print(f"synthetic FP8 checkpoint: {sum(p.stat().st_size for p in (tmp / 'fp8').glob('*.safetensors')) / 1e6:.0f} MB "
-              f"in 8 shards ({time.perf_counter() - t:.1f} s to generate)")
+        write_synthetic_checkpoint(
+            tmp / "fp8", cfg, fp8=True, num_shards=8, scales_in_next_shard=True, tokenizer_files=False
+        )
+        print(
+            f"synthetic FP8 checkpoint: {sum(p.stat().st_size for p in (tmp / 'fp8').glob('*.safetensors')) / 1e6:.0f} MB "
+            f"in 8 shards ({time.perf_counter() - t:.1f} s to generate)"
+        )
         out_bytes = sum(sp.nbytes for sp in hf_tensor_specs(cfg))
 
         def ours_run() -> None:
@@ -166,25 +194,35 @@ def main() -> int:
             a, b = load_file(str(p)), load_file(str(tmp / "ours" / p.name))
             same = same and all(torch.equal(a[k], b[k]) for k in a)
         e_ours, e_naive = out_bytes / t_ours / 1e9, out_bytes / t_naive / 1e9
-        print(f"end2end  ours {e_ours:6.2f} GB/s ({t_ours:.1f} s, {args.workers} workers, sha256 + manifest incl.) | "
-              f"naive {e_naive:6.2f} GB/s ({t_naive:.1f} s, one loop) | ours/naive {e_ours / e_naive:5.1f}x | "
-              f"outputs identical: {same}")
+        print(
+            f"end2end  ours {e_ours:6.2f} GB/s ({t_ours:.1f} s, {args.workers} workers, sha256 + manifest incl.) | "
+            f"naive {e_naive:6.2f} GB/s ({t_naive:.1f} s, one loop) | ours/naive {e_ours / e_naive:5.1f}x | "
+            f"outputs identical: {same}"
+        )
         blob = torch.empty(out_bytes, dtype=torch.uint8).numpy()
         t = time.perf_counter()
         with open(tmp / "plain_write.bin", "wb") as f:
             f.write(memoryview(blob))
         t_write = time.perf_counter() - t
-        print(f"ceiling  plain write of the same {out_bytes / 1e9:.2f} GB to this filesystem: {out_bytes / t_write / 1e9:.2f} GB/s")
-        print(f"         end to end is bounded by that write speed here: ours reaches "
-              f"{e_ours / (out_bytes / t_write / 1e9) * 100:.0f} % of it")
+        print(
+            f"ceiling  plain write of the same {out_bytes / 1e9:.2f} GB to this filesystem: {out_bytes / t_write / 1e9:.2f} GB/s"
+        )
+        print(
+            f"         end to end is bounded by that write speed here: ours reaches "
+            f"{e_ours / (out_bytes / t_write / 1e9) * 100:.0f} % of it"
+        )
         ok = same and ratio >= GOAL
-        print(f"{'PASS' if ok else 'FAIL'}: FP8->BF16 dequantisation is {ratio:.1f}x the naive path with "
-              f"{args.workers} workers (goal >= {GOAL:.0f}x); end to end {e_ours / e_naive:.1f}x, outputs identical: {same}")
+        print(
+            f"{'PASS' if ok else 'FAIL'}: FP8->BF16 dequantisation is {ratio:.1f}x the naive path with "
+            f"{args.workers} workers (goal >= {GOAL:.0f}x); end to end {e_ours / e_naive:.1f}x, outputs identical: {same}"
+        )
         full = 1342e9  # BF16 bytes of DeepSeek-V3 671B without MTP (from the config)
-        print(f"extrapolated: 671B ({full / 1e12:.2f} TB BF16 out) at the end-to-end rates measured here: "
-              f"{full / 1e9 / e_ours / 3600:.1f} h ({args.workers} workers) vs {full / 1e9 / e_naive / 3600:.1f} h naive; "
-              f"per worker {ours / args.workers:.2f} GB/s of dequantisation, so about "
-              f"{max(1, round(1.0 / (ours / args.workers)))}+ workers per GB/s of disk write speed")
+        print(
+            f"extrapolated: 671B ({full / 1e12:.2f} TB BF16 out) at the end-to-end rates measured here: "
+            f"{full / 1e9 / e_ours / 3600:.1f} h ({args.workers} workers) vs {full / 1e9 / e_naive / 3600:.1f} h naive; "
+            f"per worker {ours / args.workers:.2f} GB/s of dequantisation, so about "
+            f"{max(1, round(1.0 / (ours / args.workers)))}+ workers per GB/s of disk write speed"
+        )
         return 0 if ok else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

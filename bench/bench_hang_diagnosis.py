@@ -69,16 +69,24 @@ def micro_benchmarks() -> list[tuple[str, float]]:
         for _ in counted_factory(batches, 1):
             pass
 
-    rows.append(("micro-batch taken, counted minus plain iterator",
-                 (per_call_ns(counted, number=2000) - per_call_ns(plain, number=2000)) / len(batches)))
+    rows.append(
+        (
+            "micro-batch taken, counted minus plain iterator",
+            (per_call_ns(counted, number=2000) - per_call_ns(plain, number=2000)) / len(batches),
+        )
+    )
 
     class W:
         def update_actor(self, data: object) -> None:
             return None
 
     bare, wrapped = W().update_actor, with_call_progress(W.update_actor).__get__(W())
-    rows.append(("worker call, with_call_progress minus bare",
-                 per_call_ns(lambda: wrapped(None)) - per_call_ns(lambda: bare(None))))
+    rows.append(
+        (
+            "worker call, with_call_progress minus bare",
+            per_call_ns(lambda: wrapped(None)) - per_call_ns(lambda: bare(None)),
+        )
+    )
 
     hb = Heartbeat(DictBoard(), "me", process_identity(0), 1.0)
     rows.append(("heartbeat beat (side thread, per interval)", per_call_ns(hb.beat, number=2000)))
@@ -91,8 +99,9 @@ def micro_benchmarks() -> list[tuple[str, float]]:
         Heartbeat(board, f"k{r}", process_identity(r), 1.0).beat()
     watch = CallWatch("update_actor", 1, {f"k{r}": f"worker {r}" for r in range(256)}, 540, board)
     keys = list(watch.members)
-    rows.append(("driver look at 256 outstanding ranks (per interval)", per_call_ns(lambda: watch.observe(keys),
-                                                                                      number=50)))
+    rows.append(
+        ("driver look at 256 outstanding ranks (per interval)", per_call_ns(lambda: watch.observe(keys), number=50))
+    )
 
     # the removed wrapper's per-collective work, as it ran on every all_reduce of every layer
     store_dir = tempfile.mkdtemp()
@@ -121,8 +130,18 @@ def tiny_step_times(steps: int, timeout_env: str | None, log_dir: Path) -> list[
     env.pop("VERL_PATCHES_COLLECTIVE_TIMEOUT_S", None)
     if timeout_env is not None:
         env["VERL_PATCHES_COLLECTIVE_TIMEOUT_S"] = timeout_env
-    cmd = ["bash", SCRIPT, "--tiny", "--log-dir", str(log_dir), "--", f"trainer.total_training_steps={steps}",
-           "trainer.test_freq=-1", "trainer.val_before_train=False", "trainer.save_freq=-1"]
+    cmd = [
+        "bash",
+        SCRIPT,
+        "--tiny",
+        "--log-dir",
+        str(log_dir),
+        "--",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=-1",
+    ]
     p = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3600)
     out = p.stdout + p.stderr
     if p.returncode != 0:
@@ -148,14 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         for n, mode in enumerate(("off", "on", "on", "off")):
             steps = tiny_step_times(args.steps, "540" if mode == "on" else None, Path(tmp) / f"{n}-{mode}")
             runs[mode].append(statistics.median(steps))
-            print(f"run {n + 1} diagnosis {mode:<3}: median {runs[mode][-1]:.3f} s/step  "
-                  f"(steps: {', '.join(f'{x:.2f}' for x in steps)})", flush=True)
+            print(
+                f"run {n + 1} diagnosis {mode:<3}: median {runs[mode][-1]:.3f} s/step  "
+                f"(steps: {', '.join(f'{x:.2f}' for x in steps)})",
+                flush=True,
+            )
         wall = time.monotonic() - t0
     off, on = statistics.mean(runs["off"]), statistics.mean(runs["on"])
     ratio = on / off
     noise = abs(runs["off"][0] - runs["off"][1]) / off
-    print(f"ratio on/off: {ratio:.3f} (goal <= {GOAL_RATIO}); off vs off (identical code): {noise:.1%}; "
-          f"four runs {wall:.0f} s")
+    print(
+        f"ratio on/off: {ratio:.3f} (goal <= {GOAL_RATIO}); off vs off (identical code): {noise:.1%}; "
+        f"four runs {wall:.0f} s"
+    )
     verdict = bench_verdict(ratio, noise)
     print(json.dumps({"off": runs["off"], "on": runs["on"], "ratio": ratio, "off_vs_off": noise, "verdict": verdict}))
     print(verdict)

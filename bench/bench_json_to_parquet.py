@@ -33,9 +33,14 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
         a, b = rng.randint(2, 999), rng.randint(2, 999)
         problem = (
             f"Problem {i}: Let $f(x) = {a}x^2 + {b}x + \\frac{{{a}}}{{{b}}}$. Find the sum of all real $x$ such that "
-            f"$f(x) = {a + b}$, and express your answer as a common fraction $\\frac{{m}}{{n}}$. " + "Justify each step. " * rng.randint(3, 8)
+            f"$f(x) = {a + b}$, and express your answer as a common fraction $\\frac{{m}}{{n}}$. "
+            + "Justify each step. "
+            * rng.randint(3, 8)
         )
-        solution = (f"We set ${a}x^2 + {b}x + \\frac{{{a}}}{{{b}}} - {a + b} = 0$ and use Vieta's formulas. " * rng.randint(10, 20)).strip()
+        solution = (
+            f"We set ${a}x^2 + {b}x + \\frac{{{a}}}{{{b}}} - {a + b} = 0$ and use Vieta's formulas. "
+            * rng.randint(10, 20)
+        ).strip()
         rows.append({"problem": problem, "answer": f"\\frac{{-{b}}}{{{a}}}", "solution": solution})
     return rows
 

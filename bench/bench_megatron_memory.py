@@ -16,6 +16,7 @@ activations are reported only.
 
     .venv/bin/python bench/bench_megatron_memory.py [--seq-len 64] [--layouts tp2ep2,pp2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "megatron_engine"))  # the golden test's assets and gloo harness
 
 GOAL = 0.10
-LAYOUTS = {"tp2ep2": dict(world=4, tp=2, pp=1, ep=2, layer_list=None),
-           "pp2": dict(world=2, tp=1, pp=2, ep=1, layer_list=[1, 2])}
+LAYOUTS = {
+    "tp2ep2": dict(world=4, tp=2, pp=1, ep=2, layer_list=None),
+    "pp2": dict(world=2, tp=1, pp=2, ep=1, layer_list=[1, 2]),
+}
 
 
 def _unique_bytes(tensors) -> int:
@@ -64,17 +67,26 @@ def measure_rank(rank: int, world: int, hf: str, tp: int, pp: int, ep: int, laye
     w.init_model()
     chunks = w.actor_module
     params = [p for c in chunks for p in unwrap_model(c).parameters()]
-    out = {"rank": rank, "stage": mpu.get_pipeline_model_parallel_rank(), "dtype": str(params[0].dtype),
-           "params": _unique_bytes(params)}
-    out["grads"] = sum(b.grad_data.numel() * b.grad_data.element_size()
-                       for c in chunks for b in list(c.buffers) + list(getattr(c, "expert_parallel_buffers", [])))
+    out = {
+        "rank": rank,
+        "stage": mpu.get_pipeline_model_parallel_rank(),
+        "dtype": str(params[0].dtype),
+        "params": _unique_bytes(params),
+    }
+    out["grads"] = sum(
+        b.grad_data.numel() * b.grad_data.element_size()
+        for c in chunks
+        for b in list(c.buffers) + list(getattr(c, "expert_parallel_buffers", []))
+    )
 
     vocab = json.loads((Path(hf) / "config.json").read_text())["vocab_size"]
     batch = make_batch(vocab)
     dp, r = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     n = batch["input_ids"].shape[0] // dp
-    mine = {k: v[r * n:(r + 1) * n] for k, v in batch.items()}
-    w.update_actor(DataProto.from_dict(tensors=mine, meta_info={"global_token_num": [int(mine["attention_mask"].sum())]}))
+    mine = {k: v[r * n : (r + 1) * n] for k, v in batch.items()}
+    w.update_actor(
+        DataProto.from_dict(tensors=mine, meta_info={"global_token_num": [int(mine["attention_mask"].sum())]})
+    )
     opt = w.actor_optimizer
     state = []
     for sub in getattr(opt, "chained_optimizers", [opt]):
@@ -93,8 +105,13 @@ def measure_rank(rank: int, world: int, hf: str, tp: int, pp: int, ep: int, laye
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab, (1, seq_len), generator=g)
-    act = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(seq_len)[None],
-           "responses": ids[:, -seq_len // 2:], "advantages": torch.ones(1, seq_len // 2)}
+    act = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "position_ids": torch.arange(seq_len)[None],
+        "responses": ids[:, -seq_len // 2 :],
+        "advantages": torch.ones(1, seq_len // 2),
+    }
     data = DataProto.from_dict(tensors=act, meta_info={"temperature": cfg.actor_rollout_ref.rollout.temperature})
     a = w.actor
     for c in chunks:
@@ -112,12 +129,27 @@ def estimate_rank(cfg: dict, tp: int, pp: int, ep: int, layer_list, world: int, 
 
     m = me.ModelShape.from_hf_config(cfg)
     layers = tuple(layer_list) if layer_list else (cfg["num_hidden_layers"] // pp,) * pp
-    t = me.TrainingSetup(tp=tp, pp=pp, ep=ep, cp=1, world=world, layer_list=layers, seq_len=seq_len, micro_batch=1,
-                         micro_batches_per_step=1, sequence_parallel=tp > 1, tp_extend_ep=True)
+    t = me.TrainingSetup(
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        cp=1,
+        world=world,
+        layer_list=layers,
+        seq_len=seq_len,
+        micro_batch=1,
+        micro_batches_per_step=1,
+        sequence_parallel=tp > 1,
+        tp_extend_ep=True,
+    )
     p = me.rank_params(m, tp, ep, layers, stage)
     act, _ = me.stage_activation_bytes(m, t, stage)
-    return {"params": me.BF16 * p.total, "grads": me.FP32 * p.total, "optimizer": me.optimizer_shard_bytes(t, p),
-            "activations": act}
+    return {
+        "params": me.BF16 * p.total,
+        "grads": me.FP32 * p.total,
+        "optimizer": me.optimizer_shard_bytes(t, p),
+        "activations": act,
+    }
 
 
 def main() -> int:
@@ -134,23 +166,39 @@ def main() -> int:
         cfg = json.loads((hf / "config.json").read_text())
         for name in a.layouts.split(","):
             lay = LAYOUTS[name]
-            results = run_ranks(measure_rank, lay["world"], timeout_s=900, hf=str(hf), tp=lay["tp"], pp=lay["pp"],
-                                ep=lay["ep"], layer_list=lay["layer_list"], seq_len=a.seq_len)
-            print(f"\n== {name}: TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} layers {lay['layer_list'] or 'even'}, "
-                  f"{lay['world']} ranks, {results[0]['dtype']} ==")
+            results = run_ranks(
+                measure_rank,
+                lay["world"],
+                timeout_s=900,
+                hf=str(hf),
+                tp=lay["tp"],
+                pp=lay["pp"],
+                ep=lay["ep"],
+                layer_list=lay["layer_list"],
+                seq_len=a.seq_len,
+            )
+            print(
+                f"\n== {name}: TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} layers {lay['layer_list'] or 'even'}, "
+                f"{lay['world']} ranks, {results[0]['dtype']} =="
+            )
             print(f"{'rank':>4} {'stage':>5} {'component':<12} {'measured B':>12} {'estimated B':>12} {'ratio':>7}")
             for res in results:
-                est = estimate_rank(cfg, lay["tp"], lay["pp"], lay["ep"], lay["layer_list"], lay["world"],
-                                    res["stage"], a.seq_len)
+                est = estimate_rank(
+                    cfg, lay["tp"], lay["pp"], lay["ep"], lay["layer_list"], lay["world"], res["stage"], a.seq_len
+                )
                 for comp in ("params", "grads", "optimizer", "activations"):
                     ratio = res[comp] / est[comp] if est[comp] else float("nan")
                     goal = comp != "activations"
                     flag = "" if not goal else (" ok" if abs(ratio - 1) <= GOAL else " OUT")
                     ok &= (not goal) or abs(ratio - 1) <= GOAL
-                    print(f"{res['rank']:>4} {res['stage']:>5} {comp:<12} {res[comp]:>12.0f} {est[comp]:>12.0f} "
-                          f"{ratio:>7.3f}{flag}")
-    print(f"\n{'PASS' if ok else 'FAIL'}: parameters, gradients and optimizer state within +-{GOAL:.0%} of the "
-          "preflight estimate on every rank (activations reported only)")
+                    print(
+                        f"{res['rank']:>4} {res['stage']:>5} {comp:<12} {res[comp]:>12.0f} {est[comp]:>12.0f} "
+                        f"{ratio:>7.3f}{flag}"
+                    )
+    print(
+        f"\n{'PASS' if ok else 'FAIL'}: parameters, gradients and optimizer state within +-{GOAL:.0%} of the "
+        "preflight estimate on every rank (activations reported only)"
+    )
     return 0 if ok else 1
 
 

@@ -35,8 +35,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 0.1
 BASE = ["torch", "einops"]
-TARGETS = ["torch.distributed.fsdp", "transformers.modeling_utils", "verl.utils.device",
-           "verl.single_controller.ray.base", "verl.workers.fsdp_workers", "verl.trainer.main_ppo"]
+TARGETS = [
+    "torch.distributed.fsdp",
+    "transformers.modeling_utils",
+    "verl.utils.device",
+    "verl.single_controller.ray.base",
+    "verl.workers.fsdp_workers",
+    "verl.trainer.main_ppo",
+]
 
 CHILD = textwrap.dedent("""
     import gc, importlib, json, sys, time
@@ -99,10 +105,19 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(mode: str) -> dict:
-    env = dict(os.environ, VERL_PATCHES_QUIET="1", PYTHONWARNINGS="ignore",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, ",".join(BASE), ",".join(TARGETS)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        VERL_PATCHES_QUIET="1",
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, ",".join(BASE), ",".join(TARGETS)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.exit(f"bench_prelude_import: the {mode!r} child failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -141,21 +156,31 @@ def main() -> int:
 
     print(f"bench_prelude_import: medians of {args.repeat} fresh interpreters per mode (device=cpu)")
     print(f"  targets alone (no prelude)                          {targets_alone:7.3f} s")
-    print(f"  after:  prelude imported after the targets          {after_raw * ms:7.1f} ms wall, "
-          f"of which collector pauses {after_gc * ms:.1f} ms -> own {after_own * ms:.1f} ms")
-    print(f"  first:  prelude, then the targets (Ray-worker order) {first_raw * ms:6.1f} ms wall in the prelude "
-          f"and our hook, of which collector pauses {first_gc * ms:.1f} ms -> own {first_own * ms:.1f} ms "
-          f"(prelude itself {first_prelude * ms:.1f} ms)")
-    print(f"  control: 20k list allocations by other code right after the targets: {burst * ms:.1f} ms, "
-          f"of which collector pauses {burst_gc * ms:.1f} ms (the imports' garbage, paid by whoever allocates next)")
-    print(f"  end to end (noisy): first {first_total:.3f} s, after {after_total:.3f} s vs alone {targets_alone:.3f} s "
-          f"-> {first_total - targets_alone:+.3f} s / {after_total - targets_alone:+.3f} s")
+    print(
+        f"  after:  prelude imported after the targets          {after_raw * ms:7.1f} ms wall, "
+        f"of which collector pauses {after_gc * ms:.1f} ms -> own {after_own * ms:.1f} ms"
+    )
+    print(
+        f"  first:  prelude, then the targets (Ray-worker order) {first_raw * ms:6.1f} ms wall in the prelude "
+        f"and our hook, of which collector pauses {first_gc * ms:.1f} ms -> own {first_own * ms:.1f} ms "
+        f"(prelude itself {first_prelude * ms:.1f} ms)"
+    )
+    print(
+        f"  control: 20k list allocations by other code right after the targets: {burst * ms:.1f} ms, "
+        f"of which collector pauses {burst_gc * ms:.1f} ms (the imports' garbage, paid by whoever allocates next)"
+    )
+    print(
+        f"  end to end (noisy): first {first_total:.3f} s, after {after_total:.3f} s vs alone {targets_alone:.3f} s "
+        f"-> {first_total - targets_alone:+.3f} s / {after_total - targets_alone:+.3f} s"
+    )
     print(f"  statuses seen in 'first': {runs['first'][0]['statuses']}")
     worst = max(after_own, first_own)
     verdict = "PASS" if worst < GOAL_S else "FAIL"
-    print(f"{verdict}: prelude costs {worst * ms:.0f} ms on top of importing its targets, collector pauses owed "
-          f"by the targets excluded (goal < {GOAL_S * ms:.0f} ms; with them: "
-          f"{max(after_raw, first_raw) * ms:.0f} ms)")
+    print(
+        f"{verdict}: prelude costs {worst * ms:.0f} ms on top of importing its targets, collector pauses owed "
+        f"by the targets excluded (goal < {GOAL_S * ms:.0f} ms; with them: "
+        f"{max(after_raw, first_raw) * ms:.0f} ms)"
+    )
     return 0 if verdict == "PASS" else 1
 
 

@@ -9,6 +9,7 @@ unit of the vendor's "14 GB → 0.0547 GB".
 
     .venv/bin/python bench/bench_reshard.py [--config config.json] [--world 8] [--no-gloo]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,24 +21,42 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere: repo root imports
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
 
-from verl_patches.reshard.cost_model import (GIB, PathCost, RankCost, dp_allgather_cost,  # noqa: E402
-                                             dp_lower_bound, dp_plan_cost, ep_allgather_cost,
-                                             ep_lower_bound,
-                                             ep_plan_cost, ep_vendor_alltoallv_cost,
-                                             expert_unit_bytes, pp_lower_bound, pp_plan_cost,
-                                             pp_vendor_cost)
+from verl_patches.reshard.cost_model import (
+    GIB,
+    PathCost,
+    RankCost,
+    dp_allgather_cost,  # noqa: E402
+    dp_lower_bound,
+    dp_plan_cost,
+    ep_allgather_cost,
+    ep_lower_bound,
+    ep_plan_cost,
+    ep_vendor_alltoallv_cost,
+    expert_unit_bytes,
+    pp_lower_bound,
+    pp_plan_cost,
+    pp_vendor_cost,
+)
 from verl_patches.reshard.dp_plan import equal_chunk_rows, plan_dp_relayout  # noqa: E402
 from verl_patches.reshard.ep_plan import ExpertDims, ExpertWeight, plan_expert_reshard  # noqa: E402
 from verl_patches.reshard.errors import InvalidLayoutError  # noqa: E402
-from verl_patches.reshard.layout import (MegatronLayout, RolloutLayout,  # noqa: E402
-                                         production_rollout_layout, production_training_layout)
-from verl_patches.reshard.model_dims import (DEEPSEEK_V3_CONFIG, PRODUCTION_LAYER_LIST,  # noqa: E402
-                                             ModelDims, deepseek_v3_stage_params)
+from verl_patches.reshard.layout import (
+    MegatronLayout,
+    RolloutLayout,  # noqa: E402
+    production_rollout_layout,
+    production_training_layout,
+)
+from verl_patches.reshard.model_dims import (
+    DEEPSEEK_V3_CONFIG,
+    PRODUCTION_LAYER_LIST,  # noqa: E402
+    ModelDims,
+    deepseek_v3_stage_params,
+)
 from verl_patches.reshard.pp_plan import plan_pp_gather, stage_of_layer  # noqa: E402
 
-VENDOR_W1_EXTRA_GIB = 0.0547     # the vendor's all-to-all-v figure: one weight1 expert
+VENDOR_W1_EXTRA_GIB = 0.0547  # the vendor's all-to-all-v figure: one weight1 expert
 VENDOR_ALLGATHER_GIB = 14.0
 
 results: list[tuple[bool, str]] = []
@@ -58,22 +77,30 @@ def ratio(a: int, b: int) -> str:
 
 def table(title: str, rows: list[PathCost], bound: PathCost) -> None:
     print(f"\n{title}")
-    print(f"  {'path':44s} {'recv GiB':>10s} {'sent GiB':>10s} {'extra GiB':>10s} {'calls':>5s}"
-          f" {'recv/LB':>8s} {'extra/LB':>8s}")
+    print(
+        f"  {'path':44s} {'recv GiB':>10s} {'sent GiB':>10s} {'extra GiB':>10s} {'calls':>5s}"
+        f" {'recv/LB':>8s} {'extra/LB':>8s}"
+    )
     for c in rows + [bound]:
-        print(f"  {c.path:44s} {gib(c.max_received)} {gib(c.max_sent)} {gib(c.max_peak_extra)} "
-              f"{c.calls:5d} {ratio(c.max_received, bound.max_received)} "
-              f"{ratio(c.max_peak_extra, bound.max_peak_extra)}")
+        print(
+            f"  {c.path:44s} {gib(c.max_received)} {gib(c.max_sent)} {gib(c.max_peak_extra)} "
+            f"{c.calls:5d} {ratio(c.max_received, bound.max_received)} "
+            f"{ratio(c.max_peak_extra, bound.max_peak_extra)}"
+        )
 
 
 def worst(costs: list[PathCost]) -> PathCost:
     """Per-rank maxima over several layers (holder stages) as one PathCost."""
-    per_rank = tuple(RankCost(max(c.per_rank[r].sent for c in costs), max(c.per_rank[r].received for c in costs),
-                              max(c.per_rank[r].staging for c in costs),
-                              max(c.per_rank[r].receive_buffer for c in costs))
-                     for r in range(len(costs[0].per_rank)))
-    return PathCost(costs[0].path, per_rank, max(c.calls for c in costs),
-                    max(c.max_sent for c in costs))
+    per_rank = tuple(
+        RankCost(
+            max(c.per_rank[r].sent for c in costs),
+            max(c.per_rank[r].received for c in costs),
+            max(c.per_rank[r].staging for c in costs),
+            max(c.per_rank[r].receive_buffer for c in costs),
+        )
+        for r in range(len(costs[0].per_rank))
+    )
+    return PathCost(costs[0].path, per_rank, max(c.calls for c in costs), max(c.max_sent for c in costs))
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -82,44 +109,60 @@ def worst(costs: list[PathCost]) -> PathCost:
 def expert_section(dims: ModelDims) -> None:
     training = production_training_layout()
     expert = ExpertDims(dims.hidden, dims.moe_ffn)
-    stages = range(len(PRODUCTION_LAYER_LIST))      # every stage owns MoE layers (stage 0: layers 3-6)
-    print(f"\nExpert reshard, per rank and MoE layer, worst layer over the 8 owning stages "
-          f"(hidden {dims.hidden}, moe ffn {dims.moe_ffn}, {dims.num_experts} experts, {dims.dtype}; "
-          f"one weight1 expert = {expert_unit_bytes(expert, ExpertWeight.WEIGHT1, dims.dtype) / GIB:.4f} GiB)")
+    stages = range(len(PRODUCTION_LAYER_LIST))  # every stage owns MoE layers (stage 0: layers 3-6)
+    print(
+        f"\nExpert reshard, per rank and MoE layer, worst layer over the 8 owning stages "
+        f"(hidden {dims.hidden}, moe ffn {dims.moe_ffn}, {dims.num_experts} experts, {dims.dtype}; "
+        f"one weight1 expert = {expert_unit_bytes(expert, ExpertWeight.WEIGHT1, dims.dtype) / GIB:.4f} GiB)"
+    )
     for vllm_dp in (128, 64):
         rollout = production_rollout_layout(vllm_dp)
         label = f"rollout TP2 DP{vllm_dp}: {rollout.num_instances} instance(s), EP{rollout.ep_size}"
         for kind in ExpertWeight:
             plans = [plan_expert_reshard(training, rollout, dims.num_experts, s) for s in stages]
             per_layer = [ep_plan_cost(p, expert, kind, dims.dtype) for p in plans]
-            bounds = [ep_lower_bound(training, rollout, dims.num_experts, expert, kind, s, dims.dtype)
-                      for s in stages]
+            bounds = [ep_lower_bound(training, rollout, dims.num_experts, expert, kind, s, dims.dtype) for s in stages]
             ours, bound = worst(per_layer), worst(bounds)
-            ours = PathCost("ours (owning stage → rollout, world group)", ours.per_rank, ours.calls,
-                            ours.max_sent_override)
-            vendor_a2a = worst([ep_vendor_alltoallv_cost(training, rollout, dims.num_experts, expert, kind,
-                                                         s, dims.dtype) for s in stages])
+            ours = PathCost(
+                "ours (owning stage → rollout, world group)", ours.per_rank, ours.calls, ours.max_sent_override
+            )
+            vendor_a2a = worst(
+                [
+                    ep_vendor_alltoallv_cost(training, rollout, dims.num_experts, expert, kind, s, dims.dtype)
+                    for s in stages
+                ]
+            )
             gather = ep_allgather_cost(training, dims.num_experts, expert, kind, None, dims.dtype)
-            gather_b = worst([ep_allgather_cost(training, dims.num_experts, expert, kind, s, dims.dtype)
-                              for s in stages])
+            gather_b = worst(
+                [ep_allgather_cost(training, dims.num_experts, expert, kind, s, dims.dtype) for s in stages]
+            )
             table(f"{label} — {kind.value}", [ours, vendor_a2a, gather, gather_b], bound)
 
             per_rank_equal = all(
                 [c.received for c in o.per_rank] == [c.received for c in b.per_rank]
-                and o.max_peak_extra == b.max_peak_extra and o.max_sent == b.max_sent
-                for o, b in zip(per_layer, bounds))
-            check(per_rank_equal, f"{label} {kind.value}: ours = lower bound on every rank and layer "
-                                  f"(received, max sent, peak extra); recv/LB = "
-                                  f"{ours.max_received / bound.max_received:.2f}")
+                and o.max_peak_extra == b.max_peak_extra
+                and o.max_sent == b.max_sent
+                for o, b in zip(per_layer, bounds)
+            )
+            check(
+                per_rank_equal,
+                f"{label} {kind.value}: ours = lower bound on every rank and layer "
+                f"(received, max sent, peak extra); recv/LB = "
+                f"{ours.max_received / bound.max_received:.2f}",
+            )
             if kind is ExpertWeight.WEIGHT1:
                 per_expert = ours.max_peak_extra / len(rollout.owned_experts(0, dims.num_experts)) / GIB
-                check(round(per_expert, 4) <= VENDOR_W1_EXTRA_GIB,
-                      f"{label} weight1: extra memory {ours.max_peak_extra / GIB:.4f} GiB per rank per MoE "
-                      f"layer = {per_expert:.4f} GiB per expert held (goal ≤ {VENDOR_W1_EXTRA_GIB})")
-                check(round(gather.max_peak_extra / GIB, 1) == VENDOR_ALLGATHER_GIB,
-                      f"{label} weight1: vendor all-gather path extra memory "
-                      f"{gather.max_peak_extra / GIB:.2f} GiB reproduces the vendor's ~14 GB; ours is "
-                      f"{100 * (1 - ours.max_peak_extra / gather.max_peak_extra):.2f} % lower")
+                check(
+                    round(per_expert, 4) <= VENDOR_W1_EXTRA_GIB,
+                    f"{label} weight1: extra memory {ours.max_peak_extra / GIB:.4f} GiB per rank per MoE "
+                    f"layer = {per_expert:.4f} GiB per expert held (goal ≤ {VENDOR_W1_EXTRA_GIB})",
+                )
+                check(
+                    round(gather.max_peak_extra / GIB, 1) == VENDOR_ALLGATHER_GIB,
+                    f"{label} weight1: vendor all-gather path extra memory "
+                    f"{gather.max_peak_extra / GIB:.2f} GiB reproduces the vendor's ~14 GB; ours is "
+                    f"{100 * (1 - ours.max_peak_extra / gather.max_peak_extra):.2f} % lower",
+                )
     moe = dims.moe_layers
     rollout = production_rollout_layout(128)
     step_ours = step_vendor = 0
@@ -128,11 +171,14 @@ def expert_section(dims: ModelDims) -> None:
         plan = plan_expert_reshard(training, rollout, dims.num_experts, s)
         for kind in ExpertWeight:
             step_ours += ep_plan_cost(plan, expert, kind, dims.dtype).max_received
-            step_vendor += ep_vendor_alltoallv_cost(training, rollout, dims.num_experts, expert, kind, s,
-                                                    dims.dtype).max_received
-    print(f"\nPer step, {moe} MoE layers × (weight1 + weight2), EP256: most-loaded rank receives "
-          f"{step_ours / GIB:.2f} GiB (ours) vs {step_vendor / GIB:.2f} GiB (vendor all-to-all-v after its "
-          f"PP broadcast): {step_vendor / step_ours:.1f}× less traffic")
+            step_vendor += ep_vendor_alltoallv_cost(
+                training, rollout, dims.num_experts, expert, kind, s, dims.dtype
+            ).max_received
+    print(
+        f"\nPer step, {moe} MoE layers × (weight1 + weight2), EP256: most-loaded rank receives "
+        f"{step_ours / GIB:.2f} GiB (ours) vs {step_vendor / GIB:.2f} GiB (vendor all-to-all-v after its "
+        f"PP broadcast): {step_vendor / step_ours:.1f}× less traffic"
+    )
 
 
 def batch_section() -> None:
@@ -141,41 +187,66 @@ def batch_section() -> None:
     # input_ids / attention_mask / position_ids: 4096 int64 each; responses 3072 int64.
     row = (3 * 4096 + 3072) * 8
     ours, bound = dp_plan_cost(plan, row), dp_lower_bound(plan, row)
-    table("Batch re-layout (C2): 8192 sequences, rollout chunks of 32 → Megatron DP8 slices of 1024 "
-          "(input_ids, attention_mask, position_ids, responses)",
-          [ours, dp_allgather_cost(plan, row)], bound)
+    table(
+        "Batch re-layout (C2): 8192 sequences, rollout chunks of 32 → Megatron DP8 slices of 1024 "
+        "(input_ids, attention_mask, position_ids, responses)",
+        [ours, dp_allgather_cost(plan, row)],
+        bound,
+    )
     same = [c.received for c in ours.per_rank] == [c.received for c in bound.per_rank]
-    check(same, f"batch re-layout: ours = lower bound on every rank (recv/LB = "
-                f"{ours.max_received / bound.max_received:.2f})")
-    print("  note: ours' extra memory includes the packed send buffer (each chunk goes to the "
-          f"{training.tp * training.pp * training.cp} ranks of its DP slice): "
-          f"{ours.max_peak_extra / bound.max_peak_extra:.2f}× the bound")
+    check(
+        same,
+        f"batch re-layout: ours = lower bound on every rank (recv/LB = {ours.max_received / bound.max_received:.2f})",
+    )
+    print(
+        "  note: ours' extra memory includes the packed send buffer (each chunk goes to the "
+        f"{training.tp * training.pp * training.cp} ranks of its DP slice): "
+        f"{ours.max_peak_extra / bound.max_peak_extra:.2f}× the bound"
+    )
 
 
 def pipeline_section(dims: ModelDims) -> None:
     stages = [deepseek_v3_stage_params(dims, PRODUCTION_LAYER_LIST, s) for s in range(8)]
     plan = plan_pp_gather(stages, PRODUCTION_LAYER_LIST)
     ours, bound = pp_plan_cost(plan, 256), pp_lower_bound(plan, 256)
-    table(f"Pipeline exchange (E3): {len(plan.shapes)} eligible parameters per stage "
-          f"({plan.stage_eligible_bytes / GIB:.2f} GiB), layer list {PRODUCTION_LAYER_LIST}",
-          [ours, pp_vendor_cost(plan, 256)], bound)
-    check(ours.max_received == bound.max_received,
-          f"pipeline exchange: received = lower bound; {ours.calls} calls vs the vendor's "
-          f"{pp_vendor_cost(plan, 256).calls}")
+    table(
+        f"Pipeline exchange (E3): {len(plan.shapes)} eligible parameters per stage "
+        f"({plan.stage_eligible_bytes / GIB:.2f} GiB), layer list {PRODUCTION_LAYER_LIST}",
+        [ours, pp_vendor_cost(plan, 256)],
+        bound,
+    )
+    check(
+        ours.max_received == bound.max_received,
+        f"pipeline exchange: received = lower bound; {ours.calls} calls vs the vendor's "
+        f"{pp_vendor_cost(plan, 256).calls}",
+    )
 
 
 # ------------------------------------------------------------------------------------------ gloo
 
 SMALL = dict(world=8, tp=2, pp=2, ep=2, experts=8, hidden=16, ffn=8, layer_list=[1, 2, 2, 1])
-SMALL_DIMS = ModelDims(hidden=16, moe_ffn=8, num_experts=8, num_layers=6, first_k_dense=1, dense_ffn=24,
-                       num_heads=2, q_lora_rank=6, kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=2,
-                       v_head_dim=4, n_shared_experts=1, vocab_size=32)
+SMALL_DIMS = ModelDims(
+    hidden=16,
+    moe_ffn=8,
+    num_experts=8,
+    num_layers=6,
+    first_k_dense=1,
+    dense_ffn=24,
+    num_heads=2,
+    q_lora_rank=6,
+    kv_lora_rank=4,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=2,
+    v_head_dim=4,
+    n_shared_experts=1,
+    vocab_size=32,
+)
 DP_ROWS = [3, 0, 1, 2, 0, 5, 1, 4]
 
 
 def _small_plans():
     training = MegatronLayout(SMALL["world"], SMALL["tp"], SMALL["pp"], SMALL["ep"])
-    rollout = RolloutLayout(SMALL["world"], 2, 2)                          # two instances, EP4
+    rollout = RolloutLayout(SMALL["world"], 2, 2)  # two instances, EP4
     ep = plan_expert_reshard(training, rollout, SMALL["experts"], holder_stage=1)
     dp = plan_dp_relayout(training, DP_ROWS)
     pp_layout = MegatronLayout(SMALL["world"], tp=2, pp=4)
@@ -188,11 +259,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from verl_patches.reshard.executors import (gather_pipeline_params, relayout_rows,
-                                                reshard_expert_weight)
+    from verl_patches.reshard.executors import gather_pipeline_params, relayout_rows, reshard_expert_weight
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     training, ep, dp, pp_layout, stages, pp = _small_plans()
     measured = {}
 
@@ -200,6 +272,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         def rec(r):
             s, v = measured.get(name, (0, 0))
             measured[name] = (s + r.bytes_sent_to_peers, v + r.bytes_received_from_peers)
+
         return rec
 
     relayout_rows(dp, rank, torch.randn(DP_ROWS[rank], 7).to(torch.bfloat16), recorder=count("dp"))
@@ -228,9 +301,11 @@ def gloo_section(timeout_s: float) -> None:
     import torch.multiprocessing as mp
 
     world = SMALL["world"]
-    print(f"\nGloo run: {world} CPU processes, training TP2·PP2·EP2 (TP×EP 4, {SMALL['experts']} experts) → "
-          f"rollout TP2·DP2 ×2 instances (EP4); batch chunks {DP_ROWS}; pipeline TP2·PP4 "
-          f"layer list {SMALL['layer_list']}")
+    print(
+        f"\nGloo run: {world} CPU processes, training TP2·PP2·EP2 (TP×EP 4, {SMALL['experts']} experts) → "
+        f"rollout TP2·DP2 ×2 instances (EP4); batch chunks {DP_ROWS}; pipeline TP2·PP4 "
+        f"layer list {SMALL['layer_list']}"
+    )
     _, ep, dp, _, _, pp = _small_plans()
     expert = ExpertDims(SMALL["hidden"], SMALL["ffn"])
     predicted = {
@@ -261,9 +336,11 @@ def gloo_section(timeout_s: float) -> None:
     for name, cost in predicted.items():
         got = [tuple(m.get(name, (0, 0))) for m in measured]
         want = [(c.sent, c.received) for c in cost.per_rank]
-        print(f"  {name:8s} {sum(g[0] for g in got):>21d} / {sum(g[1] for g in got):<20d} "
-              f"{sum(w[0] for w in want):>10d} / {sum(w[1] for w in want):<10d}")
-        if name == "pp":      # pp_plan_cost is per rank of a stage; compare received (all-gather)
+        print(
+            f"  {name:8s} {sum(g[0] for g in got):>21d} / {sum(g[1] for g in got):<20d} "
+            f"{sum(w[0] for w in want):>10d} / {sum(w[1] for w in want):<10d}"
+        )
+        if name == "pp":  # pp_plan_cost is per rank of a stage; compare received (all-gather)
             ok = [g[1] for g in got] == [w[1] for w in want]
         else:
             ok = got == want
@@ -271,10 +348,12 @@ def gloo_section(timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="a DeepSeek-V3 config.json (default: the published "
-                                                     "V3 dimensions built in)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", type=Path, help="a DeepSeek-V3 config.json (default: the published V3 dimensions built in)"
+    )
     parser.add_argument("--no-gloo", action="store_true", help="skip the multi-process gloo check")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds for the gloo run")
     args = parser.parse_args(argv)

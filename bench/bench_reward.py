@@ -69,7 +69,15 @@ def _frac(p: int, q: int) -> str:
 
 def problem_integer(rng: random.Random):
     n = rng.choice([rng.randint(0, 99), rng.randint(100, 9999), rng.randint(10_000, 10**7)])
-    right = [str(n), f"{n}", f"{n:,}" if n >= 1000 else str(n), f"{n:,}".replace(",", "{,}"), f"x = {n}", f"{n}.0", f"\\text{{{n}}}"]
+    right = [
+        str(n),
+        f"{n}",
+        f"{n:,}" if n >= 1000 else str(n),
+        f"{n:,}".replace(",", "{,}"),
+        f"x = {n}",
+        f"{n}.0",
+        f"\\text{{{n}}}",
+    ]
     wrong = [str(n + rng.randint(1, 9)), str(n - rng.randint(1, 9)), str(n * 10 + 1), str(-n - 1), str(n)[::-1] + "1"]
     return str(n), right, wrong
 
@@ -80,7 +88,13 @@ def problem_fraction(rng: random.Random):
     if rng.random() < 0.3:
         p = -p
     value = Fraction(p, q)
-    right = [_frac(p, q), _frac(p, q).replace("\\frac", "\\dfrac"), f"{p}/{q}", _frac(2 * p, 2 * q), _frac(3 * p, 3 * q).replace("\\frac", "\\tfrac")]
+    right = [
+        _frac(p, q),
+        _frac(p, q).replace("\\frac", "\\dfrac"),
+        f"{p}/{q}",
+        _frac(2 * p, 2 * q),
+        _frac(3 * p, 3 * q).replace("\\frac", "\\tfrac"),
+    ]
     if 10**6 % q == 0:
         right.append(str(float(value)))
     wrong = [_frac(q, p), _frac(p + 1, q), _frac(p, q + 1), str(round(float(value)) + 7)]
@@ -92,7 +106,12 @@ def problem_fraction(rng: random.Random):
 def problem_decimal(rng: random.Random):
     value = Fraction(rng.randint(1, 9999), 100)
     text = f"{float(value):.2f}"
-    right = [text, text.rstrip("0").rstrip(".") if "." in text else text, _frac(value.numerator, value.denominator), f"{value.numerator}/{value.denominator}"]
+    right = [
+        text,
+        text.rstrip("0").rstrip(".") if "." in text else text,
+        _frac(value.numerator, value.denominator),
+        f"{value.numerator}/{value.denominator}",
+    ]
     wrong = [f"{float(value) + 0.01:.2f}", f"{float(value) * 10:.2f}", f"{float(value) + 1:.1f}"]
     return text, right, wrong
 
@@ -102,7 +121,12 @@ def problem_sqrt(rng: random.Random):
     right = [f"{a}\\sqrt{{{b}}}", f"\\sqrt{{{a * a * b}}}", f"{a} \\sqrt{{ {b} }}"]
     if b < 10:  # `\sqrt 13` is \sqrt{1}3 in LaTeX: the unbraced form only works for one digit
         right += [f"{a} \\sqrt {b}", f"{a}\\sqrt{b}"]
-    wrong = [f"{a + 1}\\sqrt{{{b}}}", f"{b}\\sqrt{{{a}}}" if a != b else f"{a}\\sqrt{{{b + 1}}}", f"\\sqrt{{{a * b}}}", str(a * b)]
+    wrong = [
+        f"{a + 1}\\sqrt{{{b}}}",
+        f"{b}\\sqrt{{{a}}}" if a != b else f"{a}\\sqrt{{{b + 1}}}",
+        f"\\sqrt{{{a * b}}}",
+        str(a * b),
+    ]
     return f"{a}\\sqrt{{{b}}}", right, wrong
 
 
@@ -143,8 +167,15 @@ def problem_set(rng: random.Random):
     truth = "\\{" + ", ".join(map(str, sorted(values))) + "\\}"
     shuffled = values[:]
     rng.shuffle(shuffled)
-    right = [truth, "\\{" + ",".join(map(str, shuffled)) + "\\}", "\\left\\{" + ", ".join(map(str, shuffled)) + "\\right\\}"]
-    wrong = ["\\{" + ", ".join(map(str, values[:2])) + "\\}", "\\{" + ", ".join(map(str, values[:2] + [values[2] + 1])) + "\\}"]
+    right = [
+        truth,
+        "\\{" + ",".join(map(str, shuffled)) + "\\}",
+        "\\left\\{" + ", ".join(map(str, shuffled)) + "\\right\\}",
+    ]
+    wrong = [
+        "\\{" + ", ".join(map(str, values[:2])) + "\\}",
+        "\\{" + ", ".join(map(str, values[:2] + [values[2] + 1])) + "\\}",
+    ]
     return truth, right, wrong
 
 
@@ -286,7 +317,11 @@ def _classic_adversarial(rng: random.Random, truth: str, kind: int) -> tuple[str
         return wrap(rng, "(x+1)^{1000}"), 0.0, "adv_slow_sympy"
     if kind == 6:
         return wrap(rng, "99999999!"), 0.0, "adv_factorial"
-    return f"<think>hmm</think> The answer contains {truth} somewhere but \\boxed{{{truth}0}}", 0.0, "adv_substring_bait"
+    return (
+        f"<think>hmm</think> The answer contains {truth} somewhere but \\boxed{{{truth}0}}",
+        0.0,
+        "adv_substring_bait",
+    )
 
 
 def generate(n: int, n_adversarial: int, seed: int = 20240601) -> list[Item]:
@@ -309,7 +344,9 @@ def generate(n: int, n_adversarial: int, seed: int = 20240601) -> list[Item]:
     items = items[: n - n_adversarial]
     for _ in range(n_adversarial):
         response, truth, label, kind = adversarial(rng, str(rng.randint(1, 99)))
-        items.insert(rng.randrange(len(items) + 1), Item(response, truth, label, kind, True, r1_zero_format_ok(response)))
+        items.insert(
+            rng.randrange(len(items) + 1), Item(response, truth, label, kind, True, r1_zero_format_ok(response))
+        )
     return items
 
 
@@ -401,7 +438,9 @@ def main() -> int:
 
     items = generate(args.n, args.adversarial)
     normal = [i for i, it in enumerate(items) if not it.adversarial]
-    print(f"items: {len(items)} ({len(normal)} non-adversarial, {len(items) - len(normal)} adversarial), workers per grader: {args.workers}")
+    print(
+        f"items: {len(items)} ({len(normal)} non-adversarial, {len(items) - len(normal)} adversarial), workers per grader: {args.workers}"
+    )
 
     grades, ours_cold, ours_warm, ours_normal = run_ours(items, args.workers)
     ours = [g.score for g in grades]
@@ -435,24 +474,38 @@ def main() -> int:
     print(f"ours, batch, all items, warm (a later training step):              {ours_warm:8.2f} s")
     print(f"ours, batch, non-adversarial items only, warm:                     {ours_normal:8.2f} s")
     print(f"ours, one compute_score call per response (NaiveRewardManager):   {per_call:8.2f} s")
-    print(f"math-verify (verl's integration), process pool, all items:         {mv_time:8.2f} s "
-          f"(non-adversarial {mv_normal:.2f} s + adversarial {mv_adv:.2f} s, mostly its own 5 s timeouts)")
-    print(f"time ratio ours/math-verify: all items (ours cold) {ours_cold / mv_time:.3f}, "
-          f"non-adversarial items (ours warm) {ours_normal / mv_normal:.3f}")
+    print(
+        f"math-verify (verl's integration), process pool, all items:         {mv_time:8.2f} s "
+        f"(non-adversarial {mv_normal:.2f} s + adversarial {mv_adv:.2f} s, mostly its own 5 s timeouts)"
+    )
+    print(
+        f"time ratio ours/math-verify: all items (ours cold) {ours_cold / mv_time:.3f}, "
+        f"non-adversarial items (ours warm) {ours_normal / mv_normal:.3f}"
+    )
 
     print("\n-- agreement and accuracy --")
-    print(f"format rule (R1-Zero): {len(format_cases)} non-adversarial responses fail it; ours scores "
-          f"{sum(ours[i] == 0.0 for i in format_cases)} of them 0 (math-verify is not asked about them)")
-    print(f"agreement with math-verify, non-adversarial, format rule passed: {100 * agree:.2f} % "
-          f"({sum(disagreements.values())} of {len(graded)} differ)")
+    print(
+        f"format rule (R1-Zero): {len(format_cases)} non-adversarial responses fail it; ours scores "
+        f"{sum(ours[i] == 0.0 for i in format_cases)} of them 0 (math-verify is not asked about them)"
+    )
+    print(
+        f"agreement with math-verify, non-adversarial, format rule passed: {100 * agree:.2f} % "
+        f"({sum(disagreements.values())} of {len(graded)} differ)"
+    )
     for (category, o, m), count in disagreements.most_common(12):
         print(f"   {count:5d} x {category:<12} ours={o:.0f} math-verify={m:.0f}")
-    print(f"accuracy vs generator labels, non-adversarial: ours {100 * accuracy(ours, normal):.2f} %, "
-          f"math-verify {100 * accuracy(mv, normal):.2f} %, vendor rule {100 * accuracy(vendor, normal):.2f} %")
-    print(f"accuracy vs labels, adversarial: ours {100 * accuracy(ours, adv):.1f} %, math-verify {100 * accuracy(mv, adv):.1f} %, "
-          f"vendor rule {100 * accuracy(vendor, adv):.1f} %")
-    print(f"false-positive rate on wrong answers: vendor rule {100 * false_positive_rate(vendor):.2f} %, "
-          f"ours {100 * false_positive_rate(ours):.2f} %, math-verify {100 * false_positive_rate(mv):.2f} %")
+    print(
+        f"accuracy vs generator labels, non-adversarial: ours {100 * accuracy(ours, normal):.2f} %, "
+        f"math-verify {100 * accuracy(mv, normal):.2f} %, vendor rule {100 * accuracy(vendor, normal):.2f} %"
+    )
+    print(
+        f"accuracy vs labels, adversarial: ours {100 * accuracy(ours, adv):.1f} %, math-verify {100 * accuracy(mv, adv):.1f} %, "
+        f"vendor rule {100 * accuracy(vendor, adv):.1f} %"
+    )
+    print(
+        f"false-positive rate on wrong answers: vendor rule {100 * false_positive_rate(vendor):.2f} %, "
+        f"ours {100 * false_positive_rate(ours):.2f} %, math-verify {100 * false_positive_rate(mv):.2f} %"
+    )
     kinds = sorted({items[i].category for i in adv})
     print("adversarial and reward-hack items by kind (right / total): ours, math-verify, vendor rule")
     for kind in kinds:
@@ -465,8 +518,10 @@ def main() -> int:
     ok_agree = agree >= 0.99
     ok_time = ours_cold <= TIME_RATIO_GOAL * mv_time
     print(f"\n{'PASS' if ok_agree else 'FAIL'}: agreement with math-verify {100 * agree:.2f} % (goal >= 99 %)")
-    print(f"{'PASS' if ok_time else 'FAIL'}: our cold wall time over all items {ours_cold:.2f} s = "
-          f"{ours_cold / mv_time:.3f} x math-verify's {mv_time:.2f} s (goal <= {TIME_RATIO_GOAL} x)")
+    print(
+        f"{'PASS' if ok_time else 'FAIL'}: our cold wall time over all items {ours_cold:.2f} s = "
+        f"{ours_cold / mv_time:.3f} x math-verify's {mv_time:.2f} s (goal <= {TIME_RATIO_GOAL} x)"
+    )
     return 0 if ok_agree and ok_time else 1
 
 

@@ -63,24 +63,26 @@ def main() -> int:
         present = copy_populated_root(warm_root)
         only = ["--only", *[c for c in PACKAGES if c in present]]
         # 3 = complete except components this host does not need (MindSpeed absent on a CPU machine)
-        verify = statistics.median(run("--root", warm_root, "--verify", *only, ok=(0, 3))
-                                   for _ in range(args.repeat))
-        noop = statistics.median(run("--root", warm_root, "--offline", *only, ok=(0, 3))
-                                 for _ in range(args.repeat))
+        verify = statistics.median(run("--root", warm_root, "--verify", *only, ok=(0, 3)) for _ in range(args.repeat))
+        noop = statistics.median(run("--root", warm_root, "--offline", *only, ok=(0, 3)) for _ in range(args.repeat))
 
         export_dir, cold_root = tmp / "export", tmp / "cold"
-        export = run("--root", tmp / "export-root", "--route", "pypi", "--export-cache", export_dir,
-                     "--only", *PYPI_COMPONENTS)
-        cold = run("--root", cold_root, "--route", "cache", "--cache", export_dir, "--offline",
-                   "--only", *PYPI_COMPONENTS)
+        export = run(
+            "--root", tmp / "export-root", "--route", "pypi", "--export-cache", export_dir, "--only", *PYPI_COMPONENTS
+        )
+        cold = run(
+            "--root", cold_root, "--route", "cache", "--cache", export_dir, "--offline", "--only", *PYPI_COMPONENTS
+        )
         cold_verify = run("--root", cold_root, "--verify", "--only", *PYPI_COMPONENTS)
 
     warm = max(verify, noop)
     print(f"warm  --verify        ({len(present)} components, median of {args.repeat}): {verify:7.2f} s")
     print(f"warm  no-op setup     ({len(present)} components, median of {args.repeat}): {noop:7.2f} s")
     print(f"      --export-cache  ({len(PYPI_COMPONENTS)} PyPI components, from the download cache): {export:7.2f} s")
-    print(f"cold  install from the exported cache into an empty root ({len(PYPI_COMPONENTS)} components): "
-          f"{cold:7.2f} s  (its --verify: {cold_verify:.2f} s)")
+    print(
+        f"cold  install from the exported cache into an empty root ({len(PYPI_COMPONENTS)} components): "
+        f"{cold:7.2f} s  (its --verify: {cold_verify:.2f} s)"
+    )
     print(f"ratio cold / warm = {cold / warm:.1f}x")
     warm_ok, cold_ok = warm < WARM_GOAL_S, cold < COLD_GOAL_S
     print(f"{'PASS' if warm_ok else 'FAIL'}: warm path {warm:.2f} s (goal < {WARM_GOAL_S:.0f} s)")

@@ -16,6 +16,7 @@ Both paths must yield identical tensors (checked). Prints a PASS/FAIL line; exit
 
     .venv/bin/python bench/bench_weight_sync.py [--hidden 256] [--experts 16] [--repeats 3] [--instances 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere: repo root imports
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
 
 WORLD, TP, PP, EP, LAYER_LIST = 8, 2, 2, 2, (2, 3)
 
@@ -37,15 +38,23 @@ WORLD, TP, PP, EP, LAYER_LIST = 8, 2, 2, 2, (2, 3)
 def model_config(args: argparse.Namespace) -> dict:
     from verl_patches.weights.config import make_tiny_config
 
-    return make_tiny_config(args.vocab, num_hidden_layers=sum(LAYER_LIST), first_k_dense_replace=1,
-                            n_routed_experts=args.experts, hidden_size=args.hidden,
-                            moe_intermediate_size=args.moe_ffn, intermediate_size=4 * args.moe_ffn)
+    return make_tiny_config(
+        args.vocab,
+        num_hidden_layers=sum(LAYER_LIST),
+        first_k_dense_replace=1,
+        n_routed_experts=args.experts,
+        hidden_size=args.hidden,
+        moe_intermediate_size=args.moe_ffn,
+        intermediate_size=4 * args.moe_ffn,
+    )
 
 
 def layouts(instances: int):
     from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 
-    return MegatronLayout(WORLD, tp=TP, pp=PP, ep=EP), RolloutLayout(WORLD, tp=2, dp_per_instance=WORLD // 2 // instances)
+    return MegatronLayout(WORLD, tp=TP, pp=PP, ep=EP), RolloutLayout(
+        WORLD, tp=2, dp_per_instance=WORLD // 2 // instances
+    )
 
 
 def _groups(training, rank):
@@ -61,8 +70,11 @@ def _groups(training, rank):
                 out = pg
         return out
 
-    return SyncGroups(tp=mine(training.rank_groups("tp")), pp=mine(training.rank_groups("pp")),
-                      tp_ep=mine(training.rank_groups("tp-ep", independent_ep=True)))
+    return SyncGroups(
+        tp=mine(training.rank_groups("tp")),
+        pp=mine(training.rank_groups("pp")),
+        tp_ep=mine(training.rank_groups("tp-ep", independent_ep=True)),
+    )
 
 
 def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None:
@@ -79,8 +91,13 @@ def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> Non
     from verl_patches.weights.tensor_layout import MetaSource
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=args.timeout / 2))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=args.timeout / 2),
+    )
     cfg = model_config(args)
     training, rollout = layouts(args.instances)
     hf = {s.name: random_tensor(s, 0) for s in hf_tensor_specs(cfg)}
@@ -91,8 +108,12 @@ def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> Non
     src.shape = lambda n: tuple(hf[n].shape)
     src.dtype = lambda n: hf[n].dtype
     c = training.coords(rank)
-    local = {k: v.clone() for k, v in build_rank_state_dict(
-        src, cfg, weights_layout(TP, PP, EP, LAYER_LIST), Rank(c.tp, c.pp, c.ep)).items()}
+    local = {
+        k: v.clone()
+        for k, v in build_rank_state_dict(
+            src, cfg, weights_layout(TP, PP, EP, LAYER_LIST), Rank(c.tp, c.pp, c.ep)
+        ).items()
+    }
     del hf
     groups = _groups(training, rank)
     out = {}
@@ -110,9 +131,15 @@ def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> Non
                 pass
             times.append(time.perf_counter() - t0)
         lb = lower_bound(plan, rank)
-        out[path.value] = {"sent": meter.sent, "received": meter.received, "peak": meter.peak_extra,
-                           "calls": meter.calls, "lb_received": lb.received, "lb_peak": lb.peak_extra,
-                           "time_s": statistics.median(times)}
+        out[path.value] = {
+            "sent": meter.sent,
+            "received": meter.received,
+            "peak": meter.peak_extra,
+            "calls": meter.calls,
+            "lb_received": lb.received,
+            "lb_peak": lb.peak_extra,
+            "time_s": statistics.median(times),
+        }
     out["same_tensors"] = checks["all-to-all"] == checks["all-gather"]
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump(out, f)
@@ -150,17 +177,23 @@ def ratio(a: float, b: float) -> str:
 
 def report(results: list[dict], args: argparse.Namespace) -> bool:
     kib = 1024
-    print(f"Weight sync over gloo: {WORLD} CPU processes, training TP{TP}·PP{PP}·EP{EP} (TP-extend-EP, grouped GEMM, "
-          f"layers {list(LAYER_LIST)}), rollout TP2 × {args.instances} instance(s) (EP{WORLD // args.instances}); "
-          f"hidden {args.hidden}, {args.experts} experts of ffn {args.moe_ffn}, vocab {args.vocab}, bf16")
-    print(f"{'rank':>4} | {'path':10} | {'sent KiB':>9} {'recv KiB':>9} {'LB recv':>9} {'recv/LB':>7} | "
-          f"{'peak KiB':>9} {'LB peak':>9} {'peak/LB':>7} | {'calls':>5} {'time ms':>8}")
+    print(
+        f"Weight sync over gloo: {WORLD} CPU processes, training TP{TP}·PP{PP}·EP{EP} (TP-extend-EP, grouped GEMM, "
+        f"layers {list(LAYER_LIST)}), rollout TP2 × {args.instances} instance(s) (EP{WORLD // args.instances}); "
+        f"hidden {args.hidden}, {args.experts} experts of ffn {args.moe_ffn}, vocab {args.vocab}, bf16"
+    )
+    print(
+        f"{'rank':>4} | {'path':10} | {'sent KiB':>9} {'recv KiB':>9} {'LB recv':>9} {'recv/LB':>7} | "
+        f"{'peak KiB':>9} {'LB peak':>9} {'peak/LB':>7} | {'calls':>5} {'time ms':>8}"
+    )
     for r, res in enumerate(results):
         for path in ("all-to-all", "all-gather"):
             m = res[path]
-            print(f"{r:>4} | {path:10} | {m['sent'] / kib:9.1f} {m['received'] / kib:9.1f} {m['lb_received'] / kib:9.1f} "
-                  f"{ratio(m['received'], m['lb_received']):>7} | {m['peak'] / kib:9.1f} {m['lb_peak'] / kib:9.1f} "
-                  f"{ratio(m['peak'], m['lb_peak']):>7} | {m['calls']:5d} {m['time_s'] * 1e3:8.1f}")
+            print(
+                f"{r:>4} | {path:10} | {m['sent'] / kib:9.1f} {m['received'] / kib:9.1f} {m['lb_received'] / kib:9.1f} "
+                f"{ratio(m['received'], m['lb_received']):>7} | {m['peak'] / kib:9.1f} {m['lb_peak'] / kib:9.1f} "
+                f"{ratio(m['peak'], m['lb_peak']):>7} | {m['calls']:5d} {m['time_s'] * 1e3:8.1f}"
+            )
 
     def worst(path: str, key: str, lb: str | None = None) -> float:
         return max((res[path][key] / res[path][lb]) if lb else res[path][key] for res in results)
@@ -173,17 +206,23 @@ def report(results: list[dict], args: argparse.Namespace) -> bool:
     print("\nratios (worst rank):")
     print(f"  received / lower bound        all-to-all {a2a_recv:.2f}   all-gather {ag_recv:.2f}   (goal 1.00)")
     print(f"  extra peak memory / bound     all-to-all {a2a_peak:.2f}   all-gather {ag_peak:.2f}   (goal 1.00)")
-    print(f"  all-to-all / all-gather:      bytes moved {total['all-to-all'] / total['all-gather']:.3f}, "
-          f"max sent by one rank {max_sent['all-to-all'] / max_sent['all-gather']:.3f}, "
-          f"peak memory {max(r['all-to-all']['peak'] for r in results) / max(r['all-gather']['peak'] for r in results):.3f}, "
-          f"wall time {t['all-to-all'] / t['all-gather']:.3f} "
-          f"({t['all-to-all'] * 1e3:.1f} ms vs {t['all-gather'] * 1e3:.1f} ms, median of {args.repeats}, slowest rank)")
+    print(
+        f"  all-to-all / all-gather:      bytes moved {total['all-to-all'] / total['all-gather']:.3f}, "
+        f"max sent by one rank {max_sent['all-to-all'] / max_sent['all-gather']:.3f}, "
+        f"peak memory {max(r['all-to-all']['peak'] for r in results) / max(r['all-gather']['peak'] for r in results):.3f}, "
+        f"wall time {t['all-to-all'] / t['all-gather']:.3f} "
+        f"({t['all-to-all'] * 1e3:.1f} ms vs {t['all-gather'] * 1e3:.1f} ms, median of {args.repeats}, slowest rank)"
+    )
     ok = True
-    for cond, what in ((all(r["same_tensors"] for r in results), "both paths yield identical tensors"),
-                       (all(r["all-to-all"]["received"] == r["all-to-all"]["lb_received"] for r in results),
-                        "all-to-all receives exactly the lower bound on every rank"),
-                       (total["all-to-all"] < total["all-gather"], "all-to-all moves fewer bytes than all-gather"),
-                       (a2a_peak <= ag_peak, "all-to-all peak memory ratio <= all-gather's")):
+    for cond, what in (
+        (all(r["same_tensors"] for r in results), "both paths yield identical tensors"),
+        (
+            all(r["all-to-all"]["received"] == r["all-to-all"]["lb_received"] for r in results),
+            "all-to-all receives exactly the lower bound on every rank",
+        ),
+        (total["all-to-all"] < total["all-gather"], "all-to-all moves fewer bytes than all-gather"),
+        (a2a_peak <= ag_peak, "all-to-all peak memory ratio <= all-gather's"),
+    ):
         print(f"  [{'ok' if cond else 'FAIL'}] {what}")
         ok &= cond
     print("PASS" if ok else "FAIL")

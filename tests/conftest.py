@@ -23,4 +23,5 @@ def vllm_job_process() -> None:
 
     registrar = vllm.utils.direct_register_custom_op.__module__
     assert registrar.startswith("vllm_ascend."), (
-        f"vLLM's custom-op registration is still {registrar}: vllm-ascend's general plugin did not load")
+        f"vLLM's custom-op registration is still {registrar}: vllm-ascend's general plugin did not load"
+    )

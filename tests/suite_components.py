@@ -45,8 +45,10 @@ def require_components(*names: str) -> None:
     missing = missing_components(names)
     if not missing:
         return
-    why = (f"{', '.join(missing)} not installed at the repo root (git-only; on a machine without git access run "
-           f"`bash setup_sources.sh --cache DIR` with a cache exported by `setup_sources.sh --export-cache`)")
+    why = (
+        f"{', '.join(missing)} not installed at the repo root (git-only; on a machine without git access run "
+        f"`bash setup_sources.sh --cache DIR` with a cache exported by `setup_sources.sh --export-cache`)"
+    )
     if under_ci():
         pytest.fail(f"CI must have every component: {why}", pytrace=False)
     pytest.skip(why)

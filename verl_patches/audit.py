@@ -38,19 +38,22 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _changed_lines(diff: str) -> int:
-    return sum(1 for line in diff.splitlines()
-               if line[:1] in "+-" and not line.startswith(("+++", "---")))
+    return sum(1 for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
-def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = None,
-                sources: dict | None = None) -> dict:
+def full_report(
+    root: Path, lock: Lock, device: str, names: list[str] | None = None, sources: dict | None = None
+) -> dict:
     from verl_patches.patching.static_report import static_patch_report
 
     sources = sources or sources_report(root, lock, device, names, with_diff=True)
     patches = static_patch_report(root, device)
     return {
-        "schema": AUDIT_SCHEMA, "lock": sources["lock"], "device": device,
-        "components": sources["components"], "patches": patches,
+        "schema": AUDIT_SCHEMA,
+        "lock": sources["lock"],
+        "device": device,
+        "components": sources["components"],
+        "patches": patches,
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "weight_sync": _weight_sync(),
         "hang_diagnosis": _hang_diagnosis(),
@@ -69,11 +72,13 @@ def full_report(root: Path, lock: Lock, device: str, names: list[str] | None = N
 
 def _weight_sync() -> dict:
     from verl_patches.sync.path import describe_sync_path  # standard library only
+
     return describe_sync_path()
 
 
 def _hang_diagnosis() -> dict:
     from verl_patches.resilience.watched import watched  # standard library only
+
     return watched()
 
 
@@ -92,15 +97,20 @@ def _package_versions(device: str) -> dict:
 
 def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:
     from verl_patches.sources.dist_info import report as dist_report
+
     return dist_report(root, lock, names)
 
 
 def render_text(report: dict) -> str:
     out = [f"Audit of {report['lock']} on a {report['device']} host", "", "== On disk (upstream folders)"]
     for c in report["components"]:
-        status = c["status"].upper() + (" (optional on this host)" if c["status"] == "missing" and c["optional_here"] else "")
-        out.append(f"{c['name']:<14} {status:<10} {c['ref']} @ {c['commit'][:12]}"
-                   f"{'  pypi ' + c['pypi_file'] if c['pypi_file'] else ''}  route={c['route'] or '-'}")
+        status = c["status"].upper() + (
+            " (optional on this host)" if c["status"] == "missing" and c["optional_here"] else ""
+        )
+        out.append(
+            f"{c['name']:<14} {status:<10} {c['ref']} @ {c['commit'][:12]}"
+            f"{'  pypi ' + c['pypi_file'] if c['pypi_file'] else ''}  route={c['route'] or '-'}"
+        )
         out += [f"    {p}" for p in c["problems"]]
         if c["diff"]:
             out += ["    " + line for line in c["diff"].rstrip("\n").splitlines()]
@@ -108,28 +118,38 @@ def render_text(report: dict) -> str:
             out.append(f"    (no pristine copy in the cache to diff {c['package']}/{rel}; run setup_sources.sh again)")
     if report.get("distributions"):
         from verl_patches.sources.dist_info import render as render_dists
-        out += ["", "== Generated distribution metadata (.dist-info folders outside every upstream folder)",
-                render_dists(report["distributions"])]
+
+        out += [
+            "",
+            "== Generated distribution metadata (.dist-info folders outside every upstream folder)",
+            render_dists(report["distributions"]),
+        ]
     if report.get("weight_sync"):
         w = report["weight_sync"]
         out += ["", "== Weight sync (Megatron -> rollout)", f"{w['path']} ({w['flag']}): {w['detail']}"]
     if report.get("hang_diagnosis"):
         from verl_patches.resilience.watched import render as render_watched
+
         out += ["", "== Hang diagnosis (what is watched and how)"] + render_watched(report["hang_diagnosis"])
     if report.get("package_versions"):
         out += ["", "== Installed Python packages (requirements.txt)", report["package_versions"]["line"]]
     out += ["", "== At runtime (declared patches)"]
     for p in report["patches"]:
         out.append(f"{p['status'].upper():<14} {p['vendor_item']:<6} {p['kind']:<13} {p['target']}")
-        out.append(f"{'':<14} {p['name']}: {p['reason']} [devices: {','.join(p['devices'])}"
-                   f"{'; ' + p['condition'] if p['condition'] else ''}]")
+        out.append(
+            f"{'':<14} {p['name']}: {p['reason']} [devices: {','.join(p['devices'])}"
+            f"{'; ' + p['condition'] if p['condition'] else ''}]"
+        )
         if p["status"] != "ok":
             out.append(f"{'':<14} {p['detail']}")
     s = report["summary"]
-    out += ["", f"summary: {s['components_matching']}/{s['components_total']} components match the lock; "
-                f"{s['diff_lines']} changed line(s) on disk; {s['patches_total']} patches: {s['patches_ok']} match "
-                f"their pinned fingerprints, {s['patches_drift']} drifted, {s['patches_unpinned']} target code "
-                f"outside the lock"]
+    out += [
+        "",
+        f"summary: {s['components_matching']}/{s['components_total']} components match the lock; "
+        f"{s['diff_lines']} changed line(s) on disk; {s['patches_total']} patches: {s['patches_ok']} match "
+        f"their pinned fingerprints, {s['patches_drift']} drifted, {s['patches_unpinned']} target code "
+        f"outside the lock",
+    ]
     return "\n".join(out)
 
 
@@ -142,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     lock = load_lock(args.lock)
     report = full_report(args.lock.parent.resolve(), lock, detect_device(), args.only)
     from verl_patches.npu_emulation import emulation_report, emulation_report_text
+
     report["npu_emulation"] = emulation_report()  # emulated torch_npu ops, MindSpeed features CPU cannot run
-    print(json.dumps(report, indent=2) if args.json
-          else render_text(report) + emulation_report_text(report["npu_emulation"]))
+    print(
+        json.dumps(report, indent=2)
+        if args.json
+        else render_text(report) + emulation_report_text(report["npu_emulation"])
+    )
     return audit_exit_status(report)
 
 
@@ -153,17 +177,20 @@ def optional_missing_line(report: dict) -> str:
     names = [c["name"] for c in report["components"] if c["status"] == "missing" and c["optional_here"]]
     if not names:
         return ""
-    return (f"audit: {', '.join(names)} not installed: optional on this {report['device']} host (the A3 job "
-            f"needs {'them' if len(names) > 1 else 'it'}; without git access install from an exported cache: "
-            f"bash setup_sources.sh --cache DIR)")
+    return (
+        f"audit: {', '.join(names)} not installed: optional on this {report['device']} host (the A3 job "
+        f"needs {'them' if len(names) > 1 else 'it'}; without git access install from an exported cache: "
+        f"bash setup_sources.sh --cache DIR)"
+    )
 
 
 def audit_exit_status(report: dict) -> int:
     """0 when everything this host needs matches (components only the A3 job needs may be absent: one line
     on stderr says so), 1 on any mismatch, missing needed component or drifted patch."""
     status = exit_status(report["components"])
-    if report["summary"]["patches_drift"] or any(d["status"] in ("missing", "mismatch")
-                                                 for d in report.get("distributions", [])):
+    if report["summary"]["patches_drift"] or any(
+        d["status"] in ("missing", "mismatch") for d in report.get("distributions", [])
+    ):
         return 1
     if status == 3:
         print(optional_missing_line(report), file=sys.stderr)

@@ -23,8 +23,10 @@ def capture_real_compile() -> Callable[..., Any]:
     if _REAL is None and not _is_substitute(torch.compile):
         _REAL = torch.compile
     if _REAL is None:
-        raise RuntimeError("torch.compile was replaced (by MindSpeed) before verl_patches could capture the real "
-                           "one: call initialize_megatron before anything imports mindspeed_llm")
+        raise RuntimeError(
+            "torch.compile was replaced (by MindSpeed) before verl_patches could capture the real "
+            "one: call initialize_megatron before anything imports mindspeed_llm"
+        )
     return _REAL
 
 

@@ -62,8 +62,9 @@ def local_device_index(visible: int, environ: Any = None) -> int:
             if not 0 <= index < visible:
                 raise RuntimeError(f"{name}={index} but this process sees {visible} devices")
             return index
-    raise RuntimeError(f"this process sees {visible} devices and neither LOCAL_RANK nor RAY_LOCAL_RANK says which "
-                       f"is its own")
+    raise RuntimeError(
+        f"this process sees {visible} devices and neither LOCAL_RANK nor RAY_LOCAL_RANK says which is its own"
+    )
 
 
 def set_local_device(kind: str | None = None, environ: Any = None) -> int | None:
@@ -141,8 +142,10 @@ class MemoryInfo:
 
     def line(self, tag: str = "") -> str:
         gib = 1 << 30
-        return (f"{tag + ': ' if tag else ''}used {self.used_bytes / gib:.2f} GiB, free {self.free_bytes / gib:.2f} GiB, "
-                f"total {self.total_bytes / gib:.2f} GiB")
+        return (
+            f"{tag + ': ' if tag else ''}used {self.used_bytes / gib:.2f} GiB, free {self.free_bytes / gib:.2f} GiB, "
+            f"total {self.total_bytes / gib:.2f} GiB"
+        )
 
 
 def memory_info() -> MemoryInfo:
@@ -165,9 +168,11 @@ def profiler(output_dir: str, active_steps: int = 1, warmup_steps: int = 0, with
 
         prof = torch_npu.profiler
         activities = [prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU]
-        extra = {"experimental_config": prof._ExperimentalConfig(
-            profiler_level=prof.ProfilerLevel.Level2,
-            aic_metrics=prof.AiCMetrics.ArithmeticUtilization)}
+        extra = {
+            "experimental_config": prof._ExperimentalConfig(
+                profiler_level=prof.ProfilerLevel.Level2, aic_metrics=prof.AiCMetrics.ArithmeticUtilization
+            )
+        }
         handler = prof.tensorboard_trace_handler(output_dir)
     else:
         import torch.profiler as prof
@@ -175,9 +180,15 @@ def profiler(output_dir: str, active_steps: int = 1, warmup_steps: int = 0, with
         activities = [prof.ProfilerActivity.CPU] + ([prof.ProfilerActivity.CUDA] if kind == "cuda" else [])
         extra = {}
         handler = prof.tensorboard_trace_handler(output_dir)
-    return prof.profile(activities=activities, record_shapes=True, profile_memory=True, with_stack=with_stack,
-                        schedule=prof.schedule(wait=0, warmup=warmup_steps, active=active_steps, repeat=1),
-                        on_trace_ready=handler, **extra)
+    return prof.profile(
+        activities=activities,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=with_stack,
+        schedule=prof.schedule(wait=0, warmup=warmup_steps, active=active_steps, repeat=1),
+        on_trace_ready=handler,
+        **extra,
+    )
 
 
 @contextlib.contextmanager

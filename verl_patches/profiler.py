@@ -24,10 +24,17 @@ def profiling_requested(environ: Mapping[str, str] | None = None) -> bool:
 class NPUProfiler:
     """``start()`` / ``step()`` / ``stop()`` (or ``with``) around the steps to profile."""
 
-    def __init__(self, stage: str, ranks: Iterable[int] = (0,), rank: int | None = None, active_steps: int = 1,
-                 warmup_steps: int = 0, root: str | os.PathLike = DEFAULT_ROOT,
-                 environ: Mapping[str, str] | None = None,
-                 factory: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        stage: str,
+        ranks: Iterable[int] = (0,),
+        rank: int | None = None,
+        active_steps: int = 1,
+        warmup_steps: int = 0,
+        root: str | os.PathLike = DEFAULT_ROOT,
+        environ: Mapping[str, str] | None = None,
+        factory: Callable[..., Any] | None = None,
+    ) -> None:
         if not stage or "/" in stage or stage in (".", ".."):
             raise ValueError(f"NPUProfiler: stage must be a plain folder name, got {stage!r}")
         if rank is None:

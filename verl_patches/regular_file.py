@@ -5,14 +5,21 @@ raises `IsADirectoryError`, and on `/dev/zero` it never ends. Here the path is c
 is opened, opened non-blocking (a FIFO swapped in between cannot block the open) and checked again on the
 open descriptor, and at most ``max_bytes`` are read. Errors are one line naming the path.
 """
+
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
 
 
 class FileRefused(ValueError):

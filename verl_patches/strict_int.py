@@ -4,6 +4,7 @@
 `str.isdigit()` inherit that. The digits go through the one strict step-number parser
 (`verl_patches.checkpoint.tracker.parse_step_int`), so both read the same text the same way.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -43,8 +43,9 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
-def print_memory(tag: str, only_rank_0: bool = True, environ: Mapping[str, str] | None = None,
-                 rank: int | None = None) -> str | None:
+def print_memory(
+    tag: str, only_rank_0: bool = True, environ: Mapping[str, str] | None = None, rank: int | None = None
+) -> str | None:
     """Log the memory line for `tag` when PRINT_MEMORY=1 (and this is rank 0 unless `only_rank_0` is
     False); returns the line logged, or None."""
     env = os.environ if environ is None else environ

@@ -18,6 +18,7 @@ resume equal an uninterrupted run's only if the model, the optimizer (moments an
 states and the data position all came back. Rank 0 appends each step's metrics to ``metrics.jsonl``.
 (The forward pass is not used: the MindSpeed builder ops' CPU emulation is outside this test's scope.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,18 @@ def provider(pre_process: bool = True, post_process: bool = True):
 
     args = get_args()
     spec = getattr(importlib.import_module(args.spec[0]), args.spec[1])
-    return GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=spec,
-                    vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
-                    pre_process=pre_process, post_process=post_process, parallel_output=True,
-                    share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                    position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent)
+    return GPTModel(
+        config=core_transformer_config_from_args(args),
+        transformer_layer_spec=spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+    )
 
 
 def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
@@ -62,9 +70,19 @@ def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
         megatron["pipeline_parallel_num_layer_list"] = layer_list
     args = initialize_megatron(translate_verl_train_configs_to_megatron(verl_config(**megatron), TINY_HF_CONFIG))
     model = get_model(provider, wrap_with_ddp=True)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.01, clip_grad=1.0,
-                                                 use_distributed_optimizer=True, params_dtype=torch.float32,
-                                                 adam_beta1=0.9, adam_beta2=0.95), model)
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-2,
+            weight_decay=0.01,
+            clip_grad=1.0,
+            use_distributed_optimizer=True,
+            params_dtype=torch.float32,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+        ),
+        model,
+    )
     from verl_patches.weights.config import make_tiny_config
 
     return model, opt, make_tiny_config(**TINY_HF_CONFIG)  # the full config.json the export tool checks
@@ -72,7 +90,6 @@ def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
 
 def train_step(model, opt, data_position: int) -> dict:
     """One synthetic step; the batch is the data position's seed, the noise comes from the live RNGs."""
-    from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
 
     ddp = model[0]
@@ -89,13 +106,19 @@ def train_step(model, opt, data_position: int) -> dict:
     loss.backward()  # DDP's hooks accumulate into its buffers and start the reduce-scatter
     ddp.finish_grad_sync()
     ok, grad_norm, _ = opt.step()
-    sq = torch.tensor([sum(float(p.detach().double().pow(2).sum()) for p in ddp.module.parameters())],
-                      dtype=torch.float64)
+    sq = torch.tensor(
+        [sum(float(p.detach().double().pow(2).sum()) for p in ddp.module.parameters())], dtype=torch.float64
+    )
     torch.distributed.all_reduce(sq)
     stats = torch.tensor([noise, tracked], dtype=torch.float64)
     torch.distributed.all_reduce(stats)
-    return {"param_sq": float(sq), "grad_norm": float(grad_norm), "rng": stats.tolist(),
-            "adam_step": opt.param_groups[0].get("step"), "data_position": data_position}
+    return {
+        "param_sq": float(sq),
+        "grad_norm": float(grad_norm),
+        "rng": stats.tolist(),
+        "adam_step": opt.param_groups[0].get("step"),
+        "data_position": data_position,
+    }
 
 
 def barrier() -> None:
@@ -115,8 +138,9 @@ def main() -> None:
     ap.add_argument("--layer-list", default="")
     a = ap.parse_args()
     kill = os.environ.get("CKPT_TEST_KILL", "")
-    a.kill_rank, a.kill_at, a.kill_phase = (int(kill.split(":")[0]), int(kill.split(":")[1]),
-                                            kill.split(":")[2]) if kill else (-1, -1, "")
+    a.kill_rank, a.kill_at, a.kill_phase = (
+        (int(kill.split(":")[0]), int(kill.split(":")[1]), kill.split(":")[2]) if kill else (-1, -1, "")
+    )
     torch.set_num_threads(1)
 
     import verl_patches.prelude_patch  # noqa: F401  (as in every worker process)
@@ -143,8 +167,11 @@ def main() -> None:
         data_position = json.loads((step_dir / "trainer_state.json").read_text())["data_position"]
         start = point.step
         if rank == 0:
-            print(f"verl_patches resume: from {step_dir} (step {point.step}){'; ' + note if note else ''}"
-                  f"{'; ' + point.note if point.note else ''}", flush=True)
+            print(
+                f"verl_patches resume: from {step_dir} (step {point.step}){'; ' + note if note else ''}"
+                f"{'; ' + point.note if point.note else ''}",
+                flush=True,
+            )
     for step in range(start + 1, a.steps + 1):
         if rank == a.kill_rank and step == a.kill_at and a.kill_phase == "step":
             os.kill(os.getpid(), signal.SIGKILL)

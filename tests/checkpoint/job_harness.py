@@ -4,6 +4,7 @@ A rank that dies takes the job down (as Ray fails the job when a worker dies): t
 remaining ranks. When a rank writes ``<root>/.kill_job``, the harness SIGKILLs every rank at once (the
 whole job killed). Everything runs on 127.0.0.1 with a bounded time.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,21 +34,39 @@ class JobResult:
 
     @property
     def text(self) -> str:
-        return "\n".join(f"--- rank {r} (rc {rc}) ---\n{out[-3000:]}"
-                         for r, (rc, out) in enumerate(zip(self.returncodes, self.outputs)))
+        return "\n".join(
+            f"--- rank {r} (rc {rc}) ---\n{out[-3000:]}"
+            for r, (rc, out) in enumerate(zip(self.returncodes, self.outputs))
+        )
 
 
-def launch(world: int, root: Path, args: list[str], kill: str = "", launch_id: str = "",
-           timeout_s: float = 400) -> JobResult:
+def launch(
+    world: int, root: Path, args: list[str], kill: str = "", launch_id: str = "", timeout_s: float = 400
+) -> JobResult:
     port = free_port()
     logs = [open(root.parent / f"{root.name}.{launch_id or 'run'}.rank{r}.log", "w+") for r in range(world)]
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), CKPT_TEST_KILL=kill, CKPT_TEST_LAUNCH=launch_id,
-                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(JOB), "--root", str(root), *args], cwd=REPO, env=env,
-                                      stdout=logs[r], stderr=subprocess.STDOUT))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            CKPT_TEST_KILL=kill,
+            CKPT_TEST_LAUNCH=launch_id,
+            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(JOB), "--root", str(root), *args],
+                cwd=REPO,
+                env=env,
+                stdout=logs[r],
+                stderr=subprocess.STDOUT,
+            )
+        )
     marker = root / ".kill_job"
     how = ""
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,5 @@
 """The filesystem side: staging + rename commit, tracker, keep-last pruning, resume lookup, interrupted saves."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,9 +22,16 @@ def stage_rank_files(staging: Path, world: int = 2, skip_record: int | None = No
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"x" * (10 + r))
         if r != skip_record:
-            rec = RankRecord(rank=r, layout=LAYOUT, tp_rank=0, pp_rank=0, ep_rank=r, dp_rank=r,
-                             files={f"rng/rank_{r:05d}.pt": 10 + r},
-                             sha256={f"rng/rank_{r:05d}.pt": hashlib.sha256(b"x" * (10 + r)).hexdigest()})
+            rec = RankRecord(
+                rank=r,
+                layout=LAYOUT,
+                tp_rank=0,
+                pp_rank=0,
+                ep_rank=r,
+                dp_rank=r,
+                files={f"rng/rank_{r:05d}.pt": 10 + r},
+                sha256={f"rng/rank_{r:05d}.pt": hashlib.sha256(b"x" * (10 + r)).hexdigest()},
+            )
             (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
             (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
     (staging / "data.pt").write_bytes(b"d")
@@ -54,8 +62,12 @@ def test_commit_writes_manifest_renames_and_tracks(tmp_path: Path) -> None:
 def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:
     for step in (2, 4, 6, 8):
         save(tmp_path, step, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [commit.OWNER_FILE, "global_step_6", "global_step_8",
-                                                          "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        commit.OWNER_FILE,
+        "global_step_6",
+        "global_step_8",
+        "latest_checkpointed_iteration.txt",
+    ]
 
 
 def test_crash_while_saving_leaves_previous_checkpoint_valid(tmp_path: Path) -> None:
@@ -99,7 +111,9 @@ def test_damaged_checkpoint_is_skipped(tmp_path: Path) -> None:
     assert point.note == f"global_step_4 skipped: {final}/actor/rng/rank_00001.pt: 15 bytes, checkpoint.json records 11"
     (final / "checkpoint.json").write_text("{")
     point = commit.find_resume(tmp_path)
-    assert point.step == 2 and point.note.startswith(f"global_step_4 skipped: {final}/checkpoint.json: line 1: not valid")
+    assert point.step == 2 and point.note.startswith(
+        f"global_step_4 skipped: {final}/checkpoint.json: line 1: not valid"
+    )
 
 
 def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
@@ -136,8 +150,11 @@ def test_empty_root_resumes_nothing(tmp_path: Path) -> None:
 
 def test_prune_leaves_foreign_staging_trash_and_checkpoints_alone(tmp_path: Path) -> None:
     save(tmp_path, 1)
-    foreign = {".staging-global_step_9": "another tool's save", ".trash-photos": "someone's trash",
-               f".trash-{'0' * 32}.abcd1234.x": "a trash name with another nonce"}
+    foreign = {
+        ".staging-global_step_9": "another tool's save",
+        ".trash-photos": "someone's trash",
+        f".trash-{'0' * 32}.abcd1234.x": "a trash name with another nonce",
+    }
     for name, text in foreign.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "keep.txt").write_text(text)
@@ -215,13 +232,16 @@ def test_manifest_names_outside_the_step_folder_make_it_incomplete(tmp_path: Pat
     assert point.step == 2 and "global_step_4 skipped" in point.note
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("²".encode(), "expected a step number"),
-    (b"9" * 5000, "5000 bytes"),
-    (b"\xff\xfe4", "not UTF-8"),
-    (b"4\n4\n", "more than one line"),
-    (b"-4", "expected a step number"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("²".encode(), "expected a step number"),
+        (b"9" * 5000, "5000 bytes"),
+        (b"\xff\xfe4", "not UTF-8"),
+        (b"4\n4\n", "more than one line"),
+        (b"-4", "expected a step number"),
+    ],
+)
 def test_broken_tracker_falls_back_and_says_why(tmp_path: Path, content: bytes, needle: str) -> None:
     save(tmp_path, 2)
     save(tmp_path, 4)
@@ -255,8 +275,7 @@ def test_saving_over_a_foreign_folder_is_refused(tmp_path: Path) -> None:
     assert commit.is_complete(tmp_path / "global_step_4")  # untouched
 
 
-@pytest.mark.parametrize("rel,content", [("actor/rng/rank_00001.pt", b"y" * 11),
-                                         ("actor/ranks/rank_00000.json", None)])
+@pytest.mark.parametrize("rel,content", [("actor/rng/rank_00001.pt", b"y" * 11), ("actor/ranks/rank_00000.json", None)])
 def test_same_size_change_of_a_small_file_skips_the_step_and_names_it(tmp_path: Path, rel: str, content) -> None:
     save(tmp_path, 2)
     final = save(tmp_path, 4)

@@ -1,6 +1,7 @@
 """verl's FSDP checkpoint manager under our declared replacement of ``load_checkpoint`` (issue #27): the sharded
 files verl writes (DTensors, NumPy's RNG state) load through the weights-only loader with their digests
 checked, and a tampered file is refused by name, never unpickled. One process, gloo, world size 1."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,12 +31,17 @@ def fsdp_model():
 
     ours = not torch.distributed.is_initialized()
     if ours:
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                                             world_size=1)
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        )
     mesh = init_device_mesh("cpu", (1,))
     torch.manual_seed(0)
-    model = FSDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), device_mesh=mesh,
-                 device_id=torch.device("cpu"), use_orig_params=True)
+    model = FSDP(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)),
+        device_mesh=mesh,
+        device_id=torch.device("cpu"),
+        use_orig_params=True,
+    )
     yield model
     if ours:
         torch.distributed.destroy_process_group()
@@ -46,9 +52,15 @@ def manager(model) -> SimpleNamespace:
 
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return SimpleNamespace(model=model, optimizer=opt, lr_scheduler=sched, world_size=1, rank=0,
-                           load_rng_state=BaseCheckpointManager.load_rng_state,
-                           get_rng_state=BaseCheckpointManager.get_rng_state)
+    return SimpleNamespace(
+        model=model,
+        optimizer=opt,
+        lr_scheduler=sched,
+        world_size=1,
+        rank=0,
+        load_rng_state=BaseCheckpointManager.load_rng_state,
+        get_rng_state=BaseCheckpointManager.get_rng_state,
+    )
 
 
 def save_like_verl(m: SimpleNamespace, role: Path) -> None:
@@ -57,12 +69,15 @@ def save_like_verl(m: SimpleNamespace, role: Path) -> None:
     from verl.utils.fsdp_utils import get_fsdp_state_ctx
 
     role.mkdir(parents=True)
-    with get_fsdp_state_ctx(m.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(),
-                            ShardedOptimStateDictConfig()):
+    with get_fsdp_state_ctx(
+        m.model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(), ShardedOptimStateDictConfig()
+    ):
         torch.save(m.model.state_dict(), role / "model_world_size_1_rank_0.pt")
         torch.save(m.optimizer.state_dict(), role / "optim_world_size_1_rank_0.pt")
-        torch.save({"lr_scheduler": m.lr_scheduler.state_dict(), "rng": m.get_rng_state()},
-                   role / "extra_state_world_size_1_rank_0.pt")
+        torch.save(
+            {"lr_scheduler": m.lr_scheduler.state_dict(), "rng": m.get_rng_state()},
+            role / "extra_state_world_size_1_rank_0.pt",
+        )
 
 
 def test_fsdp_checkpoint_round_trips_through_the_safe_loader(tmp_path: Path, fsdp_model) -> None:

@@ -1,4 +1,5 @@
 """The job environment turns hang diagnosis on, a little before HCCL's own time-out."""
+
 from __future__ import annotations
 
 from pathlib import Path

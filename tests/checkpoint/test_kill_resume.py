@@ -14,6 +14,7 @@ MindSpeed-LLM, distributed optimizer chained over dense and expert DP groups), t
 The metrics (parameter norm, gradient norm, the draws of torch's and Megatron's RNG, Adam's step, the data
 position) change if any of model, optimizer moments, step count, RNG states or data position is not restored.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,12 @@ import torch
 
 from job_harness import launch
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1800),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 ARGS = ["--steps", "8", "--save-freq", "2", "--keep", "2", "--ep", "2"]
 METRIC_KEYS = ("param_sq", "grad_norm", "rng", "adam_step", "data_position")
 
@@ -90,8 +95,9 @@ def check_export_round_trip(actor_dir: Path, tmp_path: Path) -> None:
     hf = tmp_path / "hf"
     convert_mcore_to_hf(actor_dir, hf, progress=False)
     cfg = json.loads((hf / "config.json").read_text())
-    model = DeepseekV3ForCausalLM.from_pretrained(hf, config=DeepseekV3Config(**dict(cfg, torch_dtype="float32")),
-                                                  torch_dtype=torch.float32)
+    model = DeepseekV3ForCausalLM.from_pretrained(
+        hf, config=DeepseekV3Config(**dict(cfg, torch_dtype="float32")), torch_dtype=torch.float32
+    )
     assert sum(p.numel() for p in model.parameters()) > 0
     layout = ParallelLayout.from_json(load_manifest(actor_dir)["layout"])
     back = tmp_path / "back"

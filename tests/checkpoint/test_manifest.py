@@ -1,4 +1,5 @@
 """Pure: rank records -> a complete save or an error naming rank and file; layout comparison on resume."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,9 +7,19 @@ import json
 
 import pytest
 
-from verl_patches.checkpoint.manifest import (CheckpointIncomplete, FileRecord, LayoutChangeError, RankRecord,
-                                              TrainLayout, check_rank_records, check_resume_layout, layout_differences,
-                                              manifest_json, parse_manifest, parse_rank_record)
+from verl_patches.checkpoint.manifest import (
+    CheckpointIncomplete,
+    FileRecord,
+    LayoutChangeError,
+    RankRecord,
+    TrainLayout,
+    check_rank_records,
+    check_resume_layout,
+    layout_differences,
+    manifest_json,
+    parse_manifest,
+    parse_rank_record,
+)
 
 TP2EP2 = TrainLayout(tp=2, pp=1, ep=2, dp=2)
 
@@ -16,9 +27,18 @@ TP2EP2 = TrainLayout(tp=2, pp=1, ep=2, dp=2)
 def records(layout: TrainLayout) -> list[RankRecord]:
     out = []
     for r in range(layout.world_size):
-        out.append(RankRecord(rank=r, layout=layout, tp_rank=r % layout.tp, pp_rank=0, ep_rank=(r // layout.tp) % layout.ep,
-                              dp_rank=r // layout.tp, files={f"rng/rank_{r:05d}.pt": 100 + r},
-                              sha256={f"rng/rank_{r:05d}.pt": f"{r:064x}"}))
+        out.append(
+            RankRecord(
+                rank=r,
+                layout=layout,
+                tp_rank=r % layout.tp,
+                pp_rank=0,
+                ep_rank=(r // layout.tp) % layout.ep,
+                dp_rank=r // layout.tp,
+                files={f"rng/rank_{r:05d}.pt": 100 + r},
+                sha256={f"rng/rank_{r:05d}.pt": f"{r:064x}"},
+            )
+        )
     return out
 
 
@@ -67,15 +87,18 @@ def test_file_without_digest_is_named() -> None:
         check_rank_records("actor", recs, sizes(recs))
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d.update(rank="1"), "key 'rank' must be an integer"),
-    (lambda d: d.update(rank=True), "key 'rank' must be an integer"),
-    (lambda d: d["layout"].update(tp=0), "key 'tp' must be an integer in 1.."),
-    (lambda d: d["files"].update({"../../etc/passwd": 1}), "leaves or re-enters its folder"),
-    (lambda d: d["files"].update({"/etc/passwd": 1}), "is absolute"),
-    (lambda d: d["sha256"].update({"rng/rank_00001.pt": "abc"}), "expected a sha256"),
-    (lambda d: d["layout"].update(evil=1), "unknown key 'evil'"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: d.update(rank="1"), "key 'rank' must be an integer"),
+        (lambda d: d.update(rank=True), "key 'rank' must be an integer"),
+        (lambda d: d["layout"].update(tp=0), "key 'tp' must be an integer in 1.."),
+        (lambda d: d["files"].update({"../../etc/passwd": 1}), "leaves or re-enters its folder"),
+        (lambda d: d["files"].update({"/etc/passwd": 1}), "is absolute"),
+        (lambda d: d["sha256"].update({"rng/rank_00001.pt": "abc"}), "expected a sha256"),
+        (lambda d: d["layout"].update(evil=1), "unknown key 'evil'"),
+    ],
+)
 def test_rank_record_is_schema_checked(mutate, needle) -> None:
     d = records(TP2EP2)[1].to_json()
     mutate(d)
@@ -103,8 +126,9 @@ SHA = "ab" * 32
 
 
 def good_manifest() -> dict:
-    return manifest_json(4, {"actor": TP2EP2, "critic": None}, {"data.pt": FileRecord(10, SHA)},
-                         {"total_training_steps": 9})
+    return manifest_json(
+        4, {"actor": TP2EP2, "critic": None}, {"data.pt": FileRecord(10, SHA)}, {"total_training_steps": 9}
+    )
 
 
 def test_manifest_parse_errors_name_file_and_key() -> None:
@@ -121,22 +145,25 @@ def test_manifest_parse_errors_name_file_and_key() -> None:
         parse_manifest(json.dumps({"version": 1, "step": 1, "roles": {}, "files": {"a": 1}}), "x")
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d["files"].update({"../outside.pt": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
-    (lambda d: d["files"].update({"/abs.pt": {"bytes": 1, "sha256": SHA}}), "is absolute"),
-    (lambda d: d["files"].update({"a//b": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
-    (lambda d: d["files"].update({"a\\..\\b": {"bytes": 1, "sha256": SHA}}), "backslash"),
-    (lambda d: d["files"].update({"checkpoint.json": {"bytes": 1, "sha256": SHA}}), "lists the manifest itself"),
-    (lambda d: d["files"]["data.pt"].update(bytes=-1), "key 'bytes' must be an integer"),
-    (lambda d: d["files"]["data.pt"].update(sha256="AB" * 32), "expected a sha256"),
-    (lambda d: d["files"].update({"x": 5}), "expected a JSON object"),
-    (lambda d: d["roles"].update({"..": None}), "leaves or re-enters"),
-    (lambda d: d["roles"].update({"a/b": None}), "single name"),
-    (lambda d: d["roles"]["actor"].update(dp="2"), "key 'dp' must be an integer"),
-    (lambda d: d.update(step=10 ** 12), "key 'step' must be an integer in 0..999999999999"),
-    (lambda d: d.update(step=True), "key 'step' missing or not a int"),
-    (lambda d: d.update(step=4.0), "key 'step' missing or not a int"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: d["files"].update({"../outside.pt": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
+        (lambda d: d["files"].update({"/abs.pt": {"bytes": 1, "sha256": SHA}}), "is absolute"),
+        (lambda d: d["files"].update({"a//b": {"bytes": 1, "sha256": SHA}}), "leaves or re-enters"),
+        (lambda d: d["files"].update({"a\\..\\b": {"bytes": 1, "sha256": SHA}}), "backslash"),
+        (lambda d: d["files"].update({"checkpoint.json": {"bytes": 1, "sha256": SHA}}), "lists the manifest itself"),
+        (lambda d: d["files"]["data.pt"].update(bytes=-1), "key 'bytes' must be an integer"),
+        (lambda d: d["files"]["data.pt"].update(sha256="AB" * 32), "expected a sha256"),
+        (lambda d: d["files"].update({"x": 5}), "expected a JSON object"),
+        (lambda d: d["roles"].update({"..": None}), "leaves or re-enters"),
+        (lambda d: d["roles"].update({"a/b": None}), "single name"),
+        (lambda d: d["roles"]["actor"].update(dp="2"), "key 'dp' must be an integer"),
+        (lambda d: d.update(step=10**12), "key 'step' must be an integer in 0..999999999999"),
+        (lambda d: d.update(step=True), "key 'step' missing or not a int"),
+        (lambda d: d.update(step=4.0), "key 'step' missing or not a int"),
+    ],
+)
 def test_manifest_schema_refusals_are_one_line(mutate, needle) -> None:
     d = good_manifest()
     mutate(d)
@@ -145,13 +172,16 @@ def test_manifest_schema_refusals_are_one_line(mutate, needle) -> None:
     assert "\n" not in str(e.value) and str(e.value).startswith("s/checkpoint.json")
 
 
-@pytest.mark.parametrize("text,needle", [
-    (b'{"version": 2, "version": 2}', "duplicate key 'version'"),
-    (b'{"version": NaN}', "NaN is not a JSON number"),
-    (b'{"step": ' + b"9" * 5000 + b"}", "a number of 5000 digits"),
-    (b"[" * 100000 + b"]" * 100000, "nested deeper than 64"),
-    (b"\xff\xfe{}", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        (b'{"version": 2, "version": 2}', "duplicate key 'version'"),
+        (b'{"version": NaN}', "NaN is not a JSON number"),
+        (b'{"step": ' + b"9" * 5000 + b"}", "a number of 5000 digits"),
+        (b"[" * 100000 + b"]" * 100000, "nested deeper than 64"),
+        (b"\xff\xfe{}", "not UTF-8"),
+    ],
+)
 def test_manifest_strict_json(text, needle) -> None:
     with pytest.raises(CheckpointIncomplete, match=needle):
         parse_manifest(text, "s/checkpoint.json")
@@ -163,8 +193,10 @@ def test_same_layout_resumes_silently_and_dp_change_is_supported() -> None:
     assert "data-parallel size changed 2 -> 4" in note
 
 
-@pytest.mark.parametrize("field,value", [("tp", 1), ("pp", 2), ("ep", 4), ("cp", 2), ("moe_tp_extend_ep", True),
-                                         ("use_distributed_optimizer", False)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("tp", 1), ("pp", 2), ("ep", 4), ("cp", 2), ("moe_tp_extend_ep", True), ("use_distributed_optimizer", False)],
+)
 def test_other_layout_changes_name_both_layouts_and_the_conversion(field, value) -> None:
     running = dataclasses.replace(TP2EP2, **{field: value})
     with pytest.raises(LayoutChangeError) as e:

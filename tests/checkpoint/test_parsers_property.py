@@ -1,6 +1,7 @@
 """Property-based tests of the checkpoint parsers against arbitrary bytes (issue #27, must-have 8): the tracker,
 step numbers, the step manifest, rank records and file names. Each either parses or raises its one named
 error with a one-line message; a parsed name never leads outside its folder."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,22 @@ from hypothesis import strategies as st
 
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, check_relpath
-from verl_patches.checkpoint.manifest import (MANIFEST_FILE, CheckpointIncomplete, FileRecord,
-                                              manifest_json, parse_manifest, parse_rank_record)
-from verl_patches.checkpoint.tracker import (MAX_STEP_DIGITS, StepNumberError, TrackerError, parse_step_int,
-                                             read_megatron_tracker, read_tracker)
+from verl_patches.checkpoint.manifest import (
+    MANIFEST_FILE,
+    CheckpointIncomplete,
+    FileRecord,
+    manifest_json,
+    parse_manifest,
+    parse_rank_record,
+)
+from verl_patches.checkpoint.tracker import (
+    MAX_STEP_DIGITS,
+    StepNumberError,
+    TrackerError,
+    parse_step_int,
+    read_megatron_tracker,
+    read_tracker,
+)
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 HOSTILE = st.sampled_from(["..", ".", "", "/", "a", "b.pt", "\\", "\x00", "\n", "²", "~", "-", " ", "..."])
@@ -48,7 +61,7 @@ def test_tracker_arbitrary_bytes(data: bytes) -> None:
                 assert reader is read_megatron_tracker and data.strip() == b"release"
                 continue
             digits = data.strip(b" \t\r\n")
-            assert isinstance(got, int) and 0 <= got < 10 ** MAX_STEP_DIGITS
+            assert isinstance(got, int) and 0 <= got < 10**MAX_STEP_DIGITS
             assert digits.isdigit() and all(48 <= c <= 57 for c in digits) and int(digits) == got
 
 
@@ -100,21 +113,35 @@ def test_manifest_arbitrary_bytes(data: bytes) -> None:
     assert all(inside("/ck/global_step_1", rel) for rel in m.files)
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | hostile_names,
-                           lambda kids: st.lists(kids, max_size=3) | st.dictionaries(hostile_names, kids, max_size=3),
-                           max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | hostile_names,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(hostile_names, kids, max_size=3),
+    max_leaves=8,
+)
 
 
 @SETTINGS
-@given(st.dictionaries(hostile_names, st.fixed_dictionaries({"bytes": st.integers(-2, 10 ** 20),
-                                                            "sha256": st.sampled_from(["ab" * 32, "x", "AB" * 32])})
-                       | st.dictionaries(hostile_names, json_values, max_size=3), max_size=4),
-       st.dictionaries(hostile_names, st.none() | json_values, max_size=3),
-       json_values, st.integers(-1, 2))
+@given(
+    st.dictionaries(
+        hostile_names,
+        st.fixed_dictionaries(
+            {"bytes": st.integers(-2, 10**20), "sha256": st.sampled_from(["ab" * 32, "x", "AB" * 32])}
+        )
+        | st.dictionaries(hostile_names, json_values, max_size=3),
+        max_size=4,
+    ),
+    st.dictionaries(hostile_names, st.none() | json_values, max_size=3),
+    json_values,
+    st.integers(-1, 2),
+)
 def test_manifest_structured_fuzz(files, roles, step, version_shift: int) -> None:
     """Near-valid manifests with hostile names and values: parsed ones only name files inside the step folder."""
-    doc = {"version": 2 + version_shift // 2, "step": step if not isinstance(step, (list, dict)) else 1,
-           "roles": roles, "files": files}
+    doc = {
+        "version": 2 + version_shift // 2,
+        "step": step if not isinstance(step, (list, dict)) else 1,
+        "roles": roles,
+        "files": files,
+    }
     try:
         m = parse_manifest(json.dumps(doc), "s/checkpoint.json")
     except CheckpointIncomplete as err:

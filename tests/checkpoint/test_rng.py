@@ -1,6 +1,7 @@
 """The RNG states a checkpoint carries (`verl_patches.checkpoint.rng`): Python, NumPy, torch and the generators
 components register (the CPU rollout stand-in's sampling stream), through a weights-only file as the actor
 checkpoint writes them. A resume restores them, so the draws after it are the draws the saved run made next."""
+
 from __future__ import annotations
 
 import random
@@ -23,8 +24,12 @@ def clean_registry():
 
 
 def draws(generators: dict[str, torch.Generator]) -> list:
-    return [random.random(), float(np.random.rand()), float(torch.rand(1)),
-            *(float(torch.rand(1, generator=g)) for g in generators.values())]
+    return [
+        random.random(),
+        float(np.random.rand()),
+        float(torch.rand(1)),
+        *(float(torch.rand(1, generator=g)) for g in generators.values()),
+    ]
 
 
 def through_file(state: dict, tmp_path: Path) -> dict:
@@ -96,8 +101,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.usefixtures("vllm_job_process")
-def test_rollout_standin_sampling_resumes_where_the_saved_engine_left_off(tiny_model_dir: Path,
-                                                                          tmp_path: Path) -> None:
+def test_rollout_standin_sampling_resumes_where_the_saved_engine_left_off(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The stand-in samples from its own seeded generator; a checkpoint taken between two generate calls,
     restored into a freshly built engine (the resumed process), gives the second call's tokens again."""
     from vllm import SamplingParams

@@ -7,6 +7,7 @@ matches it (the manifest rewritten too, or no digest given) the weights-only loa
 The marker is never created. The resume's readers (actor files, the distributed optimizer's parameter
 state, the dataloader position) all go through the same loader.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,7 @@ import torch
 
 from verl_patches.checkpoint import actor_state, commit, optimizer_state
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
-from verl_patches.checkpoint.safe_load import (CheckpointFileError, UnsafeCheckpointError, load_tensor_file,
-                                               sha256_file)
+from verl_patches.checkpoint.safe_load import CheckpointFileError, UnsafeCheckpointError, load_tensor_file, sha256_file
 
 
 class _Payload:
@@ -92,13 +92,16 @@ def test_digest_mismatch_is_refused_before_reading(tmp_path: Path, monkeypatch) 
     assert calls == [] and not marker.exists()  # torch.load was never reached
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda p: None, "missing"),
-    (lambda p: p.mkdir(), "not a regular file"),
-    (lambda p: os.mkfifo(p), "not a regular file"),  # would block a reader
-    (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), "not a torch file|not a readable torch file"),
-    (lambda p: p.write_bytes(b""), "not a torch file|not a readable torch file"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda p: None, "missing"),
+        (lambda p: p.mkdir(), "not a regular file"),
+        (lambda p: os.mkfifo(p), "not a regular file"),  # would block a reader
+        (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), "not a torch file|not a readable torch file"),
+        (lambda p: p.write_bytes(b""), "not a torch file|not a readable torch file"),
+    ],
+)
 def test_unreadable_files_are_one_line(tmp_path: Path, make, needle: str) -> None:
     p = tmp_path / "f.pt"
     make(p)
@@ -142,7 +145,9 @@ def tamper(path: Path, marker: Path, fix_manifest: bool) -> None:
         (step / "checkpoint.json").write_text(json.dumps(man))
 
 
-@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")])
+@pytest.mark.parametrize(
+    "fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")]
+)
 def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_manifest: bool, needle: str) -> None:
     role = committed_actor(tmp_path)
     committed = actor_state.CommittedRole.open(role)
@@ -156,9 +161,12 @@ def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_ma
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")])
-def test_tampered_optimizer_param_state_is_never_unpickled(tmp_path: Path, monkeypatch, fix_manifest: bool,
-                                                           needle: str) -> None:
+@pytest.mark.parametrize(
+    "fix_manifest,needle", [(False, "sha256 .* differs"), (True, "not a torch file in the zip format")]
+)
+def test_tampered_optimizer_param_state_is_never_unpickled(
+    tmp_path: Path, monkeypatch, fix_manifest: bool, needle: str
+) -> None:
     """Megatron's load_parameter_state would torch.load this file bare; ours reads it on DP rank 0 through
     the safe loader and hands the state to load_parameter_state_from_dp_zero."""
     role = committed_actor(tmp_path)
@@ -184,8 +192,9 @@ def test_chained_optimizer_reads_once_on_dp_rank_zero_and_scatters_on_all(tmp_pa
     for dp_rank in (0, 1):
         monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None, r=dp_rank: r)
         got: list = []
-        inner = [SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=got.append)
-                 for _ in states]
+        inner = [
+            SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=got.append) for _ in states
+        ]
         optimizer_state.load_parameter_state(SimpleNamespace(chained_optimizers=inner), f, sha256_file(f))
         if dp_rank == 0:
             assert [sorted(s) for s in got] == [["a"], ["b"]]
@@ -233,14 +242,20 @@ def test_no_bare_torch_load_on_the_resume_path() -> None:
     calls = []
     for p in sorted(pkg.glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("torch", "pickle"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("torch", "pickle")
+            ):
                 kw = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
                 calls.append((p.name, node.func.value.id, kw.get("weights_only")))
     assert calls == [("safe_load.py", "torch", True)]
 
 
 # --- TorchScript and foreign zip archives (torch 2.5.1 hands a TorchScript zip to torch.jit.load) -----------------
+
 
 def torchscript_archive(path: Path) -> Path:
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
@@ -282,14 +297,20 @@ def test_a_torchscript_archive_never_reaches_torch(tmp_path: Path, monkeypatch) 
     assert reached == []
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda es: es + [(es[0][0].split("/")[0] + "/constants.pkl", b"x")], "a TorchScript archive"),
-    (lambda es: es + [(es[0][0].split("/")[0] + "/code/__torch__/m.py", b"x")], "a TorchScript archive"),
-    (lambda es: es + [(es[0][0].split("/")[0] + "/extra/run.py", b"x")], "'extra/run.py' is not one torch.save writes"),
-    (lambda es: es + [("other/data.pkl", b"x")], "not under one archive folder"),
-    (lambda es: es + [es[0]], "appears twice"),
-    (lambda es: [e for e in es if not e[0].endswith("data.pkl")], "no data.pkl"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda es: es + [(es[0][0].split("/")[0] + "/constants.pkl", b"x")], "a TorchScript archive"),
+        (lambda es: es + [(es[0][0].split("/")[0] + "/code/__torch__/m.py", b"x")], "a TorchScript archive"),
+        (
+            lambda es: es + [(es[0][0].split("/")[0] + "/extra/run.py", b"x")],
+            "'extra/run.py' is not one torch.save writes",
+        ),
+        (lambda es: es + [("other/data.pkl", b"x")], "not under one archive folder"),
+        (lambda es: es + [es[0]], "appears twice"),
+        (lambda es: [e for e in es if not e[0].endswith("data.pkl")], "no data.pkl"),
+    ],
+)
 def test_zip_archives_torch_save_does_not_write_are_refused_by_entry(tmp_path: Path, edit, needle: str) -> None:
     good = tmp_path / "good.pt"
     torch.save({"w": torch.arange(3.0)}, good)

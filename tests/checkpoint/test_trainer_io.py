@@ -1,5 +1,6 @@
 """The driver's save and resume (the declared replacements of RayPPOTrainer._save/_load_checkpoint), with
 worker groups that write what the Megatron workers write (rank records and files) in this process."""
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,16 @@ class FakeWorkerGroup:
             torch.save({"step": step, "rank": r}, f)
             if r == self.fail_rank:
                 continue  # this rank died before its record
-            rec = RankRecord(rank=r, layout=LAYOUT, tp_rank=0, pp_rank=0, ep_rank=r, dp_rank=r,
-                             files={f"rng/rank_{r:05d}.pt": f.stat().st_size},
-                             sha256={f"rng/rank_{r:05d}.pt": sha256_file(f)})
+            rec = RankRecord(
+                rank=r,
+                layout=LAYOUT,
+                tp_rank=0,
+                pp_rank=0,
+                ep_rank=r,
+                dp_rank=r,
+                files={f"rng/rank_{r:05d}.pt": f.stat().st_size},
+                sha256={f"rng/rank_{r:05d}.pt": sha256_file(f)},
+            )
             (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
             (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
 
@@ -57,10 +65,26 @@ class FakeLoader:
 
 
 def trainer(root: Path, **trainer_cfg) -> SimpleNamespace:
-    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(root), "default_hdfs_dir": None, "resume_mode": "auto",
-                                        "resume_from_path": None, "max_actor_ckpt_to_keep": None, **trainer_cfg}})
-    return SimpleNamespace(config=cfg, actor_rollout_wg=FakeWorkerGroup(), train_dataloader=FakeLoader(),
-                           global_steps=0, total_training_steps=10, use_critic=False)
+    cfg = OmegaConf.create(
+        {
+            "trainer": {
+                "default_local_dir": str(root),
+                "default_hdfs_dir": None,
+                "resume_mode": "auto",
+                "resume_from_path": None,
+                "max_actor_ckpt_to_keep": None,
+                **trainer_cfg,
+            }
+        }
+    )
+    return SimpleNamespace(
+        config=cfg,
+        actor_rollout_wg=FakeWorkerGroup(),
+        train_dataloader=FakeLoader(),
+        global_steps=0,
+        total_training_steps=10,
+        use_critic=False,
+    )
 
 
 def test_save_then_resume_restores_step_and_dataloader(tmp_path: Path, capsys) -> None:
@@ -76,8 +100,10 @@ def test_save_then_resume_restores_step_and_dataloader(tmp_path: Path, capsys) -
     assert fresh.global_steps == 6 and fresh.train_dataloader.position == 18
     assert fresh.actor_rollout_wg.loaded == [str(tmp_path / "global_step_6" / "actor")]
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("verl_patches resume:")]
-    assert lines == [f"verl_patches resume: from {tmp_path / 'global_step_6'} (step 6; actor TP1xPP1xEP2 DP2; "
-                     "model, optimizer, RNG and dataloader restored)"]
+    assert lines == [
+        f"verl_patches resume: from {tmp_path / 'global_step_6'} (step 6; actor TP1xPP1xEP2 DP2; "
+        "model, optimizer, RNG and dataloader restored)"
+    ]
 
 
 def test_crash_while_saving_keeps_previous(tmp_path: Path, capsys) -> None:
@@ -111,8 +137,9 @@ def test_resume_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="must name a global_step_N folder"):
         trainer_io.load_latest(trainer(tmp_path, resume_mode="resume_path", resume_from_path=str(tmp_path)))
     with pytest.raises(CheckpointIncomplete, match="global_step_9/checkpoint.json: missing"):
-        trainer_io.load_latest(trainer(tmp_path, resume_mode="resume_path",
-                                       resume_from_path=str(tmp_path / "global_step_9")))
+        trainer_io.load_latest(
+            trainer(tmp_path, resume_mode="resume_path", resume_from_path=str(tmp_path / "global_step_9"))
+        )
     with pytest.raises(ValueError, match="resume_mode='sometimes'"):
         trainer_io.load_latest(trainer(tmp_path, resume_mode="sometimes"))
 
@@ -123,8 +150,9 @@ def test_resume_path_refuses_a_link_and_a_damaged_step(tmp_path: Path) -> None:
     step = trainer_io.save_step(t)
     os.symlink(step, tmp_path / "global_step_2")
     with pytest.raises(CheckpointIncomplete, match="global_step_2: is a symbolic link"):
-        trainer_io.load_latest(trainer(tmp_path, resume_mode="resume_path",
-                                       resume_from_path=str(tmp_path / "global_step_2")))
+        trainer_io.load_latest(
+            trainer(tmp_path, resume_mode="resume_path", resume_from_path=str(tmp_path / "global_step_2"))
+        )
     (step / "data.pt").write_bytes(b"short")
     with pytest.raises(CheckpointIncomplete, match=r"resume_from_path=.*data.pt: 5 bytes, checkpoint.json records"):
         trainer_io.load_latest(trainer(tmp_path / "ck", resume_mode="resume_path", resume_from_path=str(step)))
@@ -159,8 +187,10 @@ def test_only_checkpoint_damaged_starts_from_scratch_and_says_why(tmp_path: Path
     (tmp_path / "global_step_2" / "checkpoint.json").write_bytes(b"\xff")
     assert trainer_io.load_latest(trainer(tmp_path)) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("verl_patches resume:")]
-    assert line == [f"verl_patches resume: starting from step 0 (no complete checkpoint under {tmp_path}; "
-                    f"global_step_2 skipped: {tmp_path / 'global_step_2' / 'checkpoint.json'}: not UTF-8 (byte 0))"]
+    assert line == [
+        f"verl_patches resume: starting from step 0 (no complete checkpoint under {tmp_path}; "
+        f"global_step_2 skipped: {tmp_path / 'global_step_2' / 'checkpoint.json'}: not UTF-8 (byte 0))"
+    ]
 
 
 def test_hdfs_is_refused(tmp_path: Path) -> None:
@@ -180,10 +210,14 @@ def test_declared_patches_point_at_these_functions() -> None:
     from verl_patches.patches.verl.utils.checkpoint.declarations import PATCHES
 
     targets = {p.target.split(":")[1] for p in PATCHES}
-    assert targets == {"MegatronCheckpointManager.save_checkpoint", "MegatronCheckpointManager.load_checkpoint",
-                       "FSDPCheckpointManager.load_checkpoint",
-                       "RayPPOTrainer._save_checkpoint", "RayPPOTrainer._load_checkpoint",
-                       "ActorRolloutRefWorker.save_checkpoint"}
+    assert targets == {
+        "MegatronCheckpointManager.save_checkpoint",
+        "MegatronCheckpointManager.load_checkpoint",
+        "FSDPCheckpointManager.load_checkpoint",
+        "RayPPOTrainer._save_checkpoint",
+        "RayPPOTrainer._load_checkpoint",
+        "ActorRolloutRefWorker.save_checkpoint",
+    }
     for p in PATCHES:
         made = p.replacement(lambda *a: None) if p.kind.value == "wrap" else p.replacement()
         assert callable(made)

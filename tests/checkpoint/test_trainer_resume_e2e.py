@@ -4,6 +4,7 @@ with one more step resumes from the last checkpoint, says so in one line and run
 the new step. (The Megatron tiny run of the A3 path is not used here: see the module docstring of
 test_kill_resume.py for the kill-and-resume test on the Megatron engine.)
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"step:(\d+) - ")
-FSDP_PROFILE = "ppo_tiny_local_fsdp" if (REPO / "verl_patches/trainer/config/ppo_tiny_local_fsdp.yaml").exists() \
+FSDP_PROFILE = (
+    "ppo_tiny_local_fsdp"
+    if (REPO / "verl_patches/trainer/config/ppo_tiny_local_fsdp.yaml").exists()
     else "ppo_tiny_local"
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -26,11 +30,27 @@ def run(assets: Path, ckpt: Path, steps: int) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", FSDP_PROFILE,
-         f"overlay.tiny_assets_dir={assets}", f"trainer.total_training_steps={steps}", "trainer.logger=[console]",
-         "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=1", f"trainer.default_local_dir={ckpt}",
-         "trainer.test_freq=-1", "trainer.val_before_train=False"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=700)
+        [
+            sys.executable,
+            "-m",
+            "verl_patches.trainer.main_ppo_npu",
+            "--config-name",
+            FSDP_PROFILE,
+            f"overlay.tiny_assets_dir={assets}",
+            f"trainer.total_training_steps={steps}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=1",
+            "trainer.max_actor_ckpt_to_keep=1",
+            f"trainer.default_local_dir={ckpt}",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=False",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     return out

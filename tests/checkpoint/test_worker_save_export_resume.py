@@ -13,6 +13,7 @@ Two layouts, 2 ranks each, the distributed optimizer, fp32 (as the engine's gold
   not complete on CPU yet, and MindSpeed's all-to-all overlap cannot run a backward pass at EP1): save,
   export and resume give the same log-probs.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,7 +37,7 @@ def _barrier() -> None:
 def _dp_share(batch: dict, rank_dp: tuple[int, int]) -> dict:
     dp, r = rank_dp
     n = next(iter(batch.values())).shape[0] // dp
-    return {k: v[r * n:(r + 1) * n] for k, v in batch.items()}
+    return {k: v[r * n : (r + 1) * n] for k, v in batch.items()}
 
 
 def _proto(batch: dict, **meta):
@@ -45,8 +46,9 @@ def _proto(batch: dict, **meta):
     return DataProto.from_dict(tensors=dict(batch), meta_info=dict(meta))
 
 
-def rank_save_resume(rank: int, world: int, hf: str, ckpt: str, root: str, tp: int, pp: int, ep: int,
-                     layer_list, train: bool) -> dict:
+def rank_save_resume(
+    rank: int, world: int, hf: str, ckpt: str, root: str, tp: int, pp: int, ep: int, layer_list, train: bool
+) -> dict:
     from megatron.core import parallel_state as mpu
     from verl.utils.megatron_utils import unwrap_model
     from verl.workers.megatron_workers import ActorRolloutRefWorker
@@ -106,19 +108,25 @@ def rank_save_resume(rank: int, world: int, hf: str, ckpt: str, root: str, tp: i
         b = dict(unwrap_model(resumed.actor_module[0]).named_parameters())
         diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     torch.save({"lp": lp, "mask": mine["attention_mask"][:, -RESPONSE:]}, root_p / f"lp_rank{rank}.pt")
-    return {"dp": place, "resumed_lp_diff": float((lp_resumed - lp).abs().max()),
-            "initial_lp_diff": float((lp_initial - lp).abs().max()),
-            "param_diff_after_next_step": diff,
-            "optimizer": type(actor.actor_optimizer).__name__}
+    return {
+        "dp": place,
+        "resumed_lp_diff": float((lp_resumed - lp).abs().max()),
+        "initial_lp_diff": float((lp_initial - lp).abs().max()),
+        "param_diff_after_next_step": diff,
+        "optimizer": type(actor.actor_optimizer).__name__,
+    }
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ckpt_worker")
     hf = build_hf_model(root)
-    return {"root": str(root), "hf": str(hf),
-            "ep2": str(convert(hf, root / "ep2", tp=1, pp=1, ep=2, num_layer_list=None)),
-            "pp2": str(convert(hf, root / "pp2", tp=1, pp=2, ep=1, num_layer_list=(1, 2)))}
+    return {
+        "root": str(root),
+        "hf": str(hf),
+        "ep2": str(convert(hf, root / "ep2", tp=1, pp=1, ep=2, num_layer_list=None)),
+        "pp2": str(convert(hf, root / "pp2", tp=1, pp=2, ep=1, num_layer_list=(1, 2))),
+    }
 
 
 # (name, tp, pp, ep, layer list, train, ranks that hold the DP shares of the log-probs, in DP order)
@@ -131,8 +139,19 @@ def test_save_export_and_resume(assets: dict[str, str], tmp_path: Path, case) ->
 
     name, tp, pp, ep, layer_list, train, lp_ranks = case
     ckroot = tmp_path / "checkpoints"
-    results = run_ranks(rank_save_resume, 2, timeout_s=900, hf=assets["hf"], ckpt=assets[name], root=str(ckroot),
-                        tp=tp, pp=pp, ep=ep, layer_list=layer_list, train=train)
+    results = run_ranks(
+        rank_save_resume,
+        2,
+        timeout_s=900,
+        hf=assets["hf"],
+        ckpt=assets[name],
+        root=str(ckroot),
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        layer_list=layer_list,
+        train=train,
+    )
     print(json.dumps(results, indent=1))
     for r in results:
         assert r["optimizer"] in ("DistributedOptimizer", "ChainedOptimizer")

@@ -1,5 +1,6 @@
 """check_logprobs.py's arguments: requests that cannot be checked stop with exit status 2 and one line naming
 the flag, before any model is read or any rank started."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,14 +16,59 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_arguments_become_a_request():
-    ns = build_parser().parse_args(["--hf", "/m", "--mcore", "/c", "--tp", "2", "--pp", "2", "--ep", "2",
-                                    "--num-layer-list", "1,2", "--moe-tp-extend-ep", "--engines", "megatron",
-                                    "--tokens", "9", "--seed", "4", "--layers", "3", "--experts", "16",
-                                    "--rollout-tp", "2", "--rollout-ep", "4", "--tolerance", "0.01"])
+    ns = build_parser().parse_args(
+        [
+            "--hf",
+            "/m",
+            "--mcore",
+            "/c",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "2",
+            "--num-layer-list",
+            "1,2",
+            "--moe-tp-extend-ep",
+            "--engines",
+            "megatron",
+            "--tokens",
+            "9",
+            "--seed",
+            "4",
+            "--layers",
+            "3",
+            "--experts",
+            "16",
+            "--rollout-tp",
+            "2",
+            "--rollout-ep",
+            "4",
+            "--tolerance",
+            "0.01",
+        ]
+    )
     req = request_from_args(ns)
-    assert req == CheckRequest(hf=Path("/m"), mcore=Path("/c"), tp=2, pp=2, ep=2, num_layer_list=(1, 2),
-                               moe_tp_extend_ep=True, engines=("megatron",), tokens=9, seed=4, layers=3, experts=16,
-                               rollout_tp=2, rollout_ep=4, tolerance=0.01, timeout_s=1800.0, dtype="auto")
+    assert req == CheckRequest(
+        hf=Path("/m"),
+        mcore=Path("/c"),
+        tp=2,
+        pp=2,
+        ep=2,
+        num_layer_list=(1, 2),
+        moe_tp_extend_ep=True,
+        engines=("megatron",),
+        tokens=9,
+        seed=4,
+        layers=3,
+        experts=16,
+        rollout_tp=2,
+        rollout_ep=4,
+        tolerance=0.01,
+        timeout_s=1800.0,
+        dtype="auto",
+    )
     assert req.world == 8 and req.dp == 2
     validate_request(req)
 
@@ -42,11 +88,18 @@ def test_default_dtype_is_the_checkpoints_and_the_tolerance_follows_it():
     assert default_tolerance("float32") == 1e-3 and default_tolerance("bfloat16") == 0.15
 
 
-@pytest.mark.parametrize("kw,flag", [
-    (dict(rollout_ep=3, ep=2), "--rollout-ep 3"), (dict(rollout_tp=2, rollout_ep=1), "--rollout-tp 2"),
-    (dict(tp=0), "--tp"), (dict(num_layer_list=(1, 2)), "--num-layer-list"), (dict(engines=("vllm",)), "--engines"),
-    (dict(tolerance=0.0), "--tolerance"), (dict(tokens=0), "--tokens"),
-])
+@pytest.mark.parametrize(
+    "kw,flag",
+    [
+        (dict(rollout_ep=3, ep=2), "--rollout-ep 3"),
+        (dict(rollout_tp=2, rollout_ep=1), "--rollout-tp 2"),
+        (dict(tp=0), "--tp"),
+        (dict(num_layer_list=(1, 2)), "--num-layer-list"),
+        (dict(engines=("vllm",)), "--engines"),
+        (dict(tolerance=0.0), "--tolerance"),
+        (dict(tokens=0), "--tokens"),
+    ],
+)
 def test_invalid_requests_name_the_flag(kw, flag):
     with pytest.raises(CheckRequestError, match=flag):
         validate_request(CheckRequest(hf=Path("/m"), **kw))
@@ -63,8 +116,13 @@ def test_missing_model_folder_exits_2_naming_it(tmp_path, capsys):
 
 
 def test_script_runs_as_a_file():
-    out = subprocess.run([sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--help"],
-                         capture_output=True, text=True, timeout=60, cwd="/")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert out.returncode == 0 and "--experts" in out.stdout and "--rollout-ep" in out.stdout
 
 

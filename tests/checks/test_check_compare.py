@@ -1,4 +1,5 @@
 """Comparison, verdict and the scored sequences of check_logprobs (pure functions)."""
+
 from __future__ import annotations
 
 import itertools
@@ -59,7 +60,7 @@ def test_sequence_shape_and_dp_shares_cover_the_batch(tokens, dp):
     assert s.total == tokens and s.prompt >= 1 and s.response >= 1 and s.batch % dp == 0 and s.batch >= 2
     batch = make_sequences(s, 50, seed=3)
     assert batch["input_ids"].shape == (s.batch, tokens) and int(batch["input_ids"].max()) < 50
-    assert torch.equal(batch["responses"], batch["input_ids"][:, s.prompt:])
+    assert torch.equal(batch["responses"], batch["input_ids"][:, s.prompt :])
     shares = [dp_share(batch, dp, d) for d in range(dp)]
     assert torch.equal(torch.cat([x["input_ids"] for x in shares]), batch["input_ids"])
     assert torch.equal(make_sequences(s, 50, seed=3)["input_ids"], batch["input_ids"])

@@ -9,6 +9,7 @@ the A3 weight sync, against HF transformers.
 - a Megatron checkpoint with one expert's weights changed fails for both engines (read through the --layers/
   --experts slice of the Megatron checkpoint).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,12 @@ import torch
 
 from verl_patches.checks.cli import main
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1200),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 AGREE_TOL = 1e-4  # fp32 everywhere: measured 2.4e-7 (megatron) and 0 (rollout)
 
 
@@ -35,8 +40,7 @@ def _convert(hf: Path, out: Path, **layout) -> Path:
     from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
     from verl_patches.weights.layout import ParallelLayout
 
-    convert_hf_to_mcore(hf, out, ParallelLayout(moe_grouped_gemm=True, moe_tp_extend_ep=True, **layout),
-                        progress=False)
+    convert_hf_to_mcore(hf, out, ParallelLayout(moe_grouped_gemm=True, moe_tp_extend_ep=True, **layout), progress=False)
     return out
 
 
@@ -52,8 +56,9 @@ def _report(text: str, engine: str) -> float:
 
 
 def test_agreement_at_ep2_with_truncation(models, capsys):
-    code, text = _run(capsys, "--hf", str(models["hf"]), "--ep", "2", "--layers", "2", "--experts", "4",
-                      "--tolerance", str(AGREE_TOL))
+    code, text = _run(
+        capsys, "--hf", str(models["hf"]), "--ep", "2", "--layers", "2", "--experts", "4", "--tolerance", str(AGREE_TOL)
+    )
     print(text)
     assert code == 0, text
     assert _report(text, "megatron") < AGREE_TOL and _report(text, "rollout") < AGREE_TOL
@@ -62,9 +67,22 @@ def test_agreement_at_ep2_with_truncation(models, capsys):
 
 def test_agreement_at_pp2_uneven_from_a_given_megatron_checkpoint(models, tmp_path, capsys):
     mcore = _convert(models["hf"], tmp_path / "mcore", pp=2, num_layer_list=(1, 2))
-    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--pp", "2",
-                      "--num-layer-list", "1,2", "--moe-tp-extend-ep", "--rollout-ep", "1",
-                      "--tolerance", str(AGREE_TOL))
+    code, text = _run(
+        capsys,
+        "--hf",
+        str(models["hf"]),
+        "--mcore",
+        str(mcore),
+        "--pp",
+        "2",
+        "--num-layer-list",
+        "1,2",
+        "--moe-tp-extend-ep",
+        "--rollout-ep",
+        "1",
+        "--tolerance",
+        str(AGREE_TOL),
+    )
     print(text)
     assert code == 0, text
     assert _report(text, "megatron") < AGREE_TOL and _report(text, "rollout") < AGREE_TOL
@@ -72,8 +90,7 @@ def test_agreement_at_pp2_uneven_from_a_given_megatron_checkpoint(models, tmp_pa
 
 def test_checkpoint_converted_from_another_model_fails_naming_megatron(models, tmp_path, capsys):
     mcore = _convert(models["other"], tmp_path / "mcore", ep=2)
-    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2",
-                      "--engines", "megatron")
+    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2", "--engines", "megatron")
     print(text)
     assert code == 1, text
     fail = [ln for ln in text.splitlines() if ln.startswith("FAIL ")]
@@ -94,8 +111,9 @@ def test_one_changed_expert_fails_for_both_engines(models, tmp_path, capsys):
     h, f2 = 64, 2 * 32
     w1.view(4, h, f2)[1].add_(0.5)
     torch.save(obj, path)
-    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2",
-                      "--layers", "3", "--experts", "4")
+    code, text = _run(
+        capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2", "--layers", "3", "--experts", "4"
+    )
     assert code == 2 and "sha256" in text and "differs" in text, text  # the converter's digest: refused unread
     import hashlib
     import json
@@ -104,8 +122,9 @@ def test_one_changed_expert_fails_for_both_engines(models, tmp_path, capsys):
     man["ranks"][path.parent.name]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     man["ranks"][path.parent.name]["size"] = path.stat().st_size
     (mcore / "conversion_manifest.json").write_text(json.dumps(man))
-    code, text = _run(capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2",
-                      "--layers", "3", "--experts", "4")
+    code, text = _run(
+        capsys, "--hf", str(models["hf"]), "--mcore", str(mcore), "--ep", "2", "--layers", "3", "--experts", "4"
+    )
     print(text)
     assert code == 1, text
     fails = {ln.split(":")[0] for ln in text.splitlines() if ln.startswith("FAIL ")}

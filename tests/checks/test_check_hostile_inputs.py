@@ -1,6 +1,7 @@
 """check_logprobs against hostile and careless inputs (issue 27): its inputs are checked before any work
 (tokenizer present and loadable, sizes bounded, floating-point tensors of the model's schema), the exit status
 is 0 pass / 1 mismatch / 2 bad input or any failure, and the ranks' result files are read weights-only."""
+
 from __future__ import annotations
 
 import ast
@@ -38,8 +39,10 @@ def hf(tiny_hf, tmp_path) -> Path:
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if the check starts any work (memory estimate, conversion, reference, ranks)."""
+
     def must_not_run(*a, **k):
         raise AssertionError("work started before the inputs were checked")
+
     monkeypatch.setattr(run, "check_memory", must_not_run)
     monkeypatch.setattr(run, "prepare_models", must_not_run)
 
@@ -61,6 +64,7 @@ def _rewrite_tensor(hf: Path, name: str, edit) -> None:
 
 # ---- inputs checked before any work --------------------------------------------------------------------------
 
+
 def test_a_missing_tokenizer_is_refused_before_any_work(hf, capsys, no_work):
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"):
         (hf / f).unlink(missing_ok=True)
@@ -74,8 +78,10 @@ def test_a_tokenizer_that_does_not_load_is_refused_before_any_work(hf, capsys, n
     assert "the tokenizer does not load" in line
 
 
-@pytest.mark.parametrize("key,value", [("hidden_size", 2 ** 31), ("n_routed_experts", 10 ** 6),
-                                       ("vocab_size", 2 ** 40), ("num_hidden_layers", 10 ** 5)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("hidden_size", 2**31), ("n_routed_experts", 10**6), ("vocab_size", 2**40), ("num_hidden_layers", 10**5)],
+)
 def test_implausible_sizes_are_refused_naming_the_key(hf, capsys, no_work, key, value):
     cfg = json.loads((hf / "config.json").read_text())
     cfg[key] = value
@@ -117,9 +123,18 @@ def test_the_inputs_of_a_good_model_pass(hf):
         check_inputs(hf / "config.json", None)
 
 
-@pytest.mark.parametrize("flag,value", [("--tp", "²"), ("--tokens", "1" * 5000), ("--tolerance", "nan"),
-                                        ("--tolerance", "inf"), ("--timeout", "-1"), ("--layers", "0"),
-                                        ("--num-layer-list", "1,x")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--tp", "²"),
+        ("--tokens", "1" * 5000),
+        ("--tolerance", "nan"),
+        ("--tolerance", "inf"),
+        ("--timeout", "-1"),
+        ("--layers", "0"),
+        ("--num-layer-list", "1,x"),
+    ],
+)
 def test_bad_flags_are_usage_errors(capsys, flag, value):
     with pytest.raises(SystemExit) as e:
         cli.main(["--hf", "/m", flag, value])
@@ -128,6 +143,7 @@ def test_bad_flags_are_usage_errors(capsys, flag, value):
 
 
 # ---- exit status: 0 pass, 1 mismatch, 2 bad input or failure ------------------------------------------------
+
 
 @pytest.mark.parametrize("outcome,status", [("pass", 0), ("mismatch", 1), ("crash", 2), ("weights", 2)])
 def test_exit_status_separates_mismatch_from_failure(hf, monkeypatch, capsys, outcome, status):
@@ -139,6 +155,7 @@ def test_exit_status_separates_mismatch_from_failure(hf, monkeypatch, capsys, ou
         if outcome == "weights":
             raise CheckpointError("x.pt: corrupt")
         return CheckResult(outcome == "pass", [f"result: {outcome}"])
+
     monkeypatch.setattr(cli, "run_check", fake)
     assert cli.main(["--hf", str(hf)]) == status
     err = capsys.readouterr().err
@@ -148,6 +165,7 @@ def test_exit_status_separates_mismatch_from_failure(hf, monkeypatch, capsys, ou
 
 
 # ---- result files are read weights-only ---------------------------------------------------------------------
+
 
 class _Pwn:
     def __reduce__(self):

@@ -1,5 +1,6 @@
 """check_logprobs' memory estimate (pure) and the up-front refusal: the slice's bytes from the config and the
 flags, the copies alive per phase and process, and one error naming the flags when the host cannot hold it."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,8 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_patches.checks.memory import (GIB, HEADROOM, LIBRARY_PAGES_BYTES, MAIN_PROCESS_BYTES, RANK_PROCESS_BYTES,
-                                        estimate_memory, fit_problem)
+from verl_patches.checks.memory import (
+    GIB,
+    HEADROOM,
+    LIBRARY_PAGES_BYTES,
+    MAIN_PROCESS_BYTES,
+    RANK_PROCESS_BYTES,
+    estimate_memory,
+    fit_problem,
+)
 from verl_patches.checks.truncate import truncated_config
 from verl_patches.weights.config import make_tiny_config, make_training_config
 from verl_patches.weights.hf_schema import hf_tensor_specs
@@ -17,8 +25,14 @@ from verl_patches.weights.layout import ParallelLayout
 
 
 def _cfg(**kw):
-    base = dict(num_hidden_layers=4, first_k_dense_replace=2, n_routed_experts=16, n_group=4, topk_group=2,
-                num_experts_per_tok=4)
+    base = dict(
+        num_hidden_layers=4,
+        first_k_dense_replace=2,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=4,
+    )
     base.update(kw)
     return make_tiny_config(64, **base)
 
@@ -27,16 +41,39 @@ def _layout(tp=1, pp=1, ep=1):
     return ParallelLayout(tp=tp, pp=pp, ep=ep, moe_grouped_gemm=True, moe_tp_extend_ep=True)
 
 
-def _est(cfg, layers=None, experts=None, tp=1, pp=1, ep=1, rollout_ep=None, dtype=torch.bfloat16,
-         stored=torch.bfloat16, engines=("megatron", "rollout"), convert=True):
+def _est(
+    cfg,
+    layers=None,
+    experts=None,
+    tp=1,
+    pp=1,
+    ep=1,
+    rollout_ep=None,
+    dtype=torch.bfloat16,
+    stored=torch.bfloat16,
+    engines=("megatron", "rollout"),
+    convert=True,
+):
     world = tp * pp * ep
-    return estimate_memory(cfg, layers=layers, experts=experts, layout=_layout(tp, pp, ep), world=world,
-                           rollout_ep=rollout_ep or world, engine_dtype=dtype, checkpoint_dtype=stored,
-                           convert=convert, engines=engines, tokens=16, batch=2)
+    return estimate_memory(
+        cfg,
+        layers=layers,
+        experts=experts,
+        layout=_layout(tp, pp, ep),
+        world=world,
+        rollout_ep=rollout_ep or world,
+        engine_dtype=dtype,
+        checkpoint_dtype=stored,
+        convert=convert,
+        engines=engines,
+        tokens=16,
+        batch=2,
+    )
 
 
-@pytest.mark.parametrize("layers,experts,dtype", list(itertools.product([None, 1, 2, 3, 4], [None, 8, 16],
-                                                                         [torch.bfloat16, torch.float32])))
+@pytest.mark.parametrize(
+    "layers,experts,dtype", list(itertools.product([None, 1, 2, 3, 4], [None, 8, 16], [torch.bfloat16, torch.float32]))
+)
 def test_one_copy_is_the_truncated_slice_in_the_engines_dtype(layers, experts, dtype):
     cfg = _cfg()
     est = _est(cfg, layers, experts, dtype=dtype, stored=torch.bfloat16)
@@ -100,7 +137,7 @@ def test_a_given_megatron_checkpoint_skips_the_conversion():
 def test_the_671b_slice_of_the_issue_fits_24_gib_and_more_experts_do_not():
     cfg = make_training_config()  # DeepSeek-V3 671B: 61 layers, 256 routed experts, hidden 7168
     est = _est(cfg, layers=4, experts=16)
-    assert 9.0e9 < est.copy_bytes < 9.2e9   # embedding + head 3.7 GB, 3 dense layers 3.5 GB, MoE layer 1.9 GB
+    assert 9.0e9 < est.copy_bytes < 9.2e9  # embedding + head 3.7 GB, 3 dense layers 3.5 GB, MoE layer 1.9 GB
     assert est.need_bytes < 22 * GIB
     assert fit_problem(est, 22 * GIB, layers=4, experts=16, dtype=torch.bfloat16) is None
     # every expert of the MoE layer: 256 x 88 MB more per copy
@@ -115,8 +152,18 @@ def test_the_671b_slice_of_the_issue_fits_24_gib_and_more_experts_do_not():
 def test_estimate_lines_name_every_phase_and_process():
     est = _est(_cfg(), layers=3, experts=8, ep=2)
     text = "\n".join(est.lines())
-    for word in ("truncate", "convert", "reference", "engines: load", "engines: sync", "engines: gather", "rank0",
-                 "rank1", "mapped", "one copy"):
+    for word in (
+        "truncate",
+        "convert",
+        "reference",
+        "engines: load",
+        "engines: sync",
+        "engines: gather",
+        "rank0",
+        "rank1",
+        "mapped",
+        "one copy",
+    ):
         assert word in text
 
 

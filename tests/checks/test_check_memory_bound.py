@@ -2,6 +2,7 @@
 196608, 3 layers, 16 routed experts, bf16: ~0.9 GB a copy, checked with --experts 8) runs end to end as
 `check_logprobs.py` (one rank, and two at EP2 where rank 0 gathers the rollout's experts) while the summed RSS and RssAnon of its whole process tree are sampled; both peaks must be
 under the estimate's bounds, so a change that keeps one more copy of the model alive fails here."""
+
 from __future__ import annotations
 
 import re
@@ -14,13 +15,33 @@ import pytest
 
 from verl_patches.checks.memory import GIB
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 ROOT = Path(__file__).resolve().parents[2]
-SIZES = dict(hidden_size=1024, intermediate_size=2048, moe_intermediate_size=512, num_hidden_layers=3,
-             first_k_dense_replace=1, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
-             n_shared_experts=1, num_attention_heads=8, num_key_value_heads=8, q_lora_rank=256, kv_lora_rank=128,
-             qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, max_position_embeddings=256)
+SIZES = dict(
+    hidden_size=1024,
+    intermediate_size=2048,
+    moe_intermediate_size=512,
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    n_routed_experts=16,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    q_lora_rank=256,
+    kv_lora_rank=128,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    max_position_embeddings=256,
+)
 VOCAB = 196608
 
 
@@ -33,8 +54,12 @@ def _model(root: Path) -> Path:
     tok = build_tokenizer(out, ["What is 1 + 2 ? The answer is 3 ."], max_operand=9)
     cfg = make_tiny_config(VOCAB, **SIZES)
     cfg["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
-    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-               torch_dtype="bfloat16")
+    cfg.update(
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="bfloat16",
+    )
     write_synthetic_checkpoint(out, cfg, num_shards=2, seed=0, tokenizer_files=False)
     return out
 
@@ -52,17 +77,28 @@ def test_peak_memory_of_the_check_is_within_its_estimate(mid_model, tmp_path, ep
     hf = mid_model
     flags = ["--layers", "3", "--experts", "8", "--tokens", "8", "--ep", str(ep)]
     est = estimate_check_memory(CheckRequest(hf=hf, layers=3, experts=8, tokens=8, ep=ep))
-    argv = [sys.executable, str(ROOT / "verl_patches/scripts/check_logprobs.py"), "--hf", str(hf), *flags,
-            "--timeout", "600", "--work-dir", str(tmp_path)]
+    argv = [
+        sys.executable,
+        str(ROOT / "verl_patches/scripts/check_logprobs.py"),
+        "--hf",
+        str(hf),
+        *flags,
+        "--timeout",
+        "600",
+        "--work-dir",
+        str(tmp_path),
+    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     sampler = TreeSampler(proc.pid, period=0.1)
     sampler.start()
     out, _ = proc.communicate(timeout=700)
     sampler.stop()
-    summary = (f"copy {est.copy_bytes / GIB:.2f} GiB; peak summed RSS {sampler.peak_rss / GIB:.2f} GiB "
-               f"(bound {est.rss_bound / GIB:.2f}), peak RssAnon {sampler.peak_anon / GIB:.2f} GiB "
-               f"(estimate {est.need_bytes / GIB:.2f}), {time.monotonic() - t0:.0f} s")
+    summary = (
+        f"copy {est.copy_bytes / GIB:.2f} GiB; peak summed RSS {sampler.peak_rss / GIB:.2f} GiB "
+        f"(bound {est.rss_bound / GIB:.2f}), peak RssAnon {sampler.peak_anon / GIB:.2f} GiB "
+        f"(estimate {est.need_bytes / GIB:.2f}), {time.monotonic() - t0:.0f} s"
+    )
     print(out[-3000:])
     print(summary)
     assert proc.returncode == 0, out[-3000:]
@@ -79,7 +115,9 @@ def test_peak_memory_of_the_check_is_within_its_estimate(mid_model, tmp_path, ep
                 estimated[u.process] = max(estimated.get(u.process, 0), u.rss)
     assert sorted(measured) == sorted(estimated) and len(measured) == ep, out[-3000:]
     for rank, peak in measured.items():
-        assert peak <= estimated[rank], f"{rank}: peak RSS {peak / GIB:.2f} GiB > {estimated[rank] / GIB:.2f}; {summary}"
+        assert peak <= estimated[rank], (
+            f"{rank}: peak RSS {peak / GIB:.2f} GiB > {estimated[rank] / GIB:.2f}; {summary}"
+        )
     # the estimate is not vacuous: within one copy of the slice per process above the measured peak. Measured:
     # where the copy sits between the main process and the ranks varies by host, and the ranks' sync peak
     # lasts a fraction of a second, which the 0.1 s sampler sees on one host and misses on another

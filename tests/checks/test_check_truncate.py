@@ -1,5 +1,6 @@
 """--layers/--experts truncation: the plan (exhaustive over small configs), the streamed HF writer and the
 Megatron read-out, on a tiny DeepSeek-V3 (3 layers, first dense, 8 routed experts)."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from verl_patches.checks.truncate import (TensorPick, plan_shards, plan_truncation, truncate_hf, truncate_mcore_to_hf,
-                                          truncated_config, write_hf_folder)
+from verl_patches.checks.truncate import (
+    TensorPick,
+    plan_shards,
+    plan_truncation,
+    truncate_hf,
+    truncate_mcore_to_hf,
+    truncated_config,
+    write_hf_folder,
+)
 from verl_patches.weights.config import make_tiny_config
 from verl_patches.weights.errors import ConfigError
 from verl_patches.weights.hf_schema import hf_tensor_specs
@@ -19,8 +27,14 @@ from verl_patches.weights.st_writer import TensorSpec
 
 
 def _cfg(**kw):
-    base = dict(num_hidden_layers=4, first_k_dense_replace=2, n_routed_experts=16, n_group=4, topk_group=2,
-                num_experts_per_tok=4)
+    base = dict(
+        num_hidden_layers=4,
+        first_k_dense_replace=2,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=4,
+    )
     base.update(kw)
     return make_tiny_config(64, **base)
 
@@ -42,11 +56,17 @@ def test_plan_keeps_the_first_layers_and_experts_and_slices_the_router(layers, e
         assert p.rows == (m if router and m < 16 else None), p
 
 
-@pytest.mark.parametrize("kw,flag", [
-    (dict(layers=0), "--layers 0"), (dict(layers=5), "--layers 5"), (dict(experts=0), "--experts 0"),
-    (dict(experts=17), "--experts 17"), (dict(experts=6), "not divisible by n_group=4"),
-    (dict(experts=4), "at least 8 experts"),
-])
+@pytest.mark.parametrize(
+    "kw,flag",
+    [
+        (dict(layers=0), "--layers 0"),
+        (dict(layers=5), "--layers 5"),
+        (dict(experts=0), "--experts 0"),
+        (dict(experts=17), "--experts 17"),
+        (dict(experts=6), "not divisible by n_group=4"),
+        (dict(experts=4), "at least 8 experts"),
+    ],
+)
 def test_impossible_requests_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
         truncated_config(_cfg(), kw.get("layers"), kw.get("experts"))
@@ -109,8 +129,15 @@ def test_truncated_hf_folder_holds_exactly_the_slice_and_loads(tiny_hf, tmp_path
 
 
 def test_writer_reads_one_tensor_at_a_time_in_checkpoint_order(tmp_path):
-    cfg = make_tiny_config(32, num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, n_group=1,
-                           topk_group=1, num_experts_per_tok=2)
+    cfg = make_tiny_config(
+        32,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        num_experts_per_tok=2,
+    )
     specs = {s.name: s for s in hf_tensor_specs(cfg, torch.float32)}
     picks = [TensorPick(n) for n in specs]
     order, alive = [], []
@@ -121,8 +148,15 @@ def test_writer_reads_one_tensor_at_a_time_in_checkpoint_order(tmp_path):
         alive.append(t)
         return t
 
-    write_hf_folder(tmp_path / "o", cfg, picks, lambda n: (specs[n].dtype, specs[n].shape), read, carry_from=None,
-                    max_shard_bytes=1 << 14)
+    write_hf_folder(
+        tmp_path / "o",
+        cfg,
+        picks,
+        lambda n: (specs[n].dtype, specs[n].shape),
+        read,
+        carry_from=None,
+        max_shard_bytes=1 << 14,
+    )
     assert order == [p.name for p in picks]
     got = _tensors(tmp_path / "o")
     assert all(float(got[n].reshape(-1)[0]) == i + 1 for i, n in enumerate(order))

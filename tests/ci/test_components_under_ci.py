@@ -46,7 +46,12 @@ def test_ci_script_installs_from_the_exported_cache_and_runs_the_readme_command(
 def test_sources_cache_env_is_the_default_cache_dir(tmp_path) -> None:
     """`VERL_OVERLAY_SOURCES_CACHE` is what `--cache DIR` defaults to: an empty one is a clear route error."""
     env = {**os.environ, "VERL_OVERLAY_SOURCES_CACHE": str(tmp_path / "nowhere"), "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", "from verl_patches.sources.__main__ import parse_args; "
-                        "print(parse_args([]).cache)"], cwd=REPO, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "from verl_patches.sources.__main__ import parse_args; print(parse_args([]).cache)"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "nowhere")

@@ -15,7 +15,10 @@ from verl_patches.data.templates import TEMPLATES
 
 
 def rows(n: int, start: int = 0) -> list[dict]:
-    return [{"problem": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i} + {i} = {2 * i}"} for i in range(start, start + n)]
+    return [
+        {"problem": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i} + {i} = {2 * i}"}
+        for i in range(start, start + n)
+    ]
 
 
 def write_json(path: Path, data) -> Path:
@@ -45,7 +48,11 @@ def test_ten_rows_give_nine_and_one_in_verl_schema(tmp_path):
     assert row["prompt"][0]["content"] == TEMPLATES["r1_zero"].replace("{problem}", problem)
     assert "<think>" in row["prompt"][0]["content"] and "\\boxed{" in row["prompt"][0]["content"]
     source = rows(10)[row["extra_info"]["source_row"] - 1]
-    assert (source["problem"], source["answer"], source["solution"]) == (problem, row["reward_model"]["ground_truth"], row["extra_info"]["solution"])
+    assert (source["problem"], source["answer"], source["solution"]) == (
+        problem,
+        row["reward_model"]["ground_truth"],
+        row["extra_info"]["solution"],
+    )
     assert [r["extra_info"]["index"] for r in train] == list(range(9))
     assert {r["extra_info"]["split"] for r in train} == {"train"} and test[0]["extra_info"]["split"] == "test"
 
@@ -170,7 +177,10 @@ def test_malformed_jsonl_line_is_a_row_error(tmp_path):
         (b"", "the file is empty"),
         (b"  \n ", "the file is empty"),
         (b"[]", "the JSON array is empty"),
-        (b'[{"problem": "p", "answer": "1"},\n {"problem": "q" "answer": "2"}]', ":2:18: malformed JSON in row 2: Expecting ',' delimiter"),
+        (
+            b'[{"problem": "p", "answer": "1"},\n {"problem": "q" "answer": "2"}]',
+            ":2:18: malformed JSON in row 2: Expecting ',' delimiter",
+        ),
         (b'[{"problem": "p", "answer": "1"} {"problem": "q"}]', ":1:34: malformed JSON after row 1"),
         (b'[{"problem": "p", "answer": "1"}', "malformed JSON after row 1: expected ',' or ']', found end of file"),
         (b'[{"problem": "p", "answer": "1"}] extra', ":1:35: unexpected data after"),

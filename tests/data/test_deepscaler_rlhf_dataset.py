@@ -69,9 +69,14 @@ def test_rlhf_dataset_reads_the_converted_files(converted, tmp_path):
             seen.add(problem)
             expected = "<|user|> " + TEMPLATES["r1_zero"].replace("{problem}", problem) + " <|assistant|>"
             assert item["full_prompts"] == expected
-            assert item["raw_prompt"] == [{"role": "user", "content": TEMPLATES["r1_zero"].replace("{problem}", problem)}]
+            assert item["raw_prompt"] == [
+                {"role": "user", "content": TEMPLATES["r1_zero"].replace("{problem}", problem)}
+            ]
             assert item["data_source"] == "deepscaler"
-            assert item["reward_model"] == {"ground_truth": PROBLEMS[item["extra_info"]["source_row"] - 1]["answer"], "style": "rule"}
+            assert item["reward_model"] == {
+                "ground_truth": PROBLEMS[item["extra_info"]["source_row"] - 1]["answer"],
+                "style": "rule",
+            }
             assert item["index"] == item["extra_info"]["index"]
             # Left-padded to max_prompt_length; the real tokens decode back to the templated prompt.
             ids = item["input_ids"][item["attention_mask"].bool()]

@@ -41,6 +41,7 @@ def _stderr_lines(r: subprocess.CompletedProcess) -> list[str]:
 
 # ---- row-level failures are row errors ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_an_integer_beyond_the_digit_limit_is_a_row_error(tmp_path, fmt):
     big = "9" * 5000
@@ -60,7 +61,9 @@ def test_an_integer_beyond_the_digit_limit_is_a_row_error(tmp_path, fmt):
 
 def test_a_huge_integer_in_a_field_nobody_reads_does_not_reject_the_row(tmp_path):
     path = tmp_path / "in.jsonl"
-    path.write_text("\n".join([json.dumps(r) for r in rows(11)] + ['{"problem": "p", "answer": "1", "id": ' + "7" * 6000 + "}"]))
+    path.write_text(
+        "\n".join([json.dumps(r) for r in rows(11)] + ['{"problem": "p", "answer": "1", "id": ' + "7" * 6000 + "}"])
+    )
     report = convert(path, tmp_path / "out")
     assert report.rows_in == 12 and not report.rejected
 
@@ -72,11 +75,16 @@ def test_a_field_longer_than_the_limit_is_a_row_error_with_the_flag_named(tmp_pa
     with pytest.raises(InvalidRowsError) as e:
         convert(path, tmp_path / "out")
     (err,) = e.value.errors
-    assert err.key == "problem" and f"more than the {DEFAULT_MAX_FIELD_CHARS}" in str(err) and "--max-field-chars" in str(err)
+    assert (
+        err.key == "problem"
+        and f"more than the {DEFAULT_MAX_FIELD_CHARS}" in str(err)
+        and "--max-field-chars" in str(err)
+    )
     report = convert(path, tmp_path / "out", max_field_chars=DEFAULT_MAX_FIELD_CHARS + 1)
     assert not report.rejected
-    r = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli"), "--max-field-chars", "10",
-            "--skip-invalid")
+    r = run(
+        "--json_path", str(path), "--output_dir", str(tmp_path / "cli"), "--max-field-chars", "10", "--skip-invalid"
+    )
     assert r.returncode == 1  # every row has a field longer than 10: too few rows left to split
     r = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli2"), "--max-field-chars", "0")
     assert r.returncode == 2 and "--max-field-chars" in _stderr_lines(r)[-1]
@@ -112,6 +120,7 @@ def test_a_non_utf8_template_is_one_line(tmp_path):
 
 # ---- temp files and modes ------------------------------------------------------------------------------
 
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
@@ -132,7 +141,9 @@ def test_a_killed_runs_temp_files_are_cleaned_and_only_those(tmp_path):
     path = tmp_path / "in.json"
     path.write_text(json.dumps(rows(20)))
     convert(path, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted([alive, other_host, *foreign, "test.parquet", "train.parquet"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [alive, other_host, *foreign, "test.parquet", "train.parquet"]
+    )
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
@@ -150,20 +161,29 @@ def test_output_mode_follows_the_umask(tmp_path, umask):
 
 # ---- 8. property: arbitrary bytes as the input file ------------------------------------------------------
 
-_records = st.dictionaries(st.sampled_from(["problem", "answer", "solution", "id"]),
-                           st.text(max_size=12) | st.integers() | st.none() | st.lists(st.integers(), max_size=2)
-                           | st.just("x" * 50), max_size=4)
-_inputs = (st.binary(max_size=400)
-           | st.lists(_records, max_size=14).map(lambda rs: json.dumps(rs).encode())
-           | st.lists(_records, max_size=14).map(lambda rs: "\n".join(json.dumps(r) for r in rs).encode())
-           | st.builds(lambda rs, cut, junk: json.dumps(rs).encode()[:cut] + junk, st.lists(_records, max_size=8),
-                       st.integers(0, 300), st.binary(max_size=8)))
+_records = st.dictionaries(
+    st.sampled_from(["problem", "answer", "solution", "id"]),
+    st.text(max_size=12) | st.integers() | st.none() | st.lists(st.integers(), max_size=2) | st.just("x" * 50),
+    max_size=4,
+)
+_inputs = (
+    st.binary(max_size=400)
+    | st.lists(_records, max_size=14).map(lambda rs: json.dumps(rs).encode())
+    | st.lists(_records, max_size=14).map(lambda rs: "\n".join(json.dumps(r) for r in rs).encode())
+    | st.builds(
+        lambda rs, cut, junk: json.dumps(rs).encode()[:cut] + junk,
+        st.lists(_records, max_size=8),
+        st.integers(0, 300),
+        st.binary(max_size=8),
+    )
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=_inputs, skip_invalid=st.booleans())
-def test_property_any_bytes_convert_or_refuse_in_one_line_inside_the_output_folder(tmp_path_factory, data,
-                                                                                     skip_invalid):
+def test_property_any_bytes_convert_or_refuse_in_one_line_inside_the_output_folder(
+    tmp_path_factory, data, skip_invalid
+):
     root = tmp_path_factory.mktemp("p")
     path = root / "in.json"
     path.write_bytes(data)

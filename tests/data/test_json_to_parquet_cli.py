@@ -32,7 +32,9 @@ def test_help():
 def test_converts_and_prints_the_row_accounting(tmp_path):
     source = tmp_path / "deepscaler.json"
     source.write_text(json.dumps(rows(30)))
-    result = run("--json_path", str(source), "--output_dir", str(tmp_path / "out"), "--train_data_ratio", "0.8", "--seed", "5")
+    result = run(
+        "--json_path", str(source), "--output_dir", str(tmp_path / "out"), "--train_data_ratio", "0.8", "--seed", "5"
+    )
     assert result.returncode == 0, result.stderr
     assert "rows in: 30 = train 24 + test 6 + rejected 0" in result.stdout
     assert pq.read_table(tmp_path / "out" / "train.parquet").num_rows == 24

@@ -1,6 +1,7 @@
 """The e2e tests' shared tiny A3-path run: ONE 60-step run of README command 1 per test session serves every
 test that needs it (the A3-path checks and golden baseline in test_tiny_grpo.py, and the uninterrupted
 reference of the kill-and-resume test), so the suite pays for one tiny run."""
+
 from __future__ import annotations
 
 from pathlib import Path

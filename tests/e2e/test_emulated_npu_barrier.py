@@ -1,6 +1,7 @@
 """Regression: once the torch_npu CPU emulation is imported (it is, in every worker that imports
 transformers, accelerate or vllm-ascend), torch.distributed.barrier() on a gloo group still works
 (it failed with "Please register PrivateUse1HooksInterface" and stopped the FSDP path at worker start)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -27,6 +28,12 @@ print("BARRIER-OK", torch._C._get_accelerator().type, dist.get_backend())
 
 @pytest.mark.timeout(120)
 def test_gloo_barrier_after_the_emulated_torch_npu_is_imported() -> None:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=110,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert "BARRIER-OK npu gloo" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]

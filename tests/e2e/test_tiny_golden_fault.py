@@ -24,9 +24,23 @@ FAULT_STEPS = 50
 
 
 def _golden(run_dir: Path, *extra: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "verl_patches.trainer.golden", str(run_dir), "--check-against",
-                           str(BASELINE), "--json", *extra], cwd=REPO, env=env_for_run(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl_patches.trainer.golden",
+            str(run_dir),
+            "--check-against",
+            str(BASELINE),
+            "--json",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env_for_run(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -34,14 +48,18 @@ def _golden(run_dir: Path, *extra: str) -> tuple[int, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_a_zero_learning_rate_fails_the_golden_check_that_the_healthy_run_passes(
-        tmp_path: Path, tiny_a3_assets: Path, a3_run: TinyRun) -> None:
+    tmp_path: Path, tiny_a3_assets: Path, a3_run: TinyRun
+) -> None:
     assert a3_run.returncode == 0, a3_run.output[-4000:]
     rc, report = _golden(a3_run.run_dir, "--up-to-step", str(FAULT_STEPS))
     assert rc == 0, report  # the healthy run, over the same windows
 
-    fault = run_tiny(tmp_path / "logs", tiny_a3_assets, ("actor_rollout_ref.actor.optim.lr=0",
-                                                         f"trainer.total_training_steps={FAULT_STEPS}"),
-                 timeout=1500)  # validating as the healthy run does, at steps 0 and 20
+    fault = run_tiny(
+        tmp_path / "logs",
+        tiny_a3_assets,
+        ("actor_rollout_ref.actor.optim.lr=0", f"trainer.total_training_steps={FAULT_STEPS}"),
+        timeout=1500,
+    )  # validating as the healthy run does, at steps 0 and 20
     assert fault.returncode == 0, fault.output[-4000:]
     assert sorted(fault.steps) == list(range(1, FAULT_STEPS + 1))
     rc, report = _golden(fault.run_dir, "--up-to-step", str(FAULT_STEPS))

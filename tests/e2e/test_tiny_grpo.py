@@ -43,7 +43,9 @@ def test_tiny_a3_path_raises_the_mean_reward(a3_run: TinyRun) -> None:
     scores = [a3_run.steps[n]["critic/score/mean"] for n in sorted(a3_run.steps)]
     assert len(scores) == STEPS, scores
     first, last = sum(scores[:5]) / 5, sum(scores[-10:]) / 10
-    assert last > 0.3 and last >= first + 0.15, f"reward did not rise: first 5 {first:.3f}, last 10 {last:.3f}: {scores}"
+    assert last > 0.3 and last >= first + 0.15, (
+        f"reward did not rise: first 5 {first:.3f}, last 10 {last:.3f}: {scores}"
+    )
     wall = WALL_LINE.search(a3_run.output)
     assert wall and wall.group(1) == "0", a3_run.output[-2000:]
     print(f"tiny A3-path run: {STEPS} steps, reward {first:.3f} -> {last:.3f}, wall time {wall.group(2)} s")
@@ -98,9 +100,14 @@ def test_tiny_a3_path_rollout_and_training_log_probs_agree(a3_run: TinyRun) -> N
 @pytest.mark.timeout(2400)
 def test_tiny_a3_path_matches_its_golden_baseline(a3_run: TinyRun) -> None:
     _ok(a3_run)
-    proc = subprocess.run([sys.executable, "-m", "verl_patches.trainer.golden", str(a3_run.run_dir),
-                           "--check-against", str(BASELINE)], cwd=REPO, env=env_for_run(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_patches.trainer.golden", str(a3_run.run_dir), "--check-against", str(BASELINE)],
+        cwd=REPO,
+        env=env_for_run(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -109,16 +116,28 @@ def test_tiny_a3_path_matches_its_golden_baseline(a3_run: TinyRun) -> None:
 @pytest.mark.timeout(900)
 def test_fsdp_option_runs_two_grpo_steps(tmp_path: Path) -> None:
     """The FSDP + HF option of the tiny run (`--tiny-engine fsdp`): verl's FSDP actor with the fused group."""
-    run = run_tiny(tmp_path / "logs", tmp_path / "assets", ("trainer.total_training_steps=2", "trainer.logger=[console]"),
-                   engine="fsdp", timeout=850)
+    run = run_tiny(
+        tmp_path / "logs",
+        tmp_path / "assets",
+        ("trainer.total_training_steps=2", "trainer.logger=[console]"),
+        engine="fsdp",
+        timeout=850,
+    )
     _ok(run)
     assert sorted(run.steps) == [1, 2], run.output[-3000:]
     for n, metrics in run.steps.items():
-        for key in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean", "timing_s/gen", "timing_s/update_actor",
-                    "perf/system_tokens_per_s_per_die"):
+        for key in (
+            "actor/pg_loss",
+            "actor/kl_loss",
+            "critic/score/mean",
+            "timing_s/gen",
+            "timing_s/update_actor",
+            "perf/system_tokens_per_s_per_die",
+        ):
             assert key in metrics and math.isfinite(metrics[key]), (n, key, metrics)
     assert "verl.workers.fsdp_workers.ActorRolloutRefWorker" in run.output, run.output[-3000:]
     # Nothing was written into the vendored verl tree: only the prelude line differs from upstream.
-    verify = subprocess.run(["bash", "setup_sources.sh", "--verify", "--only", "verl"], cwd=REPO,
-                            capture_output=True, text=True)
+    verify = subprocess.run(
+        ["bash", "setup_sources.sh", "--verify", "--only", "verl"], cwd=REPO, capture_output=True, text=True
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr

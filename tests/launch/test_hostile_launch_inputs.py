@@ -16,8 +16,13 @@ from hypothesis import strategies as st
 
 from verl_patches.launch import job, preflight, preflight_files
 from verl_patches.launch.preflight_findings import FAIL, OK, Context, HostFacts
-from verl_patches.launch.settings import (SettingsError, cluster_setting_problems, load_settings, read_env_file,
-                                          validate_for_cluster)
+from verl_patches.launch.settings import (
+    SettingsError,
+    cluster_setting_problems,
+    load_settings,
+    read_env_file,
+    validate_for_cluster,
+)
 from verl_patches.strict_int import IntError, int_arg, parse_int
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +32,18 @@ A3 = "a3_256die_random_init"
 
 @pytest.fixture(autouse=True)
 def _no_cluster_env(monkeypatch):
-    for name in ("MASTER_ADDR", "SOCKET_IFNAME", "NNODES", "NPUS_PER_NODE", "MODEL_PATH", "DATA_DIR",
-                 "DIST_CKPT_PATH", "RAY_DASHBOARD_HOST", "NODE_ROLE", "LOG_DIR"):
+    for name in (
+        "MASTER_ADDR",
+        "SOCKET_IFNAME",
+        "NNODES",
+        "NPUS_PER_NODE",
+        "MODEL_PATH",
+        "DATA_DIR",
+        "DIST_CKPT_PATH",
+        "RAY_DASHBOARD_HOST",
+        "NODE_ROLE",
+        "LOG_DIR",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -47,6 +62,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 # ---- --env-file that is not a regular file --------------------------------------------------------------
+
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["folder", "fifo", "device", "missing"])
@@ -76,6 +92,7 @@ def test_a_control_character_in_the_env_file_is_refused_by_line(tmp_path):
 
 
 # ---- values are data ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", ["${broken", "/data/${oc.env:HOME}/x", "${trainer.nnodes}"])
 def test_interpolation_text_in_a_config_path_is_refused_not_resolved(tmp_path, capsys, value):
@@ -109,16 +126,20 @@ def test_an_interpolation_reaching_the_config_another_way_is_one_line():
 
 # ---- the dry run refuses what the launch refuses (one shared check) ------------------------------------------
 
-@pytest.mark.parametrize("setting,value,words", [
-    ("RAY_DASHBOARD_HOST", "0.0.0.0", "--allow-remote-dashboard"),
-    ("SOCKET_IFNAME", "eth0;reboot", "one network interface name"),
-    ("SOCKET_IFNAME", "eth0,eth1", "one network interface name"),
-    ("SOCKET_IFNAME", "a" * 16, "at most 15"),
-    ("MASTER_PORT", "70000", "not a port number"),
-    ("NODE_ROLE", "boss", "head, worker or auto"),
-    ("WAIT_TIMEOUT_S", "１８００", "expected an integer"),
-    ("MASTER_ADDR", "$(hostname)", "neither an IP address nor a host name"),
-])
+
+@pytest.mark.parametrize(
+    "setting,value,words",
+    [
+        ("RAY_DASHBOARD_HOST", "0.0.0.0", "--allow-remote-dashboard"),
+        ("SOCKET_IFNAME", "eth0;reboot", "one network interface name"),
+        ("SOCKET_IFNAME", "eth0,eth1", "one network interface name"),
+        ("SOCKET_IFNAME", "a" * 16, "at most 15"),
+        ("MASTER_PORT", "70000", "not a port number"),
+        ("NODE_ROLE", "boss", "head, worker or auto"),
+        ("WAIT_TIMEOUT_S", "１８００", "expected an integer"),
+        ("MASTER_ADDR", "$(hostname)", "neither an IP address nor a host name"),
+    ],
+)
 def test_every_value_the_launch_refuses_fails_the_dry_run(capsys, setting, value, words):
     s = load_settings({**GOOD, setting: value}, None, environ={})
     (launch_error,) = validate_for_cluster(s, needs_checkpoint=False)
@@ -127,34 +148,44 @@ def test_every_value_the_launch_refuses_fails_the_dry_run(capsys, setting, value
     assert job.main(["--profile", A3, "--dry-run", f"{flag}={value}"]) == 1
     verdict = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("preflight: ")][-1]
     assert verdict.startswith("preflight: FAIL") and "cluster.settings" in verdict.split("):")[-1]
-    findings = preflight.run_preflight(preflight.compose("ppo_mindspeed_trainer", [f"profile={A3}"], s, ROOT), s, ROOT,
-                                       HostFacts(device="cpu"))
+    findings = preflight.run_preflight(
+        preflight.compose("ppo_mindspeed_trainer", [f"profile={A3}"], s, ROOT), s, ROOT, HostFacts(device="cpu")
+    )
     (f,) = [f for f in findings if f.check == "cluster.settings"]
     assert f.status == FAIL and f.message == launch_error and f.key == setting
 
 
 def test_an_open_dashboard_passes_the_dry_run_only_with_the_flag_the_launch_needs(capsys):
-    assert job.main(["--profile", A3, "--dry-run", "--ray-dashboard-host", "0.0.0.0",
-                     "--allow-remote-dashboard"]) == 0
+    assert job.main(["--profile", A3, "--dry-run", "--ray-dashboard-host", "0.0.0.0", "--allow-remote-dashboard"]) == 0
     assert "preflight: PASS" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("text", ["NNODES=16; rm -rf /tmp/x\n", "NNODES='16 && reboot'\n", "NPUS_PER_NODE=1e3\n",
-                                  "NNODES=" + "9" * 5000 + "\n"], ids=["semicolon", "and", "float", "5000-digits"])
+@pytest.mark.parametrize(
+    "text",
+    ["NNODES=16; rm -rf /tmp/x\n", "NNODES='16 && reboot'\n", "NPUS_PER_NODE=1e3\n", "NNODES=" + "9" * 5000 + "\n"],
+    ids=["semicolon", "and", "float", "5000-digits"],
+)
 def test_a_non_integer_node_count_is_one_line_in_the_dry_run_and_the_launch(tmp_path, capsys, text):
     env = _write(tmp_path, text)
     assert job.main(["--profile", A3, "--dry-run", "--env-file", str(env)]) == 2
     line = _err_line(capsys)
     assert "expected an integer" in line and f"{env}:1" in line and len(line) < 400
-    assert job.main(["--profile", A3, "--env-file", str(env), "--master-addr", "10.0.0.1",
-                     "--socket-ifname", "eth0"]) == 2
+    assert (
+        job.main(["--profile", A3, "--env-file", str(env), "--master-addr", "10.0.0.1", "--socket-ifname", "eth0"]) == 2
+    )
     line = _err_line(capsys)
     assert line.startswith("launch: cannot start: ") and "expected an integer" in line
 
 
-@pytest.mark.parametrize("override,key", [("trainer.nnodes=abc", "trainer.nnodes"), ("trainer.nnodes=1.5", "trainer.nnodes"),
-                                          ("data.train_batch_size=[1,2]", "data.train_batch_size"),
-                                          ("trainer.n_gpus_per_node='16'", "trainer.n_gpus_per_node")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.nnodes=abc", "trainer.nnodes"),
+        ("trainer.nnodes=1.5", "trainer.nnodes"),
+        ("data.train_batch_size=[1,2]", "data.train_batch_size"),
+        ("trainer.n_gpus_per_node='16'", "trainer.n_gpus_per_node"),
+    ],
+)
 def test_a_non_integer_config_override_is_one_line(capsys, override, key):
     assert job.main(["--profile", A3, "--dry-run", "--", override]) == 2
     line = _err_line(capsys)
@@ -165,10 +196,14 @@ def test_a_non_integer_config_override_is_one_line(capsys, override, key):
 
 # ---- trackers and manifests in the preflight --------------------------------------------------------------
 
+
 def _ckpt_findings(root: Path) -> list:
-    cfg = preflight.compose("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight",
-                                                      f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root}"],
-                            load_settings({}, None, environ={}), ROOT)
+    cfg = preflight.compose(
+        "ppo_mindspeed_trainer",
+        ["profile=a3_256die_true_weight", f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root}"],
+        load_settings({}, None, environ={}),
+        ROOT,
+    )
     ctx = Context(cfg, load_settings({}, None, environ={}), ROOT, HostFacts(device="cpu"))
     return [f for f in preflight_files.checkpoint_findings(ctx, {}) if f.check == "checkpoint.dist"]
 
@@ -207,8 +242,14 @@ def test_a_symlinked_tracker_is_refused_and_its_target_not_echoed(tmp_path):
 def test_a_good_checkpoint_passes_and_a_tampered_manifest_fails_naming_the_key(tmp_path):
     root = _tiny_ckpt(tmp_path)
     assert [f.status for f in _ckpt_findings(root)] == [OK]
-    layout = {"tp": 4, "pp": 8, "ep": 8, "num_layer_list": [7, 7, 8, 8, 8, 8, 8, 7], "moe_grouped_gemm": True,
-              "moe_tp_extend_ep": True}
+    layout = {
+        "tp": 4,
+        "pp": 8,
+        "ep": 8,
+        "num_layer_list": [7, 7, 8, 8, 8, 8, 8, 7],
+        "moe_grouped_gemm": True,
+        "moe_tp_extend_ep": True,
+    }
     man = {"tool": "verl_patches.weights.hf_to_mcore", "layout": layout, "hf_config": None, "complete": True}
     (root / "conversion_manifest.json").write_text(json.dumps(man))
     assert [f.status for f in _ckpt_findings(root)] == [OK]
@@ -221,10 +262,27 @@ def test_a_good_checkpoint_passes_and_a_tampered_manifest_fails_naming_the_key(t
 
 # ---- 8. property: the env-file parser and the CLI integers against arbitrary input ----------------------------
 
-_env_lines = st.lists(st.sampled_from(["NNODES=2", "export MASTER_ADDR=10.0.0.1", "# c", "", "SOCKET_IFNAME='eth0'",
-                                       "MODEL_PATH=${x}", "HCCL_X=\"a b\"", "RAY_DASHBOARD_HOST=0.0.0.0", "NODE_ROLE=",
-                                       "BOGUS=1", "X", "NNODES='", "DATA_DIR=../../etc"]) | st.text(max_size=30),
-                      max_size=6).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
+_env_lines = st.lists(
+    st.sampled_from(
+        [
+            "NNODES=2",
+            "export MASTER_ADDR=10.0.0.1",
+            "# c",
+            "",
+            "SOCKET_IFNAME='eth0'",
+            "MODEL_PATH=${x}",
+            "HCCL_X=\"a b\"",
+            "RAY_DASHBOARD_HOST=0.0.0.0",
+            "NODE_ROLE=",
+            "BOGUS=1",
+            "X",
+            "NNODES='",
+            "DATA_DIR=../../etc",
+        ]
+    )
+    | st.text(max_size=30),
+    max_size=6,
+).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -243,8 +301,11 @@ def test_property_env_file_is_data_or_one_line(tmp_path_factory, data):
     s = load_settings({}, path, environ={})
     for p in cluster_setting_problems(s, needs_checkpoint=True):  # never raises: every problem is a line
         assert "\n" not in p.message
-    env = preflight.path_environment(s, ROOT) if not any(
-        p.name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") for p in cluster_setting_problems(s, False)) else {}
+    env = (
+        preflight.path_environment(s, ROOT)
+        if not any(p.name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") for p in cluster_setting_problems(s, False))
+        else {}
+    )
     assert all("${" not in v for v in env.values())
 
 

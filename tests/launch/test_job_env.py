@@ -15,8 +15,15 @@ from verl_patches.launch.job_env import as_dict, find_jemalloc, job_environment
 from verl_patches.launch.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-DROPPED = ("VLLM_ENABLE_MC2", "VLLM_ENABLE_FIX_ROUTE", "VLLM_ASCEND_ACL_OP_INIT_MODE", "VLLM_ENABLE_GRAPH_MODE",
-           "D2D_DATA_TRANSFER", "PRINT_MEMORY", "PROFILE_UPDATE")
+DROPPED = (
+    "VLLM_ENABLE_MC2",
+    "VLLM_ENABLE_FIX_ROUTE",
+    "VLLM_ASCEND_ACL_OP_INIT_MODE",
+    "VLLM_ENABLE_GRAPH_MODE",
+    "D2D_DATA_TRANSFER",
+    "PRINT_MEMORY",
+    "PROFILE_UPDATE",
+)
 CLUSTER = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "enp189s0f0", "JEMALLOC_LIB": "none"}
 
 
@@ -45,16 +52,34 @@ def test_variables_nothing_reads_are_not_exported(name: str) -> None:
 
 def test_values_of_reference_section_3() -> None:
     d = as_dict(env_for(NNODES="16", NPUS_PER_NODE="16"))
-    expected = {"RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1", "MALLOC_MMAP_THRESHOLD_": "512768",
-                "LCAL_COMM_ID": "127.0.0.1:27001", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-                "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "ASCEND_LAUNCH_BLOCKING": "0",
-                "ASCEND_GLOBAL_EVENT_ENABLE": "0", "ASCEND_SLOG_PRINT_TO_STDOUT": "0", "ASCEND_GLOBAL_LOG_LEVEL": "3",
-                "HCCL_CONNECT_TIMEOUT": "600", "HCCL_EXEC_TIMEOUT": "600", "HCCL_OP_EXPANSION_MODE": "AIV",
-                "HCCL_BUFFSIZE": "300", "TASK_QUEUE_ENABLE": "2", "VLLM_USE_V1": "1",
-                "VLLM_ASCEND_MODEL_EXECUTE_TIME_OBSERVE": "0", "VLLM_ASCEND_ENABLE_TOPK_OPTIMIZE": "1",
-                "VLLM_VERSION": "0.9.1", "WORLD_SIZE": "256", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29444",
-                "HCCL_SOCKET_IFNAME": "enp189s0f0", "GLOO_SOCKET_IFNAME": "enp189s0f0",
-                "TP_SOCKET_IFNAME": "enp189s0f0", "VLLM_DP_SIZE": "64"}
+    expected = {
+        "RAY_DEDUP_LOGS": "0",
+        "HYDRA_FULL_ERROR": "1",
+        "MALLOC_MMAP_THRESHOLD_": "512768",
+        "LCAL_COMM_ID": "127.0.0.1:27001",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "ASCEND_LAUNCH_BLOCKING": "0",
+        "ASCEND_GLOBAL_EVENT_ENABLE": "0",
+        "ASCEND_SLOG_PRINT_TO_STDOUT": "0",
+        "ASCEND_GLOBAL_LOG_LEVEL": "3",
+        "HCCL_CONNECT_TIMEOUT": "600",
+        "HCCL_EXEC_TIMEOUT": "600",
+        "HCCL_OP_EXPANSION_MODE": "AIV",
+        "HCCL_BUFFSIZE": "300",
+        "TASK_QUEUE_ENABLE": "2",
+        "VLLM_USE_V1": "1",
+        "VLLM_ASCEND_MODEL_EXECUTE_TIME_OBSERVE": "0",
+        "VLLM_ASCEND_ENABLE_TOPK_OPTIMIZE": "1",
+        "VLLM_VERSION": "0.9.1",
+        "WORLD_SIZE": "256",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29444",
+        "HCCL_SOCKET_IFNAME": "enp189s0f0",
+        "GLOO_SOCKET_IFNAME": "enp189s0f0",
+        "TP_SOCKET_IFNAME": "enp189s0f0",
+        "VLLM_DP_SIZE": "64",
+    }
     for k, v in expected.items():
         assert d.get(k) == v, k
     assert as_dict(env_for(vllm_dp=128))["VLLM_DP_SIZE"] == "128"
@@ -98,10 +123,17 @@ def test_dropped_variables_are_indeed_unread_by_the_vendored_trees(name: str) ->
 
 
 def test_env_file_pass_through_wins(tmp_path: Path) -> None:
-    variables = env_for(tmp_path, "HCCL_BUFFSIZE=400\nVLLM_USE_V1=0\nASCEND_GLOBAL_LOG_LEVEL=1\nHCCL_NEW_KNOB=7\n"
-                                  "RAY_DASHBOARD_HOST=0.0.0.0\n")
+    variables = env_for(
+        tmp_path,
+        "HCCL_BUFFSIZE=400\nVLLM_USE_V1=0\nASCEND_GLOBAL_LOG_LEVEL=1\nHCCL_NEW_KNOB=7\nRAY_DASHBOARD_HOST=0.0.0.0\n",
+    )
     d = as_dict(variables)
-    assert (d["HCCL_BUFFSIZE"], d["VLLM_USE_V1"], d["ASCEND_GLOBAL_LOG_LEVEL"], d["HCCL_NEW_KNOB"]) == ("400", "0", "1", "7")
+    assert (d["HCCL_BUFFSIZE"], d["VLLM_USE_V1"], d["ASCEND_GLOBAL_LOG_LEVEL"], d["HCCL_NEW_KNOB"]) == (
+        "400",
+        "0",
+        "1",
+        "7",
+    )
     names = [v.name for v in variables]
     assert len(names) == len(set(names))  # replaced, not duplicated
     by_name = {v.name: v for v in variables}
@@ -136,7 +168,10 @@ def test_graph_mode_is_the_profiles_config_key_not_the_dropped_variable() -> Non
 
     cfg = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"]))
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled is True
-    hits = subprocess.run(["grep", "-rlw", "--include=*.py", "VLLM_ENABLE_GRAPH_MODE", str(ROOT / "verl_patches")],
-                          capture_output=True, text=True)
+    hits = subprocess.run(
+        ["grep", "-rlw", "--include=*.py", "VLLM_ENABLE_GRAPH_MODE", str(ROOT / "verl_patches")],
+        capture_output=True,
+        text=True,
+    )
     readers = [p for p in hits.stdout.split() if not p.endswith("job_env.py")]
     assert readers == [], f"read by {readers}"

@@ -63,8 +63,18 @@ def test_launch_refuses_an_open_dashboard_before_touching_the_network(monkeypatc
         raise AssertionError("the launch went on past the settings check")
 
     monkeypatch.setattr(node_ip, "interface_ipv4", must_not_be_reached)
-    rc = job.main(["--profile", "a3_256die_random_init", "--master-addr", "10.0.0.1", "--socket-ifname", "eth0",
-                   "--ray-dashboard-host", "0.0.0.0"])
+    rc = job.main(
+        [
+            "--profile",
+            "a3_256die_random_init",
+            "--master-addr",
+            "10.0.0.1",
+            "--socket-ifname",
+            "eth0",
+            "--ray-dashboard-host",
+            "0.0.0.0",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "RAY_DASHBOARD_HOST=0.0.0.0" in err and "--allow-remote-dashboard" in err

@@ -76,7 +76,8 @@ def test_the_launcher_writes_its_pids_and_log_only_in_its_new_folder(tmp_path: P
     launch.say("hello")
     launch.record("trainer", 12345)
     assert launch.log_dir.name.endswith("-1") and json.loads((launch.log_dir / "pids.json").read_text()) == {
-        "trainer": 12345}
+        "trainer": 12345
+    }
     assert victim.read_text() == "precious"
 
 
@@ -134,8 +135,14 @@ def test_a_leftover_that_left_the_session_and_holds_the_pipe_is_ended_and_named(
     pidfile = tmp_path / "helper.pid"
     trainer = TRAINER.replace("sys.argv[1] if len(sys.argv) > 1 else os.devnull", repr(str(pidfile)))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-c", LAUNCHER, str(tmp_path / "logs"), trainer], capture_output=True,
-                       text=True, timeout=120, env=env, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path / "logs"), trainer],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(r.stdout.strip().splitlines()[-1])
     helper = int(pidfile.read_text())
@@ -146,13 +153,19 @@ def test_a_leftover_that_left_the_session_and_holds_the_pipe_is_ended_and_named(
     assert "trainer done" in (Path(report["log"]) / "trainer.log").read_text()
 
 
-@pytest.mark.parametrize("raw, needle", [
-    ("{not json", "not JSON"), ("[1, 2]", "not a JSON object"), ('{"beat": "x", "pos": {}}', "beat must be"),
-    ('{"beat": 1}', "pos must be an object"), ('{"beat": 1, "pos": {"marks": "many"}}', "pos.marks must be"),
-    ('{"beat": 1, "pos": {"marks": 1, "call": "c", "step": 1, "phase": 3}}', "pos.phase must be"),
-    (b"\xff\xfe", "not UTF-8"), ('{"beat": 1, "pid": [1], "pos": {"marks": 1, "call": "", "step": null, '
-                                 '"phase": "idle"}}', "pid must be"),
-])
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"beat": "x", "pos": {}}', "beat must be"),
+        ('{"beat": 1}', "pos must be an object"),
+        ('{"beat": 1, "pos": {"marks": "many"}}', "pos.marks must be"),
+        ('{"beat": 1, "pos": {"marks": 1, "call": "c", "step": 1, "phase": 3}}', "pos.phase must be"),
+        (b"\xff\xfe", "not UTF-8"),
+        ('{"beat": 1, "pid": [1], "pos": {"marks": 1, "call": "", "step": null, "phase": "idle"}}', "pid must be"),
+    ],
+)
 def test_a_malformed_heartbeat_is_named_by_the_watch_not_a_traceback(raw, needle) -> None:
     from verl_patches.resilience.call_watch import CallWatch
     from verl_patches.resilience.heartbeat_record import parse_heartbeat

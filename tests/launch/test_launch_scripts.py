@@ -20,15 +20,31 @@ from verl_patches.launch import job, ray_cluster
 from verl_patches.launch.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = {name: ROOT / "verl_patches" / "scripts" / f"train_deepseekv3_256die_{name}.sh"
-           for name in ("true_weight", "random_init")}
+SCRIPTS = {
+    name: ROOT / "verl_patches" / "scripts" / f"train_deepseekv3_256die_{name}.sh"
+    for name in ("true_weight", "random_init")
+}
 SHELL_FILES = {**SCRIPTS, "launch_job": ROOT / "verl_patches" / "scripts" / "launch_job.sh"}  # + their shared body
 LAUNCH_SOURCES = sorted((ROOT / "verl_patches" / "launch").glob("*.py"))
 KILLERS = re.compile(r"\bpkill\b|\bkillall\b|\bray\s+stop\b|\bkill\s+-9\b|\bkill\s+-KILL\b|\bsleep\s+9{4,}")
-PLACEHOLDERS = re.compile(r"IP FOR MASTER|SOCKET IFNAME FOR|your_sharded_weights|\byour_\w+|<[A-Za-z _-]+>|"
-                          r"\bTODO\b|\bFIXME\b|\bCHANGE ?ME\b|x\.x\.x\.x", re.IGNORECASE)
-CLUSTER_VARS = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPUS_PER_NODE", "SOCKET_IFNAME", "NODE_ROLE",
-                "DIST_CKPT_PATH", "MODEL_PATH", "DATA_DIR", "RAY_ADDRESS", "LOG_DIR")
+PLACEHOLDERS = re.compile(
+    r"IP FOR MASTER|SOCKET IFNAME FOR|your_sharded_weights|\byour_\w+|<[A-Za-z _-]+>|"
+    r"\bTODO\b|\bFIXME\b|\bCHANGE ?ME\b|x\.x\.x\.x",
+    re.IGNORECASE,
+)
+CLUSTER_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NNODES",
+    "NPUS_PER_NODE",
+    "SOCKET_IFNAME",
+    "NODE_ROLE",
+    "DIST_CKPT_PATH",
+    "MODEL_PATH",
+    "DATA_DIR",
+    "RAY_ADDRESS",
+    "LOG_DIR",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -38,11 +54,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script), *args], cwd=ROOT, env=clean_env(**env), capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(script), *args], cwd=ROOT, env=clean_env(**env), capture_output=True, text=True, timeout=120
+    )
 
 
 # ---- static checks of the scripts ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(SHELL_FILES))
 def test_script_kills_nothing_and_has_no_placeholder(name: str) -> None:
@@ -64,7 +82,9 @@ def test_script_copies_nothing_into_the_vendored_trees(name: str) -> None:
 
 def test_the_two_scripts_differ_only_in_the_profile() -> None:
     tw, ri = (SCRIPTS[n].read_text() for n in ("true_weight", "random_init"))
-    assert re.search(r"\bexec\b.*\ba3_256die_true_weight\b", tw) and re.search(r"\bexec\b.*\ba3_256die_random_init\b", ri)
+    assert re.search(r"\bexec\b.*\ba3_256die_true_weight\b", tw) and re.search(
+        r"\bexec\b.*\ba3_256die_random_init\b", ri
+    )
     norm = lambda s: re.sub(r"true[-_ ]weight|random[-_ ]init", "X", s)  # noqa: E731
     assert norm(tw) == norm(ri)
 
@@ -72,11 +92,19 @@ def test_the_two_scripts_differ_only_in_the_profile() -> None:
 def _code_strings(path: Path) -> list[tuple[int, str]]:
     """String constants of a module that are not docstrings (what the code may execute)."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 @pytest.mark.parametrize("path", LAUNCH_SOURCES, ids=lambda p: p.name)
@@ -98,6 +126,7 @@ def test_launcher_signals_only_recorded_processes() -> None:
 
 # ---- --help and --dry-run ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_help_lists_every_setting(name: str) -> None:
     p = run_script(SCRIPTS[name], "--help")
@@ -118,8 +147,16 @@ def test_dry_run_passes_on_this_cpu_host(name: str, tmp_path: Path) -> None:
     assert re.search(r"preflight: PASS \(\d+ ok, \d+ warn, [1-9]\d* not-checked-here, 0 fail\)", out), out[-500:]
     not_checked = [ln for ln in out.splitlines() if ln.startswith("not-checked-here")]
     checks = {ln.split()[1] for ln in not_checked}
-    cluster_only = {"cluster.master_addr", "cluster.socket_ifname", "cluster.npu_count", "cluster.torch_npu",
-                    "cluster.cann_env", "cluster.ports_free", "data.files", "model.config"}
+    cluster_only = {
+        "cluster.master_addr",
+        "cluster.socket_ifname",
+        "cluster.npu_count",
+        "cluster.torch_npu",
+        "cluster.cann_env",
+        "cluster.ports_free",
+        "data.files",
+        "model.config",
+    }
     if name == "true_weight":
         cluster_only.add("checkpoint.dist")  # the random-init run loads no checkpoint
     assert cluster_only <= checks, cluster_only - checks
@@ -152,6 +189,7 @@ def test_unknown_option_is_rejected() -> None:
 
 # ---- cluster launch refused before anything starts --------------------------------------------------
 
+
 @pytest.fixture
 def nothing_may_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def refuse(*_a, **_k):
@@ -169,8 +207,18 @@ def nothing_may_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_unknown_socket_interface_exits_1_naming_it(nothing_may_start: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = job.main(["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname",
-                   "nonexistent0", "--node-role", "worker"])
+    rc = job.main(
+        [
+            "--profile",
+            "a3_256die_random_init",
+            "--master-addr",
+            "127.0.0.1",
+            "--socket-ifname",
+            "nonexistent0",
+            "--node-role",
+            "worker",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "SOCKET_IFNAME='nonexistent0'" in err and "no such interface" in err and "Traceback" not in err
@@ -178,8 +226,9 @@ def test_unknown_socket_interface_exits_1_naming_it(nothing_may_start: Path, cap
 
 
 @pytest.mark.parametrize("role", ["head", "worker", "auto"])
-def test_cluster_launch_without_master_addr_exits_2_naming_it(nothing_may_start: Path, role: str,
-                                                               capsys: pytest.CaptureFixture) -> None:
+def test_cluster_launch_without_master_addr_exits_2_naming_it(
+    nothing_may_start: Path, role: str, capsys: pytest.CaptureFixture
+) -> None:
     rc = job.main(["--profile", "a3_256die_random_init", "--socket-ifname", "lo", "--node-role", role])
     err = capsys.readouterr().err
     assert rc == 2
@@ -187,8 +236,9 @@ def test_cluster_launch_without_master_addr_exits_2_naming_it(nothing_may_start:
     assert not nothing_may_start.exists()
 
 
-def test_placeholder_master_addr_from_env_file_exits_2(nothing_may_start: Path, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture) -> None:
+def test_placeholder_master_addr_from_env_file_exits_2(
+    nothing_may_start: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     env_file = tmp_path / "cluster.env"
     env_file.write_text('SOCKET_IFNAME=lo\nMASTER_ADDR="IP FOR MASTER NODE"\nDIST_CKPT_PATH=/ckpt\n')
     rc = job.main(["--profile", "a3_256die_true_weight", "--env-file", str(env_file), "--node-role", "head"])
@@ -206,8 +256,9 @@ def test_every_cluster_problem_is_reported_at_once(nothing_may_start: Path, caps
         assert f"  - {name}" in err, name
 
 
-def test_env_file_error_exits_2_with_file_and_line(nothing_may_start: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture) -> None:
+def test_env_file_error_exits_2_with_file_and_line(
+    nothing_may_start: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     env_file = tmp_path / "cluster.env"
     env_file.write_text("MASTER_ADDR=10.0.0.1\nMASTR_PORT=1\n")
     rc = job.main(["--profile", "a3_256die_true_weight", "--env-file", str(env_file)])
@@ -219,7 +270,18 @@ def test_job_overrides_put_the_user_last() -> None:
     from verl_patches.launch.settings import load_settings
 
     s = load_settings({"NNODES": "4", "NPUS_PER_NODE": "8"}, None, environ={})
-    assert job.job_overrides(args, s) == ["profile=a3_256die_true_weight", "trainer.nnodes=4",
-                                          "trainer.n_gpus_per_node=8", "trainer.nnodes=2", "data.train_batch_size=64"]
+    assert job.job_overrides(args, s) == [
+        "profile=a3_256die_true_weight",
+        "trainer.nnodes=4",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=2",
+        "data.train_batch_size=64",
+    ]
     assert job.trainer_command("ppo_mindspeed_trainer", ["a=1"]) == [
-        sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", "ppo_mindspeed_trainer", "a=1"]
+        sys.executable,
+        "-m",
+        "verl_patches.trainer.main_ppo_npu",
+        "--config-name",
+        "ppo_mindspeed_trainer",
+        "a=1",
+    ]

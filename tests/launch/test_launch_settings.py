@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.launch.settings import (SETTING_NAMES, SETTINGS, SettingsError, describe_settings, load_settings,
-                                          read_env_file, validate_address, validate_for_cluster)
+from verl_patches.launch.settings import (
+    SETTING_NAMES,
+    SETTINGS,
+    SettingsError,
+    describe_settings,
+    load_settings,
+    read_env_file,
+    validate_address,
+    validate_for_cluster,
+)
 
 GOOD = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "enp189s0f0", "DIST_CKPT_PATH": "/ckpt"}
 
@@ -21,6 +29,7 @@ def write(tmp_path: Path, text: str, name: str = "cluster.env") -> Path:
 
 
 # ---- precedence -------------------------------------------------------------------------------------
+
 
 def test_precedence_flag_over_file_over_environment_over_default(tmp_path: Path) -> None:
     env_file = write(tmp_path, "MASTER_PORT=2000\nNNODES=4\nNPUS_PER_NODE=8\n")
@@ -62,17 +71,24 @@ def test_reads_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -
 
 # ---- env file ---------------------------------------------------------------------------------------
 
+
 def test_env_file_syntax(tmp_path: Path) -> None:
-    f = write(tmp_path, "\n".join([
-        "# cluster of the lab",
-        "",
-        "export MASTER_ADDR=10.1.2.3",
-        "  SOCKET_IFNAME = 'enp189s0f0'   ",
-        'DIST_CKPT_PATH="/data/ckpt dir/dsv3"  # trailing comment',
-        "NNODES=2 # two nodes",
-        "   # indented comment",
-        "MODEL_PATH=",
-    ]) + "\n")
+    f = write(
+        tmp_path,
+        "\n".join(
+            [
+                "# cluster of the lab",
+                "",
+                "export MASTER_ADDR=10.1.2.3",
+                "  SOCKET_IFNAME = 'enp189s0f0'   ",
+                'DIST_CKPT_PATH="/data/ckpt dir/dsv3"  # trailing comment',
+                "NNODES=2 # two nodes",
+                "   # indented comment",
+                "MODEL_PATH=",
+            ]
+        )
+        + "\n",
+    )
     values = read_env_file(f)
     assert values["MASTER_ADDR"] == ("10.1.2.3", 3)
     assert values["SOCKET_IFNAME"] == ("enp189s0f0", 4)
@@ -117,8 +133,11 @@ def test_missing_or_binary_env_file(tmp_path: Path) -> None:
 
 
 def test_pass_through_keys(tmp_path: Path) -> None:
-    f = write(tmp_path, "HCCL_BUFFSIZE=400\nASCEND_GLOBAL_LOG_LEVEL=1\nVLLM_ASCEND_ENABLE_TOPK_OPTIMIZE=0\n"
-                        "RAY_DEDUP_LOGS=1\nPYTORCH_NPU_ALLOC_CONF=expandable_segments:False\n")
+    f = write(
+        tmp_path,
+        "HCCL_BUFFSIZE=400\nASCEND_GLOBAL_LOG_LEVEL=1\nVLLM_ASCEND_ENABLE_TOPK_OPTIMIZE=0\n"
+        "RAY_DEDUP_LOGS=1\nPYTORCH_NPU_ALLOC_CONF=expandable_segments:False\n",
+    )
     s = load_settings({}, f, environ={"HCCL_EXEC_TIMEOUT": "5"})
     assert s.get("HCCL_BUFFSIZE") == "400" and s.where("HCCL_BUFFSIZE") == f"{f}:1"
     assert s.get("ASCEND_GLOBAL_LOG_LEVEL") == "1"
@@ -129,6 +148,7 @@ def test_pass_through_keys(tmp_path: Path) -> None:
 
 
 # ---- validation -------------------------------------------------------------------------------------
+
 
 def test_missing_master_addr_names_the_variable() -> None:
     s = load_settings({"SOCKET_IFNAME": "eth0"}, None, environ={})
@@ -151,13 +171,16 @@ def test_addresses_and_host_names_are_accepted(addr: str) -> None:
     assert validate_address("MASTER_ADDR", addr, "flag") == addr
 
 
-@pytest.mark.parametrize("value, words", [("0", "at least 1"), ("-3", "at least 1"), ("two", "expected an integer"),
-                                          ("1.5", "expected an integer")])
+@pytest.mark.parametrize(
+    "value, words",
+    [("0", "at least 1"), ("-3", "at least 1"), ("two", "expected an integer"), ("1.5", "expected an integer")],
+)
 def test_bad_node_count(value: str, words: str) -> None:
     s = load_settings({**GOOD, "NNODES": value}, None, environ={})
     errors = validate_for_cluster(s, needs_checkpoint=True)
-    assert len(errors) == 1 and errors[0].startswith(f"NNODES={value!r}" if words.startswith("expected")
-                                                     else f"NNODES={int(value)}")
+    assert len(errors) == 1 and errors[0].startswith(
+        f"NNODES={value!r}" if words.startswith("expected") else f"NNODES={int(value)}"
+    )
     assert words in errors[0] and "(flag)" in errors[0]
     with pytest.raises(SettingsError):
         _ = s.world_size
@@ -173,8 +196,15 @@ def test_validate_for_cluster_lists_every_problem(tmp_path: Path) -> None:
     s = load_settings({"HCCL_IF_BASE_PORT": "99999"}, f, environ={})
     errors = validate_for_cluster(s, needs_checkpoint=True)
     text = "\n".join(errors)
-    for name in ("MASTER_ADDR", "NNODES", "RAY_DASHBOARD_PORT", "HCCL_IF_BASE_PORT", "SOCKET_IFNAME", "NODE_ROLE",
-                 "DIST_CKPT_PATH"):
+    for name in (
+        "MASTER_ADDR",
+        "NNODES",
+        "RAY_DASHBOARD_PORT",
+        "HCCL_IF_BASE_PORT",
+        "SOCKET_IFNAME",
+        "NODE_ROLE",
+        "DIST_CKPT_PATH",
+    ):
         assert sum(e.startswith(name) for e in errors) == 1, (name, text)
     assert len(errors) == 7
     assert f"{f}:1" in text and f"{f}:2" in text

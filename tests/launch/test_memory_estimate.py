@@ -5,12 +5,30 @@ from __future__ import annotations
 
 import pytest
 
-from verl_patches.launch.memory_estimate import (ATLAS_A3_DIE, GIB, MIB, Component, DieSpec, ModelShape,
-                                                 PhaseEstimate, Recompute, RolloutSetup, TrainingSetup,
-                                                 attention_params, communicator_count, estimate_rollout,
-                                                 estimate_training, layer_activation_elems, mlp_params,
-                                                 optimizer_shard_bytes, rank_params, rollout_weight_bytes,
-                                                 rollout_workspace_bytes, stage_activation_bytes, total_params)
+from verl_patches.launch.memory_estimate import (
+    ATLAS_A3_DIE,
+    GIB,
+    MIB,
+    Component,
+    DieSpec,
+    ModelShape,
+    PhaseEstimate,
+    Recompute,
+    RolloutSetup,
+    TrainingSetup,
+    attention_params,
+    communicator_count,
+    estimate_rollout,
+    estimate_training,
+    layer_activation_elems,
+    mlp_params,
+    optimizer_shard_bytes,
+    rank_params,
+    rollout_weight_bytes,
+    rollout_workspace_bytes,
+    stage_activation_bytes,
+    total_params,
+)
 from verl_patches.weights.config import make_tiny_config, official_config
 
 # make_tiny_config(512): h 64, vocab 512, 4 layers (1 dense), ffn 128, moe_ffn 32, 8 experts (top-2,
@@ -47,7 +65,7 @@ def test_671b_total_and_per_die_share():
     assert total_params(DSV3) == pytest.approx(671.0e9, rel=1e-3)  # DeepSeek-V3's published 671B (no MTP)
     # Every stage's rank holds 1/(TP*EP) of the stage's routed experts (TP-extend-EP: 8 of 256 per layer).
     for stage, n in enumerate(LAYERS_671B):
-        moe_layers = sum(1 for i in range(sum(LAYERS_671B[:stage]), sum(LAYERS_671B[:stage + 1])) if i >= 3)
+        moe_layers = sum(1 for i in range(sum(LAYERS_671B[:stage]), sum(LAYERS_671B[: stage + 1])) if i >= 3)
         assert rank_params(DSV3, 4, 8, LAYERS_671B, stage).expert == moe_layers * 8 * 3 * 7168 * 2048
     # Summed over stages with TP=EP=1 the ranks hold the whole model once.
     assert sum(rank_params(DSV3, 1, 1, LAYERS_671B, s).total for s in range(8)) == total_params(DSV3)
@@ -139,8 +157,9 @@ def test_training_key_names_the_largest_lever():
 
 
 def test_rollout_weights_kv_and_workspace_by_hand():
-    r = RolloutSetup(tp=1, dp_per_instance=1, gpu_memory_utilization=0.5, max_num_seqs=4, max_model_len=16,
-                     max_num_batched_tokens=8)
+    r = RolloutSetup(
+        tp=1, dp_per_instance=1, gpu_memory_utilization=0.5, max_num_seqs=4, max_model_len=16, max_num_batched_tokens=8
+    )
     absorbed = 4 * (16 + 16) * 16  # vLLM's MLA copies derived from kv_b, per layer
     assert rollout_weight_bytes(TINY, r) == 2 * (total_params(TINY) + 4 * absorbed)
     assert TINY.kv_cache_bytes_per_token == (16 + 8) * 4 * 2
@@ -148,18 +167,37 @@ def test_rollout_weights_kv_and_workspace_by_hand():
     per_token = 2 * 64 + 32 + 16 + 8 + 4 * (16 + 8 + 16) + 2 * (2 * 64 + 3 * 32)
     assert rollout_workspace_bytes(TINY, r) == 8 * per_token * 2 + 4 * 512 * 4
     # EP 3 over 8 experts: vLLM gives the last rank the remainder (4 experts), the weight model counts it.
-    r3 = RolloutSetup(tp=1, dp_per_instance=3, gpu_memory_utilization=0.5, max_num_seqs=4, max_model_len=16,
-                      max_num_batched_tokens=8)
+    r3 = RolloutSetup(
+        tp=1, dp_per_instance=3, gpu_memory_utilization=0.5, max_num_seqs=4, max_model_len=16, max_num_batched_tokens=8
+    )
     assert rollout_weight_bytes(TINY, r) - rollout_weight_bytes(TINY, r3) == 2 * 3 * (8 - 4) * 3 * 64 * 32
 
 
 def test_671b_rollout_fits_a3_with_kv_for_all_sequences():
-    t = TrainingSetup(tp=4, pp=8, ep=8, cp=1, world=256, layer_list=LAYERS_671B, seq_len=4096, micro_batch=1,
-                      micro_batches_per_step=1024, swap_optimizer=True, param_offload=True, grad_offload=True,
-                      ref_param_offload=True)
+    t = TrainingSetup(
+        tp=4,
+        pp=8,
+        ep=8,
+        cp=1,
+        world=256,
+        layer_list=LAYERS_671B,
+        seq_len=4096,
+        micro_batch=1,
+        micro_batches_per_step=1024,
+        swap_optimizer=True,
+        param_offload=True,
+        grad_offload=True,
+        ref_param_offload=True,
+    )
     for dp, experts_per_rank in ((64, 2), (128, 1)):
-        r = RolloutSetup(tp=2, dp_per_instance=dp, gpu_memory_utilization=0.8, max_num_seqs=64, max_model_len=4096,
-                         max_num_batched_tokens=1024)
+        r = RolloutSetup(
+            tp=2,
+            dp_per_instance=dp,
+            gpu_memory_utilization=0.8,
+            max_num_seqs=64,
+            max_model_len=4096,
+            max_num_batched_tokens=1024,
+        )
         est = estimate_rollout(DSV3, t, r, ATLAS_A3_DIE, 300)
         assert est.vllm.verdict == "ok" and est.outside.verdict == "ok"
         assert est.kv_tokens >= est.kv_tokens_needed == 64 * 4096

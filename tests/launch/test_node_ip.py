@@ -46,6 +46,7 @@ def test_unresolvable_master_addr_names_the_variable() -> None:
 
 def test_no_probe_socket_is_connected(monkeypatch: pytest.MonkeyPatch) -> None:
     """The vendor found its IP by connecting a UDP socket to 8.8.8.8; ours never connects anywhere."""
+
     def refuse(*_a, **_k):
         raise AssertionError("node_ip connected a socket")
 

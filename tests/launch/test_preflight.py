@@ -17,8 +17,16 @@ import pytest
 
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA
 from verl_patches.launch import preflight_files
-from verl_patches.launch.preflight import (PROFILES, compose, exit_status, main, patch_findings, render_text,
-                                           run_preflight, sources_findings)
+from verl_patches.launch.preflight import (
+    PROFILES,
+    compose,
+    exit_status,
+    main,
+    patch_findings,
+    render_text,
+    run_preflight,
+    sources_findings,
+)
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
 from verl_patches.launch.preflight_host import cluster_findings
 from verl_patches.launch.preflight_layout import LAYER_LIST, tp_split_findings
@@ -27,8 +35,9 @@ from verl_patches.weights.config import config_to_json, official_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = HostFacts(device="cpu")
-NPU = HostFacts(device="npu", interfaces=("lo", "enp1s0"), npu_count=16, torch_npu_importable=True,
-                local_addresses=("10.0.0.1",))
+NPU = HostFacts(
+    device="npu", interfaces=("lo", "enp1s0"), npu_count=16, torch_npu_importable=True, local_addresses=("10.0.0.1",)
+)
 M = "actor_rollout_ref.actor.megatron"
 
 
@@ -64,20 +73,36 @@ def failed(findings: list[Finding], check: str) -> Finding:
 
 # ---- the production profiles on this CPU host ----------------------------------------------------
 
+
 @pytest.mark.parametrize("profile", ["a3_256die_true_weight", "a3_256die_random_init"])
 def test_production_profiles_pass_on_cpu_with_cluster_checks_not_checked(profile):
     found = run(profile)
     assert exit_status(found) == 0, [f for f in found if f.status == FAIL]
     # the values given are checked on any host (the port plan, and the launch's own settings check)
-    cluster = [f for f in found if f.check.startswith("cluster.") and f.check not in ("cluster.port_plan",
-                                                                                       "cluster.settings")]
-    assert {f.check for f in cluster} >= {"cluster.master_addr", "cluster.socket_ifname", "cluster.cann_env",
-                                          "cluster.npu_count", "cluster.torch_npu", "cluster.ports_free"}
+    cluster = [
+        f for f in found if f.check.startswith("cluster.") and f.check not in ("cluster.port_plan", "cluster.settings")
+    ]
+    assert {f.check for f in cluster} >= {
+        "cluster.master_addr",
+        "cluster.socket_ifname",
+        "cluster.cann_env",
+        "cluster.npu_count",
+        "cluster.torch_npu",
+        "cluster.ports_free",
+    }
     assert all(f.status == NOT_CHECKED for f in cluster)
     assert only(found, "cluster.port_plan")[0].status == OK
     assert only(found, "cluster.settings")[0].status == OK
-    for check in ("layout.megatron_parallel", "layout.layer_list", "layout.vllm_dp_size", "layout.rollout_batch",
-                  "memory.training", "memory.rollout", "memory.rollout_outside_vllm", "memory.reshard"):
+    for check in (
+        "layout.megatron_parallel",
+        "layout.layer_list",
+        "layout.vllm_dp_size",
+        "layout.rollout_batch",
+        "memory.training",
+        "memory.rollout",
+        "memory.rollout_outside_vllm",
+        "memory.reshard",
+    ):
         assert [f.status for f in only(found, check)] == [OK], only(found, check)
     die = only(found, "memory.die")[0].message
     assert "64 GiB" in die and "assumption" in die
@@ -104,6 +129,7 @@ def test_random_init_loads_no_checkpoint_true_weight_needs_one_on_npu():
 
 # ---- layout arithmetic ---------------------------------------------------------------------------
 
+
 def test_world_mismatch_names_nnodes_and_trainer_nnodes():
     f = failed(run("a3_256die_true_weight", s=settings(NNODES="8")), "layout.world_size")
     assert "NNODES" in f.key and "trainer.nnodes" in f.key
@@ -119,20 +145,34 @@ def test_layer_list_sum_wrong_names_the_layer_list():
 
 
 def test_tp_that_does_not_divide_the_world_names_tp():
-    f = failed(run("a3_256die_true_weight", f"{M}.tensor_model_parallel_size=3",
-                   f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size=3"), "layout.megatron_parallel")
+    f = failed(
+        run(
+            "a3_256die_true_weight",
+            f"{M}.tensor_model_parallel_size=3",
+            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=3",
+        ),
+        "layout.megatron_parallel",
+    )
     assert f"{M}.tensor_model_parallel_size" in f.key
 
 
 def test_ep_that_does_not_divide_dp_names_ep():
-    f = failed(run("a3_256die_true_weight", f"{M}.expert_model_parallel_size=16",
-                   "actor_rollout_ref.ref.megatron.expert_model_parallel_size=16"), "layout.megatron_parallel")
+    f = failed(
+        run(
+            "a3_256die_true_weight",
+            f"{M}.expert_model_parallel_size=16",
+            "actor_rollout_ref.ref.megatron.expert_model_parallel_size=16",
+        ),
+        "layout.megatron_parallel",
+    )
     assert f.key == f"{M}.expert_model_parallel_size" and "dp_divisible_by_ep" in f.message
 
 
 def test_ref_layout_must_match_actor():
-    f = failed(run("a3_256die_true_weight", "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=4"),
-               "layout.ref_matches_actor")
+    f = failed(
+        run("a3_256die_true_weight", "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=4"),
+        "layout.ref_matches_actor",
+    )
     assert "actor_rollout_ref.ref.megatron" in f.key
 
 
@@ -162,14 +202,18 @@ def test_rollout_ep_larger_than_experts_fails(tmp_path):
 
 
 def test_gbs_times_n_not_divisible_by_rollout_dp_names_train_batch_size():
-    f = failed(run("a3_256die_true_weight", "data.train_batch_size=500",
-                   "actor_rollout_ref.actor.ppo_mini_batch_size=500"), "layout.rollout_batch")
+    f = failed(
+        run("a3_256die_true_weight", "data.train_batch_size=500", "actor_rollout_ref.actor.ppo_mini_batch_size=500"),
+        "layout.rollout_batch",
+    )
     assert f.key == "data.train_batch_size"
 
 
 def test_batch_not_divisible_by_megatron_dp_times_micro_batch():
-    f = failed(run("a3_256die_true_weight", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
-               "layout.batch_megatron_dp")
+    f = failed(
+        run("a3_256die_true_weight", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
+        "layout.batch_megatron_dp",
+    )
     assert f.key == "data.train_batch_size" and "24" in f.message
 
 
@@ -181,18 +225,26 @@ def test_old_log_prob_skip_needs_one_mini_batch():
 def test_model_len_beyond_position_embeddings_and_batched_tokens():
     f = failed(run("a3_256die_true_weight", "data.max_response_length=200000"), "layout.rollout_model_len")
     assert f.key.startswith("data.max_response_length") and "163840" in f.message
-    f = failed(run("a3_256die_true_weight", "actor_rollout_ref.rollout.enable_chunked_prefill=False"),
-               "rollout.engine")  # the rules of verl_patches.trainer.rollout_settings
+    f = failed(
+        run("a3_256die_true_weight", "actor_rollout_ref.rollout.enable_chunked_prefill=False"), "rollout.engine"
+    )  # the rules of verl_patches.trainer.rollout_settings
     assert "actor_rollout_ref.rollout.max_num_batched_tokens" in f.key and "enable_chunked_prefill" in f.key
 
 
 # ---- files ---------------------------------------------------------------------------------------
 
+
 def _good_rows(n: int) -> list[dict]:
-    return [{"data_source": "deepscaler", "prompt": [{"role": "user", "content": f"q{i}"}], "ability": "math",
-             "reward_model": {"ground_truth": str(i), "style": "rule"},
-             "extra_info": {"index": i, "split": "train", "problem": "p", "solution": "s", "source_row": i}}
-            for i in range(n)]
+    return [
+        {
+            "data_source": "deepscaler",
+            "prompt": [{"role": "user", "content": f"q{i}"}],
+            "ability": "math",
+            "reward_model": {"ground_truth": str(i), "style": "rule"},
+            "extra_info": {"index": i, "split": "train", "problem": "p", "solution": "s", "source_row": i},
+        }
+        for i in range(n)
+    ]
 
 
 def test_data_schema_wrong_names_train_files(tmp_path):
@@ -280,6 +332,7 @@ def test_checkpoint_constants_match_the_converter():
 
 # ---- cluster node --------------------------------------------------------------------------------
 
+
 def _ctx(host: HostFacts, **values: str) -> Context:
     return Context(cfg_for("a3_256die_true_weight"), settings(**values), ROOT, host)
 
@@ -309,7 +362,9 @@ def test_npu_host_real_checks(tmp_path):
 
 
 def test_bad_master_addr_fails_even_on_cpu():
-    assert failed(cluster_findings(_ctx(CPU, MASTER_ADDR="not an address!")), "cluster.master_addr").key == "MASTER_ADDR"
+    assert (
+        failed(cluster_findings(_ctx(CPU, MASTER_ADDR="not an address!")), "cluster.master_addr").key == "MASTER_ADDR"
+    )
 
 
 def test_port_plan_overlap_names_the_setting():
@@ -320,6 +375,7 @@ def test_port_plan_overlap_names_the_setting():
 
 
 # ---- sources and patches -------------------------------------------------------------------------
+
 
 def test_sources_missing_components(tmp_path):
     shutil.copy(ROOT / "sources.lock", tmp_path / "sources.lock")
@@ -344,23 +400,31 @@ def test_patches_drift_and_missing_targets_fail(tmp_path, monkeypatch):
     assert any(f.status == FAIL and "target-missing" in f.message for f in found)
     from verl_patches.patching import static_report
 
-    monkeypatch.setattr(static_report, "static_patch_report", lambda root: [
-        {"name": "x.y", "target": "verl.a:b", "status": "drift", "detail": "declared 1, found 2"}])
+    monkeypatch.setattr(
+        static_report,
+        "static_patch_report",
+        lambda root: [{"name": "x.y", "target": "verl.a:b", "status": "drift", "detail": "declared 1, found 2"}],
+    )
     f = failed(patch_findings(ROOT, {}), "patches")
     assert "x.y" in f.key and "drift" in f.message
 
 
 # ---- memory --------------------------------------------------------------------------------------
 
+
 def test_memory_outside_vllm_over_budget_names_utilisation():
-    f = failed(run("a3_256die_true_weight", "actor_rollout_ref.rollout.gpu_memory_utilization=0.95"),
-               "memory.rollout_outside_vllm")
+    f = failed(
+        run("a3_256die_true_weight", "actor_rollout_ref.rollout.gpu_memory_utilization=0.95"),
+        "memory.rollout_outside_vllm",
+    )
     assert f.key == "actor_rollout_ref.rollout.gpu_memory_utilization"
 
 
 def test_memory_actor_left_on_die_names_param_offload():
-    f = failed(run("a3_256die_true_weight", f"{M}.param_offload=False", f"{M}.grad_offload=False"),
-               "memory.rollout_outside_vllm")
+    f = failed(
+        run("a3_256die_true_weight", f"{M}.param_offload=False", f"{M}.grad_offload=False"),
+        "memory.rollout_outside_vllm",
+    )
     assert f.key == f"{M}.param_offload"
 
 
@@ -370,8 +434,10 @@ def test_memory_rollout_without_room_for_weights_names_utilisation():
 
 
 def test_memory_training_without_swap_optimizer_names_it():
-    f = failed(run("a3_256die_true_weight", f"{M}.swap_optimizer=False", f"{M}.use_distributed_optimizer=False"),
-               "memory.training")
+    f = failed(
+        run("a3_256die_true_weight", f"{M}.swap_optimizer=False", f"{M}.use_distributed_optimizer=False"),
+        "memory.training",
+    )
     assert f.key == f"{M}.swap_optimizer"
 
 
@@ -381,6 +447,7 @@ def test_memory_training_long_sequences_without_recompute_names_checkpointing():
 
 
 # ---- report and CLI ------------------------------------------------------------------------------
+
 
 def test_render_text_table_and_summary():
     found = [Finding("a.b", OK, "fine"), Finding("c.d", FAIL, "broken " * 30, "some.key")]
@@ -422,7 +489,12 @@ def test_cli_env_file_and_paths(tmp_path, capsys):
 
 
 def test_module_entry_point_runs():
-    proc = subprocess.run([sys.executable, "-m", "verl_patches.launch.preflight", "--profile", "a3_256die_true_weight",
-                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_patches.launch.preflight", "--profile", "a3_256die_true_weight", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["summary"]["passed"] is True

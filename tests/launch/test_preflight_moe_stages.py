@@ -19,8 +19,11 @@ def _cfg(lst):
 
 def test_the_a3_split_keeps_a_moe_layer_on_every_stage() -> None:
     assert dense_only_stages([7, 7, 8, 8, 8, 8, 8, 7], 3, 256) == []
-    (f,) = layer_list_findings(_cfg([7, 7, 8, 8, 8, 8, 8, 7]), {"num_hidden_layers": 61, "first_k_dense_replace": 3,
-                                                              "n_routed_experts": 256}, 8)
+    (f,) = layer_list_findings(
+        _cfg([7, 7, 8, 8, 8, 8, 8, 7]),
+        {"num_hidden_layers": 61, "first_k_dense_replace": 3, "n_routed_experts": 256},
+        8,
+    )
     assert f.status == OK
 
 
@@ -41,4 +44,5 @@ def test_preflight_names_the_stage_and_the_key() -> None:
     (ok,) = layer_list_findings(_cfg([4, 1]), model, 2)
     assert ok.status == OK
     assert dense_only_message([1, 1, 3], 2, [0, 1]).startswith(
-        "layer list [1, 1, 3]: stage 0 (layers 0..0), stage 1 (layers 1..1) hold only dense layers")
+        "layer list [1, 1, 3]: stage 0 (layers 0..0), stage 1 (layers 1..1) hold only dense layers"
+    )

@@ -14,11 +14,20 @@ import pytest
 
 from verl_patches.launch.preflight import main
 from verl_patches.launch.preflight_findings import HostFacts
-from verl_patches.launch.preflight_rank_table import (render_rank_tables, render_rollout, rollout_rank_table,
-                                                      stage_layers, training_rank_table)
+from verl_patches.launch.preflight_rank_table import (
+    render_rank_tables,
+    render_rollout,
+    rollout_rank_table,
+    stage_layers,
+    training_rank_table,
+)
 from verl_patches.reshard.errors import InvalidLayoutError
-from verl_patches.reshard.layout import (MegatronLayout, RolloutLayout, production_rollout_layout,
-                                         production_training_layout)
+from verl_patches.reshard.layout import (
+    MegatronLayout,
+    RolloutLayout,
+    production_rollout_layout,
+    production_training_layout,
+)
 
 CPU = HostFacts(device="cpu")
 PROD_LIST = [7, 7, 8, 8, 8, 8, 8, 7]
@@ -195,11 +204,19 @@ def test_smoke_profile_keeps_the_cluster_jobs_features() -> None:
     name, prof = PROFILES["a3_16die_smoke"]
     cfg = compose(name, [f"profile={prof}"], load_settings({}, None, environ={}), REPO_ROOT)
     m = "actor_rollout_ref.actor.megatron"
-    for key, want in ((f"{m}.sequence_parallel", True), (f"{m}.swap_optimizer", True),
-                      ("actor_rollout_ref.actor.recompute_old_log_prob", False), ("overlay.fused_actor_rollout_ref", True),
-                      ("actor_rollout_ref.rollout.name", "vllm"), ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
-                      ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2), ("overlay.vllm_dp_size", 8),
-                      ("trainer.nnodes", 1), ("trainer.n_gpus_per_node", 16), ("actor_rollout_ref.actor.load_weight", False)):
+    for key, want in (
+        (f"{m}.sequence_parallel", True),
+        (f"{m}.swap_optimizer", True),
+        ("actor_rollout_ref.actor.recompute_old_log_prob", False),
+        ("overlay.fused_actor_rollout_ref", True),
+        ("actor_rollout_ref.rollout.name", "vllm"),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2),
+        ("overlay.vllm_dp_size", 8),
+        ("trainer.nnodes", 1),
+        ("trainer.n_gpus_per_node", 16),
+        ("actor_rollout_ref.actor.load_weight", False),
+    ):
         assert get(cfg, key) == want, key
     assert list(get(cfg, f"{m}.pipeline_parallel_num_layer_list")) == [4, 1]
     assert check_config(cfg, environ={"D2D_DATA_TRANSFER": "1"}) == []

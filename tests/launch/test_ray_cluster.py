@@ -20,8 +20,15 @@ from pathlib import Path
 import pytest
 
 from verl_patches.launch import job
-from verl_patches.launch.ray_cluster import (RayClusterError, RayNode, forget_current_cluster, head_command,
-                                             start_node, wait_for_resource, worker_command)
+from verl_patches.launch.ray_cluster import (
+    RayClusterError,
+    RayNode,
+    forget_current_cluster,
+    head_command,
+    start_node,
+    wait_for_resource,
+    worker_command,
+)
 
 
 def free_port() -> int:
@@ -49,6 +56,7 @@ def bystander():
 
 # ---- commands ----------------------------------------------------------------------------------------
 
+
 def test_head_command() -> None:
     cmd = head_command("10.0.0.1", 29444, 16, "NPU", "127.0.0.1", 8260, num_cpus=8)
     assert cmd[:3] == [sys.executable, "-m", "ray.scripts.scripts"]
@@ -68,6 +76,7 @@ def test_worker_command() -> None:
 
 
 # ---- the address record of `ray start --head` ------------------------------------------------------
+
 
 def test_forget_current_cluster_removes_only_our_record(tmp_path: Path) -> None:
     marker = tmp_path / "ray_current_cluster"
@@ -99,6 +108,7 @@ def test_record_location_follows_ray_tmpdir(tmp_path: Path, monkeypatch: pytest.
 
 
 # ---- stop() on plain process sessions (fast, no Ray) -----------------------------------------------
+
 
 def _session(tmp_path: Path, script: str) -> RayNode:
     node = start_node(["bash", "-c", script], "worker", tmp_path / "node.log")
@@ -138,6 +148,7 @@ def test_stop_sweeps_children_left_behind_by_a_dead_leader(tmp_path: Path, bysta
 
 
 # ---- a real Ray head ----------------------------------------------------------------------------------
+
 
 def _ray_has_token_auth() -> bool:
     """Token authentication came after Ray 2.46 (requirements.txt's pin), which has neither the mode nor the helper."""
@@ -255,8 +266,9 @@ def test_wait_raises_when_the_head_dies(ray_env: Path) -> None:
     t0 = time.time()
     try:
         with pytest.raises(RayClusterError) as e:
-            wait_for_resource(f"127.0.0.1:{port}", "NPU", 2, 1, timeout_s=40, head=head,
-                              progress=lambda _l: None, poll_s=0.5)
+            wait_for_resource(
+                f"127.0.0.1:{port}", "NPU", 2, 1, timeout_s=40, head=head, progress=lambda _l: None, poll_s=0.5
+            )
         assert "the Ray head exited" in str(e.value) and str(ray_env / "ray.log") in str(e.value)
         assert time.time() - t0 < 30  # noticed at the next poll, not after a connection timeout
     finally:

@@ -11,15 +11,22 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.launch.ray_runtime import (REPO_ROOT, SETUP_HOOK, UPSTREAM_ENV_VARS, ray_init_kwargs, runtime_env,
-                                             worker_pythonpath)
+from verl_patches.launch.ray_runtime import (
+    REPO_ROOT,
+    SETUP_HOOK,
+    UPSTREAM_ENV_VARS,
+    ray_init_kwargs,
+    runtime_env,
+    worker_pythonpath,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cfg(num_cpus: int | None = 4, n_gpus: int = 2, nnodes: int = 1):
-    return OmegaConf.create({"ray_init": {"num_cpus": num_cpus},
-                             "trainer": {"n_gpus_per_node": n_gpus, "nnodes": nnodes}})
+    return OmegaConf.create(
+        {"ray_init": {"num_cpus": num_cpus}, "trainer": {"n_gpus_per_node": n_gpus, "nnodes": nnodes}}
+    )
 
 
 @pytest.fixture(autouse=True)

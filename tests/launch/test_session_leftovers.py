@@ -22,8 +22,12 @@ print(p.pid, flush=True)
 
 
 def _start(ignore_term: bool) -> tuple[subprocess.Popen, int]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(ignore=ignore_term)], stdout=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(ignore=ignore_term)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     grandchild = int(child.stdout.readline())
     child.wait(30)
     return child, grandchild
@@ -66,9 +70,14 @@ def test_a_session_that_ended_by_itself_says_nothing() -> None:
 
 
 def test_a_leftover_that_exits_within_the_grace_is_not_signalled() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
-                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1)'])"],
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1)'])",
+        ],
+        start_new_session=True,
+    )
     child.wait(30)
     lines: list[str] = []
     assert end_session_leftovers(child.pid, lines.append, grace_s=20) == [] and lines == []

@@ -3,6 +3,7 @@
 Each rank returns a JSON-able dict (``{"ok": ...}`` or ``{"error": traceback}``) that the parent reads back.
 The overlay is activated in each child before the target runs, as in a Ray worker.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,18 +24,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(target: Callable[..., Any], rank: int, world: int, port: int, out_dir: str, timeout_s: float,
-           kwargs: dict) -> None:
+def _entry(
+    target: Callable[..., Any], rank: int, world: int, port: int, out_dir: str, timeout_s: float, kwargs: dict
+) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     import torch.distributed as dist
 
     import verl_patches.prelude_patch  # noqa: F401  (the overlay, as every worker process has it)
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
         result = {"ok": target(rank, world, **kwargs)}
     except BaseException:
         result = {"error": traceback.format_exc()}
@@ -48,8 +61,10 @@ def run_ranks(target: Callable[..., Any], world: int, timeout_s: float = 120.0, 
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s * 0.8, kwargs))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s * 0.8, kwargs))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         for p in procs:

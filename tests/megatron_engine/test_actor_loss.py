@@ -5,6 +5,7 @@ The model is a toy with verl's model surface (``pre_process``/``post_process``, 
 logits depend only on the current token, so the reference is a direct computation; the Megatron schedule,
 verl's vocab-parallel log-probs and our forward (G11) are the real ones. The full model is in the golden test.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -23,8 +24,9 @@ class ToyModel(torch.nn.Module):
         from megatron.core.enums import ModelType
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        self.config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=1,
-                                        use_cpu_initialization=True)
+        self.config = TransformerConfig(
+            num_layers=1, hidden_size=HIDDEN, num_attention_heads=1, use_cpu_initialization=True
+        )
         self.pre_process = self.post_process = True
         self.model_type = ModelType.encoder_or_decoder
         g = torch.Generator().manual_seed(0)
@@ -69,9 +71,15 @@ def make_batch() -> "object":
     input_ids[attention_mask == 0] = 0
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     adv = torch.randn(B, generator=g)[:, None].expand(B, R).contiguous()
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": attention_mask,
-                                        "position_ids": position_ids, "responses": input_ids[:, -R:].clone(),
-                                        "advantages": adv})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": input_ids[:, -R:].clone(),
+            "advantages": adv,
+        }
+    )
 
 
 def make_actor(model: ToyModel, **overrides):
@@ -88,13 +96,19 @@ def make_actor(model: ToyModel, **overrides):
         for k, v in overrides.items():
             cfg[k] = v
     hf = SimpleNamespace(architectures=["DeepseekV3ForCausalLM"])
-    return MegatronPPOActor(config=cfg, model_config=hf, hf_config=hf, tf_config=model.config,
-                            actor_module=[model], actor_optimizer=StubOptimizer())
+    return MegatronPPOActor(
+        config=cfg,
+        model_config=hf,
+        hf_config=hf,
+        tf_config=model.config,
+        actor_module=[model],
+        actor_optimizer=StubOptimizer(),
+    )
 
 
 def reference_log_probs(model: ToyModel, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     ids = batch.batch["input_ids"]
-    logits = model.logits(ids[:, -R - 1:-1]) / temperature
+    logits = model.logits(ids[:, -R - 1 : -1]) / temperature
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, batch.batch["responses"][..., None])[..., 0]
     ent = -(logp.exp() * logp).sum(-1)
@@ -166,8 +180,14 @@ def scenario_skip_old_log_prob(rank: int, world: int) -> dict:
         missing = "no error"
     except TemperatureMissing as e:
         missing = str(e)
-    return {"skipped": skipped, "keys": keys, "grad_diff": diff, "clipfrac": clipfrac, "ppo_kl": ppo_kl,
-            "missing": missing}
+    return {
+        "skipped": skipped,
+        "keys": keys,
+        "grad_diff": diff,
+        "clipfrac": clipfrac,
+        "ppo_kl": ppo_kl,
+        "missing": missing,
+    }
 
 
 def scenario_update_policy_profiles_the_second_step(rank: int, world: int, out_dir: str) -> dict:

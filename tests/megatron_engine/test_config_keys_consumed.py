@@ -5,6 +5,7 @@ Each added key must appear in CONSUMERS with the file that reads it and the exac
 test fails for an added key without an entry, for an entry whose text is no longer in that file, and for an
 entry whose key no config adds any more. Behaviour tests of the recipe-specific keys are named next to them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,42 +29,77 @@ A3_BUILD = "tests/rollout/test_a3_engine_build.py"
 
 # key -> (file, text that reads it[, behaviour test])
 CONSUMERS: dict[str, tuple[str, str, str]] = {
-    f"{A}.recompute_old_log_prob": (ACTOR_PY, 'get("recompute_old_log_prob", True)',
-                                    "test_actor_loss::test_recompute_old_log_prob_false_is_reinforce_with_ratio_one"),
-    f"{A}.use_packed_seq": (ACTOR_PY, 'get("use_packed_seq", False)',
-                            "test_actor_loss::test_packed_sequences_are_refused_with_the_key_to_change"),
+    f"{A}.recompute_old_log_prob": (
+        ACTOR_PY,
+        'get("recompute_old_log_prob", True)',
+        "test_actor_loss::test_recompute_old_log_prob_false_is_reinforce_with_ratio_one",
+    ),
+    f"{A}.use_packed_seq": (
+        ACTOR_PY,
+        'get("use_packed_seq", False)',
+        "test_actor_loss::test_packed_sequences_are_refused_with_the_key_to_change",
+    ),
     f"{A}.max_packing_token_size": (ACTOR_PY, 'get("max_packing_token_size", None)', ""),
     "actor_rollout_ref.ref.use_packed_seq": (ACTOR_PY, 'get("use_packed_seq", False)', ""),
     "actor_rollout_ref.ref.max_packing_token_size": (ACTOR_PY, 'get("max_packing_token_size", None)', ""),
     "actor_rollout_ref.ref.use_dynamic_bsz": (ACTOR_PY, 'self.config.get("use_dynamic_bsz", False)', ""),
-    f"{A}.megatron.pipeline_parallel_num_layer_list": (TRANSLATE_PY, "pipeline_parallel_num_layer_list",
-                                                       "test_engine_golden::test_golden_pp2_uneven_layer_list"),
-    f"{A}.megatron.swap_optimizer": (TRANSLATE_PY, "swap_optimizer",
-                                     "tests/train_engine/test_engine_multiproc.py (swap_optimizer=True run)"),
-    f"{A}.megatron.fix_router": (TRANSLATE_PY, "fix_router",
-                                 "tests/train_engine/test_engine_multiproc.py::"
-                                 "test_tp2_sequence_parallel_tp_extend_ep_with_fix_router"),
-    "actor_rollout_ref.rollout.trust_remote_code": ("verl_patches/patches/verl/workers/megatron_workers.py",
-                                                    'self.config.rollout.get("trust_remote_code", False)', ""),
+    f"{A}.megatron.pipeline_parallel_num_layer_list": (
+        TRANSLATE_PY,
+        "pipeline_parallel_num_layer_list",
+        "test_engine_golden::test_golden_pp2_uneven_layer_list",
+    ),
+    f"{A}.megatron.swap_optimizer": (
+        TRANSLATE_PY,
+        "swap_optimizer",
+        "tests/train_engine/test_engine_multiproc.py (swap_optimizer=True run)",
+    ),
+    f"{A}.megatron.fix_router": (
+        TRANSLATE_PY,
+        "fix_router",
+        "tests/train_engine/test_engine_multiproc.py::test_tp2_sequence_parallel_tp_extend_ep_with_fix_router",
+    ),
+    "actor_rollout_ref.rollout.trust_remote_code": (
+        "verl_patches/patches/verl/workers/megatron_workers.py",
+        'self.config.rollout.get("trust_remote_code", False)',
+        "",
+    ),
     "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
     "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
     "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),
     "overlay.fused_actor_rollout_ref": ("verl_patches/trainer/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
-    "overlay.d2d_tensor_cache": ("verl_patches/trainer/step_plan.py", 'D2D_KEY = "overlay.d2d_tensor_cache"',
-                                 "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py"),
+    "overlay.d2d_tensor_cache": (
+        "verl_patches/trainer/step_plan.py",
+        'D2D_KEY = "overlay.d2d_tensor_cache"',
+        "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py",
+    ),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
     # vLLM's LLM keyword arguments: verl's vLLMRollout passes engine_kwargs.vllm through unchanged
     f"{ENGINE}.max_num_seqs": (VLLM_ROLLOUT_PY, "**engine_kwargs,", f"{A3_BUILD}::test_what_the_engine_receives"),
     # vllm-ascend's own settings, read from LLM(additional_config=...)
-    **{f"{TORCHAIR}.{k}": (ASCEND_CONFIG_PY, f'"{k}"', f"{A3_BUILD}::test_what_the_engine_receives")
-       for k in ("enabled", "use_cached_graph", "graph_batch_sizes_init", "graph_batch_sizes",
-                 "enable_multistream_mla", "enable_multistream_moe", "enable_view_optimize", "enable_kv_nz")},
-    f"{SCHEDULER}.enabled": (ASCEND_CONFIG_PY, 'ascend_scheduler_config.get("enabled", False)',
-                             f"{A3_BUILD}::test_what_the_engine_receives"),
+    **{
+        f"{TORCHAIR}.{k}": (ASCEND_CONFIG_PY, f'"{k}"', f"{A3_BUILD}::test_what_the_engine_receives")
+        for k in (
+            "enabled",
+            "use_cached_graph",
+            "graph_batch_sizes_init",
+            "graph_batch_sizes",
+            "enable_multistream_mla",
+            "enable_multistream_moe",
+            "enable_view_optimize",
+            "enable_kv_nz",
+        )
+    },
+    f"{SCHEDULER}.enabled": (
+        ASCEND_CONFIG_PY,
+        'ascend_scheduler_config.get("enabled", False)',
+        f"{A3_BUILD}::test_what_the_engine_receives",
+    ),
     # AscendSchedulerConfig copies every key it is given, then the scheduler reads it as a dataclass field
-    f"{SCHEDULER}.enable_chunked_prefill": ("vllm_ascend/core/schedule_config.py",
-                                            "self.chunked_prefill_enabled = self.enable_chunked_prefill",
-                                            "tests/trainer/test_rollout_settings.py"),
+    f"{SCHEDULER}.enable_chunked_prefill": (
+        "vllm_ascend/core/schedule_config.py",
+        "self.chunked_prefill_enabled = self.enable_chunked_prefill",
+        "tests/trainer/test_rollout_settings.py",
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """G6/G7: verl's log-probs through Megatron's vocab-parallel cross entropy with our logits max and shift are
 the same numbers as upstream's (fp32 copy) path, for fp32 and bf16 logits, without copying the logits, and
 the gradient is unchanged. One gloo rank (TP1), in a spawned process where the overlay is active."""
+
 from __future__ import annotations
 
 import pytest

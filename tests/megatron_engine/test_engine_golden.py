@@ -20,6 +20,7 @@ fp32: MindSpeed-LLM's argument check refuses grouped GEMM without --bf16, so the
 ``params_dtype`` to fp32 after the arguments are validated (the model, the HF reference and the comparison
 are then all fp32); bf16 runs use the arguments as the A3 job does.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,17 @@ import pytest
 import torch
 
 from engine_harness import run_ranks
-from golden_assets import (BATCH, RESPONSE, TEMPERATURE, build_hf_model, convert, expert_grads_as_rank,
-                           hf_log_probs, make_batch, worker_config)
+from golden_assets import (
+    BATCH,
+    RESPONSE,
+    TEMPERATURE,
+    build_hf_model,
+    convert,
+    expert_grads_as_rank,
+    hf_log_probs,
+    make_batch,
+    worker_config,
+)
 
 FP32_TOL = 1e-4
 # bf16 weights and activations against HF's fp32 log-probs. bf16 keeps 8 significant bits (relative rounding
@@ -52,9 +62,11 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.needs_compone
 def assets(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("golden")
     hf = build_hf_model(root)
-    return {"hf": str(hf),
-            "tp2ep2": str(convert(hf, root / "tp2ep2", tp=2, pp=1, ep=2, num_layer_list=None)),
-            "pp2": str(convert(hf, root / "pp2", tp=1, pp=2, ep=1, num_layer_list=(1, 2)))}
+    return {
+        "hf": str(hf),
+        "tp2ep2": str(convert(hf, root / "tp2ep2", tp=2, pp=1, ep=2, num_layer_list=None)),
+        "pp2": str(convert(hf, root / "pp2", tp=1, pp=2, ep=1, num_layer_list=(1, 2))),
+    }
 
 
 def _bring_up(cfg, fp32: bool) -> None:
@@ -73,7 +85,7 @@ def _dp_share(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
     dp, r = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     n = BATCH // dp
-    return {k: v[r * n:(r + 1) * n] for k, v in batch.items()}
+    return {k: v[r * n : (r + 1) * n] for k, v in batch.items()}
 
 
 def _proto(batch: dict[str, torch.Tensor], **meta):
@@ -82,8 +94,9 @@ def _proto(batch: dict[str, torch.Tensor], **meta):
     return DataProto.from_dict(tensors=dict(batch), meta_info=dict(meta))
 
 
-def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep: int, layer_list, grads: bool,
-                bf16: bool) -> dict:
+def rank_golden(
+    rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep: int, layer_list, grads: bool, bf16: bool
+) -> dict:
     from megatron.core import parallel_state as mpu
     from verl.utils.megatron_utils import unwrap_model
     from verl.workers.megatron_workers import ActorRolloutRefWorker
@@ -128,14 +141,27 @@ def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep:
         loss.backward()
         hf_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         cfg_hf = json.loads((hf_dir / "config.json").read_text())
-        want = expert_grads_as_rank(hf_grads, cfg_hf, MOE_LAYER, tp, pp, ep,
-                                    (mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
-                                     mpu.get_expert_model_parallel_rank()))
+        want = expert_grads_as_rank(
+            hf_grads,
+            cfg_hf,
+            MOE_LAYER,
+            tp,
+            pp,
+            ep,
+            (
+                mpu.get_tensor_model_parallel_rank(),
+                mpu.get_pipeline_model_parallel_rank(),
+                mpu.get_expert_model_parallel_rank(),
+            ),
+        )
         out["grad_scale"] = float(want["weight1"].abs().max())
         for w in ("weight1", "weight2"):
             got = params[f"decoder.layers.{MOE_LAYER}.mlp.experts.{w}"].main_grad
-            out[f"grad_{w}"] = float((got.view(-1) - want[w].reshape(-1)).abs().max()) \
-                if got.numel() == want[w].numel() else f"shape {tuple(got.shape)} vs {tuple(want[w].shape)}"
+            out[f"grad_{w}"] = (
+                float((got.view(-1) - want[w].reshape(-1)).abs().max())
+                if got.numel() == want[w].numel()
+                else f"shape {tuple(got.shape)} vs {tuple(want[w].shape)}"
+            )
 
         before = {n: p.detach().clone() for n, p in params.items()}
         actor.config.actor.recompute_old_log_prob = False
@@ -168,8 +194,7 @@ def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep:
             a16.config.recompute_old_log_prob = False
             for chunk in a16.actor_module:
                 chunk.zero_grad_buffer()
-            a16.forward_backward_batch(_proto(mine, temperature=TEMPERATURE), micro_batch_size=1,
-                                       mini_batch_size=BATCH)
+            a16.forward_backward_batch(_proto(mine, temperature=TEMPERATURE), micro_batch_size=1, mini_batch_size=BATCH)
             p16 = dict(unwrap_model(a16.actor_module[0]).named_parameters())
             for w in ("weight1", "weight2"):
                 got = p16[f"decoder.layers.{MOE_LAYER}.mlp.experts.{w}"].main_grad.view(-1)
@@ -180,8 +205,19 @@ def rank_golden(rank: int, world: int, hf: str, ckpt: str, tp: int, pp: int, ep:
 
 
 def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
-    results = run_ranks(rank_golden, 4, timeout_s=900, hf=assets["hf"], ckpt=assets["tp2ep2"], tp=2, pp=1, ep=2,
-                        layer_list=None, grads=True, bf16=True)
+    results = run_ranks(
+        rank_golden,
+        4,
+        timeout_s=900,
+        hf=assets["hf"],
+        ckpt=assets["tp2ep2"],
+        tp=2,
+        pp=1,
+        ep=2,
+        layer_list=None,
+        grads=True,
+        bf16=True,
+    )
     print(json.dumps(results, indent=1))
     for r in results:
         assert r["dp"] == 2
@@ -195,8 +231,19 @@ def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
 
 
 def test_golden_pp2_uneven_layer_list(assets: dict[str, str]) -> None:
-    results = run_ranks(rank_golden, 2, timeout_s=600, hf=assets["hf"], ckpt=assets["pp2"], tp=1, pp=2, ep=1,
-                        layer_list=[1, 2], grads=False, bf16=False)
+    results = run_ranks(
+        rank_golden,
+        2,
+        timeout_s=600,
+        hf=assets["hf"],
+        ckpt=assets["pp2"],
+        tp=1,
+        pp=2,
+        ep=1,
+        layer_list=[1, 2],
+        grads=False,
+        bf16=False,
+    )
     print(json.dumps(results, indent=1))
     for r in results:
         assert r["actor"] < FP32_TOL and r["ref"] < FP32_TOL, r

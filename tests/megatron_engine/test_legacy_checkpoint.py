@@ -1,6 +1,7 @@
 """C1 weight loading: each rank finds its own file of our converter's legacy layout, a checkpoint cut for
 another layout or an unfinished conversion is refused with what to change, and the strict copy names
 missing, unexpected and misshapen parameters. The load into a real MindSpeed-LLM model is in the golden test."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,9 +22,19 @@ LAYOUT = ParallelLayout(tp=2, pp=2, ep=2, num_layer_list=(1, 2), moe_grouped_gem
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    cfg = make_tiny_config(64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
-                           first_k_dense_replace=1, n_routed_experts=4, n_group=1, topk_group=1,
-                           num_attention_heads=2, num_key_value_heads=2)
+    cfg = make_tiny_config(
+        64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     hf = tmp_path_factory.mktemp("hf")
     write_synthetic_checkpoint(hf, cfg, num_shards=1, seed=3)
     out = tmp_path_factory.mktemp("mcore")
@@ -54,12 +65,15 @@ def test_every_rank_gets_its_own_file(ckpt: Path) -> None:
     assert layers == {"0", "1"} and "output_layer.weight" in sd and "embedding.word_embeddings.weight" not in sd
 
 
-@pytest.mark.parametrize("kw, what", [
-    (dict(tp=1), "tp: checkpoint 2, running 1"),
-    (dict(ep=1), "ep: checkpoint 2, running 1"),
-    (dict(moe_tp_extend_ep=False), "moe_tp_extend_ep: checkpoint True, running False"),
-    (dict(num_layer_list=(2, 1)), "num_layer_list: checkpoint (1, 2), running (2, 1)"),
-])
+@pytest.mark.parametrize(
+    "kw, what",
+    [
+        (dict(tp=1), "tp: checkpoint 2, running 1"),
+        (dict(ep=1), "ep: checkpoint 2, running 1"),
+        (dict(moe_tp_extend_ep=False), "moe_tp_extend_ep: checkpoint True, running False"),
+        (dict(num_layer_list=(2, 1)), "num_layer_list: checkpoint (1, 2), running (2, 1)"),
+    ],
+)
 def test_another_layout_is_refused_with_both_values(ckpt: Path, kw: dict, what: str) -> None:
     with pytest.raises(LayoutError, match=what.replace("(", r"\(").replace(")", r"\)")):
         plan_rank_file(ckpt, running(0, 0, 0, **kw))

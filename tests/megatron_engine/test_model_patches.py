@@ -2,6 +2,7 @@
 core_r0.8.0, and the pure parts (NPU flash-attention mask, registry entries, HF-vs-arguments check,
 override handling) behave as documented. Each runs in a fresh interpreter where the overlay is active,
 so nothing here depends on import order in the test process."""
+
 from __future__ import annotations
 
 import itertools
@@ -14,8 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verl_patches.patches.verl.models.config_converter import (ConfigMismatchError, UnknownOverrideError,
-                                                               apply_overrides, hf_arg_mismatches)
+from verl_patches.patches.verl.models.config_converter import (
+    ConfigMismatchError,
+    UnknownOverrideError,
+    apply_overrides,
+    hf_arg_mismatches,
+)
 from verl_patches.patches.verl.models.model_forward import npu_fa_mask
 from verl_patches.patches.verl.models.registry_entries import with_deepseek_v3
 
@@ -23,13 +28,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_fresh(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
 
 # ---- G11: the mask npu_fusion_attention takes -------------------------------------------------------
+
 
 def reference_mask(valid: list[int]) -> torch.Tensor:
     s = len(valid)
@@ -57,9 +64,11 @@ def test_npu_fa_mask_accepts_bool_and_int() -> None:
 
 # ---- G8: config checks ------------------------------------------------------------------------------
 
+
 def test_hf_arg_mismatches_name_both_sides() -> None:
-    hf = SimpleNamespace(num_hidden_layers=61, hidden_size=7168, n_routed_experts=256, rms_norm_eps=1e-6,
-                         q_lora_rank=1536)
+    hf = SimpleNamespace(
+        num_hidden_layers=61, hidden_size=7168, n_routed_experts=256, rms_norm_eps=1e-6, q_lora_rank=1536
+    )
     args = SimpleNamespace(num_layers=61, hidden_size=7168, num_experts=128, norm_epsilon=1e-6, q_lora_rank=None)
     out = hf_arg_mismatches(hf, args)
     assert out == ["model config n_routed_experts=256 but Megatron argument num_experts=128"]
@@ -82,6 +91,7 @@ def test_overrides_apply_and_unknown_key_is_named() -> None:
 
 
 # ---- registries --------------------------------------------------------------------------------------
+
 
 def test_with_deepseek_v3_replaces_exactly_one_entry() -> None:
     import enum
@@ -118,7 +128,12 @@ def test_verl_mcore_imports_and_registries_point_at_ours() -> None:
         print(r.get_mcore_forward_fn(type("C", (), {"architectures": ["LlamaForCausalLM"]})()).__module__)
     """).split()
     ours = "verl_patches.patches.verl.models."
-    assert out[:4] == [ours + "config_converter", ours + "model_initializer", ours + "model_forward", ours + "model_forward"]
+    assert out[:4] == [
+        ours + "config_converter",
+        ours + "model_initializer",
+        ours + "model_forward",
+        ours + "model_forward",
+    ]
     assert out[4:6] == ["2", "True"]
     assert out[6:8] == ["['q_lora_rank',", "'v_head_dim']"]
     assert out[-1] == "verl.models.mcore.model_forward"  # other families keep upstream's

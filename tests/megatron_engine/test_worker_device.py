@@ -24,16 +24,27 @@ def run_ranks(mode: str, visible: str | None, per_rank: dict[str, list[str]]) ->
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("ASCEND_RT_VISIBLE_DEVICES", "LOCAL_RANK", "RAY_LOCAL_RANK", "PYTHONPATH", "VERL_PATCHES_DEVICE")}
-    base.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-                VERL_PATCHES_QUIET="1")
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ASCEND_RT_VISIBLE_DEVICES", "LOCAL_RANK", "RAY_LOCAL_RANK", "PYTHONPATH", "VERL_PATCHES_DEVICE")
+    }
+    base.update(
+        PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", VERL_PATCHES_QUIET="1"
+    )
     if visible is not None:
         base["ASCEND_RT_VISIBLE_DEVICES"] = visible
-    procs = [subprocess.Popen([sys.executable, str(PROBE), mode], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**base, "RANK": str(r), **{k: v[r] for k, v in per_rank.items()}})
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(PROBE), mode],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**base, "RANK": str(r), **{k: v[r] for k, v in per_rank.items()}},
+        )
+        for r in range(2)
+    ]
     outs = []
     for p in procs:
         try:
@@ -76,18 +87,29 @@ def test_several_devices_and_no_rank_is_one_line() -> None:
     assert all("neither LOCAL_RANK nor RAY_LOCAL_RANK" in o["error"] for o in outs)
 
 
-@pytest.mark.parametrize("visible, env, index", [
-    (1, {}, 0), (1, {"LOCAL_RANK": "7"}, 0), (8, {"LOCAL_RANK": "5"}, 5), (8, {"RAY_LOCAL_RANK": "6"}, 6),
-    (8, {"LOCAL_RANK": "1", "RAY_LOCAL_RANK": "6"}, 1), (8, {"LOCAL_RANK": "", "RAY_LOCAL_RANK": "2"}, 2),
-])
+@pytest.mark.parametrize(
+    "visible, env, index",
+    [
+        (1, {}, 0),
+        (1, {"LOCAL_RANK": "7"}, 0),
+        (8, {"LOCAL_RANK": "5"}, 5),
+        (8, {"RAY_LOCAL_RANK": "6"}, 6),
+        (8, {"LOCAL_RANK": "1", "RAY_LOCAL_RANK": "6"}, 1),
+        (8, {"LOCAL_RANK": "", "RAY_LOCAL_RANK": "2"}, 2),
+    ],
+)
 def test_local_device_index(visible: int, env: dict, index: int) -> None:
     assert local_device_index(visible, env) == index
 
 
-@pytest.mark.parametrize("visible, env, text", [
-    (0, {}, "no accelerator"), (4, {"LOCAL_RANK": "4"}, "LOCAL_RANK=4 but this process sees 4"),
-    (2, {}, "neither LOCAL_RANK"),
-])
+@pytest.mark.parametrize(
+    "visible, env, text",
+    [
+        (0, {}, "no accelerator"),
+        (4, {"LOCAL_RANK": "4"}, "LOCAL_RANK=4 but this process sees 4"),
+        (2, {}, "neither LOCAL_RANK"),
+    ],
+)
 def test_local_device_index_refusals(visible: int, env: dict, text: str) -> None:
     with pytest.raises(RuntimeError, match=text):
         local_device_index(visible, env)

@@ -24,8 +24,9 @@ def run_fresh(code: str, **env: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:  # a file, not -c: TorchScript needs the source
         script = Path(tmp) / "probe.py"
         script.write_text(code)
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full_env, cwd=REPO,
-                             timeout=120)
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=full_env, cwd=REPO, timeout=120
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -40,7 +41,8 @@ def test_prelude_installs_the_stand_in_on_a_cpu_host_and_device_stays_cpu():
         "print(json.dumps({'active': npu_emulation.is_active(), 'device': device_kind(),\n"
         "  'file': torch_npu.__file__, 'pp': os.environ['PYTHONPATH'].split(os.pathsep)[0],\n"
         "  'npu_dev': str(torch.device('npu')), 'avail': torch.npu.is_available(), 'soc': torch_npu._C._npu_get_soc_version(),\n"
-        "  'verl_device': __import__('verl.utils.device', fromlist=['x']).get_device_name()}))\n")
+        "  'verl_device': __import__('verl.utils.device', fromlist=['x']).get_device_name()}))\n"
+    )
     assert res["active"] and res["device"] == "cpu" and res["verl_device"] == "cpu"
     assert Path(res["file"]).is_relative_to(npu_emulation.SITE_DIR)
     assert res["pp"] == str(npu_emulation.SITE_DIR)  # children (Ray workers, vLLM's subprocess) see it too
@@ -53,7 +55,8 @@ def test_not_installed_when_the_host_is_not_a_cpu_host():
         "from verl_patches import npu_emulation\n"
         "ok = npu_emulation.install_on_cpu_host()\n"
         "print(json.dumps({'ok': ok, 'on_path': str(npu_emulation.SITE_DIR) in sys.path}))\n",
-        VERL_PATCHES_DEVICE="npu")
+        VERL_PATCHES_DEVICE="npu",
+    )
     assert res == {"ok": False, "on_path": False}
 
 
@@ -65,7 +68,8 @@ def test_a_real_torch_npu_wins(tmp_path):
         "import json\n"
         "from verl_patches import npu_emulation\n"
         "print(json.dumps({'real': npu_emulation.real_torch_npu_installed(), 'ok': npu_emulation.install_on_cpu_host()}))\n",
-        PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}")
+        PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}",
+    )
     assert res == {"real": True, "ok": False}
 
 
@@ -94,7 +98,8 @@ def test_transfer_to_npu_maps_cuda_and_npu_onto_the_cpu():
         "f = torch.jit.script(plus_one)  # scripting still sees the aten op behind the wrapper\n"
         "print(json.dumps({'devs': [str(t.device) for t in (a, b, c, d, m.weight)], 'rng': torch.equal(x1, x2),\n"
         "  'type': torch.zeros(1).bfloat16().type(), 'histc': h.tolist(), 'hdtype': str(h.dtype),\n"
-        "  'script': f(torch.zeros(2)).tolist()}))\n")
+        "  'script': f(torch.zeros(2)).tolist()}))\n"
+    )
     assert res["devs"] == ["cpu"] * 5
     assert res["rng"] and res["type"] == "torch.cuda.BFloat16Tensor"
     assert res["histc"] == [1, 2, 0, 1] and res["hdtype"] == "torch.int64"
@@ -115,10 +120,17 @@ def test_every_builder_op_and_catalog_entry_resolves():
 def test_emulation_report_lists_ops_and_cpu_limits():
     rep = npu_emulation.emulation_report()
     names = {o["name"] for o in rep["emulated_ops"]}
-    for must in ("torch_npu.npu_rms_norm", "torch_npu.npu_fusion_attention", "torch_npu.npu_swiglu",
-                 "mindspeed npu_rotary_position_embedding", "mindspeed npu_moe_token_permute",
-                 "mindspeed npu_moe_token_unpermute", "mindspeed npu_gmm / npu_gmm_v2",
-                 "mindspeed npu_groupmatmul_add_fp32", "torch_npu.npu_apply_adam_w"):
+    for must in (
+        "torch_npu.npu_rms_norm",
+        "torch_npu.npu_fusion_attention",
+        "torch_npu.npu_swiglu",
+        "mindspeed npu_rotary_position_embedding",
+        "mindspeed npu_moe_token_permute",
+        "mindspeed npu_moe_token_unpermute",
+        "mindspeed npu_gmm / npu_gmm_v2",
+        "mindspeed npu_groupmatmul_add_fp32",
+        "torch_npu.npu_apply_adam_w",
+    ):
         assert must in names
     assert all(lim["reason"] for lim in rep["cpu_limits"]) and len(rep["cpu_limits"]) >= 5
     json.dumps(rep)
@@ -130,7 +142,8 @@ def test_ray_workers_get_the_stand_in_through_the_runtime_env():
         "import verl_patches.prelude_patch  # the trainer entry does this before starting Ray\n"
         "from verl_patches.launch.ray_runtime import runtime_env\n"
         "env = runtime_env()\n"
-        "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep), 'hook': env['worker_process_setup_hook']}))\n")
+        "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep), 'hook': env['worker_process_setup_hook']}))\n"
+    )
     assert str(npu_emulation.SITE_DIR) in res["pp"] and str(REPO) in res["pp"]
     assert res["hook"] == "verl_patches.prelude_patch.activate"  # which installs it again in the worker
 
@@ -146,5 +159,6 @@ def test_pinned_host_copy_of_a_device_tensor_is_a_copy():
         "from torch_npu.contrib import transfer_to_npu\n"
         "dev = torch.arange(4.0).cuda(); host = dev.cpu().pin_memory(); size = dev.untyped_storage().size()\n"
         "dev.untyped_storage().resize_(0)\n"
-        "print(json.dumps({'host': host.tolist(), 'host_bytes': host.untyped_storage().size(), 'bytes': size}))\n")
+        "print(json.dumps({'host': host.tolist(), 'host_bytes': host.untyped_storage().size(), 'bytes': size}))\n"
+    )
     assert res["host"] == [0.0, 1.0, 2.0, 3.0] and res["host_bytes"] == res["bytes"] == 16

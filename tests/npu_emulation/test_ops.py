@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from verl_patches.npu_emulation.ops import activation, attention, gmm, moe, norm, optim, rotary, softmax
 
@@ -36,8 +35,11 @@ def test_rms_norm_gradcheck():
 def test_rms_norm_half_precision_computes_in_fp32():
     x, w = rand(4, 16, dtype=torch.float32, grad=False), rand(16, dtype=torch.float32, grad=False)
     y, _ = norm.npu_rms_norm(x.bfloat16(), w.bfloat16())
-    ref = (x.bfloat16().float() * torch.rsqrt(x.bfloat16().float().pow(2).mean(-1, keepdim=True) + 1e-6)
-           * w.bfloat16().float()).bfloat16()
+    ref = (
+        x.bfloat16().float()
+        * torch.rsqrt(x.bfloat16().float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        * w.bfloat16().float()
+    ).bfloat16()
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y, ref)
 
@@ -65,7 +67,7 @@ def _rope_reference(x, theta, interleaved):
         pairs = x.reshape(*x.shape[:-1], d // 2, 2)
         z = torch.complex(pairs[..., 0], pairs[..., 1]) * torch.polar(torch.ones_like(theta), theta)
         return torch.stack((z.real, z.imag), -1).reshape(x.shape)
-    z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * torch.polar(torch.ones_like(theta), theta)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(theta), theta)
     return torch.cat((z.real, z.imag), -1)
 
 
@@ -80,8 +82,9 @@ def test_rotary_position_embedding_is_a_rotation(mode):
         freqs = theta.repeat_interleave(2, -1)
     out = rotary.npu_rotary_position_embedding(x, freqs.cos(), freqs.sin(), mode)
     torch.testing.assert_close(out, _rope_reference(x, theta, interleaved=mode == 1))
-    assert torch.autograd.gradcheck(lambda t: rotary.npu_rotary_position_embedding(t, freqs.cos(), freqs.sin(), mode),
-                                    (rand(1, s, 1, d),))
+    assert torch.autograd.gradcheck(
+        lambda t: rotary.npu_rotary_position_embedding(t, freqs.cos(), freqs.sin(), mode), (rand(1, s, 1, d),)
+    )
 
 
 def test_rotary_rejects_unknown_mode_and_rotary_mul_is_mode_0():
@@ -110,7 +113,9 @@ def test_fusion_attention_bnsd_with_mask_matches_softmax_formula():
     assert mx.shape == (b, n, s, 8) and sm.shape == (b, n, s, 8)
     assert torch.autograd.gradcheck(
         lambda a, bb, c: attention.npu_fusion_attention(a, bb, c, n, "BNSD", atten_mask=mask, scale=scale)[0],
-        (rand(1, 2, 4, 3), rand(1, 2, 4, 3), rand(1, 2, 4, 2)), eps=1e-6)
+        (rand(1, 2, 4, 3), rand(1, 2, 4, 3), rand(1, 2, 4, 2)),
+        eps=1e-6,
+    )
 
 
 @pytest.mark.parametrize("layout", ["BSH", "SBH", "BSND"])
@@ -118,9 +123,11 @@ def test_fusion_attention_layouts_agree_with_bnsd(layout):
     b, n, s, d = 2, 2, 5, 4
     q, k, v = rand(b, n, s, d, grad=False), rand(b, n, s, d, grad=False), rand(b, n, s, d, grad=False)
     ref = attention.npu_fusion_attention(q, k, v, n, "BNSD", scale=0.3, sparse_mode=2)[0]
-    conv = {"BSH": lambda t: t.transpose(1, 2).reshape(b, s, n * d),
-            "SBH": lambda t: t.permute(2, 0, 1, 3).reshape(s, b, n * d),
-            "BSND": lambda t: t.transpose(1, 2)}[layout]
+    conv = {
+        "BSH": lambda t: t.transpose(1, 2).reshape(b, s, n * d),
+        "SBH": lambda t: t.permute(2, 0, 1, 3).reshape(s, b, n * d),
+        "BSND": lambda t: t.transpose(1, 2),
+    }[layout]
     out = attention.npu_fusion_attention(conv(q), conv(k), conv(v), n, layout, scale=0.3, sparse_mode=2)[0]
     torch.testing.assert_close(out, conv(ref))
 
@@ -149,11 +156,19 @@ def test_fusion_attention_fully_masked_row_is_zero_and_finite():
 def test_fusion_attention_tnd_is_per_sequence():
     n, d = 2, 4
     q, k, v = rand(7, n, d, grad=False), rand(7, n, d, grad=False), rand(7, n, d, grad=False)
-    out = attention.npu_fusion_attention(q, k, v, n, "TND", scale=0.5, sparse_mode=3,
-                                         actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7])[0]
+    out = attention.npu_fusion_attention(
+        q, k, v, n, "TND", scale=0.5, sparse_mode=3, actual_seq_qlen=[3, 7], actual_seq_kvlen=[3, 7]
+    )[0]
     for a, bnd in ((0, 3), (3, 7)):
-        part = attention.npu_fusion_attention(q[a:bnd].transpose(0, 1)[None], k[a:bnd].transpose(0, 1)[None],
-                                              v[a:bnd].transpose(0, 1)[None], n, "BNSD", scale=0.5, sparse_mode=3)[0]
+        part = attention.npu_fusion_attention(
+            q[a:bnd].transpose(0, 1)[None],
+            k[a:bnd].transpose(0, 1)[None],
+            v[a:bnd].transpose(0, 1)[None],
+            n,
+            "BNSD",
+            scale=0.5,
+            sparse_mode=3,
+        )[0]
         torch.testing.assert_close(out[a:bnd], part[0].transpose(0, 1))
 
 
@@ -192,7 +207,8 @@ def test_token_unpermute_inverts_permute_with_probs_and_gradchecks():
     torch.testing.assert_close(out, tokens * probs.sum(1, keepdim=True))
     assert torch.autograd.gradcheck(
         lambda t, p: moe.npu_moe_token_unpermute(moe.npu_moe_token_permute(t, indices)[0], sorted_idx, p),
-        (tokens, probs))
+        (tokens, probs),
+    )
 
 
 def test_token_permute_num_out_tokens_drops_the_tail():
@@ -206,7 +222,7 @@ def test_token_permute_num_out_tokens_drops_the_tail():
 def _gmm_ref(x, w, counts):
     outs, a = [], 0
     for e, c in enumerate(counts):
-        outs.append(x[a:a + c] @ w[e])
+        outs.append(x[a : a + c] @ w[e])
         a += c
     return torch.cat(outs)
 
@@ -234,8 +250,9 @@ def test_gmm_forward_backward_and_fused_weight_grad(group_list_type):
 
 def test_gmm_gradcheck_through_autograd():
     group_list = torch.tensor([1, 3])
-    assert torch.autograd.gradcheck(lambda a, b: gmm.npu_gmm([a], [b], [], group_list, 0, 0)[0],
-                                    (rand(3, 2), rand(2, 2, 3)))
+    assert torch.autograd.gradcheck(
+        lambda a, b: gmm.npu_gmm([a], [b], [], group_list, 0, 0)[0], (rand(3, 2), rand(2, 2, 3))
+    )
 
 
 def test_gmm_rejects_a_group_list_that_does_not_fit():
@@ -263,8 +280,9 @@ def test_apply_adam_w_equals_torch_adamw_over_steps(maximize):
         g = rand(7, grad=False, seed=step)
         p_ref.grad = g.clone()
         opt.step()
-        optim.npu_apply_adam_w(b1 ** (step - 1), b2 ** (step - 1), lr, wd, b1, b2, eps, g, None, False, maximize,
-                               out=(p, m, v))
+        optim.npu_apply_adam_w(
+            b1 ** (step - 1), b2 ** (step - 1), lr, wd, b1, b2, eps, g, None, False, maximize, out=(p, m, v)
+        )
         torch.testing.assert_close(p, p_ref.detach())
 
 
@@ -281,8 +299,15 @@ def test_scaled_masked_softmax():
 def test_fused_adamw_v2_equals_torch_adamw(amsgrad, maximize):
     lr, wd, b1, b2, eps = 1e-2, 0.1, 0.9, 0.95, 1e-8
     p_ref = rand(6, grad=False).clone().requires_grad_(True)
-    opt = torch.optim.AdamW([p_ref], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, amsgrad=amsgrad, maximize=maximize)
-    p, m, v, mx = p_ref.detach().clone(), torch.zeros(6, dtype=D64), torch.zeros(6, dtype=D64), torch.zeros(6, dtype=D64)
+    opt = torch.optim.AdamW(
+        [p_ref], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, amsgrad=amsgrad, maximize=maximize
+    )
+    p, m, v, mx = (
+        p_ref.detach().clone(),
+        torch.zeros(6, dtype=D64),
+        torch.zeros(6, dtype=D64),
+        torch.zeros(6, dtype=D64),
+    )
     for step in range(1, 5):
         g = rand(6, grad=False, seed=10 + step)
         p_ref.grad = g.clone()

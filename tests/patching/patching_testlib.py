@@ -31,10 +31,22 @@ def clean_env(extra: dict[str, str] | None = None, pythonpath: tuple[str | Path,
     return env
 
 
-def run_python(code: str, *, env: dict[str, str] | None = None, pythonpath: tuple[str | Path, ...] = (),
-               cwd: Path | str = REPO, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-c", textwrap.dedent(code)], cwd=str(cwd), env=clean_env(env, pythonpath),
-                          capture_output=True, text=True, timeout=timeout)
+def run_python(
+    code: str,
+    *,
+    env: dict[str, str] | None = None,
+    pythonpath: tuple[str | Path, ...] = (),
+    cwd: Path | str = REPO,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-c", textwrap.dedent(code)],
+        cwd=str(cwd),
+        env=clean_env(env, pythonpath),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_json(code: str, **kwargs) -> tuple[dict, str]:

@@ -67,8 +67,12 @@ def test_real_ray_worker_has_patches_in_place():
     assert out["identity"] == {k: True for k in out["identity"]}
     statuses = {m["name"]: m["status"] for m in out["manifest"]}
     assert {m["pid"] for m in out["manifest"]} == {out["pid"]}  # the worker's own manifest
-    for name in ("flash_attn.bert_padding.pure_torch", "cpu.verl.utils.device.get_torch_device",
-                 "cpu.verl.ray_worker_group.logical_gpu_slots", "cpu.torch.fsdp.no_pinned_param_offload",
-                 "cpu.verl.fsdp_workers.CriticWorker.gloo_process_group"):
+    for name in (
+        "flash_attn.bert_padding.pure_torch",
+        "cpu.verl.utils.device.get_torch_device",
+        "cpu.verl.ray_worker_group.logical_gpu_slots",
+        "cpu.torch.fsdp.no_pinned_param_offload",
+        "cpu.verl.fsdp_workers.CriticWorker.gloo_process_group",
+    ):
         assert statuses[name] == "applied", (name, statuses[name])
     assert statuses["apex.optimizers.module_for_npu"] == "skipped"

@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _activate(folder: Path, n: int) -> list[int]:
     env = {**os.environ, "PYTHONPATH": str(REPO), ACTIVATION_DIR_ENV: str(folder), "VERL_PATCHES_QUIET": "1"}
     code = "import os, verl_patches.prelude_patch; verl_patches.prelude_patch.activate(); print(os.getpid())"
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(n)
+    ]
     return [int(p.communicate(timeout=120)[0].strip()) for p in procs]
 
 
@@ -35,6 +37,12 @@ def test_no_folder_no_record_and_an_unwritable_folder_is_said_not_fatal(tmp_path
     blocker = tmp_path / "file"
     blocker.write_text("x")
     env = {**os.environ, "PYTHONPATH": str(REPO), ACTIVATION_DIR_ENV: str(blocker / "sub"), "VERL_PATCHES_QUIET": "1"}
-    proc = subprocess.run([sys.executable, "-c", "import verl_patches.prelude_patch; print('alive')"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import verl_patches.prelude_patch; print('alive')"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.stdout.strip() == "alive" and "could not write the activation record" in proc.stderr

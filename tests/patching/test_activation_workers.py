@@ -43,7 +43,9 @@ def manifest_out(reg):
             "stale": stale_references(reg)}
 """
 
-MEGATRON_WORKER = CHECKS + r"""
+MEGATRON_WORKER = (
+    CHECKS
+    + r"""
 import importlib.util
 import verl.workers.megatron_workers                      # nothing else: the inserted line must do it
 reg = R.get_registry()
@@ -64,6 +66,7 @@ out["fsdp_get_torch_device"] = fw.get_torch_device is cpu_dev
 out["after_fsdp"] = manifest_out(reg)
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.slow
@@ -75,8 +78,12 @@ def test_megatron_worker_import_alone_activates_everything():
     st = out["statuses"]
     assert st["flash_attn.bert_padding.pure_torch"] == "applied"
     assert st["apex.optimizers.module_for_npu"] == "skipped"
-    for name in ("cpu.torch.fsdp.sync_module_states_on_cpu", "cpu.torch.fsdp.no_pinned_param_offload",
-                 "cpu.transformers.eager_attention_without_flash_attn", "cpu.verl.utils.device.get_torch_device"):
+    for name in (
+        "cpu.torch.fsdp.sync_module_states_on_cpu",
+        "cpu.torch.fsdp.no_pinned_param_offload",
+        "cpu.transformers.eager_attention_without_flash_attn",
+        "cpu.verl.utils.device.get_torch_device",
+    ):
         assert st[name] == "applied", name
     assert out["bert_padding_is_ours"] and out["critic_uses_ours"]
     assert out["flash_attn_spec"], "the stand-in flash_attn package needs a spec (find_spec must work)"
@@ -84,11 +91,15 @@ def test_megatron_worker_import_alone_activates_everything():
     assert out["get_torch_device_is_cpu_module"] and out["fsdp_get_torch_device"]
     assert out["stale"] == [] and out["after_fsdp"]["stale"] == []
     after = out["after_fsdp"]["statuses"]
-    assert all(after[f"cpu.verl.fsdp_workers.{c}.gloo_process_group"] == "applied"
-               for c in ("ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"))
+    assert all(
+        after[f"cpu.verl.fsdp_workers.{c}.gloo_process_group"] == "applied"
+        for c in ("ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker")
+    )
 
 
-FSDP_WORKER = CHECKS + r"""
+FSDP_WORKER = (
+    CHECKS
+    + r"""
 import importlib
 from verl_patches.launch.ray_runtime import SETUP_HOOK
 mod_name, fn = SETUP_HOOK.rsplit(".", 1)
@@ -122,6 +133,7 @@ out["idempotent"] = before == (vd.get_torch_device, rb.RayWorkerGroup.__init__, 
                                fsdp.CPUOffload) and R.get_registry() is reg
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.slow
@@ -133,8 +145,10 @@ def test_fsdp_worker_as_ray_runs_it_gets_every_cpu_patch():
     assert before["cpu.verl.fsdp_workers.CriticWorker.gloo_process_group"] == "pending"
     assert out["device_fn"] and out["fsdp_workers_copy"]
     assert out["worker_group_init"] == "cpu.verl.ray_worker_group.logical_gpu_slots"
-    assert out["worker_inits"] == {c: f"cpu.verl.fsdp_workers.{c}.gloo_process_group"
-                                   for c in ("ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker")}
+    assert out["worker_inits"] == {
+        c: f"cpu.verl.fsdp_workers.{c}.gloo_process_group"
+        for c in ("ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker")
+    }
     assert out["cpu_offload"] == ["cpu.torch.fsdp.no_pinned_param_offload", True, False]
     assert out["autoset"] == "cpu.transformers.eager_attention_without_flash_attn"
     assert out["stale"] == []
@@ -142,7 +156,9 @@ def test_fsdp_worker_as_ray_runs_it_gets_every_cpu_patch():
     assert stderr.count("verl_patches active in pid") == 1  # one summary line per process
 
 
-UPSTREAM_FIRST = CHECKS + r"""
+UPSTREAM_FIRST = (
+    CHECKS
+    + r"""
 import verl.workers.fsdp_workers as fw                  # upstream first: `from x import f` copies exist now
 import verl.trainer.main_ppo as mp
 import verl.utils.device as vd
@@ -162,6 +178,7 @@ out["loaded_but_not_applied"] = [r.patch.name for r in reg.records if r.patch.mo
                                  and r.status not in ("applied", "skipped", "not-needed")]
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.slow

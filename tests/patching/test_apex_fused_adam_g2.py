@@ -25,7 +25,9 @@ def install_fake_mindspeed_adamw():
     return AdamW
 """
 
-APEX_ABSENT = FAKE_MINDSPEED + r"""
+APEX_ABSENT = (
+    FAKE_MINDSPEED
+    + r"""
 import json, importlib.util
 out = {"apex_installed": importlib.util.find_spec("apex") is not None}
 import verl_patches.prelude_patch                       # before the fake exists: activation must stay lazy
@@ -45,6 +47,7 @@ out["megatron_adam_is_adamw"] = mco.Adam is AdamW
 out["megatron_sgd"] = mco.SGD is torch.optim.SGD
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.slow
@@ -79,7 +82,9 @@ def test_npu_prelude_survives_a_host_without_torch_npu():
     assert "torch_npu" in out["fused_adam_error"] or "mindspeed" in out["fused_adam_error"]
 
 
-APEX_PRESENT = FAKE_MINDSPEED + r"""
+APEX_PRESENT = (
+    FAKE_MINDSPEED
+    + r"""
 import json, os
 AdamW = install_fake_mindspeed_adamw()
 preimport = os.environ["PREIMPORT"] == "1"
@@ -99,6 +104,7 @@ if not preimport:
     out["megatron_adam_is_adamw"] = mco.Adam is AdamW
 print(json.dumps(out))
 """
+)
 
 
 @pytest.fixture
@@ -106,7 +112,8 @@ def fake_apex(tmp_path):
     root = tmp_path / "site"
     (root / "apex").mkdir(parents=True)
     (root / "apex" / "__init__.py").write_text("")
-    (root / "apex" / "optimizers.py").write_text(textwrap.dedent("""
+    (root / "apex" / "optimizers.py").write_text(
+        textwrap.dedent("""
         class FusedAdam:  # apex's CUDA fused Adam, faked
             pass
 
@@ -114,7 +121,8 @@ def fake_apex(tmp_path):
             pass
 
         FusedSGD = FakeApexFusedSGD
-    """))
+    """)
+    )
     return root
 
 

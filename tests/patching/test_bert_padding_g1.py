@@ -195,9 +195,16 @@ def test_round_trip_gradient_reaches_only_valid_tokens():
 
 
 def test_signatures_match_flash_attn_2_7():
-    names = {fn: list(inspect.signature(getattr(bp, fn)).parameters) for fn in (
-        "index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
-        "unpad_input_for_concatenated_sequences")}
+    names = {
+        fn: list(inspect.signature(getattr(bp, fn)).parameters)
+        for fn in (
+            "index_first_axis",
+            "index_put_first_axis",
+            "unpad_input",
+            "pad_input",
+            "unpad_input_for_concatenated_sequences",
+        )
+    }
     assert names == {
         "index_first_axis": ["input", "indices"],
         "index_put_first_axis": ["values", "indices", "first_axis_dim"],

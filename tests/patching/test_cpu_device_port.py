@@ -86,8 +86,11 @@ def test_worker_group_asks_ray_for_gpu_slots_on_cpu():
 def test_verl_passes_device_name_by_keyword():
     """The wrapper maps the keyword; verl's trainer must keep passing it that way."""
     tree = ast.parse((REPO / "verl" / "trainer" / "ppo" / "ray_trainer.py").read_text())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr == "ray_worker_group_cls"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "ray_worker_group_cls"
+    ]
     assert calls and all(any(k.arg == "device_name" for k in c.keywords) for c in calls)
 
 
@@ -150,8 +153,13 @@ print(json.dumps(out))
 
 @pytest.mark.timeout(120)
 def test_gloo_group_fsdp_sync_and_cpu_offload_on_cpu():
-    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "VERL_PATCHES_QUIET": "1"}
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "VERL_PATCHES_QUIET": "1",
+    }
     out, _ = run_json(FSDP_SCRIPT, env=env, timeout=110)
     assert out["calls"] == [[True, "gloo", "cfg", "actor"], [True, "gloo", "cfg2", "ref"]]
     assert out["same_group"] and out["rank_world"] == [0, 1]
@@ -232,6 +240,11 @@ print(json.dumps({
 def test_fsdp2_helpers_see_the_cpu_device_module_and_an_unpinned_offload_policy() -> None:
     """FSDP2 on CPU: verl's fsdp utils call torch.cuda directly and pin the ref policy's offload."""
     out, _ = run_json(FSDP2_CHECK)
-    assert out == {"fsdp_utils_cuda_device": "cpu", "fsdp_utils_tensor_is_torch": True,
-                   "global_torch_untouched": True, "policy_pin_memory": False,
-                   "policy_is_torch_policy": True, "workers_see_same_policy": True}
+    assert out == {
+        "fsdp_utils_cuda_device": "cpu",
+        "fsdp_utils_tensor_is_torch": True,
+        "global_torch_untouched": True,
+        "policy_pin_memory": False,
+        "policy_is_torch_policy": True,
+        "workers_see_same_policy": True,
+    }

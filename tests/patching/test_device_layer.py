@@ -68,8 +68,9 @@ def test_detects_npu_from_an_installed_torch_npu_without_importing_it(monkeypatc
     # itself imports nothing
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "torch_npu" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "torch_npu" else real(name, *a)
+    )
     assert device.device_kind() == "npu"
     assert "torch_npu" not in sys.modules
 
@@ -89,12 +90,15 @@ def test_torch_device(monkeypatch):
     assert device.torch_device() == torch.device("cuda") and device.torch_device(1) == torch.device("cuda:1")
 
 
-@pytest.mark.parametrize("conf, expected", [
-    ("expandable_segments:True", "empty_virt_addr_cache"),
-    ("max_split_size_mb:128, expandable_segments : True", "empty_virt_addr_cache"),
-    ("expandable_segments:False", "empty_cache"),
-    ("", "empty_cache"),
-])
+@pytest.mark.parametrize(
+    "conf, expected",
+    [
+        ("expandable_segments:True", "empty_virt_addr_cache"),
+        ("max_split_size_mb:128, expandable_segments : True", "empty_virt_addr_cache"),
+        ("expandable_segments:False", "empty_cache"),
+        ("", "empty_cache"),
+    ],
+)
 def test_npu_empty_cache_prefers_virtual_address_release_in_expandable_mode(monkeypatch, conf, expected):
     fake = FakeAccelerator(with_virt_cache=True)
     force(monkeypatch, "npu", fake)
@@ -184,8 +188,10 @@ def test_maybe_profile_enabled_profiles(tmp_path):
 
 
 # ---- nothing else of ours talks to the accelerator modules directly ----------------------------
-ALLOWED = {REPO / "verl_patches" / "device.py",
-           REPO / "verl_patches" / "patches" / "verl" / "utils" / "device.py"}  # the CPU device-module shim
+ALLOWED = {
+    REPO / "verl_patches" / "device.py",
+    REPO / "verl_patches" / "patches" / "verl" / "utils" / "device.py",
+}  # the CPU device-module shim
 ACCEL = {"cuda", "npu"}
 
 
@@ -193,15 +199,25 @@ def accelerator_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     hits = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and node.attr in ACCEL and isinstance(node.value, ast.Name)
-                and node.value.id == "torch"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ACCEL
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        ):
             hits.append(f"{path}:{node.lineno}: torch.{node.attr}")
         elif isinstance(node, ast.Import):
-            hits += [f"{path}:{node.lineno}: import {a.name}" for a in node.names
-                     if a.name in ("torch_npu", "torch.cuda", "torch.npu") or a.name.startswith("torch_npu.")]
+            hits += [
+                f"{path}:{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name in ("torch_npu", "torch.cuda", "torch.npu") or a.name.startswith("torch_npu.")
+            ]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module.split(".")[0] == "torch_npu" or node.module in ("torch.cuda", "torch.npu") or (
-                    node.module == "torch" and any(a.name in ACCEL for a in node.names)):
+            if (
+                node.module.split(".")[0] == "torch_npu"
+                or node.module in ("torch.cuda", "torch.npu")
+                or (node.module == "torch" and any(a.name in ACCEL for a in node.names))
+            ):
                 hits.append(f"{path}:{node.lineno}: from {node.module} import ...")
     return hits
 

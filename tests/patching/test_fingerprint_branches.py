@@ -36,15 +36,19 @@ IF_ELSE = """
 """
 
 
-@pytest.mark.parametrize("before,after", [
-    ("def f():\n            return 2", "def f():\n            return 3"),
-    ("from fast_impl import f", "from other_impl import f"),
-    ("from fast_impl import g as f", "from fast_impl import h as f"),
-    ("import f", "import f.sub as f"),
-    ("f, g = (lambda: 2), None", "f, g = (lambda: 3), None"),
-    ("[f, *rest] = impls", "[f, *rest] = other_impls"),
-    ("f = staticmethod(impl)", "f = staticmethod(other)"),
-], ids=["def", "from-import", "from-import-as", "import-as", "tuple-target", "starred-list-target", "assign"])
+@pytest.mark.parametrize(
+    "before,after",
+    [
+        ("def f():\n            return 2", "def f():\n            return 3"),
+        ("from fast_impl import f", "from other_impl import f"),
+        ("from fast_impl import g as f", "from fast_impl import h as f"),
+        ("import f", "import f.sub as f"),
+        ("f, g = (lambda: 2), None", "f, g = (lambda: 3), None"),
+        ("[f, *rest] = impls", "[f, *rest] = other_impls"),
+        ("f = staticmethod(impl)", "f = staticmethod(other)"),
+    ],
+    ids=["def", "from-import", "from-import-as", "import-as", "tuple-target", "starred-list-target", "assign"],
+)
 def test_a_change_in_the_else_branch_changes_the_fingerprint(fp, before, after):
     assert fp(IF_ELSE.format(else_branch=before)) != fp(IF_ELSE.format(else_branch=after))
 
@@ -94,13 +98,23 @@ def test_methods_and_classes_defined_under_a_condition(fp):
     assert fp(klass.format(cond="HAS_NPU"), "A.f") != fp(klass.format(cond="HAS_GPU"), "A.f")
 
 
-@pytest.mark.parametrize("src,edit", [
-    ("for f in impls:\n    pass", ("impls", "others")),
-    ("while not done:\n    def f(): return 1\n    break", ("return 1", "return 2")),
-    ("with lock:\n    def f(): return 1", ("lock", "other_lock")),
-    ("match mode:\n    case 'a':\n        def f(): return 1\n    case _:\n        def f(): return 2", ("return 2", "return 3")),
-    ("match mode:\n    case 'a':\n        def f(): return 1\n    case _:\n        def f(): return 2", ("'a'", "'b'")),
-], ids=["for-target", "while", "with", "match-branch", "match-pattern"])
+@pytest.mark.parametrize(
+    "src,edit",
+    [
+        ("for f in impls:\n    pass", ("impls", "others")),
+        ("while not done:\n    def f(): return 1\n    break", ("return 1", "return 2")),
+        ("with lock:\n    def f(): return 1", ("lock", "other_lock")),
+        (
+            "match mode:\n    case 'a':\n        def f(): return 1\n    case _:\n        def f(): return 2",
+            ("return 2", "return 3"),
+        ),
+        (
+            "match mode:\n    case 'a':\n        def f(): return 1\n    case _:\n        def f(): return 2",
+            ("'a'", "'b'"),
+        ),
+    ],
+    ids=["for-target", "while", "with", "match-branch", "match-pattern"],
+)
 def test_other_compound_statements(fp, src, edit):
     assert fp(src) != fp(src.replace(*edit))
 

@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = ["verl.utils.device:get_torch_device", "verl.workers.fsdp_workers:ActorRolloutRefWorker.__init__",
-           "verl.workers.sharding_manager.megatron_vllm:MegatronVLLMShardingManager.__enter__"]
-SNIPPET = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-           "from verl_patches.patching.fingerprint import fingerprint_target as f; "
-           "print(' '.join(f(t, root=Path(sys.argv[1])) for t in sys.argv[2:]))")
+TARGETS = [
+    "verl.utils.device:get_torch_device",
+    "verl.workers.fsdp_workers:ActorRolloutRefWorker.__init__",
+    "verl.workers.sharding_manager.megatron_vllm:MegatronVLLMShardingManager.__enter__",
+]
+SNIPPET = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+    "from verl_patches.patching.fingerprint import fingerprint_target as f; "
+    "print(' '.join(f(t, root=Path(sys.argv[1])) for t in sys.argv[2:]))"
+)
 
 
 def interpreters() -> list[str]:
@@ -34,8 +39,12 @@ def test_fingerprints_are_identical_on_every_available_python_minor() -> None:
         pytest.skip(f"needs two Python minor versions on PATH to compare, found {pythons}")
     results = {}
     for py in pythons:
-        out = subprocess.run([py, "-c", SNIPPET, str(REPO), *TARGETS], capture_output=True, text=True,
-                             env={"VERL_PATCHES_FINGERPRINT_CACHE": "off", "PATH": "/usr/bin:/bin"})
+        out = subprocess.run(
+            [py, "-c", SNIPPET, str(REPO), *TARGETS],
+            capture_output=True,
+            text=True,
+            env={"VERL_PATCHES_FINGERPRINT_CACHE": "off", "PATH": "/usr/bin:/bin"},
+        )
         assert out.returncode == 0, out.stderr
         results[py] = out.stdout.split()
     assert len({tuple(v) for v in results.values()}) == 1, results

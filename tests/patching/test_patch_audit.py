@@ -146,9 +146,14 @@ def test_audit_needs_only_the_standard_library() -> None:
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-S", "-m", "verl_patches.audit", "--json"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "VERL_PATCHES_FINGERPRINT_CACHE": "off"})
+    r = subprocess.run(
+        [sys.executable, "-S", "-m", "verl_patches.audit", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "VERL_PATCHES_FINGERPRINT_CACHE": "off"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(r.stdout)
     statuses = {p["name"]: p["status"] for p in report["patches"]}

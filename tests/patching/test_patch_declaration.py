@@ -8,8 +8,15 @@ from verl_patches.patching.declaration import ABSENT, ALL_DEVICES, Kind, Patch, 
 
 
 def _ok(**overrides) -> Patch:
-    fields = dict(name="p", target="pkg.mod:f", kind=Kind.REPLACE, fingerprint="", vendor_item="local",
-                  reason="test", replacement=lambda: None)
+    fields = dict(
+        name="p",
+        target="pkg.mod:f",
+        kind=Kind.REPLACE,
+        fingerprint="",
+        vendor_item="local",
+        reason="test",
+        replacement=lambda: None,
+    )
     fields.update(overrides)
     return Patch(**fields)
 
@@ -32,10 +39,18 @@ def test_module_alias_needs_provides_and_a_bare_module_target():
     with pytest.raises(ValueError, match=r"patch a: a module alias needs .*provides"):
         Patch(name="a", target="x.y", kind=Kind.MODULE_ALIAS, fingerprint="", vendor_item="G1", reason="r")
     with pytest.raises(ValueError, match=r"bare module target"):
-        Patch(name="a", target="x.y:z", kind=Kind.MODULE_ALIAS, fingerprint="", vendor_item="G1", reason="r",
-              provides="ours.y")
-    alias = Patch(name="a", target="x.y", kind=Kind.MODULE_ALIAS, fingerprint="", vendor_item="G1", reason="r",
-                  provides="ours.y")
+        Patch(
+            name="a",
+            target="x.y:z",
+            kind=Kind.MODULE_ALIAS,
+            fingerprint="",
+            vendor_item="G1",
+            reason="r",
+            provides="ours.y",
+        )
+    alias = Patch(
+        name="a", target="x.y", kind=Kind.MODULE_ALIAS, fingerprint="", vendor_item="G1", reason="r", provides="ours.y"
+    )
     assert alias.module == "x.y" and alias.qualname == ""
 
 
@@ -84,8 +99,15 @@ def test_drift_error_names_patch_target_fingerprints_pin_and_override():
     p = _ok(name="x.y", target="verl.utils.device:get_torch_device", fingerprint="sha256:aaaa", vendor_item="G9")
     err = PatchDriftError(p, "sha256:bbbb", "verl refs/tags/v0.4.0 @ 0758489422e8 (sources.lock)")
     msg = str(err)
-    for part in ("'x.y'", "G9", "verl.utils.device:get_torch_device", "sha256:aaaa", "sha256:bbbb",
-                 "verl refs/tags/v0.4.0 @ 0758489422e8", "VERL_PATCHES_ALLOW_DRIFT=x.y"):
+    for part in (
+        "'x.y'",
+        "G9",
+        "verl.utils.device:get_torch_device",
+        "sha256:aaaa",
+        "sha256:bbbb",
+        "verl refs/tags/v0.4.0 @ 0758489422e8",
+        "VERL_PATCHES_ALLOW_DRIFT=x.y",
+    ):
         assert part in msg
     assert (err.patch, err.found) == (p, "sha256:bbbb")
     assert ABSENT == "absent"

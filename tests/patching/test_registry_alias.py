@@ -20,8 +20,15 @@ def unpad():
 
 
 def alias(name, target, provides) -> Patch:
-    return Patch(name=name, target=target, kind=Kind.MODULE_ALIAS, fingerprint="", vendor_item="G1",
-                 reason="test", provides=provides)
+    return Patch(
+        name=name,
+        target=target,
+        kind=Kind.MODULE_ALIAS,
+        fingerprint="",
+        vendor_item="G1",
+        reason="test",
+        provides=provides,
+    )
 
 
 @pytest.fixture
@@ -111,11 +118,20 @@ def test_attribute_patch_on_our_stand_in_is_not_needed(scratch, absent_top, make
     provides = scratch.write("stand_in", STAND_IN)
     target = f"{absent_top}.optimizers"
     called = []
-    reg = make_registry([
-        alias("al", target, provides),
-        Patch(name="attr", target=f"{target}:unpad", kind=Kind.REPLACE, fingerprint="", vendor_item="G2",
-              reason="test", replacement=lambda: called.append(1)),
-    ])
+    reg = make_registry(
+        [
+            alias("al", target, provides),
+            Patch(
+                name="attr",
+                target=f"{target}:unpad",
+                kind=Kind.REPLACE,
+                fingerprint="",
+                vendor_item="G2",
+                reason="test",
+                replacement=lambda: called.append(1),
+            ),
+        ]
+    )
     assert [r.status for r in reg.records] == ["applied", "not-needed"]
     assert reg.records[1].detail == f"{target} is our stand-in (patch al)"
     assert called == []

@@ -40,8 +40,16 @@ from {pkg}.mod import f, g as renamed_g, C
 
 
 def patch(name, target, kind=Kind.REPLACE, replacement=None, **kw) -> Patch:
-    return Patch(name=name, target=target, kind=kind, fingerprint=kw.pop("fingerprint", ""), vendor_item="local",
-                 reason="test", replacement=replacement, **kw)
+    return Patch(
+        name=name,
+        target=target,
+        kind=kind,
+        fingerprint=kw.pop("fingerprint", ""),
+        vendor_item="local",
+        reason="test",
+        replacement=replacement,
+        **kw,
+    )
 
 
 def new_f():
@@ -54,7 +62,9 @@ def tag_wrap(tag, calls=None):
             if calls is not None:
                 calls.append(tag)
             return (tag, original(*args, **kwargs))
+
         return wrapper
+
     return wrap
 
 
@@ -74,6 +84,7 @@ def test_patches_apply_in_declared_order(mods, make_registry):
         def make():
             log.append(name)
             return lambda: name
+
         return make
 
     names = ["z-first", "a-second", "m-third"]
@@ -88,9 +99,12 @@ def test_pending_patches_on_one_module_apply_in_declared_order(scratch, make_reg
     log: list[str] = []
     late = f"{scratch.package}.late"
     scratch.write("late", "def f():\n    return 0\n")
-    reg = make_registry([patch("two", f"{late}:f", Kind.WRAP, replacement=lambda o: (log.append("two"), o)[1]),
-                         patch("one", f"{late}:f", Kind.WRAP,
-                               replacement=lambda o: (log.append("one"), lambda: "one")[1])])
+    reg = make_registry(
+        [
+            patch("two", f"{late}:f", Kind.WRAP, replacement=lambda o: (log.append("two"), o)[1]),
+            patch("one", f"{late}:f", Kind.WRAP, replacement=lambda o: (log.append("one"), lambda: "one")[1]),
+        ]
+    )
     assert log == []
     importlib.import_module(late)
     assert log == ["two", "one"]
@@ -111,8 +125,9 @@ def test_catalog_order_is_the_declaration_modules_order():
 def test_duplicate_names_are_refused(mods):
     pkg, _, _ = mods
     with pytest.raises(PatchError, match="duplicate patch names: \\['dup'\\]"):
-        Registry([patch("dup", f"{pkg}.mod:f", replacement=new_f), patch("dup", f"{pkg}.mod:g", replacement=new_f)],
-                 "cpu")
+        Registry(
+            [patch("dup", f"{pkg}.mod:f", replacement=new_f), patch("dup", f"{pkg}.mod:g", replacement=new_f)], "cpu"
+        )
 
 
 # ---- kinds ------------------------------------------------------------------------------------
@@ -138,11 +153,13 @@ def test_wrap_function_gets_the_original_and_rebinds_renamed_copy(mods, make_reg
 
 def test_wrap_and_replace_methods_static_and_class_methods(mods, make_registry):
     pkg, mod, user = mods
-    make_registry([
-        patch("m", f"{pkg}.mod:C.m", Kind.WRAP, replacement=tag_wrap("m")),
-        patch("s", f"{pkg}.mod:C.s", Kind.WRAP, replacement=tag_wrap("s")),
-        patch("c", f"{pkg}.mod:C.c", Kind.WRAP, replacement=tag_wrap("c")),
-    ])
+    make_registry(
+        [
+            patch("m", f"{pkg}.mod:C.m", Kind.WRAP, replacement=tag_wrap("m")),
+            patch("s", f"{pkg}.mod:C.s", Kind.WRAP, replacement=tag_wrap("s")),
+            patch("c", f"{pkg}.mod:C.c", Kind.WRAP, replacement=tag_wrap("c")),
+        ]
+    )
     assert mod.C().m() == ("m", "orig-m")
     assert mod.C.s() == ("s", "orig-s") and mod.C().s() == ("s", "orig-s")
 
@@ -156,18 +173,20 @@ def test_wrap_and_replace_methods_static_and_class_methods(mods, make_registry):
 
 def test_replace_method(mods, make_registry):
     pkg, mod, _ = mods
-    make_registry([patch("rm", f"{pkg}.mod:C.m", replacement=lambda: (lambda self: "new-m"))])
+    make_registry([patch("rm", f"{pkg}.mod:C.m", replacement=lambda: lambda self: "new-m")])
     assert mod.C().m() == "new-m"
 
 
 def test_registry_entries_set_nested_and_new_keys_then_revert(mods, make_registry):
     pkg, mod, _ = mods
     table = mod.TABLE
-    reg = make_registry([
-        patch("k-existing", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 10, registry_key=("a",)),
-        patch("k-nested", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 20, registry_key=("nested", "b")),
-        patch("k-new", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 30, registry_key=("added",)),
-    ])
+    reg = make_registry(
+        [
+            patch("k-existing", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 10, registry_key=("a",)),
+            patch("k-nested", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 20, registry_key=("nested", "b")),
+            patch("k-new", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 30, registry_key=("added",)),
+        ]
+    )
     assert mod.TABLE is table  # changed in place, never replaced
     assert table == {"a": 10, "nested": {"b": 20}, "added": 30}
     assert [r.status for r in reg.records] == ["applied"] * 3
@@ -207,8 +226,12 @@ def test_pending_wrap_rebinds_copies_in_modules_loaded_after_the_hook(scratch, m
     # `watched` must pick up the *original* base.f while it executes (as an upstream module does when it
     # copies a name from a module that another import path left unpatched): hand it the original for
     # the duration of its import.
-    reg = make_registry([patch("pf", f"{base.__name__}:f", replacement=lambda: new_f),
-                         patch("ph", f"{watched}:h", Kind.WRAP, replacement=tag_wrap("h"))])
+    reg = make_registry(
+        [
+            patch("pf", f"{base.__name__}:f", replacement=lambda: new_f),
+            patch("ph", f"{watched}:h", Kind.WRAP, replacement=tag_wrap("h")),
+        ]
+    )
     assert base.f is new_f
     base.f = original  # an upstream import-time copy of the original, as if taken before activation
     try:
@@ -225,16 +248,20 @@ def test_module_that_activates_the_registry_from_its_first_lines_is_patched_when
     must wait for the module to finish, then apply before anyone can `from module import Class`."""
     activator = importlib.import_module(scratch.write("activator", "ACTIVATE = None\n"))
     worker = f"{scratch.package}.workers.megatron_like"
-    scratch.write("workers.megatron_like", f"""
+    scratch.write(
+        "workers.megatron_like",
+        f"""
         from {scratch.package} import activator
         activator.ACTIVATE()                      # the inserted prelude line
         class Worker:
             def generate(self):
                 return "orig"
-        """)
+        """,
+    )
     consumer = scratch.write("consumer", f"from {worker} import Worker\nRESULT = Worker().generate()\n")
-    reg = make_registry([patch("gen", f"{worker}:Worker.generate", Kind.WRAP, replacement=tag_wrap("w"))],
-                        activate=False)
+    reg = make_registry(
+        [patch("gen", f"{worker}:Worker.generate", Kind.WRAP, replacement=tag_wrap("w"))], activate=False
+    )
     activator.ACTIVATE = reg.activate
     cons = importlib.import_module(consumer)
     assert reg.records[0].status == "applied"
@@ -246,8 +273,12 @@ def test_module_that_activates_the_registry_from_its_first_lines_is_patched_when
 
 def test_unimportable_target_is_recorded_unavailable(scratch, make_registry):
     broken = scratch.write("broken", "import vpt_this_module_does_not_exist\ndef f():\n    return 1\n")
-    reg = make_registry([patch("u1", f"{broken}:f", replacement=lambda: new_f),
-                         patch("u2", "vpt_no_such_top_level.mod:f", replacement=lambda: new_f)])
+    reg = make_registry(
+        [
+            patch("u1", f"{broken}:f", replacement=lambda: new_f),
+            patch("u2", "vpt_no_such_top_level.mod:f", replacement=lambda: new_f),
+        ]
+    )
     assert [r.status for r in reg.records] == ["pending", "pending"]
     reg.resolve_pending()
     by = {r.patch.name: r for r in reg.records}
@@ -263,6 +294,7 @@ def test_replacement_that_cannot_import_is_unavailable_not_a_crash(mods, make_re
 
     def needs_npu():
         import vpt_torch_npu_stand_in_missing  # noqa: F401
+
         return new_f
 
     reg = make_registry([patch("needs", f"{pkg}.mod:f", replacement=needs_npu)])
@@ -285,9 +317,11 @@ def test_activate_twice_changes_nothing(mods, make_registry):
 def test_second_registry_sees_the_marker_and_changes_nothing(mods, make_registry):
     pkg, mod, user = mods
     calls: list[str] = []
-    declared = [patch("w", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("w", calls)),
-                patch("r", f"{pkg}.mod:f", replacement=lambda: (lambda: "replaced")),
-                patch("k", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 5, registry_key=("a",))]
+    declared = [
+        patch("w", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("w", calls)),
+        patch("r", f"{pkg}.mod:f", replacement=lambda: lambda: "replaced"),
+        patch("k", f"{pkg}.mod:TABLE", Kind.REGISTRY, replacement=lambda: 5, registry_key=("a",)),
+    ]
     first = make_registry(declared)
     g1, f1 = mod.g, mod.f
     second = make_registry(declared)
@@ -304,17 +338,18 @@ def test_second_registry_sees_the_marker_and_changes_nothing(mods, make_registry
 
 def test_revert_restores_every_original_and_rebinding(mods, make_registry):
     pkg, mod, user = mods
-    originals = {"f": mod.f, "g": mod.g, "m": mod.C.__dict__["m"], "s": mod.C.__dict__["s"],
-                 "c": mod.C.__dict__["c"]}
-    reg = make_registry([
-        patch("f", f"{pkg}.mod:f", replacement=lambda: new_f),
-        patch("g1", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("g1")),
-        patch("g2", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("g2")),  # stacked on g1
-        patch("m", f"{pkg}.mod:C.m", Kind.WRAP, replacement=tag_wrap("m")),
-        patch("s", f"{pkg}.mod:C.s", Kind.WRAP, replacement=tag_wrap("s")),
-        patch("c", f"{pkg}.mod:C.c", Kind.WRAP, replacement=tag_wrap("c")),
-        patch("added", f"{pkg}.mod:brand_new", replacement=lambda: new_f),
-    ])
+    originals = {"f": mod.f, "g": mod.g, "m": mod.C.__dict__["m"], "s": mod.C.__dict__["s"], "c": mod.C.__dict__["c"]}
+    reg = make_registry(
+        [
+            patch("f", f"{pkg}.mod:f", replacement=lambda: new_f),
+            patch("g1", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("g1")),
+            patch("g2", f"{pkg}.mod:g", Kind.WRAP, replacement=tag_wrap("g2")),  # stacked on g1
+            patch("m", f"{pkg}.mod:C.m", Kind.WRAP, replacement=tag_wrap("m")),
+            patch("s", f"{pkg}.mod:C.s", Kind.WRAP, replacement=tag_wrap("s")),
+            patch("c", f"{pkg}.mod:C.c", Kind.WRAP, replacement=tag_wrap("c")),
+            patch("added", f"{pkg}.mod:brand_new", replacement=lambda: new_f),
+        ]
+    )
     assert mod.g(0) == ("g2", ("g1", ("orig-g", 0)))
     assert user.renamed_g is mod.g  # the stale copy follows the stack to the newest wrapper
     assert mod.brand_new is new_f
@@ -340,9 +375,13 @@ def test_revert_removes_the_hook_so_later_imports_are_untouched(scratch, make_re
 # ---- conditions -------------------------------------------------------------------------------
 def test_device_condition_skips_with_reason(mods, make_registry):
     pkg, mod, _ = mods
-    reg = make_registry([patch("npu-only", f"{pkg}.mod:f", replacement=lambda: new_f, devices=("npu",)),
-                         patch("cpu-only", f"{pkg}.mod:g", replacement=lambda: new_f, devices=("cpu",))],
-                        device="cpu")
+    reg = make_registry(
+        [
+            patch("npu-only", f"{pkg}.mod:f", replacement=lambda: new_f, devices=("npu",)),
+            patch("cpu-only", f"{pkg}.mod:g", replacement=lambda: new_f, devices=("cpu",)),
+        ],
+        device="cpu",
+    )
     by = {r.patch.name: r for r in reg.records}
     assert by["npu-only"].status == "skipped" and by["npu-only"].detail == "device is cpu; applies on npu"
     assert mod.f() == "orig-f"
@@ -365,19 +404,35 @@ def test_env_flag_condition(mods, make_registry, monkeypatch):
 # ---- manifest ---------------------------------------------------------------------------------
 def test_manifest_is_data_and_summary_is_one_line(mods, make_registry):
     pkg, _, _ = mods
-    reg = make_registry([
-        patch("a", f"{pkg}.mod:f", replacement=lambda: new_f),
-        patch("b", f"{pkg}.mod:g", replacement=lambda: new_f, devices=("npu",)),
-        patch("c", f"{pkg}.not_yet:f", replacement=lambda: new_f),
-    ])
+    reg = make_registry(
+        [
+            patch("a", f"{pkg}.mod:f", replacement=lambda: new_f),
+            patch("b", f"{pkg}.mod:g", replacement=lambda: new_f, devices=("npu",)),
+            patch("c", f"{pkg}.not_yet:f", replacement=lambda: new_f),
+        ]
+    )
     man = reg.manifest()
     assert [(m["name"], m["status"]) for m in man] == [("a", "applied"), ("b", "skipped"), ("c", "pending")]
-    keys = {"name", "target", "kind", "vendor_item", "reason", "devices", "condition", "status", "detail",
-            "declared_fingerprint", "found_fingerprint", "rebound", "pid"}
+    keys = {
+        "name",
+        "target",
+        "kind",
+        "vendor_item",
+        "reason",
+        "devices",
+        "condition",
+        "status",
+        "detail",
+        "declared_fingerprint",
+        "found_fingerprint",
+        "rebound",
+        "pid",
+    }
     assert all(keys <= set(m) for m in man)
     assert {m["pid"] for m in man} == {os.getpid()}
     assert man[0]["kind"] == "replace" and man[1]["devices"] == ["npu"]
     line = reg.summary_line()
     assert "\n" not in line
-    assert line == (f"verl_patches active in pid {os.getpid()} (device=cpu): 3 declared: "
-                    f"1 applied, 1 pending, 1 skipped")
+    assert line == (
+        f"verl_patches active in pid {os.getpid()} (device=cpu): 3 declared: 1 applied, 1 pending, 1 skipped"
+    )

@@ -46,8 +46,16 @@ def helper():
 
 
 def replace(name, target, fingerprint, **kw) -> Patch:
-    return Patch(name=name, target=target, kind=Kind.REPLACE, fingerprint=fingerprint, vendor_item="local",
-                 reason="test", replacement=kw.pop("replacement", lambda: (lambda x: "patched")), **kw)
+    return Patch(
+        name=name,
+        target=target,
+        kind=Kind.REPLACE,
+        fingerprint=fingerprint,
+        vendor_item="local",
+        reason="test",
+        replacement=kw.pop("replacement", lambda: lambda x: "patched"),
+        **kw,
+    )
 
 
 # ---- unit level ---------------------------------------------------------------------------------
@@ -108,8 +116,14 @@ def test_drift_is_refused_with_a_named_error(scratch, make_registry, monkeypatch
     with pytest.raises(PatchDriftError) as info:
         make_registry([replace("drifty", f"{mod}:f", original_fp)])
     msg = str(info.value)
-    for part in ("'drifty'", f"{mod}:f", original_fp, found, f"{scratch.package} (not pinned by sources.lock)",
-                 "VERL_PATCHES_ALLOW_DRIFT=drifty"):
+    for part in (
+        "'drifty'",
+        f"{mod}:f",
+        original_fp,
+        found,
+        f"{scratch.package} (not pinned by sources.lock)",
+        "VERL_PATCHES_ALLOW_DRIFT=drifty",
+    ):
         assert part in msg, part
     assert m.f(1) == 3  # not applied
 
@@ -135,8 +149,10 @@ def test_allow_drift_downgrades_to_a_loud_warning(scratch, make_registry, monkey
     assert rec.status == "applied-with-drift"
     assert rec.found_fingerprint == fingerprint_target(f"{mod}:f")
     assert sys.modules[mod].f(1) == "patched"
-    assert any("DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT" in r.getMessage() and "drifty" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT" in r.getMessage() and "drifty" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_allow_drift_for_another_patch_does_not_cover_this_one(scratch, make_registry, monkeypatch):
@@ -184,9 +200,19 @@ def test_missing_definition_is_drift_with_the_reason(scratch, make_registry, mon
     monkeypatch.delenv("VERL_PATCHES_ALLOW_DRIFT", raising=False)
     mod = importlib.import_module(scratch.write("up", UPSTREAM))
     with pytest.raises(PatchDriftError, match=r"found missing|fingerprint is missing") as info:
-        make_registry([Patch(name="gone", target=f"{mod.__name__}:renamed", kind=Kind.WRAP,
-                             fingerprint="sha256:1111111111111111", vendor_item="local", reason="test",
-                             replacement=lambda o: o)])
+        make_registry(
+            [
+                Patch(
+                    name="gone",
+                    target=f"{mod.__name__}:renamed",
+                    kind=Kind.WRAP,
+                    fingerprint="sha256:1111111111111111",
+                    vendor_item="local",
+                    reason="test",
+                    replacement=lambda o: o,
+                )
+            ]
+        )
     assert "no definition of 'renamed'" in str(info.value)
 
 
@@ -250,12 +276,15 @@ def test_real_verl_module_at_its_pin_applies(real_pin):
 
 
 def test_fingerprint_cli_prints_the_declared_pin_value():
-    r = run_python("from verl_patches.patching.fingerprint import main; "
-                   "raise SystemExit(main(['verl.utils.device:get_torch_device']))")
+    r = run_python(
+        "from verl_patches.patching.fingerprint import main; "
+        "raise SystemExit(main(['verl.utils.device:get_torch_device']))"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["sha256:66ca2b0ba76001d2", "verl.utils.device:get_torch_device"]
-    bad = run_python("from verl_patches.patching.fingerprint import main; raise SystemExit(main(["
-                     "'verl.utils.device:not_there']))")
+    bad = run_python(
+        "from verl_patches.patching.fingerprint import main; raise SystemExit(main(['verl.utils.device:not_there']))"
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "no definition of 'not_there'" in bad.stderr
 
@@ -268,8 +297,10 @@ def test_absent_patch_against_real_module(real_pin):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "mindspeed" / "optimizer" / "adamw.py").is_file(),
-                    reason="MindSpeed is git-only and not set up on this host")
+@pytest.mark.skipif(
+    not (REPO / "mindspeed" / "optimizer" / "adamw.py").is_file(),
+    reason="MindSpeed is git-only and not set up on this host",
+)
 def test_target_that_cannot_import_here_is_unavailable_with_the_error(real_pin):
     assert real_pin["ms_before"] == "pending"
     status, detail = real_pin["ms_after"]
@@ -322,13 +353,18 @@ def edited_verl(tmp_path_factory):
 @pytest.mark.parametrize("order", ["prelude-first", "upstream-first"])
 def test_edited_upstream_copy_raises_named_drift_error(edited_verl, order):
     root, found = edited_verl
-    out, _ = run_json(EDITED_COPY_SCRIPT, env={"ORDER": order, "VERL_PATCHES_QUIET": "1"},
-                      pythonpath=(root,), cwd=root)
+    out, _ = run_json(EDITED_COPY_SCRIPT, env={"ORDER": order, "VERL_PATCHES_QUIET": "1"}, pythonpath=(root,), cwd=root)
     assert out["file"] == str(root / "verl" / "utils" / "device.py")  # the edited copy, not the vendored one
     msg = out["error"]
     assert msg is not None, "an edited upstream function must make its patch fail"
-    for part in ("'cpu.verl.utils.device.get_torch_device'", "verl.utils.device:get_torch_device",
-                 "sha256:66ca2b0ba76001d2", found, PIN, "VERL_PATCHES_ALLOW_DRIFT="):
+    for part in (
+        "'cpu.verl.utils.device.get_torch_device'",
+        "verl.utils.device:get_torch_device",
+        "sha256:66ca2b0ba76001d2",
+        found,
+        PIN,
+        "VERL_PATCHES_ALLOW_DRIFT=",
+    ):
         assert part in msg, part
     assert out["error_found"] == found
     assert out["status"] == "drift"
@@ -338,9 +374,12 @@ def test_edited_upstream_copy_raises_named_drift_error(edited_verl, order):
 @pytest.mark.slow
 def test_edited_upstream_copy_with_override_applies_loudly(edited_verl):
     root, found = edited_verl
-    out, stderr = run_json(EDITED_COPY_SCRIPT, pythonpath=(root,), cwd=root,
-                           env={"ORDER": "prelude-first",
-                                "VERL_PATCHES_ALLOW_DRIFT": "cpu.verl.utils.device.get_torch_device"})
+    out, stderr = run_json(
+        EDITED_COPY_SCRIPT,
+        pythonpath=(root,),
+        cwd=root,
+        env={"ORDER": "prelude-first", "VERL_PATCHES_ALLOW_DRIFT": "cpu.verl.utils.device.get_torch_device"},
+    )
     assert out["error"] is None
     assert out["status"] == "applied-with-drift" and out["replaced"]
     assert "DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT" in stderr and found in stderr

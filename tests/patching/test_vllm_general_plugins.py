@@ -44,11 +44,12 @@ def _driver(mode: str) -> dict:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_PATCHES_")}
     env.update(PYTHONPATH=worker_pythonpath(), VERL_PATCHES_QUIET="1")  # what the launcher gives the driver
-    proc = subprocess.run([sys.executable, "-c", DRIVER_CHAIN, mode], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER_CHAIN, mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=280
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.timeout(300)

@@ -3,6 +3,7 @@
 The target runs named scenarios and returns ``{scenario: "ok" | traceback}``; each rank writes its dict
 to a JSON file the parent reads back, so one spawn serves many test functions.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -49,8 +50,9 @@ def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: fl
     # pytest shows with the failure): where it hung, not only that it did
     faulthandler.dump_traceback_later(max(deadline_s - 5.0, 1.0), exit=False)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
     status = 1
     try:
         result = target(rank, world)
@@ -64,14 +66,17 @@ def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: fl
         exit_rank(status)  # not destroy_process_group: see rank_exit
 
 
-def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
-              ) -> list[dict[str, str]]:
+def run_ranks(
+    target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
+) -> list[dict[str, str]]:
     """Start ``world`` processes running ``target(rank, world)``; return each rank's result dict."""
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4, timeout_s))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4, timeout_s))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s
@@ -94,6 +99,5 @@ def run_ranks(target: Callable[[int, int], dict[str, str]], world: int, timeout_
 
 
 def assert_scenario(results: list[dict[str, str]], name: str) -> None:
-    failures = {r: res.get(name, "scenario did not run") for r, res in enumerate(results)
-                if res.get(name) != "ok"}
+    failures = {r: res.get(name, "scenario did not run") for r, res in enumerate(results) if res.get(name) != "ok"}
     assert not failures, "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failures.items())

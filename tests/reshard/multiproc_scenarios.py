@@ -4,6 +4,7 @@ Each scenario checks the executor's result against an all-gather-then-slice refe
 plain collectives in the same run, and the bytes the executor handed to the collective against the cost
 model's prediction for that rank.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -18,8 +19,7 @@ from verl_patches.reshard.cost_model import dp_plan_cost, ep_plan_cost, pp_plan_
 from verl_patches.reshard.dp_plan import plan_dp_relayout
 from verl_patches.reshard.ep_plan import ExpertDims, ExpertWeight, plan_expert_reshard
 from verl_patches.reshard.errors import PlanMismatchError, TensorCacheKeyExistsError
-from verl_patches.reshard.executors import (gather_pipeline_params, relayout_rows,
-                                            reshard_expert_weight)
+from verl_patches.reshard.executors import gather_pipeline_params, relayout_rows, reshard_expert_weight
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.reshard.model_dims import ModelDims, deepseek_v3_stage_params
 from verl_patches.reshard.pp_plan import global_name, layer_offsets, plan_pp_gather
@@ -92,9 +92,18 @@ def megatron_param(kind: ExpertWeight, gate, up, down, experts: range, dims: Exp
     return blocks.contiguous().view(dims.training_param_shape(kind, len(experts)))
 
 
-def ep_case(rank: int, world: int, *, training: dict, rollout: dict, num_experts: int,
-            holder_stage: int | None, policy: str = "balanced", rounds: str = "per_instance",
-            tp_ep_group: bool = False):
+def ep_case(
+    rank: int,
+    world: int,
+    *,
+    training: dict,
+    rollout: dict,
+    num_experts: int,
+    holder_stage: int | None,
+    policy: str = "balanced",
+    rounds: str = "per_instance",
+    tp_ep_group: bool = False,
+):
     dims = ExpertDims(hidden=4, ffn=3)
     tr, ro = MegatronLayout(world, **training), RolloutLayout(world, **rollout)
     plan = plan_expert_reshard(tr, ro, num_experts, holder_stage, policy, rounds)
@@ -106,11 +115,13 @@ def ep_case(rank: int, world: int, *, training: dict, rollout: dict, num_experts
         held = plan.held(rank)
         weight = megatron_param(kind, gate, up, down, held, dims) if len(held) else None
         records = []
-        got = reshard_expert_weight(plan, rank, kind, dims, weight, dtype=torch.bfloat16, group=group,
-                                    recorder=records.append)
+        got = reshard_expert_weight(
+            plan, rank, kind, dims, weight, dtype=torch.bfloat16, group=group, recorder=records.append
+        )
         # all-gather-then-slice reference over the world
-        units = (weight.view(n_local, *shape) if weight is not None
-                 else torch.zeros((n_local, *shape), dtype=torch.bfloat16))
+        units = (
+            weight.view(n_local, *shape) if weight is not None else torch.zeros((n_local, *shape), dtype=torch.bfloat16)
+        )
         gathered = [torch.empty_like(units) for _ in range(world)]
         dist.all_gather(gathered, units)
         full = {}
@@ -131,7 +142,7 @@ def ep_case(rank: int, world: int, *, training: dict, rollout: dict, num_experts
         cost = ep_plan_cost(plan, dims, kind).per_rank[rank]
         assert sent_received(records) == (cost.sent, cost.received), (sent_received(records), cost)
         assert got.buffer_bytes == cost.receive_buffer
-        assert got.buffer_bytes <= len(owned) * dims.expert_numel(kind) * 2   # ≤ owned experts, never E
+        assert got.buffer_bytes <= len(owned) * dims.expert_numel(kind) * 2  # ≤ owned experts, never E
         assert len(records) == plan.num_rounds
 
 
@@ -153,9 +164,22 @@ def ep_group_missing_peers_case(rank: int, world: int):
 
 # ------------------------------------------------------------------------------------------------- PP
 
-TINY = ModelDims(hidden=4, moe_ffn=2, num_experts=4, num_layers=6, first_k_dense=1, dense_ffn=6,
-                 num_heads=2, q_lora_rank=3, kv_lora_rank=2, qk_nope_head_dim=2, qk_rope_head_dim=1,
-                 v_head_dim=2, n_shared_experts=1, vocab_size=10)
+TINY = ModelDims(
+    hidden=4,
+    moe_ffn=2,
+    num_experts=4,
+    num_layers=6,
+    first_k_dense=1,
+    dense_ffn=6,
+    num_heads=2,
+    q_lora_rank=3,
+    kv_lora_rank=2,
+    qk_nope_head_dim=2,
+    qk_rope_head_dim=1,
+    v_head_dim=2,
+    n_shared_experts=1,
+    vocab_size=10,
+)
 
 
 def value_for(name: str, shape, dtype: str) -> torch.Tensor:
@@ -177,8 +201,7 @@ def pp_case(rank: int, world: int, *, layer_list: list[int], bucket_bytes: int |
     names = [n for n, _ in got]
     assert len(names) == len(set(names))
     objs = [None] * pp
-    dist.all_gather_object(objs, {global_name(n, off): tensors[n] for n in plan.eligible[stage]},
-                           group=group)
+    dist.all_gather_object(objs, {global_name(n, off): tensors[n] for n in plan.eligible[stage]}, group=group)
     ref = {k: v for o in objs for k, v in o.items()}
     assert set(names) == set(ref)
     for n, t in got:
@@ -201,7 +224,7 @@ CACHE_CONFIG = {
 def cache_case(rank: int, world: int):
     # DataProto itself is exercised in test_tensor_cache.py; importing verl in 8 processes would
     # triple this file's run time, and cache_tensors only needs a ``.batch`` mapping.
-    lay = MegatronLayout(world, tp=2, pp=2)          # dp = 2, global batch 16 rows, 2 per rank
+    lay = MegatronLayout(world, tp=2, pp=2)  # dp = 2, global batch 16 rows, 2 per rank
     calls = []
 
     def counting_relayout(*args, **kwargs):
@@ -210,8 +233,10 @@ def cache_case(rank: int, world: int):
 
     cache = TensorCache.from_config(OmegaConf.create(CACHE_CONFIG), lay, rank, relayout=counting_relayout)
     g = torch.Generator().manual_seed(100 + rank)
-    local = {k: torch.randint(0, 50, (2, 5), generator=g) for k in
-             ("prompts", "responses", "input_ids", "attention_mask", "position_ids")}
+    local = {
+        k: torch.randint(0, 50, (2, 5), generator=g)
+        for k in ("prompts", "responses", "input_ids", "attention_mask", "position_ids")
+    }
     data = SimpleNamespace(batch=dict(local))
     cache.cache_tensors(data, keys_to_reserve=["responses", "attention_mask"], keys_no_cache=["prompts"])
     assert set(data.batch) == {"prompts", "responses", "attention_mask"}
@@ -226,7 +251,7 @@ def cache_case(rank: int, world: int):
     cache.put("ref_log_prob", torch.zeros(8, 5), layout="megatron_dp")
     for k in keys + ["ref_log_prob"]:
         cache.get_tensor(k)
-    assert len(calls) == 4                            # already resharded: no second collective
+    assert len(calls) == 4  # already resharded: no second collective
     try:
         cache.put("input_ids", torch.zeros(8, 5, dtype=torch.long), layout="megatron_dp")
         raise AssertionError("overwrite without overwrite=True must raise")
@@ -240,33 +265,54 @@ def cache_case(rank: int, world: int):
 
 # ------------------------------------------------------------------------------------------ all
 
-EP_TRAIN = dict(tp=2, pp=2, ep=2)                        # TP×EP = 4, two stages of 4 ranks
+EP_TRAIN = dict(tp=2, pp=2, ep=2)  # TP×EP = 4, two stages of 4 ranks
 
 SCENARIOS = {
-    "dp_contiguous_uneven_bf16": partial(dp_case, order="tp-cp-ep-dp-pp", tp=2, pp=2,
-                                         rows=[3, 0, 1, 2, 0, 5, 1, 4], dtype=torch.bfloat16),
-    "dp_non_contiguous_int64": partial(dp_case, order="dp-tp-pp", tp=2, pp=1,
-                                       rows=[0, 4, 1, 3, 2, 2, 0, 4], dtype=torch.int64),
-    "dp_pp_first_order": partial(dp_case, order="pp-dp-tp", tp=2, pp=2, rows=[2] * 8,
-                                 dtype=torch.float32),
-    "ep_owner_stage_one_instance": partial(ep_case, training=EP_TRAIN, rollout=dict(tp=2, dp_per_instance=4),
-                                           num_experts=8, holder_stage=1),
-    "ep_owner_stage_two_instances": partial(ep_case, training=EP_TRAIN, rollout=dict(tp=2, dp_per_instance=2),
-                                            num_experts=8, holder_stage=0),
-    "ep_two_instances_single_round_packed": partial(ep_case, training=EP_TRAIN,
-                                                    rollout=dict(tp=2, dp_per_instance=2), num_experts=8,
-                                                    holder_stage=0, rounds="single"),
-    "ep_uneven_vllm_remainder": partial(ep_case, training=EP_TRAIN, rollout=dict(tp=1, dp_per_instance=8),
-                                        num_experts=12, holder_stage=1),
-    "ep_rollout_ep_below_training": partial(ep_case, training=dict(tp=2, pp=1, ep=4),
-                                            rollout=dict(tp=2, dp_per_instance=1), num_experts=16,
-                                            holder_stage=0),
-    "ep_tp_ep_group_after_broadcast": partial(ep_case, training=EP_TRAIN,
-                                              rollout=dict(tp=2, dp_per_instance=4), num_experts=8,
-                                              holder_stage=None, policy="tp_ep_group", tp_ep_group=True),
-    "ep_non_contiguous_order": partial(ep_case, training=dict(EP_TRAIN, order="ep-dp-tp-pp"),
-                                       rollout=dict(tp=2, dp_per_instance=2), num_experts=8,
-                                       holder_stage=None, policy="tp_ep_group", tp_ep_group=True),
+    "dp_contiguous_uneven_bf16": partial(
+        dp_case, order="tp-cp-ep-dp-pp", tp=2, pp=2, rows=[3, 0, 1, 2, 0, 5, 1, 4], dtype=torch.bfloat16
+    ),
+    "dp_non_contiguous_int64": partial(
+        dp_case, order="dp-tp-pp", tp=2, pp=1, rows=[0, 4, 1, 3, 2, 2, 0, 4], dtype=torch.int64
+    ),
+    "dp_pp_first_order": partial(dp_case, order="pp-dp-tp", tp=2, pp=2, rows=[2] * 8, dtype=torch.float32),
+    "ep_owner_stage_one_instance": partial(
+        ep_case, training=EP_TRAIN, rollout=dict(tp=2, dp_per_instance=4), num_experts=8, holder_stage=1
+    ),
+    "ep_owner_stage_two_instances": partial(
+        ep_case, training=EP_TRAIN, rollout=dict(tp=2, dp_per_instance=2), num_experts=8, holder_stage=0
+    ),
+    "ep_two_instances_single_round_packed": partial(
+        ep_case,
+        training=EP_TRAIN,
+        rollout=dict(tp=2, dp_per_instance=2),
+        num_experts=8,
+        holder_stage=0,
+        rounds="single",
+    ),
+    "ep_uneven_vllm_remainder": partial(
+        ep_case, training=EP_TRAIN, rollout=dict(tp=1, dp_per_instance=8), num_experts=12, holder_stage=1
+    ),
+    "ep_rollout_ep_below_training": partial(
+        ep_case, training=dict(tp=2, pp=1, ep=4), rollout=dict(tp=2, dp_per_instance=1), num_experts=16, holder_stage=0
+    ),
+    "ep_tp_ep_group_after_broadcast": partial(
+        ep_case,
+        training=EP_TRAIN,
+        rollout=dict(tp=2, dp_per_instance=4),
+        num_experts=8,
+        holder_stage=None,
+        policy="tp_ep_group",
+        tp_ep_group=True,
+    ),
+    "ep_non_contiguous_order": partial(
+        ep_case,
+        training=dict(EP_TRAIN, order="ep-dp-tp-pp"),
+        rollout=dict(tp=2, dp_per_instance=2),
+        num_experts=8,
+        holder_stage=None,
+        policy="tp_ep_group",
+        tp_ep_group=True,
+    ),
     "ep_group_missing_peers_is_refused": ep_group_missing_peers_case,
     "pp_buckets": partial(pp_case, layer_list=[1, 2, 2, 1], bucket_bytes=64),
     "pp_one_param_per_call": partial(pp_case, layer_list=[3, 3], bucket_bytes=None),

@@ -1,4 +1,5 @@
 """In-process stand-ins for the collectives, so plans over 256 ranks can be checked on real tensors."""
+
 from __future__ import annotations
 
 import torch

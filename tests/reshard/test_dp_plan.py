@@ -1,4 +1,5 @@
 """DP re-layout planner: equal to concatenate-then-split, each row received once, bytes at the bound."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,7 @@ ORDERS = ["tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp", "ep-dp-tp-pp-cp", "cp-tp-dp-
 @st.composite
 def layouts_and_chunks(draw):
     while True:
-        tp, pp, cp = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 3])), draw(
-            st.sampled_from([1, 2]))
+        tp, pp, cp = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([1, 2]))
         ep, dpm = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 3]))
         order = draw(st.sampled_from(ORDERS))
         try:
@@ -31,8 +31,7 @@ def layouts_and_chunks(draw):
     per_dp = draw(st.integers(0, 5))
     total = per_dp * lay.dp
     # Uneven chunks, zeros allowed: cut [0, total) at random points.
-    cuts = sorted(draw(st.lists(st.integers(0, total), min_size=lay.world_size - 1,
-                                max_size=lay.world_size - 1)))
+    cuts = sorted(draw(st.lists(st.integers(0, total), min_size=lay.world_size - 1, max_size=lay.world_size - 1)))
     bounds = [0] + cuts + [total]
     return lay, [b - a for a, b in zip(bounds, bounds[1:])]
 
@@ -80,18 +79,21 @@ def test_production_batch_relayout_costs():
     lay = production_training_layout()
     plan = plan_dp_relayout(lay, equal_chunk_rows(8192, 256))
     assert plan.rows_per_dp_rank == 1024
-    row = 4096 * 8   # one int64 sequence of 4096 tokens
+    row = 4096 * 8  # one int64 sequence of 4096 tokens
     ours, bound, gather = dp_plan_cost(plan, row), dp_lower_bound(plan, row), dp_allgather_cost(plan, row)
-    assert ours.max_received == 1024 * row            # most ranks hold none of their slice
-    assert ours.per_rank[0].received == 992 * row    # rank 0 keeps its own 32 rows of slice 0
+    assert ours.max_received == 1024 * row  # most ranks hold none of their slice
+    assert ours.per_rank[0].received == 992 * row  # rank 0 keeps its own 32 rows of slice 0
     assert [c.received for c in ours.per_rank] == [c.received for c in bound.per_rank]
     assert gather.max_peak_extra == 8192 * row and ours.max_peak_extra < gather.max_peak_extra
 
 
-@pytest.mark.parametrize("rows,condition", [
-    ([2] * 7, "one_rollout_chunk_per_rank"),
-    ([1] * 7 + [2], "batch_divisible_by_megatron_dp"),
-])
+@pytest.mark.parametrize(
+    "rows,condition",
+    [
+        ([2] * 7, "one_rollout_chunk_per_rank"),
+        ([1] * 7 + [2], "batch_divisible_by_megatron_dp"),
+    ],
+)
 def test_invalid_batches(rows, condition):
     with pytest.raises(InvalidLayoutError) as e:
         plan_dp_relayout(MegatronLayout(8, tp=2, pp=1), rows)

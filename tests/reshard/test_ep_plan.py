@@ -1,4 +1,5 @@
 """Expert routing planner: right experts on every rollout rank, from real holders, at the byte bound."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,15 +8,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_patches.reshard.cost_model import ep_lower_bound, ep_plan_cost
-from verl_patches.reshard.ep_plan import (ExpertDims, ExpertWeight, check_vendor_alltoallv_constraints,
-                                          plan_expert_reshard)
+from verl_patches.reshard.ep_plan import (
+    ExpertDims,
+    ExpertWeight,
+    check_vendor_alltoallv_constraints,
+    plan_expert_reshard,
+)
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.exchange import SendStaging
 from verl_patches.reshard.executors import collect_experts
-from verl_patches.reshard.layout import (MegatronLayout, RolloutLayout, production_rollout_layout,
-                                         production_training_layout)
-from verl_patches.reshard.rollout_experts import (expert_param_name, named_rollout_expert_tensors,
-                                                  rollout_expert_slots, rollout_expert_tensors)
+from verl_patches.reshard.layout import (
+    MegatronLayout,
+    RolloutLayout,
+    production_rollout_layout,
+    production_training_layout,
+)
+from verl_patches.reshard.rollout_experts import (
+    expert_param_name,
+    named_rollout_expert_tensors,
+    rollout_expert_slots,
+    rollout_expert_tensors,
+)
 
 from tests.reshard.sim import simulate_all_to_all
 
@@ -48,8 +61,7 @@ def simulate(plan, kind, gate, up, down, dims=DIMS):
     for r in range(world):
         held = plan.held(r)
         if len(held):
-            units.append(megatron_param(kind, gate, up, down, held, dims).view(len(held),
-                                                                               *dims.expert_shape(kind)))
+            units.append(megatron_param(kind, gate, up, down, held, dims).view(len(held), *dims.expert_shape(kind)))
         else:
             units.append(torch.empty((0, *dims.expert_shape(kind))))
     got = [dict() for _ in range(world)]
@@ -64,8 +76,7 @@ def simulate(plan, kind, gate, up, down, dims=DIMS):
 @st.composite
 def cases(draw):
     while True:
-        tp, pp, cp = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 3])), draw(
-            st.sampled_from([1, 2]))
+        tp, pp, cp = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([1, 2]))
         ep, dpm = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2]))
         try:
             training = MegatronLayout(tp * pp * cp * ep * dpm, tp, pp, ep, cp, draw(st.sampled_from(ORDERS)))
@@ -79,8 +90,9 @@ def cases(draw):
     rtp = draw(st.sampled_from([d for d in (1, 2) if instance % d == 0]))
     rollout = RolloutLayout(world, rtp, instance // rtp)
     holder_stage = draw(st.one_of(st.none(), st.integers(0, training.pp - 1)))
-    policy = draw(st.sampled_from(["balanced", "tp_ep_group"])) if (holder_stage is None
-                                                                     or training.pp == 1) else "balanced"
+    policy = (
+        draw(st.sampled_from(["balanced", "tp_ep_group"])) if (holder_stage is None or training.pp == 1) else "balanced"
+    )
     rounds = draw(st.sampled_from(["per_instance", "single"]))
     return training, rollout, num_experts, holder_stage, policy, rounds
 
@@ -96,8 +108,7 @@ def test_every_rollout_rank_gets_exactly_its_experts_from_holders(case, kind):
         owned = rollout.owned_experts(g, num_experts)
         assert sorted(got[g]) == list(owned)
         entries = rollout_expert_tensors(kind, got[g], num_experts, DIMS.ffn)
-        assert [(e, p) for e, p, _ in entries] == [(e, p) for e, p, _ in
-                                                   rollout_expert_slots(kind, num_experts, owned)]
+        assert [(e, p) for e, p, _ in entries] == [(e, p) for e, p, _ in rollout_expert_slots(kind, num_experts, owned)]
         for e, proj, t in entries:
             if e not in owned:
                 assert t.numel() == 0
@@ -132,8 +143,12 @@ def test_production_layouts_hit_the_bound(vllm_dp, holder_stage):
     assert plan.num_rounds == rollout.num_instances
     # every instance gets every expert exactly once
     for i in range(rollout.num_instances):
-        got = sorted(e for t in plan.transfers if rollout.instance_of(t.dst) == i
-                     for e in range(t.first_expert, t.first_expert + t.count))
+        got = sorted(
+            e
+            for t in plan.transfers
+            if rollout.instance_of(t.dst) == i
+            for e in range(t.first_expert, t.first_expert + t.count)
+        )
         assert got == list(range(256))
 
 
@@ -150,7 +165,7 @@ def test_vendor_example_small_plan():
 
 def test_rollout_ep_below_training_width_is_supported():
     # The vendor requires rollout EP to be a multiple of training TP×EP; our routing does not.
-    training, rollout = production_training_layout(), RolloutLayout(256, 2, 8)   # 16 instances, EP16
+    training, rollout = production_training_layout(), RolloutLayout(256, 2, 8)  # 16 instances, EP16
     with pytest.raises(InvalidLayoutError) as e:
         check_vendor_alltoallv_constraints(training, rollout, 256)
     assert e.value.condition == "rollout_ep_multiple_of_training_ep"
@@ -168,16 +183,18 @@ def test_vendor_constraints_reject_non_consecutive_groups():
     assert all(t.src in training.tp_ep_group(t.dst) for t in plan.transfers)
 
 
-@pytest.mark.parametrize("kwargs,condition", [
-    (dict(num_experts=22), "experts_divisible_by_training_tp_ep"),
-    (dict(num_experts=16, rollout=RolloutLayout(32, 2, 16)), "rollout_ep_at_most_num_experts"),
-    (dict(num_experts=32, rollout=RolloutLayout(16, 2, 8)), "same_world_size"),
-    (dict(num_experts=32, holder_stage=1, source_policy="tp_ep_group"), "tp_ep_group_needs_every_stage"),
-    (dict(num_experts=32, source_policy="nearest"), "source_policy"),
-])
+@pytest.mark.parametrize(
+    "kwargs,condition",
+    [
+        (dict(num_experts=22), "experts_divisible_by_training_tp_ep"),
+        (dict(num_experts=16, rollout=RolloutLayout(32, 2, 16)), "rollout_ep_at_most_num_experts"),
+        (dict(num_experts=32, rollout=RolloutLayout(16, 2, 8)), "same_world_size"),
+        (dict(num_experts=32, holder_stage=1, source_policy="tp_ep_group"), "tp_ep_group_needs_every_stage"),
+        (dict(num_experts=32, source_policy="nearest"), "source_policy"),
+    ],
+)
 def test_invalid_expert_layouts(kwargs, condition):
-    args = dict(training=MegatronLayout(32, tp=2, pp=2, ep=2), rollout=RolloutLayout(32, 2, 4),
-                holder_stage=None)
+    args = dict(training=MegatronLayout(32, tp=2, pp=2, ep=2), rollout=RolloutLayout(32, 2, 4), holder_stage=None)
     args.update(kwargs)
     with pytest.raises(InvalidLayoutError) as e:
         plan_expert_reshard(**args)
@@ -189,27 +206,27 @@ def test_staging_decisions():
     # the send side a view (no pack buffer).
     training, rollout = production_training_layout(), production_rollout_layout(128)
     plan = plan_expert_reshard(training, rollout, 256, 1)
-    ex = plan.rank_exchange(36, 0)       # rank 36 holds experts 32..39 and needs expert 36
+    ex = plan.rank_exchange(36, 0)  # rank 36 holds experts 32..39 and needs expert 36
     assert ex.staging is SendStaging.VIEW_WITH_SELF and ex.staging_units == 0
     assert ex.receive_buffer_units == 1 and ex.units_received == 0
     single = plan_expert_reshard(training, production_rollout_layout(64), 256, 1, round_policy="single")
-    assert single.rank_exchange(32, 0).staging is SendStaging.PACK   # same experts to both instances
+    assert single.rank_exchange(32, 0).staging is SendStaging.PACK  # same experts to both instances
 
 
 def test_expert_param_names_for_vllm():
     assert expert_param_name(5, 17, "up_proj") == "model.layers.5.mlp.experts.17.up_proj.weight"
-    blocks = {1: torch.arange(12.0).view(3, 4)}              # hidden 3, ffn 2: gate‖up
+    blocks = {1: torch.arange(12.0).view(3, 4)}  # hidden 3, ffn 2: gate‖up
     named = named_rollout_expert_tensors(5, rollout_expert_tensors(ExpertWeight.WEIGHT1, blocks, 2, 2))
-    assert [n for n, _ in named] == [f"model.layers.5.mlp.experts.{e}.{p}.weight"
-                                     for e in (0, 1) for p in ("gate_proj", "up_proj")]
+    assert [n for n, _ in named] == [
+        f"model.layers.5.mlp.experts.{e}.{p}.weight" for e in (0, 1) for p in ("gate_proj", "up_proj")
+    ]
     assert named[0][1].numel() == 0 and named[2][1].shape == (2, 3)
     assert torch.equal(named[3][1], blocks[1][:, 2:].t())
 
 
 def test_same_grouped_gemm_convention_as_the_weight_converter():
     """Ranks built by the checkpoint converter (verl_patches.weights) reshard back to the HF tensors."""
-    layout_mod = pytest.importorskip("verl_patches.weights.tensor_layout",
-                                     reason="weight converter module not present")
+    layout_mod = pytest.importorskip("verl_patches.weights.tensor_layout", reason="weight converter module not present")
 
     class DictSource:
         def __init__(self, tensors):
@@ -232,9 +249,14 @@ def test_same_grouped_gemm_convention_as_the_weight_converter():
 
     num_experts, dims = 8, ExpertDims(hidden=5, ffn=3)
     gate, up, down = hf_experts(num_experts, dims, seed=7)
-    src = DictSource({**{f"g{e}": gate[e] for e in range(8)}, **{f"u{e}": up[e] for e in range(8)},
-                      **{f"d{e}": down[e] for e in range(8)}})
-    training, rollout = MegatronLayout(4, tp=2, pp=1, ep=2), RolloutLayout(4, 2, 1)   # 2 instances, EP2
+    src = DictSource(
+        {
+            **{f"g{e}": gate[e] for e in range(8)},
+            **{f"u{e}": up[e] for e in range(8)},
+            **{f"d{e}": down[e] for e in range(8)},
+        }
+    )
+    training, rollout = MegatronLayout(4, tp=2, pp=1, ep=2), RolloutLayout(4, 2, 1)  # 2 instances, EP2
     plan = plan_expert_reshard(training, rollout, num_experts, holder_stage=0)
     for kind in ExpertWeight:
         units = []

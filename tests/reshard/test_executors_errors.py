@@ -1,4 +1,5 @@
 """Executor input checks that fire before any collective (no process group needed)."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,5 +36,4 @@ def test_pipeline_gather_rejects_missing_or_misshapen_parameters():
     with pytest.raises(PlanMismatchError, match="was not passed"):
         next(gather_pipeline_params(plan, 0, {}, None))
     with pytest.raises(PlanMismatchError, match=r"is \(3, 2\) torch.bfloat16, the plan expects \(2, 3\)"):
-        next(gather_pipeline_params(plan, 1, {"decoder.layers.0.w": torch.zeros(3, 2, dtype=torch.bfloat16)},
-                                    None))
+        next(gather_pipeline_params(plan, 1, {"decoder.layers.0.w": torch.zeros(3, 2, dtype=torch.bfloat16)}, None))

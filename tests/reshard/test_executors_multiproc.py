@@ -3,6 +3,7 @@
 One spawn runs every scenario of `multiproc_scenarios` (process start-up dominates the time); each test
 below asserts one scenario on every rank.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Layout model: Megatron RankGenerator semantics, TP-extend-EP expert blocks, the vLLM rollout layout."""
+
 from __future__ import annotations
 
 import itertools
@@ -7,19 +8,43 @@ import warnings
 import pytest
 
 from verl_patches.reshard.errors import InvalidLayoutError
-from verl_patches.reshard.layout import (MegatronLayout, RolloutLayout, masked_rank_groups,
-                                         production_rollout_layout, production_training_layout)
+from verl_patches.reshard.layout import (
+    MegatronLayout,
+    RolloutLayout,
+    masked_rank_groups,
+    production_rollout_layout,
+    production_training_layout,
+)
 
-ORDERS = ["tp-cp-ep-dp-pp", "tp-dp-pp", "tp-pp-dp", "pp-dp-tp", "tp-cp-dp-ep-pp", "ep-dp-tp-pp-cp",
-          "cp-tp-ep-dp-pp", "dp-ep-pp-cp-tp"]
-TOKENS = [("tp", False), ("pp", False), ("dp", False), ("cp", False), ("dp-cp", False), ("tp-pp", False),
-          ("tp-dp", False), ("tp-dp-cp", False), ("tp-ep", True), ("ep", True), ("dp", True),
-          ("tp-ep-pp", True), ("dp-cp", True)]
+ORDERS = [
+    "tp-cp-ep-dp-pp",
+    "tp-dp-pp",
+    "tp-pp-dp",
+    "pp-dp-tp",
+    "tp-cp-dp-ep-pp",
+    "ep-dp-tp-pp-cp",
+    "cp-tp-ep-dp-pp",
+    "dp-ep-pp-cp-tp",
+]
+TOKENS = [
+    ("tp", False),
+    ("pp", False),
+    ("dp", False),
+    ("cp", False),
+    ("dp-cp", False),
+    ("tp-pp", False),
+    ("tp-dp", False),
+    ("tp-dp-cp", False),
+    ("tp-ep", True),
+    ("ep", True),
+    ("dp", True),
+    ("tp-ep-pp", True),
+    ("dp-cp", True),
+]
 
 
 def small_layouts():
-    for order, tp, pp, cp, ep, dpm in itertools.product(ORDERS, [1, 2, 4], [1, 2, 3], [1, 2], [1, 2, 4],
-                                                        [1, 3]):
+    for order, tp, pp, cp, ep, dpm in itertools.product(ORDERS, [1, 2, 4], [1, 2, 3], [1, 2], [1, 2, 4], [1, 3]):
         try:
             yield MegatronLayout(tp * pp * cp * ep * dpm, tp, pp, ep, cp, order)
         except InvalidLayoutError:
@@ -29,17 +54,17 @@ def small_layouts():
 def test_rank_groups_match_megatron_rank_generator():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parallel_state = pytest.importorskip("megatron.core.parallel_state",
-                                             reason="vendored megatron.core needed for the reference")
+        parallel_state = pytest.importorskip(
+            "megatron.core.parallel_state", reason="vendored megatron.core needed for the reference"
+        )
     checked = 0
     for lay in small_layouts():
-        ref = parallel_state.RankGenerator(tp=lay.tp, ep=lay.ep, dp=lay.dp, pp=lay.pp, cp=lay.cp,
-                                           order=lay.order)
+        ref = parallel_state.RankGenerator(tp=lay.tp, ep=lay.ep, dp=lay.dp, pp=lay.pp, cp=lay.cp, order=lay.order)
         for token, independent_ep in TOKENS:
             try:
                 expected = ref.get_ranks(token, independent_ep)
             except (ValueError, IndexError, RuntimeError):
-                continue   # token names an axis this order lacks
+                continue  # token names an axis this order lacks
             assert lay.rank_groups(token, independent_ep) == expected, (lay, token, independent_ep)
             checked += 1
     assert checked > 3000
@@ -60,13 +85,16 @@ def test_layouts_megatron_rejects_are_rejected_with_named_condition():
     assert e.value.condition == "order_names_every_axis" and "ep has size 2" in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs,condition", [
-    (dict(world_size=24, tp=4, pp=4), "world_divisible_by_tp_pp_cp"),
-    (dict(world_size=32, tp=4, pp=2, ep=3), "dp_divisible_by_ep"),
-    (dict(world_size=16, tp=2, pp=2, order="tp-xx-dp-pp"), "order_tokens"),
-    (dict(world_size=16, tp=2, pp=2, order="tp-dp-dp-pp"), "order_tokens"),
-    (dict(world_size=16, tp=0, pp=2), "positive_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,condition",
+    [
+        (dict(world_size=24, tp=4, pp=4), "world_divisible_by_tp_pp_cp"),
+        (dict(world_size=32, tp=4, pp=2, ep=3), "dp_divisible_by_ep"),
+        (dict(world_size=16, tp=2, pp=2, order="tp-xx-dp-pp"), "order_tokens"),
+        (dict(world_size=16, tp=2, pp=2, order="tp-dp-dp-pp"), "order_tokens"),
+        (dict(world_size=16, tp=0, pp=2), "positive_size"),
+    ],
+)
 def test_invalid_training_layouts(kwargs, condition):
     with pytest.raises(InvalidLayoutError) as e:
         MegatronLayout(**kwargs)
@@ -100,8 +128,7 @@ def test_expert_blocks_cover_every_expert_once_per_tp_ep_group():
 def test_production_training_layout():
     lay = production_training_layout()
     assert (lay.dp, lay.tp_ep_size) == (8, 32)
-    assert lay.rank_groups("tp-ep", independent_ep=True) == [list(range(32 * s, 32 * s + 32))
-                                                               for s in range(8)]
+    assert lay.rank_groups("tp-ep", independent_ep=True) == [list(range(32 * s, 32 * s + 32)) for s in range(8)]
     assert lay.rank_groups("dp")[1] == [1, 5, 9, 13, 17, 21, 25, 29]
     assert lay.rank_groups("pp")[0] == [32 * s for s in range(8)]
     assert lay.stage_ranks(3) == list(range(96, 128))

@@ -1,4 +1,5 @@
 """Pipeline lockstep planner: aligned stages despite uneven layer lists and dense first layers."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,10 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_patches.reshard.errors import InvalidLayoutError
-from verl_patches.reshard.model_dims import (DEEPSEEK_V3_CONFIG, PRODUCTION_LAYER_LIST, ModelDims,
-                                             deepseek_v3_stage_params)
-from verl_patches.reshard.pp_plan import (ParamSpec, global_name, layer_offsets, plan_pp_gather,
-                                          split_layer_name, stage_of_layer, validate_layer_list)
+from verl_patches.reshard.model_dims import (
+    DEEPSEEK_V3_CONFIG,
+    PRODUCTION_LAYER_LIST,
+    ModelDims,
+    deepseek_v3_stage_params,
+)
+from verl_patches.reshard.pp_plan import (
+    ParamSpec,
+    global_name,
+    layer_offsets,
+    plan_pp_gather,
+    split_layer_name,
+    stage_of_layer,
+    validate_layer_list,
+)
 
 DIMS = ModelDims.from_hf_config(DEEPSEEK_V3_CONFIG)
 
@@ -20,8 +32,7 @@ def production_stages():
 
 def test_offsets_and_stage_lookup():
     assert layer_offsets(PRODUCTION_LAYER_LIST) == (0, 7, 14, 22, 30, 38, 46, 54)
-    assert [stage_of_layer(PRODUCTION_LAYER_LIST, n) for n in (0, 6, 7, 21, 22, 53, 54, 60)] == \
-        [0, 0, 1, 2, 3, 6, 7, 7]
+    assert [stage_of_layer(PRODUCTION_LAYER_LIST, n) for n in (0, 6, 7, 21, 22, 53, 54, 60)] == [0, 0, 1, 2, 3, 6, 7, 7]
     assert global_name("decoder.layers.2.mlp.router.weight", 14) == "decoder.layers.16.mlp.router.weight"
     assert global_name("module.decoder.layers.0.x", 7) == "module.decoder.layers.7.x"
     assert global_name("output_layer.weight", 54) == "output_layer.weight"
@@ -59,8 +70,7 @@ def test_production_stages_align():
 
 def vendor_eligible(name: str, num_layer_list, first_k_dense: int) -> bool:
     """The vendor's name-pattern rule (item E3), as a reference."""
-    if any(x in name for x in (".mlp.experts.weight", "embedding", "output_layer", "linear_qkv",
-                               "final_layernorm")):
+    if any(x in name for x in (".mlp.experts.weight", "embedding", "output_layer", "linear_qkv", "final_layernorm")):
         return False
     idx, _ = split_layer_name(name)
     if idx >= min(num_layer_list):
@@ -153,5 +163,4 @@ def test_model_dims_from_config_names_missing_keys():
     with pytest.raises(InvalidLayoutError) as e:
         ModelDims.from_hf_config(cfg)
     assert "moe_intermediate_size" in str(e.value)
-    assert (DIMS.hidden, DIMS.moe_ffn, DIMS.num_experts, DIMS.moe_layers, DIMS.dtype_bytes) == \
-        (7168, 2048, 256, 58, 2)
+    assert (DIMS.hidden, DIMS.moe_ffn, DIMS.num_experts, DIMS.moe_layers, DIMS.dtype_bytes) == (7168, 2048, 256, 58, 2)

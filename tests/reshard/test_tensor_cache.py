@@ -3,6 +3,7 @@
 The step flow (generate → ref → update) runs on a fake worker group of 8 in-process workers whose
 collective is simulated from the same DP re-layout plan the real executor uses.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,11 +12,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl_patches.reshard.errors import (PlanMismatchError, TensorCacheKeyExistsError,
-                                         TensorCacheMissingKeyError, TensorCachePreconditionError)
+from verl_patches.reshard.errors import (
+    PlanMismatchError,
+    TensorCacheKeyExistsError,
+    TensorCacheMissingKeyError,
+    TensorCachePreconditionError,
+)
 from verl_patches.reshard.layout import MegatronLayout
-from verl_patches.reshard.tensor_cache import (TensorCache, check_tensor_cache_preconditions,
-                                               global_rollout_rows)
+from verl_patches.reshard.tensor_cache import TensorCache, check_tensor_cache_preconditions, global_rollout_rows
 
 from tests.reshard.sim import simulate_all_to_all
 
@@ -41,12 +45,15 @@ def test_good_config_passes_and_sizes_the_batch():
     assert global_rollout_rows(config()) == 16
 
 
-@pytest.mark.parametrize("key,value", [
-    ("actor_rollout_ref.actor.use_kl_loss", False),
-    ("algorithm.use_kl_in_reward", True),
-    ("algorithm.adv_estimator", "gae"),
-    ("trainer.balance_batch", True),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("actor_rollout_ref.actor.use_kl_loss", False),
+        ("algorithm.use_kl_in_reward", True),
+        ("algorithm.adv_estimator", "gae"),
+        ("trainer.balance_batch", True),
+    ],
+)
 def test_each_violation_names_its_key(key, value):
     cfg = config()
     OmegaConf.update(cfg, key, value)
@@ -71,10 +78,16 @@ def test_verl_default_megatron_config_is_rejected_with_every_key():
     cfg = OmegaConf.load(path)
     with pytest.raises(TensorCachePreconditionError) as e:
         check_tensor_cache_preconditions(cfg)
-    assert set(e.value.violations) == {"actor_rollout_ref.actor.use_kl_loss", "algorithm.adv_estimator",
-                                       "trainer.balance_batch"}
-    for key, value in [("actor_rollout_ref.actor.use_kl_loss", True), ("algorithm.adv_estimator", "grpo"),
-                       ("trainer.balance_batch", False)]:
+    assert set(e.value.violations) == {
+        "actor_rollout_ref.actor.use_kl_loss",
+        "algorithm.adv_estimator",
+        "trainer.balance_batch",
+    }
+    for key, value in [
+        ("actor_rollout_ref.actor.use_kl_loss", True),
+        ("algorithm.adv_estimator", "grpo"),
+        ("trainer.balance_batch", False),
+    ]:
         OmegaConf.update(cfg, key, value)
     check_tensor_cache_preconditions(cfg)
 
@@ -104,7 +117,7 @@ def test_cache_tensors_pops_reserves_skips_and_is_all_or_nothing():
     again = DataProto.from_dict({"c": torch.zeros(4, 3), "e": torch.zeros(4, 3)})
     with pytest.raises(TensorCacheKeyExistsError):
         cache.cache_tensors(again)
-    assert "e" not in cache and sorted(again.batch.keys()) == ["c", "e"]    # nothing half-done
+    assert "e" not in cache and sorted(again.batch.keys()) == ["c", "e"]  # nothing half-done
     cache.cache_tensors(again, overwrite=True)
     assert torch.equal(cache.get_tensor("c"), torch.zeros(4, 3))
 
@@ -133,8 +146,10 @@ class FakeWorkerGroup:
 
     def __init__(self, layout: MegatronLayout, cfg):
         self.layout = layout
-        self.workers = [TensorCache.from_config(cfg, layout, r, group=self, relayout=self._relayout)
-                        for r in range(layout.world_size)]
+        self.workers = [
+            TensorCache.from_config(cfg, layout, r, group=self, relayout=self._relayout)
+            for r in range(layout.world_size)
+        ]
         self._pending: dict[str, list[torch.Tensor]] = {}
         self.collectives = 0
 
@@ -152,8 +167,7 @@ class FakeWorkerGroup:
         outs = []
         for cache, chunk in zip(self.workers, chunks):
             data = DataProto.from_dict(dict(chunk))
-            cache.cache_tensors(data, keys_to_reserve=["responses", "attention_mask"],
-                                keys_no_cache=["prompts"])
+            cache.cache_tensors(data, keys_to_reserve=["responses", "attention_mask"], keys_no_cache=["prompts"])
             outs.append(data)
         return DataProto.concat(outs)
 
@@ -171,18 +185,23 @@ class FakeWorkerGroup:
             batch = cache.get(["responses", "input_ids", "attention_mask", "position_ids", "ref_log_prob"])
             n = batch.batch.batch_size[0]
             d = self.layout.dp_rank(r)
-            batch = batch.union(DataProto.from_dict({"advantages": advantages[d * n:(d + 1) * n]}))
+            batch = batch.union(DataProto.from_dict({"advantages": advantages[d * n : (d + 1) * n]}))
             outs.append(batch)
             cache.clear()
         return outs
 
 
 def test_step_flow_on_a_fake_worker_group():
-    layout = MegatronLayout(8, tp=2, pp=2, order="tp-cp-ep-dp-pp")     # dp = 2
+    layout = MegatronLayout(8, tp=2, pp=2, order="tp-cp-ep-dp-pp")  # dp = 2
     wg = FakeWorkerGroup(layout, config())
     keys = ["prompts", "responses", "input_ids", "attention_mask", "position_ids"]
-    chunks = [{k: torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(10 * r + i))
-               for i, k in enumerate(keys)} for r in range(8)]
+    chunks = [
+        {
+            k: torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(10 * r + i))
+            for i, k in enumerate(keys)
+        }
+        for r in range(8)
+    ]
     to_driver = wg.generate(chunks)
     assert sorted(to_driver.batch.keys()) == ["attention_mask", "prompts", "responses"]
     full = {k: torch.cat([c[k] for c in chunks]) for k in keys}
@@ -197,7 +216,7 @@ def test_step_flow_on_a_fake_worker_group():
 
     advantages = torch.arange(16.0)
     update_inputs = wg.update_actor(advantages)
-    assert wg.collectives == 4                     # entries were already in the Megatron layout
+    assert wg.collectives == 4  # entries were already in the Megatron layout
     for r, batch in enumerate(update_inputs):
         d = layout.dp_rank(r)
         assert torch.equal(batch.batch["ref_log_prob"], full["input_ids"].chunk(2)[d].float() * 0.5)

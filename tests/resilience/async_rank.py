@@ -25,8 +25,9 @@ from verl_patches.resilience import heartbeat, progress
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 mode, timeout_s = sys.argv[1], float(sys.argv[2])
-store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                      timeout=timedelta(seconds=60))
+store = dist.TCPStore(
+    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+)
 dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=600))
 heartbeat.start_with_store(store, rank, timeout_s)
 faulty = rank == world - 1

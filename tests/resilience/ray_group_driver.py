@@ -20,8 +20,9 @@ import ray
 from verl_patches.launch.ray_runtime import runtime_env
 
 mode = sys.argv[1]
-ray.init(address="local", num_cpus=4, num_gpus=3, include_dashboard=False, runtime_env=runtime_env(),
-         log_to_driver=False)
+ray.init(
+    address="local", num_cpus=4, num_gpus=3, include_dashboard=False, runtime_env=runtime_env(), log_to_driver=False
+)
 out: dict = {"mode": mode}
 try:
     from verl.single_controller.base import Worker
@@ -65,8 +66,9 @@ try:
         out["error"] = f"{type(e).__name__}: {e}"
     out["elapsed"] = time.monotonic() - t0
     time.sleep(3)
-    out["alive_after"] = [p for p in pids if os.path.exists(f"/proc/{p}") and
-                          open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    out["alive_after"] = [
+        p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+    ]
 finally:
     ray.shutdown()
 print("RESULT " + json.dumps(out), flush=True)

@@ -36,13 +36,29 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(180)]
 
 class Job:
     def __init__(self, mode: str) -> None:
-        self.server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=60))
-        env = {**os.environ, "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.server.port),
-               "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        self.procs = [subprocess.Popen([sys.executable, str(SCRIPT), mode, str(TIMEOUT_S)], cwd=REPO,
-                                       env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True) for r in range(WORLD)]
+        self.server = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+        env = {
+            **os.environ,
+            "WORLD_SIZE": str(WORLD),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self.server.port),
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONWARNINGS": "ignore",
+        }
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), mode, str(TIMEOUT_S)],
+                cwd=REPO,
+                env={**env, "RANK": str(r)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(WORLD)
+        ]
         self.outputs: list[str] = []
 
     def watch(self, limit_s: float = 120.0) -> tuple[str | None, float]:
@@ -60,8 +76,9 @@ class Job:
                 died = [f"rank{r}" for r, c in codes.items() if c is not None and c < 0]
                 if died:
                     watch.observe(died)
-                    report = death_message("update_actor", None, watch.observed(died),
-                                           f"killed by signal {-codes[int(died[0][4:])]}")
+                    report = death_message(
+                        "update_actor", None, watch.observed(died), f"killed by signal {-codes[int(died[0][4:])]}"
+                    )
                     break
                 outstanding = [f"rank{r}" for r, c in codes.items() if c is None]
                 if not outstanding:
@@ -107,12 +124,17 @@ def test_a_peer_that_never_joins_is_named_with_phase_step_and_micro_batch(mode: 
         assert f"stuck: rank {FAULTY} (node 127.0.0.1 " in report and f", pid {pid}) stopped reporting " in report
         assert f"(process frozen or dead), last in {where}" in report
     else:
-        assert f"stuck: rank {FAULTY} (node 127.0.0.1 " in report and f"pid {pid}) is alive but made no progress " in \
-            report and f"in {where} while its peers moved past it; main thread at " in report
+        assert (
+            f"stuck: rank {FAULTY} (node 127.0.0.1 " in report
+            and f"pid {pid}) is alive but made no progress " in report
+            and f"in {where} while its peers moved past it; main thread at " in report
+        )
         assert "async_rank.py:" in report and "misbehave" in report
     # its peers issued micro-batch 4's collective and block on micro-batch 3's, one micro-batch later
-    assert "waiting on it: ranks 0,1 in phase 'update' (micro-batch 4/4 of batch 1) of step 2 in update_actor " \
-           "(alive)" in report, report
+    assert (
+        "waiting on it: ranks 0,1 in phase 'update' (micro-batch 4/4 of batch 1) of step 2 in update_actor "
+        "(alive)" in report
+    ), report
 
 
 def test_a_slow_but_live_rank_is_not_reported() -> None:

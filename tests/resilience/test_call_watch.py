@@ -27,11 +27,32 @@ class Ranks:
     def publish(self, *ranks: int) -> None:
         for r in ranks:
             self.beat[r] += 1
-            pos = Position(self.marks[r], "update_actor", 4, "generate" if self.coarse else "update",
-                           "" if self.coarse else "micro-batch", None if self.coarse else self.index[r], None, 1,
-                           self.coarse)
-            self.board.publish(f"k{r}", json.dumps({"rank": r, "node": "n", "host": "h", "pid": r, "beat": self.beat[r],
-                                                    "activity": self.activity[r], "pos": pos.to_dict(), "where": ""}))
+            pos = Position(
+                self.marks[r],
+                "update_actor",
+                4,
+                "generate" if self.coarse else "update",
+                "" if self.coarse else "micro-batch",
+                None if self.coarse else self.index[r],
+                None,
+                1,
+                self.coarse,
+            )
+            self.board.publish(
+                f"k{r}",
+                json.dumps(
+                    {
+                        "rank": r,
+                        "node": "n",
+                        "host": "h",
+                        "pid": r,
+                        "beat": self.beat[r],
+                        "activity": self.activity[r],
+                        "pos": pos.to_dict(),
+                        "where": "",
+                    }
+                ),
+            )
 
     def step(self, *ranks: int) -> None:
         for r in ranks:
@@ -40,8 +61,9 @@ class Ranks:
 
 
 def watch(ranks: Ranks, now: list[float]) -> CallWatch:
-    return CallWatch("update_actor", 4, {f"k{r}": f"worker {r}" for r in ranks.beat}, T, ranks.board,
-                     clock=lambda: now[0])
+    return CallWatch(
+        "update_actor", 4, {f"k{r}": f"worker {r}" for r in ranks.beat}, T, ranks.board, clock=lambda: now[0]
+    )
 
 
 def test_a_frozen_rank_is_reported_one_time_out_after_the_last_progress() -> None:
@@ -105,14 +127,16 @@ def test_activity_in_a_coarse_phase_is_progress() -> None:
 
 def test_a_rank_that_never_published_counts_from_the_start_of_the_call() -> None:
     now, ranks = [0.0], Ranks(1)
-    w = CallWatch("init_model", None, {"k0": "worker 0", "missing": "worker 1 of the group"}, T, ranks.board,
-                  clock=lambda: now[0])
+    w = CallWatch(
+        "init_model", None, {"k0": "worker 0", "missing": "worker 1 of the group"}, T, ranks.board, clock=lambda: now[0]
+    )
     now[0] = T - 1
     assert w.observe(["missing"]) is None
     now[0] = T
     d = w.observe(["missing"])
-    assert d.culprits == ["worker 1 of the group never reported a heartbeat (it did not start, or froze before its "
-                          "first report)"]
+    assert d.culprits == [
+        "worker 1 of the group never reported a heartbeat (it did not start, or froze before its first report)"
+    ]
 
 
 def test_an_unreadable_board_is_no_news() -> None:
@@ -132,18 +156,33 @@ def test_a_member_still_being_created_counts_as_moving_up_to_the_startup_allowan
 
     now, ranks = [0.0], Ranks(1)
     state = {"state": "PENDING_CREATION", "node": "10.0.0.9", "pid": 77}
-    w = CallWatch("init_model", None, {"k0": "worker 0", "new": "worker 1 of the group"}, T, ranks.board,
-                  clock=lambda: now[0], lookup=lambda keys: {k: state for k in keys if k == "new"})
+    w = CallWatch(
+        "init_model",
+        None,
+        {"k0": "worker 0", "new": "worker 1 of the group"},
+        T,
+        ranks.board,
+        clock=lambda: now[0],
+        lookup=lambda keys: {k: state for k in keys if k == "new"},
+    )
     while now[0] < startup_allowance(T) - 1:
         now[0] += 10
         assert w.observe(["new"]) is None
     now[0] = startup_allowance(T) + T
     d = w.observe(["new"])
-    assert d.culprits[0].startswith("worker 1 of the group (node 10.0.0.9, pid 77, scheduler state PENDING_CREATION) "
-                                    "never reported a heartbeat")
+    assert d.culprits[0].startswith(
+        "worker 1 of the group (node 10.0.0.9, pid 77, scheduler state PENDING_CREATION) never reported a heartbeat"
+    )
     state["state"] = "ALIVE"  # created but silent: counts from the start like any other
-    w2 = CallWatch("init_model", None, {"new": "worker 1 of the group"}, T, ranks.board, clock=lambda: now[0],
-                   lookup=lambda keys: {k: state for k in keys})
+    w2 = CallWatch(
+        "init_model",
+        None,
+        {"new": "worker 1 of the group"},
+        T,
+        ranks.board,
+        clock=lambda: now[0],
+        lookup=lambda keys: {k: state for k in keys},
+    )
     now[0] += T
     assert w2.observe(["new"]) is not None
 
@@ -152,8 +191,17 @@ def test_a_member_that_publishes_but_whose_actor_is_still_being_created_counts_a
     """verl's Worker.__init__ starts the heartbeat; the rest of the worker's constructor may take long."""
     now = [0.0]
     board = DictBoard()
-    board.publish("k0", json.dumps({"rank": 0, "beat": 1, "activity": 0, "pos": Position(0, "", None, "idle").to_dict()}))
-    w = CallWatch("init_model", None, {"k0": "worker 0"}, T, board, clock=lambda: now[0],
-                  lookup=lambda keys: {k: {"state": "PENDING_CREATION"} for k in keys})
+    board.publish(
+        "k0", json.dumps({"rank": 0, "beat": 1, "activity": 0, "pos": Position(0, "", None, "idle").to_dict()})
+    )
+    w = CallWatch(
+        "init_model",
+        None,
+        {"k0": "worker 0"},
+        T,
+        board,
+        clock=lambda: now[0],
+        lookup=lambda keys: {k: {"state": "PENDING_CREATION"} for k in keys},
+    )
     now[0] = 3 * T
     assert w.observe(["k0"]) is None

@@ -40,8 +40,10 @@ def test_beats_go_on_while_the_main_thread_is_blocked() -> None:
     assert second["beat"] > first["beat"] >= 5
     assert second["rank"] == 3 and second["pos"]["phase"] == "update" and second["pos"]["index"] == 1
     assert second["pos"]["marks"] == first["pos"]["marks"]  # no progress: the same marks, a moving beat
-    assert "test_heartbeat.py" in second["where"] and "test_beats_go_on_while_the_main_thread_is_blocked" in \
-        second["where"]
+    assert (
+        "test_heartbeat.py" in second["where"]
+        and "test_beats_go_on_while_the_main_thread_is_blocked" in second["where"]
+    )
 
 
 def _spin(stop: threading.Event, park: threading.Event) -> None:

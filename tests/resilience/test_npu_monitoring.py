@@ -21,8 +21,13 @@ from verl_patches.resilience.timeout import TIMEOUT_ENV
 from verl_patches.resilience.watched import watched
 
 CLUSTER = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "enp189s0f0", "JEMALLOC_LIB": "none"}
-NPU_VARS = ("TORCH_HCCL_ENABLE_MONITORING", "TORCH_HCCL_DUMP_ON_TIMEOUT", "TORCH_HCCL_TRACE_BUFFER_SIZE",
-            "TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_HCCL_DEBUG_INFO_TEMP_FILE")
+NPU_VARS = (
+    "TORCH_HCCL_ENABLE_MONITORING",
+    "TORCH_HCCL_DUMP_ON_TIMEOUT",
+    "TORCH_HCCL_TRACE_BUFFER_SIZE",
+    "TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC",
+    "TORCH_HCCL_DEBUG_INFO_TEMP_FILE",
+)
 
 
 def test_the_job_turns_the_flight_recorder_on_below_hccls_time_out(tmp_path: Path) -> None:
@@ -50,8 +55,12 @@ def test_the_dump_signal_is_torch_npus_key_in_the_jobs_store() -> None:
 
 def test_the_report_says_where_the_dumps_are_only_when_the_workers_have_them() -> None:
     board = DictBoard()
-    on = {"TORCH_HCCL_DUMP_ON_TIMEOUT": "1", "TORCH_HCCL_ENABLE_MONITORING": "1", "MASTER_ADDR": "10.0.0.1",
-          "MASTER_PORT": "29444"}
+    on = {
+        "TORCH_HCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_HCCL_ENABLE_MONITORING": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29444",
+    }
     Heartbeat(board, "a", process_identity(12, on), 1.0).beat()
     Heartbeat(board, "b", process_identity(13, {}), 1.0).beat()
     now = [0.0]
@@ -59,8 +68,10 @@ def test_the_report_says_where_the_dumps_are_only_when_the_workers_have_them() -
     watch.observe(["a", "b"])
     assert worker_deadline.flight_recorder_note(watch, ["b"]) == ""
     note = worker_deadline.flight_recorder_note(watch, ["a", "b"])
-    assert note.startswith("HCCL flight recorder dump requested from every live rank: /tmp/hccl_trace_rank_<rank> on "
-                           "each node, Python stacks in /tmp/hccl_trace_rank_<rank>_py_traceback")
+    assert note.startswith(
+        "HCCL flight recorder dump requested from every live rank: /tmp/hccl_trace_rank_<rank> on "
+        "each node, Python stacks in /tmp/hccl_trace_rank_<rank>_py_traceback"
+    )
     assert json.loads(board.values["a"])["store"] == "10.0.0.1:29444"
 
 
@@ -86,7 +97,8 @@ def test_the_launcher_repeats_the_report_as_its_last_line(tmp_path: Path, capsys
     (launch.log_dir / "trainer.log").write_text(
         "step:1 - a:1\n(TaskRunner pid=5) verl_patches hang: update_actor (step 2) made no progress\n"
         "ray.exceptions.RayTaskError(WorkerHangError): ... verl_patches hang: update_actor (step 2) made no progress\n"
-        "(raylet) something else\n")
+        "(raylet) something else\n"
+    )
     say_hang_report(launch, 0)
     assert capsys.readouterr().out == ""
     say_hang_report(launch, 1)

@@ -49,8 +49,16 @@ def test_order_key_follows_step_then_phase_then_batch_then_unit() -> None:
     def at(step: int, phase: str, group: int = 0, index: int | None = None) -> Position:
         return Position(0, "c", step, phase, "u" if index else "", index, None, group)
 
-    ordered = [at(4, "idle"), at(5, "weight_sync", 0, 9), at(5, "generate", 0, 2), at(5, "ref", 1, 1),
-               at(5, "update", 1, 3), at(5, "update", 2, 1), at(5, "save_checkpoint"), at(6, "init")]
+    ordered = [
+        at(4, "idle"),
+        at(5, "weight_sync", 0, 9),
+        at(5, "generate", 0, 2),
+        at(5, "ref", 1, 1),
+        at(5, "update", 1, 3),
+        at(5, "update", 2, 1),
+        at(5, "save_checkpoint"),
+        at(6, "init"),
+    ]
     assert sorted(ordered, key=Position.order_key) == ordered
     assert len(set(PHASE_ORDER)) == len(PHASE_ORDER)
 
@@ -80,7 +88,8 @@ def test_fault_injection_spec() -> None:
 
 
 def test_fault_injection_stops_only_the_named_rank_entering_the_named_phase_and_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sent = []
     monkeypatch.setattr(fault_injection.os, "kill", lambda pid, sig: sent.append(sig))
     env = {fault_injection.INJECT_ENV: "2:weight_sync:4"}

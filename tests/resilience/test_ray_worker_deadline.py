@@ -23,14 +23,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(300)]
 
 
 def run(mode: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_PATCHES_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S),
-           "VERL_PATCHES_QUIET": "1", "RAY_DEDUP_LOGS": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "VERL_PATCHES_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S),
+        "VERL_PATCHES_QUIET": "1",
+        "RAY_DEDUP_LOGS": "0",
+    }
     env.pop("RAY_ADDRESS", None)
-    p = subprocess.run([sys.executable, str(DRIVER), mode], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=280)
+    p = subprocess.run(
+        [sys.executable, str(DRIVER), mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=280
+    )
     line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert line is not None, (p.stdout[-3000:], p.stderr[-3000:])
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_a_frozen_worker_is_named_and_the_group_is_ended() -> None:
@@ -38,9 +44,10 @@ def test_a_frozen_worker_is_named_and_the_group_is_ended() -> None:
     assert out["patched"] == "verl_patches.resilience.worker_deadline"
     err, pid = out.get("error", ""), out["pids"][1]
     assert err.startswith("WorkerHangError: verl_patches hang: work (step 7) made no progress for "), out
-    assert f"stuck: rank 1 (node " in err and f", pid {pid}) stopped reporting " in err
-    assert "(process frozen or dead), last in phase 'update' (micro-batch 2/4 of batch 1) of step 7 in " \
-           "update_actor" in err
+    assert "stuck: rank 1 (node " in err and f", pid {pid}) stopped reporting " in err
+    assert (
+        "(process frozen or dead), last in phase 'update' (micro-batch 2/4 of batch 1) of step 7 in update_actor" in err
+    )
     assert TIMEOUT_S <= out["elapsed"] <= 0.6 + TIMEOUT_S + SLACK_S, out["elapsed"]  # two micro-batches, then T
     assert out["alive_after"] == [], out  # ray.kill ended the stopped process too
 

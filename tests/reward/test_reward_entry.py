@@ -46,7 +46,11 @@ def test_verl_loader_routes_deepscaler_to_ours_and_others_to_verl():
     assert score("deepscaler", WRONG_BUT_CONTAINS_TRUTH, "42") == 0.0
     assert score("deepscaler", "<think>\\boxed{42}", "42") == 0.0
     # Other sources get exactly what verl's own router returns.
-    for source, response in [("openai/gsm8k", GSM8K_RIGHT), ("openai/gsm8k", "#### 41"), ("lighteval/MATH", "\\boxed{42}")]:
+    for source, response in [
+        ("openai/gsm8k", GSM8K_RIGHT),
+        ("openai/gsm8k", "#### 41"),
+        ("lighteval/MATH", "\\boxed{42}"),
+    ]:
         assert score(source, response, "42") == default_compute_score(source, response, "42")
     with pytest.raises(NotImplementedError):
         score("no-such-source", GOOD, "42")
@@ -101,7 +105,11 @@ def make_batch(items: list[tuple[str, str, str]]) -> DataProto:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("manager, name", [("naive", "compute_score"), ("batch", "compute_score_batch")])
 def test_verl_reward_managers_score_through_the_entry(manager, name):
-    items = [("deepscaler", GOOD, "42"), ("deepscaler", WRONG_BUT_CONTAINS_TRUTH, "42"), ("openai/gsm8k", GSM8K_RIGHT, "42")]
+    items = [
+        ("deepscaler", GOOD, "42"),
+        ("deepscaler", WRONG_BUT_CONTAINS_TRUTH, "42"),
+        ("openai/gsm8k", GSM8K_RIGHT, "42"),
+    ]
     reward_fn = load_reward_manager(reward_config(name=name, manager=manager), CharTokenizer(), num_examine=0)
     rewards = reward_fn(make_batch(items))
     last = [len(r) - 1 for _, r, _ in items]
@@ -119,6 +127,8 @@ def test_entry_works_from_another_directory_without_pythonpath(tmp_path):
         "print(module.compute_score('deepscaler', '<think>x</think> \\\\boxed{2\\\\sqrt{3}}', '\\\\sqrt{12}'))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "1.0"

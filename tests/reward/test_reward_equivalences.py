@@ -189,9 +189,19 @@ def test_unicode_to_latex(text, latex):
 @pytest.mark.parametrize(
     "text, value",
     [
-        ("zero", 0), ("one", 1), ("nineteen", 19), ("forty-two", 42), ("ninety nine", 99), ("one hundred", 100),
-        ("three hundred and twelve", 312), ("one thousand", 1000), ("twelve thousand three hundred forty-five", 12345),
-        ("two million", 2 * 10**6), ("minus seven", -7), ("three quarters", Fraction(3, 4)), ("a half", Fraction(1, 2)),
+        ("zero", 0),
+        ("one", 1),
+        ("nineteen", 19),
+        ("forty-two", 42),
+        ("ninety nine", 99),
+        ("one hundred", 100),
+        ("three hundred and twelve", 312),
+        ("one thousand", 1000),
+        ("twelve thousand three hundred forty-five", 12345),
+        ("two million", 2 * 10**6),
+        ("minus seven", -7),
+        ("three quarters", Fraction(3, 4)),
+        ("a half", Fraction(1, 2)),
         ("five.", 5),
     ],
 )
@@ -199,7 +209,18 @@ def test_number_from_words(text, value):
     assert number_from_words(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "a", "hundred", "five apples", "one two three four five six seven eight nine ten eleven twelve thirteen", "x", "fifth"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "a",
+        "hundred",
+        "five apples",
+        "one two three four five six seven eight nine ten eleven twelve thirteen",
+        "x",
+        "fifth",
+    ],
+)
 def test_number_from_words_refuses(text):
     assert number_from_words(text) is None
 
@@ -295,15 +316,54 @@ def test_split_assignment(text, variable, rhs):
     assert split_assignment(text) == (variable, rhs)
 
 
-@pytest.mark.parametrize("text, equation", [("x+y=5", True), ("\\sum_{k=1}^{5}k", False), ("x<=3", False), ("f(x=1)", False), ("a=b=c", True)])
+@pytest.mark.parametrize(
+    "text, equation",
+    [("x+y=5", True), ("\\sum_{k=1}^{5}k", False), ("x<=3", False), ("f(x=1)", False), ("a=b=c", True)],
+)
 def test_is_equation(text, equation):
     assert is_equation(text) is equation
 
 
 # Brace-balanced pieces of real answers: any concatenation must stay balanced after canonicalisation.
-_PIECES = ["x", "=", "1", "2", ",", " ", " or ", " and ", "\\frac{1}{2}", "\\sum_{k=1}^{5}", "\\{1, 2\\}", "(", ")", "[", "]",
-           "√", "π", "½", "²", "\\text{ cm}", "\\text{ or }", "%", ".", "-", "^{2}", "\\sqrt{3}", "five", "...",
-           "\\overline{3}", "\\in", "\\le", "\\text{m/s}", "/", "\\cdot", "\\,", "\\!", "{,}"]
+_PIECES = [
+    "x",
+    "=",
+    "1",
+    "2",
+    ",",
+    " ",
+    " or ",
+    " and ",
+    "\\frac{1}{2}",
+    "\\sum_{k=1}^{5}",
+    "\\{1, 2\\}",
+    "(",
+    ")",
+    "[",
+    "]",
+    "√",
+    "π",
+    "½",
+    "²",
+    "\\text{ cm}",
+    "\\text{ or }",
+    "%",
+    ".",
+    "-",
+    "^{2}",
+    "\\sqrt{3}",
+    "five",
+    "...",
+    "\\overline{3}",
+    "\\in",
+    "\\le",
+    "\\text{m/s}",
+    "/",
+    "\\cdot",
+    "\\,",
+    "\\!",
+    "{,}",
+]
 
 
 @settings(max_examples=500, deadline=None, database=None)
@@ -321,9 +381,19 @@ def test_canonical_answer_never_raises(text):
 
 
 POLYNOMIAL_PAIRS = [
-    ("(x+3)^2", "x^2+6x+9"), ("9+6x+x^2", "x^2+6x+9"), ("(x-3)^2", "x^2+6x+9"), ("x^2+3x+9", "x^2+6x+9"),
-    ("(x+1)(x-1)", "x^2-1"), ("(a+b)^3", "a^3+3a^2b+3ab^2+b^3"), ("(a+b)^3", "a^3+b^3"), ("\\frac{x}{2}", "0.5x"),
-    ("y^2+1", "x^2+1"), ("\\frac{x^2-1}{x-1}", "x+1"), ("\\sqrt{x^2}", "x"), ("2x", "x+x"), ("(x+1)^{40}", "x^{40}+1"),
+    ("(x+3)^2", "x^2+6x+9"),
+    ("9+6x+x^2", "x^2+6x+9"),
+    ("(x-3)^2", "x^2+6x+9"),
+    ("x^2+3x+9", "x^2+6x+9"),
+    ("(x+1)(x-1)", "x^2-1"),
+    ("(a+b)^3", "a^3+3a^2b+3ab^2+b^3"),
+    ("(a+b)^3", "a^3+b^3"),
+    ("\\frac{x}{2}", "0.5x"),
+    ("y^2+1", "x^2+1"),
+    ("\\frac{x^2-1}{x-1}", "x+1"),
+    ("\\sqrt{x^2}", "x"),
+    ("2x", "x+x"),
+    ("(x+1)^{40}", "x^{40}+1"),
 ]
 
 
@@ -335,7 +405,11 @@ def test_polynomial_shortcut_agrees_with_math_verify(pred, truth):
     from verl_patches.reward.symbolic import _polynomial_verdict
 
     gold = math_verify.parse("\\boxed{" + truth + "}", (math_verify.LatexExtractionConfig(),), parsing_timeout=None)
-    target = math_verify.parse("\\boxed{" + pred + "}", (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()), parsing_timeout=None)
+    target = math_verify.parse(
+        "\\boxed{" + pred + "}",
+        (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()),
+        parsing_timeout=None,
+    )
     shortcut = _polynomial_verdict(gold[0], target[0])
     if shortcut is not None:
         assert shortcut == math_verify.verify(gold, target, timeout_seconds=None)

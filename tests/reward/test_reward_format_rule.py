@@ -21,7 +21,11 @@ ENTRY = REPO / "verl_patches" / "reward" / "entry.py"
 KEY = "custom_reward_function.reward_kwargs.format_rule"
 
 _FRAGMENTS = st.sampled_from(["<think>", "\\boxed{7}", "\\fbox{7}", "the answer is 7", "7", " ", "\n", "}", "{", "$"])
-text_without_close = st.lists(st.one_of(st.text(max_size=12), _FRAGMENTS), max_size=10).map("".join).filter(lambda s: "</think>" not in s)
+text_without_close = (
+    st.lists(st.one_of(st.text(max_size=12), _FRAGMENTS), max_size=10)
+    .map("".join)
+    .filter(lambda s: "</think>" not in s)
+)
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +42,12 @@ def test_strict_no_think_close_scores_zero_whatever_else_is_there(response):
 
 
 @settings(max_examples=200, deadline=None, database=None)
-@given(reasoning=text_without_close.filter(lambda s: "<think>" not in s), tail=st.sampled_from(
-    ["The answer is 7.", "Final answer: 7", "7", "**Answer:** $7$", "so x = 7", "\\[7\\]", "\\boxed{}", "\\boxed{7"]))
+@given(
+    reasoning=text_without_close.filter(lambda s: "<think>" not in s),
+    tail=st.sampled_from(
+        ["The answer is 7.", "Final answer: 7", "7", "**Answer:** $7$", "so x = 7", "\\[7\\]", "\\boxed{}", "\\boxed{7"]
+    ),
+)
 def test_strict_no_box_after_the_last_think_close_scores_zero(reasoning, tail):
     response = f"<think>{reasoning} \\boxed{{7}}</think> {tail}"
     assert grade(response, "7").score == 0.0
@@ -79,7 +87,9 @@ def test_unknown_rule_is_one_clear_error(bad):
 def _reward_fn(name: str = "compute_score", **reward_kwargs):
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    config = OmegaConf.create({"custom_reward_function": {"path": str(ENTRY), "name": name, "reward_kwargs": reward_kwargs}})
+    config = OmegaConf.create(
+        {"custom_reward_function": {"path": str(ENTRY), "name": name, "reward_kwargs": reward_kwargs}}
+    )
     return get_custom_reward_fn(config)
 
 
@@ -89,8 +99,12 @@ def test_the_rule_reaches_the_reward_through_verls_loader():
     assert _reward_fn(format_rule="strict")("deepscaler", unboxed, "7") == 0.0
     assert _reward_fn(format_rule="relaxed")("deepscaler", unboxed, "7") == 1.0
     batch = _reward_fn("compute_score_batch", format_rule="relaxed")
-    assert batch(data_sources=["deepscaler"] * 2, solution_strs=[unboxed, "\\boxed{7}"], ground_truths=["7", "7"],
-                 extra_infos=[None, None]) == [1.0, 1.0]
+    assert batch(
+        data_sources=["deepscaler"] * 2,
+        solution_strs=[unboxed, "\\boxed{7}"],
+        ground_truths=["7", "7"],
+        extra_infos=[None, None],
+    ) == [1.0, 1.0]
     with pytest.raises(ValueError, match=KEY.replace(".", "[.]")):
         _reward_fn(format_rule="loose")("deepscaler", unboxed, "7")
 

@@ -26,7 +26,9 @@ from verl_patches.reward.normalize import parse_plain_number
 
 # Symbolic checks of sums and integrals take sympy tens of milliseconds; be generous, this is correctness.
 TIMEOUT_S = 10.0
-_settings = settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_settings = settings(
+    max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +134,10 @@ def _scaled_root(draw) -> tuple[str, Fraction | None]:
     return f"{c}\\sqrt{{{n}}}", None
 
 
-FAMILIES = {f.__name__.strip("_"): f for f in (_sum, _product, _integral, _limit, _power, _binomial, _logarithm, _equation, _scaled_root)}
+FAMILIES = {
+    f.__name__.strip("_"): f
+    for f in (_sum, _product, _integral, _limit, _power, _binomial, _logarithm, _equation, _scaled_root)
+}
 
 
 @pytest.mark.slow
@@ -146,7 +151,9 @@ def test_no_sub_expression_of_the_ground_truth_scores_one(pool, family):
         parts = sorted(subexpressions(truth))
         assert parts, truth
         # A part that happens to have the truth's value (an integral's bound equal to its value) is right.
-        wrong = [p for p in parts if value is None or (parse_plain_number(p) is None or parse_plain_number(p).value != value)]
+        wrong = [
+            p for p in parts if value is None or (parse_plain_number(p) is None or parse_plain_number(p).value != value)
+        ]
         responses = [boxed(p) for p in wrong]
         if value is not None:
             responses.append(boxed(latex_value(value)))
@@ -238,9 +245,21 @@ def test_the_whole_still_scores_one(pool, answer, truth):
 
 
 @settings(max_examples=40, deadline=None, database=None)
-@given(a=st.integers(-50, 50), b=st.integers(-50, 50), style=st.sampled_from(["x = {a} \\text{ or } x = {b}", "{a} \\text{ or } {b}",
-                                                                              "x={a} or x={b}", "{a}, {b}", "{a} \\text{ and } {b}",
-                                                                              "x_1 = {a}, x_2 = {b}", "x = {a}, {b}"]))
+@given(
+    a=st.integers(-50, 50),
+    b=st.integers(-50, 50),
+    style=st.sampled_from(
+        [
+            "x = {a} \\text{ or } x = {b}",
+            "{a} \\text{ or } {b}",
+            "x={a} or x={b}",
+            "{a}, {b}",
+            "{a} \\text{ and } {b}",
+            "x_1 = {a}, x_2 = {b}",
+            "x = {a}, {b}",
+        ]
+    ),
+)
 def test_alternatives_never_score_for_a_single_value(a, b, style):
     if a == b:
         return
@@ -253,7 +272,10 @@ def test_alternatives_never_score_for_a_single_value(a, b, style):
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(value=st.fractions(min_value=Fraction(1, 8), max_value=1000, max_denominator=8), shift=st.sampled_from([100, Fraction(1, 100)]))
+@given(
+    value=st.fractions(min_value=Fraction(1, 8), max_value=1000, max_denominator=8),
+    shift=st.sampled_from([100, Fraction(1, 100)]),
+)
 def test_percent_on_both_sides_compares_the_values(value, shift):
     """`50%` is not `0.5%`: the old rule divided one side by 100 and compared."""
     other = value * shift
@@ -359,7 +381,10 @@ def test_tiny_decimals_are_neither_zero_nor_each_other(a, b, scale):
 
 
 @settings(max_examples=200, deadline=None, database=None)
-@given(value=st.fractions(min_value=-10**6, max_value=10**6, max_denominator=10**7), delta=st.fractions(min_value=Fraction(1, 10**12), max_value=Fraction(1, 10**6), max_denominator=10**12))
+@given(
+    value=st.fractions(min_value=-(10**6), max_value=10**6, max_denominator=10**7),
+    delta=st.fractions(min_value=Fraction(1, 10**12), max_value=Fraction(1, 10**6), max_denominator=10**12),
+)
 def test_exact_values_never_get_a_tolerance(value, delta):
     assert grade(boxed(latex_value(value + delta)), latex_value(value)).score == 0.0
 

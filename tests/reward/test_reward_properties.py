@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 from verl_patches.reward.deepscaler import grade, prejudge
 from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig
 
-_FRAGMENTS = st.sampled_from(["<think>", "</think>", "\\boxed{", "}", "{", "the answer is ", "\\fbox", "$", "7", "\n", " "])
+_FRAGMENTS = st.sampled_from(
+    ["<think>", "</think>", "\\boxed{", "}", "{", "the answer is ", "\\fbox", "$", "7", "\n", " "]
+)
 # Free text that also mixes in the tags and markers the grader looks for.
 noisy_text = st.lists(st.one_of(st.text(max_size=20), _FRAGMENTS), max_size=12).map("".join)
 integers = st.integers(min_value=-10_000, max_value=10_000)
 
-_settings = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_settings = settings(
+    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")

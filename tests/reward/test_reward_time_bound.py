@@ -104,7 +104,18 @@ def test_grade_from_a_worker_thread_is_bounded_correct_and_counted(pool):
         "the answer is " * 10_000,
         response(SLOW_PRED),
     ],
-    ids=["tower", "huge-power", "huge-factorial", "deep-braces", "unclosed-fracs", "long-sum", "100kB", "many-boxes", "many-markers", "slow-sympy"],
+    ids=[
+        "tower",
+        "huge-power",
+        "huge-factorial",
+        "deep-braces",
+        "unclosed-fracs",
+        "long-sum",
+        "100kB",
+        "many-boxes",
+        "many-markers",
+        "slow-sympy",
+    ],
 )
 def test_adversarial_answers_finish_within_the_budget(pool, answer_text):
     budget = 1.0

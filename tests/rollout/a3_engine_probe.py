@@ -33,10 +33,20 @@ _create = EngineArgs.create_engine_config
 
 
 def create_engine_config(self, *args, **kwargs):
-    seen["engine_args"] = {k: getattr(self, k) for k in ("enable_sleep_mode", "enable_prefix_caching",
-                                                          "enable_expert_parallel", "enforce_eager", "max_num_seqs",
-                                                          "max_num_batched_tokens", "max_model_len",
-                                                          "enable_chunked_prefill", "distributed_executor_backend")}
+    seen["engine_args"] = {
+        k: getattr(self, k)
+        for k in (
+            "enable_sleep_mode",
+            "enable_prefix_caching",
+            "enable_expert_parallel",
+            "enforce_eager",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "enable_chunked_prefill",
+            "distributed_executor_backend",
+        )
+    }
     cfg = _create(self, *args, **kwargs)  # runs NPUPlatform.check_and_update_config
     seen["vllm_config"] = cfg
     return cfg
@@ -52,19 +62,26 @@ def summary(cfg) -> dict:
     graph = asc.torchair_graph_config
     return {
         "platform_config_class": type(cfg.scheduler_config).__module__ + "." + type(cfg.scheduler_config).__name__,
-        "scheduler": {"chunked_prefill_enabled": cfg.scheduler_config.chunked_prefill_enabled,
-                      "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-                      "max_num_seqs": cfg.scheduler_config.max_num_seqs,
-                      "max_model_len": cfg.scheduler_config.max_model_len,
-                      "scheduler_cls": str(cfg.scheduler_config.scheduler_cls)},
-        "ascend_graph": {"enabled": graph.enabled, "graph_batch_sizes": list(graph.graph_batch_sizes),
-                         "enable_multistream_mla": graph.enable_multistream_mla,
-                         "enable_multistream_moe": graph.enable_multistream_moe, "enable_kv_nz": graph.enable_kv_nz,
-                         "enable_view_optimize": graph.enable_view_optimize,
-                         "use_cached_graph": graph.use_cached_graph},
-        "ascend_scheduler": {"enabled": asc.ascend_scheduler_config.enabled,
-                             "enable_chunked_prefill": getattr(asc.ascend_scheduler_config, "enable_chunked_prefill",
-                                                               None)},
+        "scheduler": {
+            "chunked_prefill_enabled": cfg.scheduler_config.chunked_prefill_enabled,
+            "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+            "max_model_len": cfg.scheduler_config.max_model_len,
+            "scheduler_cls": str(cfg.scheduler_config.scheduler_cls),
+        },
+        "ascend_graph": {
+            "enabled": graph.enabled,
+            "graph_batch_sizes": list(graph.graph_batch_sizes),
+            "enable_multistream_mla": graph.enable_multistream_mla,
+            "enable_multistream_moe": graph.enable_multistream_moe,
+            "enable_kv_nz": graph.enable_kv_nz,
+            "enable_view_optimize": graph.enable_view_optimize,
+            "use_cached_graph": graph.use_cached_graph,
+        },
+        "ascend_scheduler": {
+            "enabled": asc.ascend_scheduler_config.enabled,
+            "enable_chunked_prefill": getattr(asc.ascend_scheduler_config, "enable_chunked_prefill", None),
+        },
         "enable_sleep_mode": cfg.model_config.enable_sleep_mode,
         "enforce_eager": cfg.model_config.enforce_eager,
         "prefix_caching": cfg.cache_config.enable_prefix_caching,
@@ -90,17 +107,24 @@ for name, case in spec["cases"].items():
     except BaseException as e:  # noqa: BLE001  (where it stops is the data)
         frames = traceback.extract_tb(e.__traceback__)
         tb = frames[-1]
-        result["stopped_at"] = {"error": type(e).__name__, "message": " | ".join(str(e).splitlines()[:4])[:600] if str(e) else "",
-                                "file": os.path.relpath(tb.filename), "line": tb.lineno,
-                                "through": sorted({os.path.relpath(f.filename).split(os.sep)[0] for f in frames})}
+        result["stopped_at"] = {
+            "error": type(e).__name__,
+            "message": " | ".join(str(e).splitlines()[:4])[:600] if str(e) else "",
+            "file": os.path.relpath(tb.filename),
+            "line": tb.lineno,
+            "through": sorted({os.path.relpath(f.filename).split(os.sep)[0] for f in frames}),
+        }
     result["engine_args"] = {k: v for k, v in seen.get("engine_args", {}).items()}
     if "vllm_config" in seen:
         result["engine"] = summary(seen["vllm_config"])
     from vllm.distributed import parallel_state as ps
 
     if ps.model_parallel_is_initialized():  # the worker set up vLLM's groups before its model runner stopped
-        result["groups"] = {"tp": ps.get_tp_group().world_size, "dp": ps.get_dp_group().world_size,
-                            "ep": ps.get_ep_group().world_size}
+        result["groups"] = {
+            "tp": ps.get_tp_group().world_size,
+            "dp": ps.get_dp_group().world_size,
+            "ep": ps.get_ep_group().world_size,
+        }
     result["dp_env"] = {k: os.environ.get(k) for k in ("VLLM_DP_SIZE", "VLLM_DP_RANK")}
     out["cases"][name] = result
 print(json.dumps(out, default=str))

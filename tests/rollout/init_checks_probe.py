@@ -25,7 +25,9 @@ received: list[dict] = []
 
 class RecordingLLM:
     def __init__(self, **kwargs):
-        received.append({k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool, dict, list, type(None)))})
+        received.append(
+            {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool, dict, list, type(None)))}
+        )
 
     def sleep(self, level=1):
         pass
@@ -54,11 +56,19 @@ for name, case in spec["cases"].items():
         obj = vllm_rollout_spmd.vLLMRollout.__new__(vllm_rollout_spmd.vLLMRollout)
         try:
             init(obj, "/model", config, type("T", (), {"pad_token_id": 0})(), hf)
-            result = {"ok": True, "llm": received[-1] if received else None,
-                      "sampling": {k: getattr(obj.sampling_params, k) for k in ("temperature", "top_k", "top_p", "n")}}
+            result = {
+                "ok": True,
+                "llm": received[-1] if received else None,
+                "sampling": {k: getattr(obj.sampling_params, k) for k in ("temperature", "top_k", "top_p", "n")},
+            }
         except Exception as e:  # noqa: BLE001  (the outcome is the data)
             tb = traceback.extract_tb(e.__traceback__)[-1]
-            result = {"ok": False, "error": type(e).__name__, "message": str(e)[:200], "file": tb.filename,
-                      "line": tb.lineno}
+            result = {
+                "ok": False,
+                "error": type(e).__name__,
+                "message": str(e)[:200],
+                "file": tb.filename,
+                "line": tb.lineno,
+            }
         out["cases"][name][variant] = result
 print(json.dumps(out))

@@ -27,9 +27,18 @@ out["device_type"], out["dispatch_key"] = current_platform.device_type, current_
 
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
-args = EngineArgs(model=sys.argv[1], tensor_parallel_size=1, distributed_executor_backend="external_launcher",
-                  enforce_eager=True, max_model_len=64, max_num_seqs=8, enable_prefix_caching=False,
-                  dtype="bfloat16", load_format="dummy", gpu_memory_utilization=0.5)
+args = EngineArgs(
+    model=sys.argv[1],
+    tensor_parallel_size=1,
+    distributed_executor_backend="external_launcher",
+    enforce_eager=True,
+    max_model_len=64,
+    max_num_seqs=8,
+    enable_prefix_caching=False,
+    dtype="bfloat16",
+    load_format="dummy",
+    gpu_memory_utilization=0.5,
+)
 cfg = args.create_engine_config()  # runs NPUPlatform.check_and_update_config
 out["worker_cls"] = cfg.parallel_config.worker_cls
 out["block_size"] = cfg.cache_config.block_size
@@ -42,14 +51,19 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0
 from vllm.utils import resolve_obj_by_qualname  # noqa: E402
 
 worker = resolve_obj_by_qualname(cfg.parallel_config.worker_cls)(
-    vllm_config=cfg, local_rank=0, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", is_driver_worker=True)
+    vllm_config=cfg, local_rank=0, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", is_driver_worker=True
+)
 try:
     worker.init_device()
     out["stopped_at"] = None
 except Exception as e:  # the first NPU tensor/kernel: where the stand-in takes over
     tb = traceback.extract_tb(e.__traceback__)[-1]
-    out["stopped_at"] = {"error": type(e).__name__, "message": str(e).splitlines()[0][:200],
-                         "file": os.path.relpath(tb.filename), "line": tb.lineno}
+    out["stopped_at"] = {
+        "error": type(e).__name__,
+        "message": str(e).splitlines()[0][:200],
+        "file": os.path.relpath(tb.filename),
+        "line": tb.lineno,
+    }
 import torch.distributed as dist  # noqa: E402
 from vllm.distributed import parallel_state as ps  # noqa: E402
 

@@ -29,19 +29,49 @@ from verl_patches.sources import dist_info
 REPO = Path(__file__).resolve().parents[2]
 R = "actor_rollout_ref.rollout"
 GRAPH = f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config"
-SCALED = ("data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"{R}.n=4", "trainer.nnodes=1",
-          "trainer.n_gpus_per_node=2", f"{R}.tensor_model_parallel_size=1", "data.max_prompt_length=48",
-          "data.max_response_length=16", f"{R}.max_num_batched_tokens=32")
+SCALED = (
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    f"{R}.n=4",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=2",
+    f"{R}.tensor_model_parallel_size=1",
+    "data.max_prompt_length=48",
+    "data.max_response_length=16",
+    f"{R}.max_num_batched_tokens=32",
+)
 # Wrong values, each refused on A3 by vLLM's or vllm-ascend's own code (our trainer entry refuses them earlier)
 WRONG = {
-    "eager_with_graph_mode": ({"enforce_eager": True}, "RuntimeError", "vllm_ascend/ascend_config.py",
-                              "Can't enable graph mode and eager mode"),
-    "graph_option_with_graph_off": ({"engine_kwargs": {"vllm": {"additional_config": {"torchair_graph_config": {
-        "enabled": False, "graph_batch_sizes": []}}}}, "enforce_eager": True},
-        "RuntimeError", "vllm_ascend/ascend_config.py", "enable_multistream_mla is valid only when Torchair"),
-    "no_chunked_prefill_below_max_model_len": ({"enable_chunked_prefill": False, "engine_kwargs": {"vllm": {
-        "additional_config": {"ascend_scheduler_config": {"enabled": True, "enable_chunked_prefill": False}}}}},
-        "ValidationError", "", "max_num_batched_tokens (32) is smaller than max_model_len (64)"),
+    "eager_with_graph_mode": (
+        {"enforce_eager": True},
+        "RuntimeError",
+        "vllm_ascend/ascend_config.py",
+        "Can't enable graph mode and eager mode",
+    ),
+    "graph_option_with_graph_off": (
+        {
+            "engine_kwargs": {
+                "vllm": {"additional_config": {"torchair_graph_config": {"enabled": False, "graph_batch_sizes": []}}}
+            },
+            "enforce_eager": True,
+        },
+        "RuntimeError",
+        "vllm_ascend/ascend_config.py",
+        "enable_multistream_mla is valid only when Torchair",
+    ),
+    "no_chunked_prefill_below_max_model_len": (
+        {
+            "enable_chunked_prefill": False,
+            "engine_kwargs": {
+                "vllm": {
+                    "additional_config": {"ascend_scheduler_config": {"enabled": True, "enable_chunked_prefill": False}}
+                }
+            },
+        },
+        "ValidationError",
+        "",
+        "max_num_batched_tokens (32) is smaller than max_model_len (64)",
+    ),
 }
 
 
@@ -59,6 +89,7 @@ def ranks(tmp_path_factory) -> list[dict]:
 
     if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
         from verl_patches.sources.lock import load_lock
+
         dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
     saved = {k: os.environ.pop(k) for k in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") if k in os.environ}
     try:
@@ -71,16 +102,38 @@ def ranks(tmp_path_factory) -> list[dict]:
     cases = {name: case for name, (case, *_rest) in WRONG.items()}
     cases["a3"] = {}  # last: it builds vLLM's distributed groups
     spec = tmp / "spec.json"
-    spec.write_text(json.dumps({"model_dir": str(assets.model_dir), "rollout": OmegaConf.to_container(
-        cfg.actor_rollout_ref.rollout), "cases": cases}))
+    spec.write_text(
+        json.dumps(
+            {
+                "model_dir": str(assets.model_dir),
+                "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout),
+                "cases": cases,
+            }
+        )
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_"))}
-    base.update(PYTHONPATH=os.pathsep.join([str(REPO), dist_info.path_entry(REPO)]), WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), VLLM_USE_V1="1", VLLM_DP_SIZE="2",
-                HCCL_SOCKET_IFNAME="lo", ASCEND_RT_VISIBLE_DEVICES="0,1")  # vLLM's worker takes npu:LOCAL_RANK
+    base.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), dist_info.path_entry(REPO)]),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        VLLM_USE_V1="1",
+        VLLM_DP_SIZE="2",
+        HCCL_SOCKET_IFNAME="lo",
+        ASCEND_RT_VISIBLE_DEVICES="0,1",
+    )  # vLLM's worker takes npu:LOCAL_RANK
     rendezvous = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).with_name("a3_engine_probe.py")), str(spec), str(r),
-                               "2", rendezvous], cwd=REPO, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("a3_engine_probe.py")), str(spec), str(r), "2", rendezvous],
+            cwd=REPO,
+            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = []
     try:
         for p in procs:
@@ -115,13 +168,23 @@ def test_what_the_engine_receives(ranks) -> None:
         assert args["enable_expert_parallel"] is True and args["distributed_executor_backend"] == "external_launcher"
         assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"]) == (8, 32, 64)
         # graph mode on, one graph of max_num_seqs = train_batch_size 4 x n 4 / rollout DP 2
-        assert engine["ascend_graph"] == {"enabled": True, "graph_batch_sizes": [8], "enable_multistream_mla": True,
-                                          "enable_multistream_moe": True, "enable_kv_nz": False,
-                                          "enable_view_optimize": False, "use_cached_graph": False}
+        assert engine["ascend_graph"] == {
+            "enabled": True,
+            "graph_batch_sizes": [8],
+            "enable_multistream_mla": True,
+            "enable_multistream_moe": True,
+            "enable_kv_nz": False,
+            "enable_view_optimize": False,
+            "use_cached_graph": False,
+        }
         assert engine["enforce_eager"] is False and engine["compilation_level"] == 0  # TorchAir, not ACL graph
         assert engine["enable_sleep_mode"] is False and engine["prefix_caching"] is False
         assert engine["expert_parallel"] is True
-        assert (engine["data_parallel_size"], engine["data_parallel_rank"], engine["tensor_parallel_size"]) == (2, rank, 1)
+        assert (engine["data_parallel_size"], engine["data_parallel_rank"], engine["tensor_parallel_size"]) == (
+            2,
+            rank,
+            1,
+        )
         # chunked prefill as configured, in vLLM's scheduler: vllm-ascend's would return vLLM's schedule anyway
         # with chunked prefill on, so the profile does not enable it (rollout_settings refuses enabled=True)
         assert engine["platform_config_class"] == "vllm.config.SchedulerConfig"

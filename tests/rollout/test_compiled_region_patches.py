@@ -20,33 +20,57 @@ import torch
 from verl_patches.patches.catalog import all_patches
 
 # Modules whose code runs inside the compiled forward of vllm-ascend's DeepSeek model (or is called from it).
-COMPILED_REGION = ("vllm_ascend.attention", "vllm_ascend.models", "vllm_ascend.ops", "vllm_ascend.quantization",
-                   "vllm_ascend.distributed", "vllm_ascend.multistream", "vllm.model_executor.models",
-                   "vllm.model_executor.layers", "vllm.attention", "vllm.distributed", "vllm.forward_context",
-                   "torch_npu", "torchair")
+COMPILED_REGION = (
+    "vllm_ascend.attention",
+    "vllm_ascend.models",
+    "vllm_ascend.ops",
+    "vllm_ascend.quantization",
+    "vllm_ascend.distributed",
+    "vllm_ascend.multistream",
+    "vllm.model_executor.models",
+    "vllm.model_executor.layers",
+    "vllm.attention",
+    "vllm.distributed",
+    "vllm.forward_context",
+    "torch_npu",
+    "torchair",
+)
 
 CALLS: list[tuple[str, dict]] = []
 
 
 @torch.library.custom_op("verl_test_npu::kv_rmsnorm_rope_cache", mutates_args=())
-def _kv_rmsnorm_rope_cache(kv: torch.Tensor, gamma: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           index: torch.Tensor, v_cache: torch.Tensor, k_cache: torch.Tensor, epsilon: float,
-                           cache_mode: str, is_output_kv: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _kv_rmsnorm_rope_cache(
+    kv: torch.Tensor,
+    gamma: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    index: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    epsilon: float,
+    cache_mode: str,
+    is_output_kv: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     CALLS.append(("npu_kv_rmsnorm_rope_cache", {"cache_mode": cache_mode}))
-    nope, pe = kv[..., :gamma.shape[0]], kv[..., gamma.shape[0]:]
+    nope, pe = kv[..., : gamma.shape[0]], kv[..., gamma.shape[0] :]
     return pe.clone(), nope.clone(), pe.clone(), nope.clone()
 
 
 @_kv_rmsnorm_rope_cache.register_fake
 def _(kv, gamma, cos, sin, index, v_cache, k_cache, epsilon, cache_mode, is_output_kv=False):
-    nope, pe = kv[..., :gamma.shape[0]], kv[..., gamma.shape[0]:]
+    nope, pe = kv[..., : gamma.shape[0]], kv[..., gamma.shape[0] :]
     return pe.clone(), nope.clone(), pe.clone(), nope.clone()
 
 
 @torch.library.custom_op("verl_test_npu::reshape_and_cache", mutates_args=("key_cache",))
-def _reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       slot_indices: torch.Tensor) -> None:
+def _reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_indices: torch.Tensor,
+) -> None:
     CALLS.append(("_npu_reshape_and_cache", {}))
 
 
@@ -100,9 +124,15 @@ def install_compiled_region_patches(monkeypatch) -> None:
 
 def mla_impl(enable_kv_nz: bool = True) -> SimpleNamespace:
     proj = torch.nn.Linear(8, 6)
-    return SimpleNamespace(num_kv_heads=1, kv_lora_rank=4, qk_rope_head_dim=2, enable_kv_nz=enable_kv_nz,
-                           torchair_graph_enabled=True, kv_a_proj_with_mqa=lambda h: (proj(h),),
-                           kv_a_layernorm=SimpleNamespace(weight=torch.ones(4), variance_epsilon=1e-6))
+    return SimpleNamespace(
+        num_kv_heads=1,
+        kv_lora_rank=4,
+        qk_rope_head_dim=2,
+        enable_kv_nz=enable_kv_nz,
+        torchair_graph_enabled=True,
+        kv_a_proj_with_mqa=lambda h: (proj(h),),
+        kv_a_layernorm=SimpleNamespace(weight=torch.ones(4), variance_epsilon=1e-6),
+    )
 
 
 def compiled(fn: Callable) -> Callable:
@@ -120,8 +150,9 @@ def trace_f4_torch_npu(mla, monkeypatch) -> None:
         return mla.AscendMLAImpl.exec_kv_prefill(impl, h, cos, sin, cache, slots)
 
     def graph_mode_cache_writes(k, v):
-        mla.torch_npu._npu_reshape_and_cache(key=k, value=v, key_cache=cache[0], value_cache=cache[1],
-                                             slot_indices=torch.arange(k.shape[0]))
+        mla.torch_npu._npu_reshape_and_cache(
+            key=k, value=v, key_cache=cache[0], value_cache=cache[1], slot_indices=torch.arange(k.shape[0])
+        )
         return mla.torch_npu.npu_verl_test_passthrough(k)
 
     def forward_entry(q, kv, pe):
@@ -130,8 +161,9 @@ def trace_f4_torch_npu(mla, monkeypatch) -> None:
 
     pe, nope = compiled(prefill)(torch.randn(3, 8), torch.zeros(1), torch.zeros(1), torch.arange(3))
     assert nope.shape == (3, 1, 1, 4) and pe.shape == (3, 1, 1, 2)
-    torch.testing.assert_close(compiled(graph_mode_cache_writes)(torch.ones(2, 1, 4), torch.ones(2, 1, 2)),
-                               torch.full((2, 1, 4), 2.0))
+    torch.testing.assert_close(
+        compiled(graph_mode_cache_writes)(torch.ones(2, 1, 4), torch.ones(2, 1, 2)), torch.full((2, 1, 4), 2.0)
+    )
     assert compiled(forward_entry)(torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 2)).shape == (2, 4)
     assert CALLS == [("npu_kv_rmsnorm_rope_cache", {"cache_mode": "PA_NZ"}), ("passthrough", {})]
 

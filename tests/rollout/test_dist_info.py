@@ -38,8 +38,12 @@ def fake_root(tmp_path: Path) -> Path:
     for name in ("vllm", "vllm_ascend"):
         comp = LOCK.components[name]
         (tmp_path / comp.package).mkdir()
-        state[name] = {"route": "pypi", "origin_route": "pypi", "artifact": str(_artifact(name)),
-                       "subdir": comp.pypi.subdir}
+        state[name] = {
+            "route": "pypi",
+            "origin_route": "pypi",
+            "artifact": str(_artifact(name)),
+            "subdir": comp.pypi.subdir,
+        }
     (tmp_path / ".sources_state.json").write_text(json.dumps(state))
     return tmp_path
 
@@ -53,8 +57,11 @@ def test_entry_points_are_the_upstream_ones(fake_root: Path) -> None:
     eps = {(e.group, e.name, e.value) for d in dists.values() for e in d.entry_points}
     assert ("vllm.platform_plugins", "ascend", "vllm_ascend:register") in eps
     assert ("vllm.general_plugins", "ascend_enhanced_model", "vllm_ascend:register_model") in eps
-    assert ("vllm.general_plugins", "lora_filesystem_resolver",
-            "vllm.plugins.lora_resolvers.filesystem_resolver:register_filesystem_resolver") in eps
+    assert (
+        "vllm.general_plugins",
+        "lora_filesystem_resolver",
+        "vllm.plugins.lora_resolvers.filesystem_resolver:register_filesystem_resolver",
+    ) in eps
     # Nothing lands inside an upstream folder, and RECORD lists only the metadata files.
     assert not any(list((fake_root / p).iterdir()) for p in ("vllm", "vllm_ascend"))
     for d in dists.values():
@@ -68,8 +75,10 @@ def test_git_route_reader_agrees_with_the_sdist_metadata() -> None:
         top = comp.pypi.subdir.split("/")[0]
         with tarfile.open(_artifact(name)) as t:
             read = lambda member: t.extractfile(f"{top}/{member}").read()  # noqa: E731
-            from_git = dist_info._merge(dist_info.entry_points_from_pyproject(read("pyproject.toml"), "pyproject"),
-                                        dist_info.entry_points_from_setup_py(read("setup.py"), "setup.py"))
+            from_git = dist_info._merge(
+                dist_info.entry_points_from_pyproject(read("pyproject.toml"), "pyproject"),
+                dist_info.entry_points_from_setup_py(read("setup.py"), "setup.py"),
+            )
             egg = dist_info.parse_entry_points(read(f"{comp.package}.egg-info/entry_points.txt").decode(), "egg")
         assert dist_info.render_entry_points(from_git) == dist_info.render_entry_points(egg), name
 
@@ -87,7 +96,9 @@ def test_second_run_is_a_no_op_and_tampering_is_reported(fake_root: Path) -> Non
     assert dist_info.exit_status(list(rows.values())) == 1
     dist_info.generate(fake_root, LOCK)  # regenerates, leaving no temporary folder behind
     assert sorted(p.name for p in (fake_root / ".overlay_dist").iterdir()) == [
-        "vllm-0.9.1.dist-info", "vllm_ascend-0.9.1.dist-info"]
+        "vllm-0.9.1.dist-info",
+        "vllm_ascend-0.9.1.dist-info",
+    ]
 
 
 def test_missing_artifact_is_one_clear_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,11 +132,13 @@ def test_fresh_interpreter_with_the_launch_pythonpath_sees_vllm_and_its_plugins(
     That vLLM then resolves NPUPlatform through it is tested with the torch_npu emulation
     (test_platform_discovery.py)."""
     dist_info.generate(fake_root, LOCK)
-    code = ("import importlib.metadata as m, json, sys; "
-            "g = lambda n: sorted(e.name for e in m.entry_points(group=n)); "
-            "print(json.dumps([m.version('vllm'), m.version('vllm_ascend'), g('vllm.platform_plugins'), "
-            "g('vllm.general_plugins'), m.entry_points(group='vllm.platform_plugins')['ascend'].load().__module__, "
-            "'vllm' in sys.modules]))")
+    code = (
+        "import importlib.metadata as m, json, sys; "
+        "g = lambda n: sorted(e.name for e in m.entry_points(group=n)); "
+        "print(json.dumps([m.version('vllm'), m.version('vllm_ascend'), g('vllm.platform_plugins'), "
+        "g('vllm.general_plugins'), m.entry_points(group='vllm.platform_plugins')['ascend'].load().__module__, "
+        "'vllm' in sys.modules]))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), dist_info.path_entry(fake_root)])}
     p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -138,6 +151,7 @@ def test_fresh_interpreter_with_the_launch_pythonpath_sees_vllm_and_its_plugins(
 def test_launchers_put_the_metadata_on_every_process_path() -> None:
     from verl_patches.launch.job import base_env
     from verl_patches.launch.ray_runtime import runtime_env
+
     entry = dist_info.path_entry(REPO)
     assert entry in base_env()["PYTHONPATH"].split(os.pathsep)
     assert entry in runtime_env()["env_vars"]["PYTHONPATH"].split(os.pathsep)

@@ -30,19 +30,28 @@ def vllm_dp_groups(world: int, tp: int, dp: int, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(tdist, "get_world_size", lambda *a: world)
     monkeypatch.setattr(tdist, "get_rank", lambda *a: 0)
     monkeypatch.setattr(ps, "get_world_group", lambda: SimpleNamespace(local_rank=0, device_group=None))
-    monkeypatch.setattr("vllm.config.get_current_vllm_config",
-                        lambda: SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=dp)))
-    monkeypatch.setattr(ps, "init_model_parallel_group",
-                        lambda groups, local_rank, backend, group_name, **kw:
-                        recorded.setdefault(group_name, groups) and SimpleNamespace(rank_in_group=0))
+    monkeypatch.setattr(
+        "vllm.config.get_current_vllm_config",
+        lambda: SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=dp)),
+    )
+    monkeypatch.setattr(
+        ps,
+        "init_model_parallel_group",
+        lambda groups, local_rank, backend, group_name, **kw: (
+            recorded.setdefault(group_name, groups) and SimpleNamespace(rank_in_group=0)
+        ),
+    )
     for name in ("_TP", "_PP", "_DP", "_EP"):
         monkeypatch.setattr(ps, name, None)
     ps.initialize_model_parallel(tp, 1, backend="gloo")
     return recorded["dp"]
 
 
-@pytest.mark.parametrize("layout", A3_LAYOUTS + [RolloutLayout(16, 2, 4), RolloutLayout(8, 1, 4)],
-                         ids=lambda l: f"w{l.world_size}-tp{l.tp}-dp{l.dp_per_instance}")
+@pytest.mark.parametrize(
+    "layout",
+    A3_LAYOUTS + [RolloutLayout(16, 2, 4), RolloutLayout(8, 1, 4)],
+    ids=lambda l: f"w{l.world_size}-tp{l.tp}-dp{l.dp_per_instance}",
+)
 def test_groups_are_vllms_own(layout: RolloutLayout, monkeypatch: pytest.MonkeyPatch) -> None:
     groups = vllm_dp_groups(layout.world_size, layout.tp, layout.dp_per_instance, monkeypatch)
     for group in groups:
@@ -89,6 +98,7 @@ def test_port_out_of_range_names_rank_and_port() -> None:
 def test_host_address_uses_the_named_interface_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_connect(*a, **k):
         raise AssertionError("probed the network")
+
     monkeypatch.setattr(socket.socket, "connect", no_connect)
     assert dp_env.host_address({"HCCL_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
     with pytest.raises(DpEnvError, match="HCCL_SOCKET_IFNAME.*no-such-nic"):
@@ -108,6 +118,7 @@ def test_busy_port_is_one_clear_error() -> None:
 
 def _worker(rank: int, world: int, port: int, q) -> None:
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     env: dict[str, str] = {"HCCL_SOCKET_IFNAME": "lo"}
     dp_env.init_vllm_dp_env(tp=2, dp=2, base_port=port + 10, environ=env)
@@ -120,6 +131,7 @@ def _worker(rank: int, world: int, port: int, q) -> None:
 @pytest.mark.timeout(120)
 def test_every_rank_exports_its_vllm_dp_env_over_gloo() -> None:
     import torch.multiprocessing as mp
+
     port = _free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -132,9 +144,13 @@ def test_every_rank_exports_its_vllm_dp_env_over_gloo() -> None:
         assert p.exitcode == 0
     for rank, env in got.items():  # 2 instances of DP2 x TP2
         instance, local = divmod(rank, 4)
-        assert env == {"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": str(local // 2), "VLLM_DP_RANK_LOCAL": str(local // 2),
-                       "VLLM_DP_MASTER_IP": "127.0.0.1",
-                       "VLLM_DP_MASTER_PORT": str(port + 10 + 1 + instance * 2 + local % 2)}
+        assert env == {
+            "VLLM_DP_SIZE": "2",
+            "VLLM_DP_RANK": str(local // 2),
+            "VLLM_DP_RANK_LOCAL": str(local // 2),
+            "VLLM_DP_MASTER_IP": "127.0.0.1",
+            "VLLM_DP_MASTER_PORT": str(port + 10 + 1 + instance * 2 + local % 2),
+        }
 
 
 def _free_port() -> int:
@@ -147,6 +163,12 @@ def test_export_env_sets_exactly_the_five_variables() -> None:
     env: dict[str, str] = {"OTHER": "x"}
     a = dp_assignment(5, RolloutLayout(8, 2, 2), 30000)
     dp_env.export_env(a, "10.0.0.2", env)
-    assert env == {"OTHER": "x", "VLLM_DP_SIZE": "2", "VLLM_DP_RANK": "0", "VLLM_DP_RANK_LOCAL": "0",
-                   "VLLM_DP_MASTER_IP": "10.0.0.2", "VLLM_DP_MASTER_PORT": str(30000 + 1 + 1 * 2 + 1)}
+    assert env == {
+        "OTHER": "x",
+        "VLLM_DP_SIZE": "2",
+        "VLLM_DP_RANK": "0",
+        "VLLM_DP_RANK_LOCAL": "0",
+        "VLLM_DP_MASTER_IP": "10.0.0.2",
+        "VLLM_DP_MASTER_PORT": str(30000 + 1 + 1 * 2 + 1),
+    }
     assert os.environ.get("VLLM_DP_MASTER_IP") != "10.0.0.2"

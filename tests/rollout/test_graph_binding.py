@@ -37,8 +37,11 @@ class TinyModel(torch.nn.Module):
 def runner_cls(monkeypatch):
     import vllm_ascend.worker.model_runner_v1 as mr
 
-    monkeypatch.setattr(mr, "get_ascend_config",
-                        lambda: SimpleNamespace(torchair_graph_config=SimpleNamespace(enable_view_optimize=False)))
+    monkeypatch.setattr(
+        mr,
+        "get_ascend_config",
+        lambda: SimpleNamespace(torchair_graph_config=SimpleNamespace(enable_view_optimize=False)),
+    )
     return mr.NPUModelRunner
 
 
@@ -50,9 +53,16 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     model = TinyModel()
-    runner = SimpleNamespace(model=model, use_cached_npu_graph=False, torchair_graph_batch_sizes=[4],
-                             torchair_compiled_model=None, torchair_compiled_models={}, kv_caches=[],
-                             torchair_graph_enabled=True, captures=0)
+    runner = SimpleNamespace(
+        model=model,
+        use_cached_npu_graph=False,
+        torchair_graph_batch_sizes=[4],
+        torchair_compiled_model=None,
+        torchair_compiled_models={},
+        kv_caches=[],
+        torchair_graph_enabled=True,
+        captures=0,
+    )
     runner.graph = lambda batch: runner_cls._get_torchair_lazy_compiled_model(runner, batch)
     runner.decode = lambda x: runner.graph(4)(x)
 
@@ -62,8 +72,11 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
 
     runner.capture_model = capture_model
     runner.eplb_warmup = lambda: None
-    worker = SimpleNamespace(model_runner=runner, model_config=SimpleNamespace(enforce_eager=False, seed=0),
-                             vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(compile_sizes=[])))
+    worker = SimpleNamespace(
+        model_runner=runner,
+        model_config=SimpleNamespace(enforce_eager=False, seed=0),
+        vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(compile_sizes=[])),
+    )
 
     def initialize_from_config(configs) -> None:  # vLLM's WorkerWrapperBase picks this rank's config
         runner.kv_caches = [torch.zeros(configs[0].num_blocks, 2)]
@@ -73,9 +86,13 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
     executor = SimpleNamespace(collective_rpc=lambda name, args=(): [getattr(worker, name)(*args)])
     executor.initialize_from_config = lambda configs: Executor.initialize_from_config(executor, configs)
     core = SimpleNamespace(model_executor=executor, kv_cache_configs=[SimpleNamespace(num_blocks=3)])
-    llm = SimpleNamespace(llm_engine=SimpleNamespace(
-        model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))),
-        engine_core=SimpleNamespace(engine_core=core), vllm_config=None))
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))),
+            engine_core=SimpleNamespace(engine_core=core),
+            vllm_config=None,
+        )
+    )
     executor.initialize_from_config(core.kv_cache_configs)  # LLM(...): first KV init + graph capture
     return llm, runner
 
@@ -163,5 +180,7 @@ def test_every_engine_has_its_own_seed_and_every_rank_of_one_engine_the_same(ran
 
     kw = rollout_llm_kwargs({"seed": 7, "tensor_parallel_size": tp}, {"RANK": str(rank)})
     assert kw["seed"] == want
-    seeds = {r: rollout_llm_kwargs({"seed": 0, "tensor_parallel_size": 2}, {"RANK": str(r)})["seed"] for r in range(256)}
+    seeds = {
+        r: rollout_llm_kwargs({"seed": 0, "tensor_parallel_size": 2}, {"RANK": str(r)})["seed"] for r in range(256)
+    }
     assert len(set(seeds.values())) == 128 and all(seeds[r] == seeds[r ^ 1] for r in range(256))

@@ -18,17 +18,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_missing_prerequisites_are_each_named() -> None:
-    missing = kernels.missing_prerequisites({}, which=lambda t: None, module_exists=lambda m: False,
-                                            path_exists=lambda p: False)
+    missing = kernels.missing_prerequisites(
+        {}, which=lambda t: None, module_exists=lambda m: False, path_exists=lambda p: False
+    )
     text = "\n".join(missing)
     for needle in ("ASCEND_HOME_PATH is not set", "cmake", "g++", "gcc", "torch_npu", "pybind11", "Python headers"):
         assert needle in text
-    ready = kernels.missing_prerequisites({"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest"},
-                                          which=lambda t: f"/usr/bin/{t}", module_exists=lambda m: True,
-                                          path_exists=lambda p: True)
+    ready = kernels.missing_prerequisites(
+        {"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest"},
+        which=lambda t: f"/usr/bin/{t}",
+        module_exists=lambda m: True,
+        path_exists=lambda p: True,
+    )
     assert ready == []
-    bad = kernels.missing_prerequisites({"ASCEND_HOME_PATH": "/nope"}, which=lambda t: "/x", module_exists=lambda m: True,
-                                        path_exists=lambda p: str(p) != "/nope")
+    bad = kernels.missing_prerequisites(
+        {"ASCEND_HOME_PATH": "/nope"},
+        which=lambda t: "/x",
+        module_exists=lambda m: True,
+        path_exists=lambda p: str(p) != "/nope",
+    )
     assert bad == ["CANN toolkit: ASCEND_HOME_PATH=/nope does not exist"]
 
 
@@ -55,8 +63,10 @@ def fake_wheel(path: Path, with_ext: bool = True) -> Path:
 def test_only_compiled_files_are_installed_outside_the_package(tmp_path: Path) -> None:
     wheel = fake_wheel(tmp_path / "vllm_ascend-0.9.1-cp311-cp311-linux_aarch64.whl")
     members = kernels.compiled_members(wheel)
-    assert members == ["vllm_ascend/lib/libvllm_ascend_kernels.so",
-                       "vllm_ascend/vllm_ascend_C.cpython-311-aarch64-linux-gnu.so"]
+    assert members == [
+        "vllm_ascend/lib/libvllm_ascend_kernels.so",
+        "vllm_ascend/vllm_ascend_C.cpython-311-aarch64-linux-gnu.so",
+    ]
     into = tmp_path / "site" / kernels.KERNEL_DIR_NAME
     files = kernels.install_members(wheel, members, into)
     assert [f.name for f in files] == ["libvllm_ascend_kernels.so", "vllm_ascend_C.cpython-311-aarch64-linux-gnu.so"]
@@ -67,11 +77,13 @@ def test_only_compiled_files_are_installed_outside_the_package(tmp_path: Path) -
 
 def test_declared_patch_makes_the_extension_importable_from_the_kernel_folder(tmp_path: Path) -> None:
     (tmp_path / "vllm_ascend_C.py").write_text("LOADED_FROM = __file__\n")  # stands for the built .so
-    code = ("from verl_patches.patches.vllm_ascend.declarations import PATCHES\n"
-            "from verl_patches.patching.registry import Registry\n"
-            "r = Registry([p for p in PATCHES if p.name == 'npu.vllm_ascend.kernels_path'], 'npu').activate()\n"
-            "import vllm_ascend, vllm_ascend.vllm_ascend_C as c\n"
-            "print(r.records[0].status, c.__name__, c.LOADED_FROM)\n")
+    code = (
+        "from verl_patches.patches.vllm_ascend.declarations import PATCHES\n"
+        "from verl_patches.patching.registry import Registry\n"
+        "r = Registry([p for p in PATCHES if p.name == 'npu.vllm_ascend.kernels_path'], 'npu').activate()\n"
+        "import vllm_ascend, vllm_ascend.vllm_ascend_C as c\n"
+        "print(r.records[0].status, c.__name__, c.LOADED_FROM)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_PATCHES_VLLM_ASCEND_KERNELS": str(tmp_path)}
     p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -22,6 +22,7 @@ class FakeExecutor:
 
     def __init__(self, free: list[int]) -> None:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
+
         spec = FullAttentionSpec(block_size=128, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, use_mla=True)
         self.specs = [{f"model.layers.{i}.self_attn.attn": spec for i in range(4)} for _ in free]
         self.free = free
@@ -40,9 +41,11 @@ class FakeExecutor:
 
 
 def vllm_config():
-    return SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks_override=None, block_size=128),
-                           model_config=SimpleNamespace(max_model_len=4096),
-                           scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False))
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(num_gpu_blocks_override=None, block_size=128),
+        model_config=SimpleNamespace(max_model_len=4096),
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+    )
 
 
 def _upstream(owner: type, name: str):
@@ -51,7 +54,7 @@ def _upstream(owner: type, name: str):
 
     target = f"{owner.__module__}:{owner.__qualname__}.{name}"
     registry = get_registry()
-    for rec in (registry.records if registry else []):
+    for rec in registry.records if registry else []:
         if rec.patch.target == target and rec.status.startswith("applied"):
             return rec.original
     return getattr(owner, name)
@@ -59,13 +62,19 @@ def _upstream(owner: type, name: str):
 
 def test_first_init_matches_upstream_and_keeps_the_configs() -> None:
     from vllm.v1.engine.core import EngineCore
-    ours, theirs = SimpleNamespace(model_executor=FakeExecutor([2 * GiB, 3 * GiB])), \
-        SimpleNamespace(model_executor=FakeExecutor([2 * GiB, 3 * GiB]))
+
+    ours, theirs = (
+        SimpleNamespace(model_executor=FakeExecutor([2 * GiB, 3 * GiB])),
+        SimpleNamespace(model_executor=FakeExecutor([2 * GiB, 3 * GiB])),
+    )
     got = f3.initialize_kv_caches_keeping_configs(ours, vllm_config())
     want = _upstream(EngineCore, "_initialize_kv_caches")(theirs, vllm_config())  # upstream at the pin
     assert got[0] == want[0] > 0 and got[1] == want[1] == 0 and got[2] == want[2]
-    assert [c for c, _ in ours.model_executor.calls] == [c for c, _ in theirs.model_executor.calls] \
+    assert (
+        [c for c, _ in ours.model_executor.calls]
+        == [c for c, _ in theirs.model_executor.calls]
         == ["specs", "profile", "init"]
+    )
     assert ours.kv_cache_configs == ours.model_executor.calls[-1][1]
     assert len({c.num_blocks for c in ours.kv_cache_configs}) == 1  # unified to the smaller worker
     assert not hasattr(theirs, "kv_cache_configs")

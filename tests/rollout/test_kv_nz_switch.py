@@ -17,12 +17,16 @@ def graph(enabled: bool, nz: bool) -> dict:
     return {"enabled": enabled, "enable_kv_nz": nz, "graph_batch_sizes": [8]}
 
 
-@pytest.mark.parametrize("enabled, nz, want", [(True, True, True), (True, False, False), (False, True, False),
-                                               (False, False, False)])
+@pytest.mark.parametrize(
+    "enabled, nz, want", [(True, True, True), (True, False, False), (False, True, False), (False, False, False)]
+)
 def test_kv_nz_needs_graph_mode_and_the_nz_cache(enabled, nz, want) -> None:
     assert kv_nz_wanted(graph(enabled, nz)) is want
-    cfg = {"actor_rollout_ref": {"rollout": {"engine_kwargs": {"vllm": {"additional_config": {
-        "torchair_graph_config": graph(enabled, nz)}}}}}}
+    cfg = {
+        "actor_rollout_ref": {
+            "rollout": {"engine_kwargs": {"vllm": {"additional_config": {"torchair_graph_config": graph(enabled, nz)}}}}
+        }
+    }
     assert kv_nz_env(cfg) == {KV_NZ_FLAG: "1" if want else "0"}
     assert kv_nz_env({}) == {KV_NZ_FLAG: "0"} and kv_nz_wanted(None) is False
 
@@ -34,14 +38,28 @@ def test_the_a3_profiles_run_without_f4_and_the_launcher_says_so(profile) -> Non
 
     cfg = preflight.compose("ppo_mindspeed_trainer", [f"profile={profile}"], load_settings({}, None, environ={}), ROOT)
     assert kv_nz_env(cfg) == {KV_NZ_FLAG: "0"}  # both set enable_kv_nz: False, as the vendor's code
-    on = preflight.compose("ppo_mindspeed_trainer", [f"profile={profile}", f"{GRAPH_CONFIG_KEY}.enable_kv_nz=True"],
-                           load_settings({}, None, environ={}), ROOT)
+    on = preflight.compose(
+        "ppo_mindspeed_trainer",
+        [f"profile={profile}", f"{GRAPH_CONFIG_KEY}.enable_kv_nz=True"],
+        load_settings({}, None, environ={}),
+        ROOT,
+    )
     assert kv_nz_env(on) == {KV_NZ_FLAG: "1"}
 
 
-@pytest.mark.parametrize("enabled, nz, flag, ok", [
-    (True, True, "1", True), (True, False, "0", True), (True, False, None, True), (False, False, None, True),
-    (True, True, None, False), (True, True, "0", False), (True, False, "1", False), (False, True, "1", False)])
+@pytest.mark.parametrize(
+    "enabled, nz, flag, ok",
+    [
+        (True, True, "1", True),
+        (True, False, "0", True),
+        (True, False, None, True),
+        (False, False, None, True),
+        (True, True, None, False),
+        (True, True, "0", False),
+        (True, False, "1", False),
+        (False, True, "1", False),
+    ],
+)
 def test_an_engine_whose_config_and_flag_disagree_is_refused(enabled, nz, flag, ok) -> None:
     env = {} if flag is None else {KV_NZ_FLAG: flag}
     kwargs = {"max_num_seqs": 8, "additional_config": {"torchair_graph_config": graph(enabled, nz)}}

@@ -22,7 +22,7 @@ def llm(tiny_model_dir):
 
 def actor_logprobs(actor: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt + response])
-    logits = actor(ids).logits[0, len(prompt) - 1:-1].float()
+    logits = actor(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
 
 
@@ -56,10 +56,13 @@ def test_three_grpo_steps_order_and_bytes_back_to_baseline(llm, tiny_model_dir) 
     params = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_tokens=4, logprobs=0, seed=None)
     sums = []
     for step in range(3):
-        life.onload_model_weights(); events.append("onload")
-        loaded = life.load_weights((n, p.detach()) for n, p in actor.state_dict().items()); events.append("load")
+        life.onload_model_weights()
+        events.append("onload")
+        loaded = life.load_weights((n, p.detach()) for n, p in actor.state_dict().items())
+        events.append("load")
         assert "model.layers.1.mlp.experts.w13_weight" in loaded and "model.layers.0.mlp.gate_up_proj.weight" in loaded
-        life.init_cache_engine(); events.append("init_kv")
+        life.init_cache_engine()
+        events.append("init_kv")
         held = life.device_bytes()
         kv_bytes = sum(t.untyped_storage().nbytes() for t in model_runner_of(llm).kv_caches)
         assert kv_bytes > 0 and held >= baseline + kv_bytes + weight_bytes // 2  # weights + KV really held
@@ -71,11 +74,14 @@ def test_three_grpo_steps_order_and_bytes_back_to_baseline(llm, tiny_model_dir) 
                 got = torch.tensor([next(iter(d.values())).logprob for d in c.logprobs])
                 want = actor_logprobs(actor, prompt, list(c.token_ids)).detach()
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-        life.free_cache_engine(); events.append("free_kv")
-        life.offload_model_weights(); events.append("offload")
+        life.free_cache_engine()
+        events.append("free_kv")
+        life.offload_model_weights()
+        events.append("offload")
         assert life.device_bytes() == baseline, f"step {step}: rollout still holds {life.device_bytes() - baseline} B"
         assert all(is_placeholder(p.data) for p in llm.llm_engine.model_executor.runner.model.parameters())
-        grpo_step(actor, opt, prompts, outs); events.append("train")
+        grpo_step(actor, opt, prompts, outs)
+        events.append("train")
         sums.append(sum(float(p.detach().sum()) for p in actor.parameters()))
     assert events == ["onload", "load", "init_kv", "generate", "free_kv", "offload", "train"] * 3
     assert len(set(sums)) == 3  # the actor really changed every step
@@ -92,7 +98,10 @@ def test_kv_cache_is_recreated_with_the_saved_configs(llm) -> None:
         life.init_cache_engine()  # already there: no second allocation
         life.free_cache_engine()
         assert model_runner_of(llm).kv_caches == []
-        assert all(l.kv_cache[0].numel() == 0 for l in llm.llm_engine.vllm_config.compilation_config.static_forward_context.values())
+        assert all(
+            l.kv_cache[0].numel() == 0
+            for l in llm.llm_engine.vllm_config.compilation_config.static_forward_context.values()
+        )
     assert shapes[0] == shapes[1] and core.kv_cache_configs is saved
     assert shapes[0][0][0] == saved[0].num_blocks * saved[0].kv_cache_groups[0].kv_cache_spec.block_size
 
@@ -128,6 +137,6 @@ def test_mla_absorbed_matrices_are_cleared_on_offload_and_rebuilt_from_the_new_k
         w = kv_b.view(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
         # vllm-ascend mla_v1.py: kv_b_proj.T viewed (L, N, P+V), split; W_UK_T = W_UK.permute(1, 2, 0) is
         # (N, P, L) and W_UV = W_UV.transpose(0, 1) is (N, L, V).
-        torch.testing.assert_close(impl.W_UK_T, w[:, :cfg.qk_nope_head_dim, :])
-        torch.testing.assert_close(impl.W_UV, w[:, cfg.qk_nope_head_dim:, :].transpose(1, 2))
+        torch.testing.assert_close(impl.W_UK_T, w[:, : cfg.qk_nope_head_dim, :])
+        torch.testing.assert_close(impl.W_UV, w[:, cfg.qk_nope_head_dim :, :].transpose(1, 2))
     assert rebuild_mla(model) == cfg.num_hidden_layers

@@ -53,7 +53,9 @@ def test_donors_are_taken_round_robin_and_surplus_is_the_newest() -> None:
     requests = {0: [f"a{i}" for i in range(20)], 1: [f"b{i}" for i in range(20)], 2: [], 3: []}
     tasks = planner.calc_balancing_tasks(requests, SIZES)  # mean 10 -> target 16: 4 + 4 move
     assert [(t.src, t.dst, t.request_ids) for t in tasks] == [
-        (0, 2, ("a16", "a17", "a18", "a19")), (1, 2, ("b16", "b17", "b18", "b19"))]
+        (0, 2, ("a16", "a17", "a18", "a19")),
+        (1, 2, ("b16", "b17", "b18", "b19")),
+    ]
 
 
 class Engine:
@@ -87,8 +89,11 @@ def test_metadata_pickle_round_trip() -> None:
 
 def _exchange(rank: int, world: int, port: int, q) -> None:
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    out = [None if dst == rank else {"from": rank, "to": dst, "ids": list(range(rank * 7 + dst))} for dst in range(world)]
+    out = [
+        None if dst == rank else {"from": rank, "to": dst, "ids": list(range(rank * 7 + dst))} for dst in range(world)
+    ]
     q.put((rank, metadata.exchange(out)))
     dist.destroy_process_group()
 
@@ -97,6 +102,7 @@ def _exchange(rank: int, world: int, port: int, q) -> None:
 @pytest.mark.timeout(120)
 def test_metadata_exchange_over_gloo_with_uneven_sizes() -> None:
     import torch.multiprocessing as mp
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -119,8 +125,11 @@ def test_metadata_exchange_over_gloo_with_uneven_sizes() -> None:
 def test_recover_returns_migrated_children_to_their_parent() -> None:
     C, O = recover.Completion, recover.Output
     # rank 0 ran request "req-1" with n=3; children 1 and 2 migrated to rank 1.
-    on_rank1 = [O(recover.migrated_id(0, "1_req-1"), [5], [C(0, [11])]),
-                O(recover.migrated_id(0, "2_req-1"), [5], [C(0, [12])]), O("req-9", [6], [C(0, [9])])]
+    on_rank1 = [
+        O(recover.migrated_id(0, "1_req-1"), [5], [C(0, [11])]),
+        O(recover.migrated_id(0, "2_req-1"), [5], [C(0, [12])]),
+        O("req-9", [6], [C(0, [9])]),
+    ]
     own1, back = recover.split_migrated(on_rank1)
     assert [o.request_id for o in own1] == ["req-9"] and list(back) == [0]
     own0 = [O("0_req-1", [5], [C(0, [10])]), O("req-2", [4], [C(0, [20]), C(1, [21])])]

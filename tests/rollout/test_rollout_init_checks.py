@@ -48,13 +48,20 @@ CASES = {
 def probe(tmp_path_factory) -> dict:
     if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
         from verl_patches.sources.lock import load_lock
+
         dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
     spec = tmp_path_factory.mktemp("init-checks") / "spec.json"
     spec.write_text(json.dumps({"rollout": a3_rollout(), "cases": CASES}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
-    p = subprocess.run([sys.executable, str(Path(__file__).with_name("init_checks_probe.py")), str(spec)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("init_checks_probe.py")), str(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -78,11 +85,14 @@ def test_upstream_refuses_the_a3_rollout_settings_and_ours_builds_the_engine_wit
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, error, text", [
-    ("tp_above_world", "AssertionError", "tensor parallel size"),
-    ("context_too_short", "AssertionError", "model context length"),
-    ("no_max_position", "ValueError", "max_position_embeddings not found"),
-])
+@pytest.mark.parametrize(
+    "case, error, text",
+    [
+        ("tp_above_world", "AssertionError", "tensor parallel size"),
+        ("context_too_short", "AssertionError", "model context length"),
+        ("no_max_position", "ValueError", "max_position_embeddings not found"),
+    ],
+)
 def test_every_other_check_fires_as_upstream_at_upstreams_line(probe, case: str, error: str, text: str) -> None:
     up, ours = probe["cases"][case]["upstream"], probe["cases"][case]["patched"]
     assert up["error"] == ours["error"] == error and text in ours["message"]
@@ -99,10 +109,12 @@ def _function(src: str):
 def test_a_check_that_is_not_there_exactly_once_is_an_error(tmp_path, monkeypatch) -> None:
     # inspect reads source from a file: write the variants as a module
     mod = tmp_path / "variants_mod.py"
-    mod.write_text("def missing(config):\n    return 1\n\n"
-                   "def twice(config, self=None, max_num_batched_tokens=1, max_model_len=2):\n"
-                   "    assert not (not config.enforce_eager and config.free_cache_engine)\n"
-                   "    assert not (not config.enforce_eager and config.free_cache_engine)\n")
+    mod.write_text(
+        "def missing(config):\n    return 1\n\n"
+        "def twice(config, self=None, max_num_batched_tokens=1, max_model_len=2):\n"
+        "    assert not (not config.enforce_eager and config.free_cache_engine)\n"
+        "    assert not (not config.enforce_eager and config.free_cache_engine)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import variants_mod
 

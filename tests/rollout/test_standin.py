@@ -16,6 +16,7 @@ from verl_patches.rollout.standin.sampler import sample
 @pytest.fixture(scope="module")
 def ref():
     from transformers import DeepseekV3ForCausalLM
+
     torch.manual_seed(0)
     return DeepseekV3ForCausalLM(tiny_config()).eval()
 
@@ -30,7 +31,9 @@ def test_names_and_shapes_are_vllms(ref) -> None:
     assert names[f"{moe}.experts.w2_weight"] == (cfg.n_routed_experts, h, i)
     assert f"{moe}.gate.e_score_correction_bias" in names and f"{moe}.shared_experts.gate_up_proj.weight" in names
     assert names["model.layers.0.mlp.gate_up_proj.weight"] == (2 * cfg.intermediate_size, h)
-    assert not any(".experts.0." in n or "gate_proj" in n or "up_proj.weight" in n and "gate_up" not in n for n in names)
+    assert not any(
+        ".experts.0." in n or "gate_proj" in n or "up_proj.weight" in n and "gate_up" not in n for n in names
+    )
     assert weights.stacked_params_mapping() == (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
 
 
@@ -45,6 +48,7 @@ def test_vllms_loader_fills_it_and_logits_match_hf(ref) -> None:
 
 def test_ep_rank_holds_only_its_experts_and_skips_the_others(ref) -> None:
     from vllm.model_executor.layers.fused_moe.layer import determine_expert_map
+
     cfg = ref.config
     m = StandinDeepseekV3(cfg, ep_size=2, ep_rank=1)
     _, expert_map = determine_expert_map(2, 1, cfg.n_routed_experts)
@@ -53,8 +57,9 @@ def test_ep_rank_holds_only_its_experts_and_skips_the_others(ref) -> None:
     assert m.get_parameter(f"{moe}.w13_weight").shape[0] == len(m.experts) == cfg.n_routed_experts // 2
     m.load_weights((n, t.detach().clone()) for n, t in ref.state_dict().items())
     first = m.experts[0]
-    torch.testing.assert_close(m.get_parameter(f"{moe}.w2_weight")[0],
-                               ref.get_parameter(f"{moe}.{first}.down_proj.weight"))
+    torch.testing.assert_close(
+        m.get_parameter(f"{moe}.w2_weight")[0], ref.get_parameter(f"{moe}.{first}.down_proj.weight")
+    )
     with pytest.raises(StandinError, match="EP size 1 only"):
         m(torch.tensor([[3, 4]]))
 
@@ -101,9 +106,12 @@ def test_sampler_reports_log_probs_at_the_sampling_temperature_before_truncation
 def test_generate_n_max_tokens_stop_and_logprobs(tiny_model_dir) -> None:
     from vllm import SamplingParams
     from verl_patches.rollout.standin.engine import StandinLLM
+
     llm = StandinLLM(model=str(tiny_model_dir), max_model_len=24, max_num_seqs=4, seed=3)
-    outs = llm.generate([{"prompt_token_ids": [2, 5]}, {"prompt_token_ids": [2, 7, 8]}],
-                        SamplingParams(n=3, temperature=1.0, max_tokens=4, logprobs=0, ignore_eos=True))
+    outs = llm.generate(
+        [{"prompt_token_ids": [2, 5]}, {"prompt_token_ids": [2, 7, 8]}],
+        SamplingParams(n=3, temperature=1.0, max_tokens=4, logprobs=0, ignore_eos=True),
+    )
     assert [len(o.outputs) for o in outs] == [3, 3] and [o.prompt_token_ids for o in outs] == [[2, 5], [2, 7, 8]]
     for o in outs:
         for c in o.outputs:
@@ -111,7 +119,8 @@ def test_generate_n_max_tokens_stop_and_logprobs(tiny_model_dir) -> None:
             assert [list(d) for d in c.logprobs] == [[t] for t in c.token_ids]
             assert c.cumulative_logprob == pytest.approx(sum(next(iter(d.values())).logprob for d in c.logprobs))
     eos = llm.eos_token_id
-    stop = llm.generate([{"prompt_token_ids": [2, 5]}],
-                        SamplingParams(temperature=1.0, max_tokens=6, stop_token_ids=list(range(48))))
+    stop = llm.generate(
+        [{"prompt_token_ids": [2, 5]}], SamplingParams(temperature=1.0, max_tokens=6, stop_token_ids=list(range(48)))
+    )
     assert stop[0].outputs[0].finish_reason == "stop" and len(stop[0].outputs[0].token_ids) == 1
     assert stop[0].outputs[0].logprobs is None and eos == 1

@@ -4,6 +4,7 @@ vLLM 0.9.1's V1 sampler reports raw log-probs; the actor scores log_softmax(logi
 (`verl_patches.rollout.tempered_logprobs`) must report the tempered ones for every sampled request, keep
 greedy rows raw, and leave the sampled tokens exactly as vLLM draws them.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,12 +21,25 @@ def metadata(temps: list[float], max_num_logprobs: int | None, top_k: list[int] 
     t = torch.tensor(temps, dtype=torch.float32)
     greedy = [x < 1e-5 for x in temps]
     return SamplingMetadata(
-        temperature=t, all_greedy=all(greedy), all_random=not any(greedy),
-        top_p=None, top_k=None if top_k is None else torch.tensor(top_k), min_p=None, generators={},
-        max_num_logprobs=max_num_logprobs, no_penalties=True, prompt_token_ids=None,
-        frequency_penalties=torch.zeros(n), presence_penalties=torch.zeros(n), repetition_penalties=torch.ones(n),
-        output_token_ids=[[] for _ in range(n)], min_tokens={}, logit_bias=[None] * n,
-        allowed_token_ids_mask=None, bad_words_token_ids={})
+        temperature=t,
+        all_greedy=all(greedy),
+        all_random=not any(greedy),
+        top_p=None,
+        top_k=None if top_k is None else torch.tensor(top_k),
+        min_p=None,
+        generators={},
+        max_num_logprobs=max_num_logprobs,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(n),
+        presence_penalties=torch.zeros(n),
+        repetition_penalties=torch.ones(n),
+        output_token_ids=[[] for _ in range(n)],
+        min_tokens={},
+        logit_bias=[None] * n,
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+    )
 
 
 def run(forward, logits: torch.Tensor, md: SamplingMetadata, seed: int):
@@ -46,10 +60,12 @@ def test_tempered_logprobs_divide_sampled_rows_and_keep_greedy_rows_raw(logits: 
     torch.testing.assert_close(tempered_logprobs(logits, None), torch.log_softmax(logits, -1))
 
 
-@pytest.mark.parametrize("temps,top_k", [([0.9] * 6, None), ([0.9, 0.0, 1.3, 0.5, 1.0, 2.0], None),
-                                          ([0.9] * 6, [5] * 6)])
+@pytest.mark.parametrize(
+    "temps,top_k", [([0.9] * 6, None), ([0.9, 0.0, 1.3, 0.5, 1.0, 2.0], None), ([0.9] * 6, [5] * 6)]
+)
 def test_patched_vllm_sampler_reports_tempered_log_probs_and_samples_the_same_tokens(
-        logits: torch.Tensor, temps: list[float], top_k: list[int] | None) -> None:
+    logits: torch.Tensor, temps: list[float], top_k: list[int] | None
+) -> None:
     original = sampler_mod.Sampler.forward
     patched = wrap_sampler_forward(original)
     md = metadata(temps, 2, top_k)

@@ -24,20 +24,29 @@ REPO = Path(__file__).resolve().parents[2]
 def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
         from verl_patches.sources.lock import load_lock
+
         dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
-    p = subprocess.run([sys.executable, str(Path(__file__).with_name("verl_rollout_probe.py")), str(tiny_model_dir)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("verl_rollout_probe.py")), str(tiny_model_dir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["llm_class"] == "verl_patches.rollout.standin.engine.StandinLLM"
     assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
     assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
-    assert out["applied"] == ["cpu.verl.vllm_rollout_spmd.LLM.standin",
-                              "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
-                              "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
-                              "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile"]
+    assert out["applied"] == [
+        "cpu.verl.vllm_rollout_spmd.LLM.standin",
+        "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
+        "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
+        "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile",
+    ]
     assert out["loaded"] > 0 and out["rollout_log_probs_finite"] is True
     assert out["engine_max_num_seqs"] == 8  # engine_kwargs.vllm reaches the engine
     assert out["responses_shape"] == [4, 5] and out["input_ids_shape"] == [4, 11]  # 2 prompts x n=2
@@ -51,11 +60,19 @@ def _a3_engine_kwargs() -> dict:
 
     from verl_patches.trainer.config_compose import compose_config, resolved
 
-    rollout = resolved(compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"])).actor_rollout_ref.rollout
-    return {"model": "/m", "enable_sleep_mode": True, "enable_prefix_caching": True, "tensor_parallel_size": 2,
-            "distributed_executor_backend": "external_launcher", "enforce_eager": rollout.enforce_eager,
-            "enable_chunked_prefill": rollout.enable_chunked_prefill,
-            **OmegaConf.to_container(rollout.engine_kwargs.vllm)}
+    rollout = resolved(
+        compose_config("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"])
+    ).actor_rollout_ref.rollout
+    return {
+        "model": "/m",
+        "enable_sleep_mode": True,
+        "enable_prefix_caching": True,
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "external_launcher",
+        "enforce_eager": rollout.enforce_eager,
+        "enable_chunked_prefill": rollout.enable_chunked_prefill,
+        **OmegaConf.to_container(rollout.engine_kwargs.vllm),
+    }
 
 
 def test_a3_engine_arguments() -> None:
@@ -69,8 +86,11 @@ def test_a3_engine_arguments() -> None:
     # chunked prefill on: vllm-ascend's scheduler would return vLLM's schedule, so the profile does not enable it
     assert kw["additional_config"]["ascend_scheduler_config"] == {"enabled": False, "enable_chunked_prefill": True}
     assert kw["additional_config"]["refresh"] is True
-    assert {k: kw[k] for k in ("model", "tensor_parallel_size", "distributed_executor_backend")} == \
-        {"model": "/m", "tensor_parallel_size": 2, "distributed_executor_backend": "external_launcher"}
+    assert {k: kw[k] for k in ("model", "tensor_parallel_size", "distributed_executor_backend")} == {
+        "model": "/m",
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "external_launcher",
+    }
     single = rollout_llm_kwargs({"max_num_seqs": 8}, {"VLLM_ENABLE_GRAPH_MODE": "1"})  # the variable is not read
     assert "enable_expert_parallel" not in single and "torchair_graph_config" not in single["additional_config"]
     assert verl_kwargs["enable_sleep_mode"] is True  # the caller's dict is not modified
@@ -80,10 +100,13 @@ def test_a3_engine_arguments() -> None:
     assert rollout_llm_kwargs({"limit_mm_per_prompt": {"image": 2}}, {})["limit_mm_per_prompt"] == {"image": 2}
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"max_num_seqs": 32}, "graph_batch_sizes"),
-    ({"enable_chunked_prefill": False}, "ascend_scheduler_config.enable_chunked_prefill"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"max_num_seqs": 32}, "graph_batch_sizes"),
+        ({"enable_chunked_prefill": False}, "ascend_scheduler_config.enable_chunked_prefill"),
+    ],
+)
 def test_engine_arguments_that_contradict_each_other_are_refused(change: dict, key: str) -> None:
     from verl_patches.rollout.engine_factory import EngineArgumentError
 
@@ -100,7 +123,7 @@ def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
     for p in PATCHES:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
         if p.kind.value == "wrap" and not p.name.endswith(".a3_checks"):  # that one needs upstream's source:
-            assert callable(p.replacement(lambda *a, **k: None))           # test_rollout_init_checks
+            assert callable(p.replacement(lambda *a, **k: None))  # test_rollout_init_checks
 
 
 def test_rollout_runs_under_the_real_torch_compile_while_mindspeeds_substitute_is_set(monkeypatch) -> None:

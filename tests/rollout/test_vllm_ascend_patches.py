@@ -26,8 +26,13 @@ RUNNER = REPO / "vllm_ascend" / "worker" / "model_runner_v1.py"
 def upstream_method(path: Path, cls: str, name: str, namespace: dict[str, Any]):
     """The method exactly as the pinned file defines it, compiled against `namespace` as its globals."""
     tree = ast.parse(path.read_text())
-    node = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
-                for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    node = next(
+        n
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == cls
+        for n in c.body
+        if isinstance(n, ast.FunctionDef) and n.name == name
+    )
     source = textwrap.dedent(ast.get_source_segment(path.read_text(), node))
     exec(compile(source, str(path), "exec"), namespace)  # noqa: S102  (upstream code at the pin)
     return namespace[name]
@@ -47,19 +52,30 @@ class RecordingNpu:
 
 def mla_self(enable_kv_nz: bool) -> SimpleNamespace:
     w = torch.randn(8, 6)
-    return SimpleNamespace(num_kv_heads=1, kv_lora_rank=4, qk_rope_head_dim=2, enable_kv_nz=enable_kv_nz,
-                           kv_a_proj_with_mqa=lambda h: (h @ w,),
-                           kv_a_layernorm=SimpleNamespace(weight=torch.ones(4), variance_epsilon=1e-6))
+    return SimpleNamespace(
+        num_kv_heads=1,
+        kv_lora_rank=4,
+        qk_rope_head_dim=2,
+        enable_kv_nz=enable_kv_nz,
+        kv_a_proj_with_mqa=lambda h: (h @ w,),
+        kv_a_layernorm=SimpleNamespace(weight=torch.ones(4), variance_epsilon=1e-6),
+    )
 
 
 @pytest.mark.parametrize("nz, want_upstream, want_patched", [(True, "PA_BLK_NZ", "PA_NZ"), (False, "PA", "PA")])
 def test_exec_kv_prefill_writes_the_nz_cache_with_pa_nz(nz: bool, want_upstream: str, want_patched: str) -> None:
     fake = RecordingNpu()
     args = (torch.randn(3, 8), torch.zeros(1), torch.zeros(1), (torch.zeros(1), torch.zeros(1)), torch.arange(3))
-    upstream = upstream_method(MLA, "AscendMLAImpl", "exec_kv_prefill", {"torch": torch, "torch_npu": fake, "Tuple": Tuple})
+    upstream = upstream_method(
+        MLA, "AscendMLAImpl", "exec_kv_prefill", {"torch": torch, "torch_npu": fake, "Tuple": Tuple}
+    )
     upstream(mla_self(nz), *args)
-    patched = upstream_method(MLA, "AscendMLAImpl", "exec_kv_prefill",
-                              {"torch": torch, "torch_npu": kv_nz.proxied_torch_npu(fake), "Tuple": Tuple})
+    patched = upstream_method(
+        MLA,
+        "AscendMLAImpl",
+        "exec_kv_prefill",
+        {"torch": torch, "torch_npu": kv_nz.proxied_torch_npu(fake), "Tuple": Tuple},
+    )
     patched(mla_self(nz), *args)
     assert [c[1]["cache_mode"] for c in fake.calls] == [want_upstream, want_patched]
 
@@ -81,8 +97,13 @@ def _mla_tree() -> ast.Module:
 
 
 def _method(tree: ast.Module, name: str) -> ast.FunctionDef:
-    return next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AscendMLAImpl"
-                for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return next(
+        n
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == "AscendMLAImpl"
+        for n in c.body
+        if isinstance(n, ast.FunctionDef) and n.name == name
+    )
 
 
 def test_upstream_writes_the_cache_only_where_the_patch_expects() -> None:
@@ -91,8 +112,13 @@ def test_upstream_writes_the_cache_only_where_the_patch_expects() -> None:
     `else:` (eager, never reached in graph mode); "PA_BLK_NZ" is passed by exec_kv_prefill only."""
     tree = _mla_tree()
     fwd = _method(tree, "forward")
-    branch = next(n for n in ast.walk(fwd) if isinstance(n, ast.If) and ast.unparse(n.test) == "self.torchair_graph_enabled"
-                  and "_npu_reshape_and_cache" in ast.unparse(n))
+    branch = next(
+        n
+        for n in ast.walk(fwd)
+        if isinstance(n, ast.If)
+        and ast.unparse(n.test) == "self.torchair_graph_enabled"
+        and "_npu_reshape_and_cache" in ast.unparse(n)
+    )
     count = lambda nodes, text: sum(ast.unparse(x).count(text) for x in nodes)  # noqa: E731
     call = "torch_npu._npu_reshape_and_cache("
     assert count(branch.body, call) == 2 and count(branch.orelse, call) == 1
@@ -114,19 +140,32 @@ class RecordingDist:
 @pytest.mark.parametrize("with_prefill", [True, False])
 def test_dp_metadata_all_reduce_goes_to_the_device_group_with_the_same_result(with_prefill, monkeypatch) -> None:
     cpu_group, device_group = object(), object()
-    monkeypatch.setattr("vllm.distributed.parallel_state.get_dp_group",
-                        lambda: SimpleNamespace(cpu_group=cpu_group, device_group=device_group))
+    monkeypatch.setattr(
+        "vllm.distributed.parallel_state.get_dp_group",
+        lambda: SimpleNamespace(cpu_group=cpu_group, device_group=device_group),
+    )
     results = {}
     for name, wrap in (("upstream", False), ("patched", True)):
         fake = RecordingDist(2)
-        ns = {"torch": torch, "dist": dp_sync.proxied_dist(fake) if wrap else fake, "Optional": Optional,
-              "get_dp_group": lambda: SimpleNamespace(cpu_group=cpu_group, device_group=device_group),
-              "envs_ascend": SimpleNamespace(VLLM_ASCEND_ENABLE_CHUNK_MC2=0)}
+        ns = {
+            "torch": torch,
+            "dist": dp_sync.proxied_dist(fake) if wrap else fake,
+            "Optional": Optional,
+            "get_dp_group": lambda: SimpleNamespace(cpu_group=cpu_group, device_group=device_group),
+            "envs_ascend": SimpleNamespace(VLLM_ASCEND_ENABLE_CHUNK_MC2=0),
+        }
         fn = upstream_method(RUNNER, "NPUModelRunner", "_get_forward_metadata_across_dp", ns)
         if wrap:
             fn = dp_sync.wrap_forward_metadata(fn)
-        runner = SimpleNamespace(dp_size=2, dp_rank=1, is_kv_producer=False, is_kv_consumer=False,
-                                 torchair_graph_enabled=False, device=torch.device("cpu"), in_profile_run=False)
+        runner = SimpleNamespace(
+            dp_size=2,
+            dp_rank=1,
+            is_kv_producer=False,
+            is_kv_consumer=False,
+            torchair_graph_enabled=False,
+            device=torch.device("cpu"),
+            in_profile_run=False,
+        )
         out = fn(runner, 8, 5, with_prefill, False)
         results[name] = (out[0], out[1].tolist(), out[2], out[3], fake.groups)
     assert results["upstream"][:4] == results["patched"][:4]
@@ -154,6 +193,7 @@ def test_wrap_factories_take_the_original() -> None:
     class Dummy:
         def forward(self):
             return 1
+
     for p in declarations.PATCHES:
         if p.name.endswith("kernels_path"):
             original = ["/vendored/vllm_ascend"]

@@ -38,13 +38,18 @@ REAL_USER_CACHE = user_cache_dir()
 
 GIT_ENV = {
     **os.environ,
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
 }
 
 
 # --------------------------------------------------------------------------- independent tree hash
+
 
 def reference_tree_hash(root: Path) -> str:
     """The lock's tree hash, written independently of verl_patches.sources.treehash.
@@ -129,6 +134,7 @@ def git(*args: str, cwd: Path | None = None) -> str:
 @dataclass
 class Upstream:
     """A bare repository holding package folder `alpha/` at two commits, with tags."""
+
     bare: Path
     work: Path
     v1: str  # commit of tags v1.0 (annotated) and v1.0-light (lightweight)
@@ -171,16 +177,19 @@ def make_upstream(base: Path) -> Upstream:
 
 # --------------------------------------------------------------------------- local PEP 503 index
 
+
 def make_wheel(files: dict[str, tuple[bytes, bool]], package: str = "alpha", version: str = "1.0") -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for rel, (data, executable) in sorted(files.items()):
             info = zipfile.ZipInfo(f"{package}/{rel}", date_time=(2020, 1, 1, 0, 0, 0))
-            info.external_attr = ((0o100755 if executable else 0o100644) << 16)
+            info.external_attr = (0o100755 if executable else 0o100644) << 16
             z.writestr(info, data)
         # fixed timestamps: the same files always give the same bytes (and sha256)
-        z.writestr(zipfile.ZipInfo(f"{package}-{version}.dist-info/METADATA", date_time=(2020, 1, 1, 0, 0, 0)),
-                   f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        z.writestr(
+            zipfile.ZipInfo(f"{package}-{version}.dist-info/METADATA", date_time=(2020, 1, 1, 0, 0, 0)),
+            f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n",
+        )
     return buf.getvalue()
 
 
@@ -219,8 +228,7 @@ class LocalIndex:
                 index.requests.append(self.path)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     @property
@@ -261,17 +269,26 @@ def dead_url() -> str:
 
 # --------------------------------------------------------------------------- lock files
 
+
 def _toml_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(v)
 
 
-def write_lock(path: Path, components: dict[str, dict], prelude_file: str = "alpha/workers/mw.py",
-               prelude_line: str = PRELUDE_LINE) -> Path:
+def write_lock(
+    path: Path, components: dict[str, dict], prelude_file: str = "alpha/workers/mw.py", prelude_line: str = PRELUDE_LINE
+) -> Path:
     """A lock in the committed lock's format; each component dict may hold `pypi` and `tree_sha256` tables."""
-    out = ["# test lock", "schema = 1", "", "[prelude]", f"file = {_toml_value(prelude_file)}",
-           f"line = {_toml_value(prelude_line)}", ""]
+    out = [
+        "# test lock",
+        "schema = 1",
+        "",
+        "[prelude]",
+        f"file = {_toml_value(prelude_file)}",
+        f"line = {_toml_value(prelude_line)}",
+        "",
+    ]
     for name, comp in components.items():
         comp = dict(comp)
         pypi, hashes = comp.pop("pypi", None), comp.pop("tree_sha256", {})
@@ -296,27 +313,49 @@ def pypi_hash_v1() -> str:
         return reference_tree_hash(write_tree(Path(d) / "t", V1_FILES))
 
 
-def alpha_component(up: Upstream | None, index: LocalIndex | None = None, *, artifact: str = WHEEL_FILE,
-                    artifact_bytes: bytes | None = None, url: str = "", git_urls: list[str] | None = None,
-                    ref: str = "refs/tags/v1.0", commit: str | None = None, needed_on=("cpu",),
-                    pypi_hash: str | None = None) -> dict:
-    comp: dict = {"package": "alpha",
-                  "git_urls": git_urls if git_urls is not None else [up.url],
-                  "ref": ref, "commit": commit or up.v1, "git_subdir": "alpha", "needed_on": list(needed_on),
-                  "tree_sha256": {"git": up.git_hash_v1}}
+def alpha_component(
+    up: Upstream | None,
+    index: LocalIndex | None = None,
+    *,
+    artifact: str = WHEEL_FILE,
+    artifact_bytes: bytes | None = None,
+    url: str = "",
+    git_urls: list[str] | None = None,
+    ref: str = "refs/tags/v1.0",
+    commit: str | None = None,
+    needed_on=("cpu",),
+    pypi_hash: str | None = None,
+) -> dict:
+    comp: dict = {
+        "package": "alpha",
+        "git_urls": git_urls if git_urls is not None else [up.url],
+        "ref": ref,
+        "commit": commit or up.v1,
+        "git_subdir": "alpha",
+        "needed_on": list(needed_on),
+        "tree_sha256": {"git": up.git_hash_v1},
+    }
     if index is not None or artifact_bytes is not None:
-        data = artifact_bytes if artifact_bytes is not None else \
-            (make_wheel(V1_FILES) if artifact.endswith(".whl") else make_sdist(V1_FILES))
+        data = (
+            artifact_bytes
+            if artifact_bytes is not None
+            else (make_wheel(V1_FILES) if artifact.endswith(".whl") else make_sdist(V1_FILES))
+        )
         subdir = "alpha" if artifact.endswith(".whl") else "alpha-1.0/alpha"
-        comp["pypi"] = {"name": "alpha", "version": "1.0", "file": artifact, "sha256": sha256_bytes(data),
-                        "subdir": subdir, **({"url": url} if url else {})}
+        comp["pypi"] = {
+            "name": "alpha",
+            "version": "1.0",
+            "file": artifact,
+            "sha256": sha256_bytes(data),
+            "subdir": subdir,
+            **({"url": url} if url else {}),
+        }
         comp["tree_sha256"]["pypi"] = pypi_hash or pypi_hash_v1()
     return comp
 
 
-
-
 # --------------------------------------------------------------------------- running setup
+
 
 @dataclass
 class Run:
@@ -329,8 +368,9 @@ class Run:
         return self.out + self.err
 
 
-def run_setup(*args: str | Path, lock: Path | None = None, root: Path | None = None,
-              env: dict | None = None, timeout: float = 120) -> Run:
+def run_setup(
+    *args: str | Path, lock: Path | None = None, root: Path | None = None, env: dict | None = None, timeout: float = 120
+) -> Run:
     cmd = ["bash", str(SETUP_SH)]
     if lock is not None:
         cmd += ["--lock", str(lock)]
@@ -367,8 +407,7 @@ def copy_real_root(dest: Path, packages: list[str]) -> Path:
             shutil.copyfile(REPO_ROOT / name, dest / name)
     shutil.copytree(REPO_ROOT / "sources.manifests", dest / "sources.manifests")
     for p in packages:
-        shutil.copytree(REPO_ROOT / p, dest / p, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(REPO_ROOT / p, dest / p, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest
 
 

@@ -27,8 +27,17 @@ def test_vendored_trees_import_in_fresh_interpreters():
     code = "import importlib, sys; m = importlib.import_module(sys.argv[1]); print(m.__file__)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # started together: the three imports take ~20 s one after the other on these machines
-    procs = {mod: subprocess.Popen([_python(), "-c", code, mod], cwd=REPO_ROOT, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for mod in MODULES}
+    procs = {
+        mod: subprocess.Popen(
+            [_python(), "-c", code, mod],
+            cwd=REPO_ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for mod in MODULES
+    }
     failures = []
     for mod, proc in procs.items():
         out, err = proc.communicate(timeout=280)

@@ -9,8 +9,20 @@ import stat
 
 import pytest
 
-from sources_testlib import (PRELUDE_LINE, V1_FILES, V2_FILES, WHEEL_FILE, alpha_component, dead_url, git,
-                             make_wheel, pypi_hash_v1, reference_tree_hash, run_setup, write_lock)
+from sources_testlib import (
+    PRELUDE_LINE,
+    V1_FILES,
+    V2_FILES,
+    WHEEL_FILE,
+    alpha_component,
+    dead_url,
+    git,
+    make_wheel,
+    pypi_hash_v1,
+    reference_tree_hash,
+    run_setup,
+    write_lock,
+)
 from verl_patches.sources import git_route, install, prelude_line
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
 from verl_patches.sources.lock import load_lock
@@ -124,17 +136,30 @@ def test_mirror_overrides_by_flag_and_environment(tmp_path, upstream):
     assert bad_path not in r.err  # the override is tried first and works
 
     shutil.rmtree(tmp_path / "user-cache")
-    r = run_setup("--route", "git", lock=lock, root=tmp_path / "r2",
-                  env={"VERL_OVERLAY_GIT_MIRROR_ALPHA": f"{bad_path}2,{upstream.url}"})
+    r = run_setup(
+        "--route",
+        "git",
+        lock=lock,
+        root=tmp_path / "r2",
+        env={"VERL_OVERLAY_GIT_MIRROR_ALPHA": f"{bad_path}2,{upstream.url}"},
+    )
     assert r.rc == 0, r.text
     assert f"{bad_path}2" in r.err
 
-    opts = install.SetupOptions(root=tmp_path, lock=load_lock(lock), cache=tmp_path, routes=["git"],
-                                mirrors={"alpha": ["https://flag.example/alpha.git"]})
+    opts = install.SetupOptions(
+        root=tmp_path,
+        lock=load_lock(lock),
+        cache=tmp_path,
+        routes=["git"],
+        mirrors={"alpha": ["https://flag.example/alpha.git"]},
+    )
     os.environ["VERL_OVERLAY_GIT_MIRROR_ALPHA"] = "git@env.example:alpha.git"
     try:
         assert install.git_urls(opts, load_lock(lock).components["alpha"]) == [
-            "git@env.example:alpha.git", "https://flag.example/alpha.git", bad_path]
+            "git@env.example:alpha.git",
+            "https://flag.example/alpha.git",
+            bad_path,
+        ]
     finally:
         del os.environ["VERL_OVERLAY_GIT_MIRROR_ALPHA"]
 

@@ -20,10 +20,18 @@ MANIFESTS = REPO_ROOT / "sources.manifests"
 DESIGN_PINS = {
     "verl": ("verl", "refs/tags/v0.4.0", "0758489422e8d41a89e6c36d4c477714520f0dcc", "verl-0.4.0-py2.py3-none-any.whl"),
     "vllm": ("vllm", "refs/tags/v0.9.1", "b6553be1bc75f046b00046a4ad7576364d03c835", "vllm-0.9.1.tar.gz"),
-    "vllm_ascend": ("vllm_ascend", "refs/tags/v0.9.1", "0740d10211fcdcaa00d29e8659d7de892f5ed4d8",
-                    "vllm_ascend-0.9.1.tar.gz"),
-    "megatron": ("megatron", "refs/tags/core_r0.8.0", "baf94af3c667248865f23df73b9fb8e2395e6fd0",
-                 "megatron_core-0.8.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"),
+    "vllm_ascend": (
+        "vllm_ascend",
+        "refs/tags/v0.9.1",
+        "0740d10211fcdcaa00d29e8659d7de892f5ed4d8",
+        "vllm_ascend-0.9.1.tar.gz",
+    ),
+    "megatron": (
+        "megatron",
+        "refs/tags/core_r0.8.0",
+        "baf94af3c667248865f23df73b9fb8e2395e6fd0",
+        "megatron_core-0.8.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+    ),
     "mindspeed": ("mindspeed", "refs/tags/v2.0.0_core_r0.8.0", "dc83a031a2653341be1690013c11cfbf556155c5", None),
     "mindspeed_llm": ("mindspeed_llm", "refs/tags/v2.0.0", "3a712f58635be8825189c65a89f27a90dc458765", None),
 }
@@ -38,6 +46,7 @@ def _combine(records: dict[str, str]) -> str:
 
 
 # --------------------------------------------------------------------------- committed data
+
 
 def test_committed_lock_pins_are_design_pins():
     lock = load_lock(LOCK)
@@ -72,7 +81,7 @@ def test_every_lock_hash_has_a_manifest_and_every_manifest_a_lock_hash():
 @pytest.mark.parametrize("path", _manifest_files(), ids=lambda p: p.name)
 def test_manifest_combines_to_the_lock_tree_hash(path):
     lock = load_lock(LOCK)
-    component, route = path.name[:-len(".json")].split(".")
+    component, route = path.name[: -len(".json")].split(".")
     body = json.loads(path.read_text())
     assert (body["component"], body["route"]) == (component, route)
     files = body["files"]
@@ -83,8 +92,15 @@ def test_manifest_combines_to_the_lock_tree_hash(path):
 
 # --------------------------------------------------------------------------- errors name file and key
 
-GOOD = {"package": "alpha", "git_urls": ["file:///nowhere.git"], "ref": "refs/tags/v1",
-        "commit": "a" * 40, "git_subdir": "alpha", "needed_on": ["cpu"], "tree_sha256": {"git": "b" * 64}}
+GOOD = {
+    "package": "alpha",
+    "git_urls": ["file:///nowhere.git"],
+    "ref": "refs/tags/v1",
+    "commit": "a" * 40,
+    "git_subdir": "alpha",
+    "needed_on": ["cpu"],
+    "tree_sha256": {"git": "b" * 64},
+}
 
 
 def _err(tmp_path, components, **kw) -> str:
@@ -99,20 +115,27 @@ def test_good_test_lock_loads(tmp_path):
     assert lock.components["alpha"].commit == "a" * 40
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda c: c.pop("commit"), "components.alpha: missing key 'commit'"),
-    (lambda c: c.update(commit="abc123"), "components.alpha.commit"),
-    (lambda c: c.update(git_urls=[]), "components.alpha.git_urls"),
-    (lambda c: c.update(package=3), "components.alpha.package: expected str"),
-    (lambda c: c.update(needed_on=["tpu"]), "components.alpha.needed_on"),
-    (lambda c: c.update(tree_sha256={"svn": "b" * 64}), "components.alpha.tree_sha256.svn"),
-    (lambda c: c.update(tree_sha256={"git": "xyz"}), "components.alpha.tree_sha256.git"),
-    (lambda c: c.update(tree_sha256={"pypi": "b" * 64}), "components.alpha.tree_sha256.pypi"),
-    (lambda c: c.update(pypi={"name": "a", "version": "1", "file": "a.whl", "sha256": "00", "subdir": "a"}),
-     "components.alpha.pypi.sha256"),
-    (lambda c: c.update(pypi={"name": "a", "version": "1", "sha256": "0" * 64, "subdir": "a"}),
-     "components.alpha.pypi: missing key 'file'"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda c: c.pop("commit"), "components.alpha: missing key 'commit'"),
+        (lambda c: c.update(commit="abc123"), "components.alpha.commit"),
+        (lambda c: c.update(git_urls=[]), "components.alpha.git_urls"),
+        (lambda c: c.update(package=3), "components.alpha.package: expected str"),
+        (lambda c: c.update(needed_on=["tpu"]), "components.alpha.needed_on"),
+        (lambda c: c.update(tree_sha256={"svn": "b" * 64}), "components.alpha.tree_sha256.svn"),
+        (lambda c: c.update(tree_sha256={"git": "xyz"}), "components.alpha.tree_sha256.git"),
+        (lambda c: c.update(tree_sha256={"pypi": "b" * 64}), "components.alpha.tree_sha256.pypi"),
+        (
+            lambda c: c.update(pypi={"name": "a", "version": "1", "file": "a.whl", "sha256": "00", "subdir": "a"}),
+            "components.alpha.pypi.sha256",
+        ),
+        (
+            lambda c: c.update(pypi={"name": "a", "version": "1", "sha256": "0" * 64, "subdir": "a"}),
+            "components.alpha.pypi: missing key 'file'",
+        ),
+    ],
+)
 def test_malformed_component_names_file_and_key(tmp_path, mutate, expected):
     comp = json.loads(json.dumps(GOOD))
     mutate(comp)
@@ -145,12 +168,12 @@ def test_cli_reports_a_bad_lock_in_one_line(tmp_path):
     assert r.rc == 2
     assert "Traceback" not in r.text
     assert "bad.lock" in r.err and "components.a" in r.err
-    r = run_setup("--verify", "--only", "nosuch", lock=write_lock(tmp_path / "ok.lock", {"alpha": GOOD}),
-                  root=tmp_path)
+    r = run_setup("--verify", "--only", "nosuch", lock=write_lock(tmp_path / "ok.lock", {"alpha": GOOD}), root=tmp_path)
     assert r.rc == 2 and "nosuch" in r.err and "Traceback" not in r.text
 
 
 # --------------------------------------------------------------------------- rewrite_tree_hash
+
 
 def test_rewrite_tree_hash_changes_one_line_and_keeps_comments(tmp_path):
     lock_copy = tmp_path / "sources.lock"
@@ -164,7 +187,9 @@ def test_rewrite_tree_hash_changes_one_line_and_keeps_comments(tmp_path):
     assert changed == [(f'pypi = "{load_lock(LOCK).components["verl"].tree_sha256["pypi"]}"', f'pypi = "{new}"')]
     assert [ln for ln in after if ln.startswith("#")] == [ln for ln in before if ln.startswith("#")]
     assert load_lock(lock_copy).components["verl"].tree_sha256 == {
-        "git": load_lock(LOCK).components["verl"].tree_sha256["git"], "pypi": new}
+        "git": load_lock(LOCK).components["verl"].tree_sha256["git"],
+        "pypi": new,
+    }
     # unchanged value: no write at all
     mtime = lock_copy.stat().st_mtime_ns
     assert rewrite_tree_hash(lock_copy, "verl", "pypi", new) is False
@@ -202,6 +227,21 @@ def test_vendored_folders_are_git_ignored():
 def test_help_lists_the_options():
     r = run_setup("--help")
     assert r.rc == 0
-    for opt in ("--route", "--cache", "--export-cache", "--mirror", "--index-url", "--only", "--verify", "--audit",
-                "--force", "--relock", "--offline", "--lock", "--root", "auto", "exit status"):
+    for opt in (
+        "--route",
+        "--cache",
+        "--export-cache",
+        "--mirror",
+        "--index-url",
+        "--only",
+        "--verify",
+        "--audit",
+        "--force",
+        "--relock",
+        "--offline",
+        "--lock",
+        "--root",
+        "auto",
+        "exit status",
+    ):
         assert opt in r.out, opt

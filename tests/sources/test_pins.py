@@ -10,8 +10,17 @@ import pytest
 
 from sources_testlib import REPO_ROOT
 from verl_patches.sources import pins
-from verl_patches.sources.pins import Difference, Pin, PinError, constraints_text, cpu_requirements, differences, \
-    parse_pins, read_pins, summary_line
+from verl_patches.sources.pins import (
+    Difference,
+    Pin,
+    PinError,
+    constraints_text,
+    cpu_requirements,
+    differences,
+    parse_pins,
+    read_pins,
+    summary_line,
+)
 
 TEXT = """# header
 torch==2.5.1
@@ -29,8 +38,10 @@ def test_parse_keeps_extras_for_pip_and_canonical_names_for_lookups():
     assert cpu_requirements(p) == ["torch==2.5.1", "ray[default]==2.46.0", "Tensordict==0.1.2"]
 
 
-@pytest.mark.parametrize("line, what", [("torch>=2.5", "not an exact pin"), ("torch", "not an exact pin"),
-                                        ("torch==2.5.1\ntorch==2.5.2", "pinned twice")])
+@pytest.mark.parametrize(
+    "line, what",
+    [("torch>=2.5", "not an exact pin"), ("torch", "not an exact pin"), ("torch==2.5.1\ntorch==2.5.2", "pinned twice")],
+)
 def test_a_line_that_is_not_one_exact_pin_is_refused_with_file_and_line(line, what):
     with pytest.raises(PinError, match=rf"r\.txt:\d+: .*{what}"):
         parse_pins(line, "r.txt")
@@ -52,7 +63,10 @@ def test_differences_on_a_cpu_host_and_on_an_npu_host():
     same = {"torch": "2.5.1+cu124", "ray": "2.46.0", "tensordict": "0.1.2", "torch-npu": None}
     assert differences(p, cpu_host=True, version_of=same.get) == []
     line = summary_line(p, [], cpu_host=True)
-    assert line == "package versions: all 3 pins of requirements.txt installed as pinned; left out on a CPU host: torch-npu"
+    assert (
+        line
+        == "package versions: all 3 pins of requirements.txt installed as pinned; left out on a CPU host: torch-npu"
+    )
     line = summary_line(p, cpu, cpu_host=True)
     assert line.startswith("package versions DIFFER from requirements.txt (2 of 4): torch 2.13.0 (pinned 2.5.1), ")
     assert "\n" not in line
@@ -83,28 +97,50 @@ def test_this_environment_has_every_pin_of_requirements_txt():
 
 
 def test_cli_prints_the_cpu_requirements_and_the_version_line():
-    out = subprocess.run([sys.executable, "-m", "verl_patches.sources.pins", "cpu-requirements"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_patches.sources.pins", "cpu-requirements"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out == cpu_requirements(read_pins()) and not any(l.startswith("torch-npu") for l in out)
-    proc = subprocess.run([sys.executable, "-m", "verl_patches.sources.pins", "check"], cwd=REPO_ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_patches.sources.pins", "check"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("package versions: all "), proc.stdout + proc.stderr
 
 
 def test_difference_text_names_emulation():
-    assert Difference("torch-npu", "2.5.1.post1", None, "is the CPU emulation").text() == \
-        "torch-npu is the CPU emulation (pinned 2.5.1.post1)"
+    assert (
+        Difference("torch-npu", "2.5.1.post1", None, "is the CPU emulation").text()
+        == "torch-npu is the CPU emulation (pinned 2.5.1.post1)"
+    )
 
 
 def test_the_audit_and_the_launcher_say_the_version_line():
     import json
 
-    audit = subprocess.run([sys.executable, "-m", "verl_patches.audit", "--json"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=300)
+    audit = subprocess.run(
+        [sys.executable, "-m", "verl_patches.audit", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     versions = json.loads(audit.stdout)["package_versions"]
     assert versions["line"] == pins.check()[0] and versions["differences"] == []
     # the launcher says it first, before its settings are even read (here an env file that is not there)
-    proc = subprocess.run([sys.executable, "-c", "import sys; from verl_patches.launch import job; "
-                           "sys.exit(job.main(['--profile', 'a3_256die_random_init', '--env-file', '/nonexistent']))"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from verl_patches.launch import job; "
+            "sys.exit(job.main(['--profile', 'a3_256die_random_init', '--env-file', '/nonexistent']))",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.stdout.splitlines()[0] == "launch: " + pins.check()[0], proc.stdout + proc.stderr

@@ -29,21 +29,18 @@ SAMPLES = {
         '"""\n'
         '\n'
         'import os\n'
-        'import torch\n', 10),
+        'import torch\n',
+        10,
+    ),
     "comments_first_no_docstring": (
-        '#!/usr/bin/env python\n'
-        '# -*- coding: utf-8 -*-\n'
-        '# comment block\n'
-        '\n'
-        'import logging\n'
-        'x = 1\n', 4),
+        '#!/usr/bin/env python\n# -*- coding: utf-8 -*-\n# comment block\n\nimport logging\nx = 1\n',
+        4,
+    ),
     "no_docstring_code_first": ('x = 1\nimport os\n', 0),
     "future_imports": (
-        '"""Doc."""\n'
-        'from __future__ import annotations\n'
-        'from __future__ import division\n'
-        '\n'
-        'import os\n', 4),
+        '"""Doc."""\nfrom __future__ import annotations\nfrom __future__ import division\n\nimport os\n',
+        4,
+    ),
     "docstring_then_assignment": ('"""Doc."""\n\n__all__ = ["a"]\nimport os\n', 2),
     "single_quoted_docstring_one_line": ("'''Doc.'''\nimport os\n", 1),
     "multiline_first_import": ('"""D."""\nfrom os import (\n    path,\n    sep,\n)\n', 1),
@@ -56,7 +53,7 @@ def test_insert_position_found_by_parsing(name):
     out = prelude_line.insert(source.encode(), LINE).decode()
     lines = out.splitlines()
     assert lines[at] == LINE
-    assert lines[:at] + lines[at + 1:] == source.splitlines()
+    assert lines[:at] + lines[at + 1 :] == source.splitlines()
     # the inserted statement is the first one after the docstring and __future__ imports
     body = ast.parse(out).body
     i = 1 if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
@@ -109,6 +106,7 @@ def test_unparsable_file_is_a_named_error():
 
 # --------------------------------------------------------------------------- the real vendored file
 
+
 def test_real_megatron_workers_has_the_line_once_and_strips_to_the_locked_bytes():
     path = REPO_ROOT / REL
     if not path.is_file():
@@ -119,8 +117,7 @@ def test_real_megatron_workers_has_the_line_once_and_strips_to_the_locked_bytes(
     # right after the docstring, before the first import
     tree = ast.parse(data)
     assert isinstance(tree.body[0], ast.Expr) and ast.unparse(tree.body[1]) == LINE
-    assert all(not isinstance(s, (ast.Import, ast.ImportFrom)) or s.lineno > tree.body[1].lineno
-               for s in tree.body[2:])
+    assert all(not isinstance(s, (ast.Import, ast.ImportFrom)) or s.lineno > tree.body[1].lineno for s in tree.body[2:])
     pristine = prelude_line.strip(data, LINE)
     manifest = json.loads((REPO_ROOT / "sources.manifests/verl.pypi.json").read_text())["files"]
     record = manifest["workers/megatron_workers.py"]

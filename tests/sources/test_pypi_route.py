@@ -9,9 +9,22 @@ import urllib.request
 
 import pytest
 
-from sources_testlib import (PRELUDE_LINE, REPO_ROOT, SDIST_FILE, V1_FILES, WHEEL_FILE, alpha_component, dead_url,
-                             make_sdist, make_wheel, pypi_hash_v1, reference_tree_hash, run_setup, snapshot,
-                             write_lock)
+from sources_testlib import (
+    PRELUDE_LINE,
+    REPO_ROOT,
+    SDIST_FILE,
+    V1_FILES,
+    WHEEL_FILE,
+    alpha_component,
+    dead_url,
+    make_sdist,
+    make_wheel,
+    pypi_hash_v1,
+    reference_tree_hash,
+    run_setup,
+    snapshot,
+    write_lock,
+)
 from verl_patches.sources import prelude_line, pypi_route
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
 from verl_patches.sources.extract import extract_subdir
@@ -50,15 +63,15 @@ def test_correct_artifact_installs(tmp_path, upstream, index, isolated_env, arti
     assert state["route"] == "pypi" and state["artifact"] == str(cached)
 
 
-@pytest.mark.parametrize("listed", ["served", "lock", None], ids=["index-lists-served-sha", "index-lists-lock-sha",
-                                                                   "index-lists-no-sha"])
+@pytest.mark.parametrize(
+    "listed", ["served", "lock", None], ids=["index-lists-served-sha", "index-lists-lock-sha", "index-lists-no-sha"]
+)
 def test_sha256_mismatch_is_refused_and_nothing_is_replaced(tmp_path, upstream, index, isolated_env, listed):
     good = make_wheel(V1_FILES)
     tampered = make_wheel({**V1_FILES, "__init__.py": (b"import os; os.system('evil')\n", False)})
     lock = _lock(tmp_path, upstream, index, artifact_bytes=good)
     lock_sha = hashlib.sha256(good).hexdigest()
-    index.publish("alpha", WHEEL_FILE, tampered,
-                  listed_sha256={"served": "auto", "lock": lock_sha, None: None}[listed])
+    index.publish("alpha", WHEEL_FILE, tampered, listed_sha256={"served": "auto", "lock": lock_sha, None: None}[listed])
     root = tmp_path / "root"
     (root / "alpha").mkdir(parents=True)
     (root / "alpha/mine.py").write_text("local work\n")
@@ -87,8 +100,7 @@ def test_index_unreachable_falls_back_to_the_lock_url(tmp_path, upstream, index,
     (isolated_env / "pypi" / WHEEL_FILE).unlink()
     (index.base / "simple/alpha").mkdir(parents=True, exist_ok=True)
     (index.base / "simple/alpha/index.html").write_text("<html><body></body></html>")
-    path, source = pypi_route.fetch_artifact(load_lock(lock).components["alpha"].pypi, isolated_env,
-                                             index.simple_url)
+    path, source = pypi_route.fetch_artifact(load_lock(lock).components["alpha"].pypi, isolated_env, index.simple_url)
     assert source == index.file_url(WHEEL_FILE) and path.read_bytes() == make_wheel(V1_FILES)
 
 

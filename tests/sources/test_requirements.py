@@ -59,13 +59,21 @@ def parse_pins(path: Path) -> dict[str, tuple[Version, str]]:
 
 def marker_env(python: str) -> dict[str, str]:
     env = default_environment()
-    env.update(platform_machine="aarch64", sys_platform="linux", platform_system="Linux", os_name="posix",
-               python_version=python, python_full_version=f"{python}.0", implementation_name="cpython",
-               platform_python_implementation="CPython")
+    env.update(
+        platform_machine="aarch64",
+        sys_platform="linux",
+        platform_system="Linux",
+        os_name="posix",
+        python_version=python,
+        python_full_version=f"{python}.0",
+        implementation_name="cpython",
+        platform_python_implementation="CPython",
+    )
     return env
 
 
 # --------------------------------------------------------------------------- declared requirements
+
 
 def _cached_artifact(component: str) -> Path:
     art = LOCK.components[component].pypi
@@ -92,12 +100,15 @@ def _from_wheel_metadata(component: str) -> list[str]:
 def _from_git(component: str, path: str) -> list[str]:
     comp = LOCK.components[component]
     git_dir = REAL_USER_CACHE / "git" / f"{component}.git"
-    proc = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{comp.commit}:{path}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "--git-dir", str(git_dir), "show", f"{comp.commit}:{path}"], capture_output=True, text=True
+    )
     if proc.returncode:
-        pytest.skip(f"{component} @ {comp.commit[:12]} not in the git cache {git_dir}: its requirements.txt sits "
-                    f"outside the package folder, so an exported cache (which carries the package folder only) "
-                    f"cannot supply it; this check needs git access once")
+        pytest.skip(
+            f"{component} @ {comp.commit[:12]} not in the git cache {git_dir}: its requirements.txt sits "
+            f"outside the package folder, so an exported cache (which carries the package folder only) "
+            f"cannot supply it; this check needs git access once"
+        )
     return [body for _, body, _ in _lines(proc.stdout)]
 
 
@@ -154,14 +165,17 @@ def test_every_known_conflict_is_explained_next_to_its_pin():
 
 def test_a3_pins_leave_the_locked_components_to_the_lock():
     pins = parse_pins(REPO_ROOT / "requirements.txt")
-    locked = {canonicalize_name(c.pypi.name) for c in LOCK.components.values() if c.pypi} | {"mindspeed",
-                                                                                              "mindspeed-llm"}
+    locked = {canonicalize_name(c.pypi.name) for c in LOCK.components.values() if c.pypi} | {
+        "mindspeed",
+        "mindspeed-llm",
+    }
     assert not locked & set(pins), "requirements.txt installs a package that sources.lock provides"
     # the device stack the issue names
     assert pins["torch"][0] == Version("2.5.1") and pins["torch-npu"][0] == Version("2.5.1.post1")
 
 
 # --------------------------------------------------------------------------- the CPU environment
+
 
 def test_cpu_constraints_fix_every_pin_at_requirements_txt_version():
     """constraints-cpu.txt is generated from an environment built from requirements.txt; it may add
@@ -170,10 +184,12 @@ def test_cpu_constraints_fix_every_pin_at_requirements_txt_version():
 
     pins = read_pins(REPO_ROOT / "requirements.txt")
     constraints = parse_pins((REPO_ROOT / "constraints-cpu.txt").read_text(), "constraints-cpu.txt")
-    problems = [f"{n}: requirements.txt =={p.version}, constraints-cpu.txt "
-                + (f"=={constraints[n].version}" if n in constraints else "absent")
-                for n, p in pins.items()
-                if n not in NOT_ON_CPU and (n not in constraints or constraints[n].version != p.version)]
+    problems = [
+        f"{n}: requirements.txt =={p.version}, constraints-cpu.txt "
+        + (f"=={constraints[n].version}" if n in constraints else "absent")
+        for n, p in pins.items()
+        if n not in NOT_ON_CPU and (n not in constraints or constraints[n].version != p.version)
+    ]
     assert not problems, "; ".join(problems)
     assert not set(NOT_ON_CPU) & set(constraints), "constraints-cpu.txt pins a package a CPU host leaves out"
     assert not (REPO_ROOT / "requirements-cpu.txt").exists(), "a second hand-kept version list is back"
@@ -193,13 +209,34 @@ def test_a3_requirements_resolve_together_for_linux_aarch64(python: str, tmp_pat
     if uv is None:
         pytest.skip("uv is not installed (requirements-test.txt installs it)")
     out = tmp_path / "resolved.txt"
-    proc = subprocess.run([uv, "pip", "compile", str(REPO_ROOT / "requirements.txt"), "--python-platform",
-                           "aarch64-manylinux_2_28", "--python-version", python, "--no-header", "-o", str(out)],
-                          capture_output=True, text=True, timeout=580)
+    proc = subprocess.run(
+        [
+            uv,
+            "pip",
+            "compile",
+            str(REPO_ROOT / "requirements.txt"),
+            "--python-platform",
+            "aarch64-manylinux_2_28",
+            "--python-version",
+            python,
+            "--no-header",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     if proc.returncode and ("Failed to fetch" in proc.stderr or "dns error" in proc.stderr.lower()):
         pytest.skip(f"package index unreachable: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr
-    resolved = dict(line.split("==", 1) for line in out.read_text().splitlines() if "==" in line and not line.startswith("#"))
-    for name, version in (("torch", "2.5.1"), ("torch-npu", "2.5.1.post1"), ("transformers", "4.52.4"),
-                          ("tensordict", "0.1.2")):
+    resolved = dict(
+        line.split("==", 1) for line in out.read_text().splitlines() if "==" in line and not line.startswith("#")
+    )
+    for name, version in (
+        ("torch", "2.5.1"),
+        ("torch-npu", "2.5.1.post1"),
+        ("transformers", "4.52.4"),
+        ("tensordict", "0.1.2"),
+    ):
         assert resolved.get(name) == version, (name, resolved.get(name))

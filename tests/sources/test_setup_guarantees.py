@@ -6,8 +6,17 @@ import pathlib
 
 import pytest
 
-from sources_testlib import (V1_FILES, alpha_component, make_wheel, pypi_hash_v1, run_setup, sha256_bytes, snapshot,
-                             write_alpha_manifests, write_lock)
+from sources_testlib import (
+    V1_FILES,
+    alpha_component,
+    make_wheel,
+    pypi_hash_v1,
+    run_setup,
+    sha256_bytes,
+    snapshot,
+    write_alpha_manifests,
+    write_lock,
+)
 from verl_patches.sources import install
 from verl_patches.sources.lock import load_lock
 
@@ -18,8 +27,15 @@ def _lock(tmp_path, upstream, name="sources.lock", extra=None, **kw):
 
 
 def _unreachable(tmp_path, name, needed_on):
-    return {"package": name, "git_urls": [str(tmp_path / f"{name}-gone.git")], "ref": "refs/tags/v1",
-            "commit": "c" * 40, "git_subdir": name, "needed_on": needed_on, "tree_sha256": {"git": "d" * 64}}
+    return {
+        "package": name,
+        "git_urls": [str(tmp_path / f"{name}-gone.git")],
+        "ref": "refs/tags/v1",
+        "commit": "c" * 40,
+        "git_subdir": name,
+        "needed_on": needed_on,
+        "tree_sha256": {"git": "d" * 64},
+    }
 
 
 @pytest.fixture
@@ -32,6 +48,7 @@ def installed(tmp_path, upstream):
 
 
 # --------------------------------------------------------------------------- failed or interrupted runs
+
 
 def test_failure_at_the_hash_check_leaves_the_folder_untouched(installed, tmp_path, upstream):
     _, root = installed
@@ -51,8 +68,10 @@ def test_failure_at_the_hash_check_leaves_the_folder_untouched(installed, tmp_pa
 
 def test_crash_between_the_two_renames_is_recovered_by_the_next_run(installed, tmp_path, monkeypatch):
     lock, root = installed
-    original = {p.relative_to(root / "alpha").as_posix(): (p.lstat().st_ino, p.read_bytes() if p.is_file() else None)
-                for p in (root / "alpha").rglob("*")}
+    original = {
+        p.relative_to(root / "alpha").as_posix(): (p.lstat().st_ino, p.read_bytes() if p.is_file() else None)
+        for p in (root / "alpha").rglob("*")
+    }
     real_rename = pathlib.Path.rename
 
     def crashing_rename(self, target):
@@ -61,8 +80,9 @@ def test_crash_between_the_two_renames_is_recovered_by_the_next_run(installed, t
         return real_rename(self, target)
 
     monkeypatch.setattr(pathlib.Path, "rename", crashing_rename)
-    opts = install.SetupOptions(root=root, lock=load_lock(lock), cache=tmp_path / "user-cache", routes=["git"],
-                                force=True)
+    opts = install.SetupOptions(
+        root=root, lock=load_lock(lock), cache=tmp_path / "user-cache", routes=["git"], force=True
+    )
     with pytest.raises(KeyboardInterrupt):
         install.setup(opts)
     monkeypatch.undo()
@@ -72,13 +92,16 @@ def test_crash_between_the_two_renames_is_recovered_by_the_next_run(installed, t
     r = run_setup("--route", "git", "--offline", lock=lock, root=root, env={"VERL_OVERLAY_CACHE": "/nonexistent"})
     assert r.rc == 0, r.text
     assert "restored alpha/" in r.err and "unchanged" in r.out
-    restored = {p.relative_to(root / "alpha").as_posix(): (p.lstat().st_ino, p.read_bytes() if p.is_file() else None)
-                for p in (root / "alpha").rglob("*")}
+    restored = {
+        p.relative_to(root / "alpha").as_posix(): (p.lstat().st_ino, p.read_bytes() if p.is_file() else None)
+        for p in (root / "alpha").rglob("*")
+    }
     assert restored == original  # the very same files (same inodes), not a re-download
     assert not (root / ".sources_build").exists()
 
 
 # --------------------------------------------------------------------------- local edits
+
 
 def test_local_edits_are_listed_and_kept_without_force(installed, tmp_path):
     lock, root = installed
@@ -110,14 +133,26 @@ def test_an_edit_next_to_the_prelude_line_is_a_local_edit(installed):
 
 # --------------------------------------------------------------------------- no-op re-run
 
+
 def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path, upstream, index):
     beta_wheel = make_wheel(V1_FILES, package="beta")
     index.publish("beta", "beta-1.0-py3-none-any.whl", beta_wheel)
-    beta = {"package": "beta", "git_urls": [str(tmp_path / "no-such.git")], "ref": "refs/tags/v1.0",
-            "commit": "b" * 40, "git_subdir": "beta", "needed_on": ["cpu"],
-            "pypi": {"name": "beta", "version": "1.0", "file": "beta-1.0-py3-none-any.whl",
-                     "sha256": sha256_bytes(beta_wheel), "subdir": "beta"},
-            "tree_sha256": {"pypi": pypi_hash_v1()}}
+    beta = {
+        "package": "beta",
+        "git_urls": [str(tmp_path / "no-such.git")],
+        "ref": "refs/tags/v1.0",
+        "commit": "b" * 40,
+        "git_subdir": "beta",
+        "needed_on": ["cpu"],
+        "pypi": {
+            "name": "beta",
+            "version": "1.0",
+            "file": "beta-1.0-py3-none-any.whl",
+            "sha256": sha256_bytes(beta_wheel),
+            "subdir": "beta",
+        },
+        "tree_sha256": {"pypi": pypi_hash_v1()},
+    }
     lock = _lock(tmp_path, upstream, extra={"beta": beta})
     root = tmp_path / "root"
     r = run_setup("--index-url", index.simple_url, lock=lock, root=root)
@@ -136,11 +171,15 @@ def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path
 
 # --------------------------------------------------------------------------- unreachable components
 
-@pytest.mark.parametrize("needed_on, device, rc, summary", [
-    (["npu"], "cpu", 3, "COMPLETE EXCEPT OPTIONAL-HERE"),
-    (["npu", "cpu"], "cpu", 1, "INCOMPLETE"),
-    (["npu"], "npu", 1, "INCOMPLETE"),
-])
+
+@pytest.mark.parametrize(
+    "needed_on, device, rc, summary",
+    [
+        (["npu"], "cpu", 3, "COMPLETE EXCEPT OPTIONAL-HERE"),
+        (["npu", "cpu"], "cpu", 1, "INCOMPLETE"),
+        (["npu"], "npu", 1, "INCOMPLETE"),
+    ],
+)
 def test_unreachable_component_status(tmp_path, upstream, needed_on, device, rc, summary):
     lock = _lock(tmp_path, upstream, extra={"gamma": _unreachable(tmp_path, "gamma", needed_on)})
     root = tmp_path / "root"

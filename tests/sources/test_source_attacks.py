@@ -15,15 +15,24 @@ import tracemalloc
 
 import pytest
 
-from sources_testlib import (V1_FILES, alpha_component, make_wheel, run_setup, sha256_bytes, write_alpha_manifests,
-                             write_lock)
+from sources_testlib import (
+    V1_FILES,
+    alpha_component,
+    make_wheel,
+    run_setup,
+    sha256_bytes,
+    write_alpha_manifests,
+    write_lock,
+)
 from verl_patches.sources import extract
 from verl_patches.sources.errors import IntegrityError
 from verl_patches.sources.lock import LockError, load_lock
 
 
 def _lock(tmp_path, upstream, **kw):
-    return write_alpha_manifests(write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha_component(upstream, **kw)}))
+    return write_alpha_manifests(
+        write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha_component(upstream, **kw)})
+    )
 
 
 def _no_traceback(r):
@@ -31,6 +40,7 @@ def _no_traceback(r):
 
 
 # --------------------------------------------------------------------------- 1. git arguments
+
 
 def _injection(marker):
     return f"--upload-pack=touch {marker}"
@@ -43,27 +53,45 @@ def test_mirror_starting_with_dash_is_not_passed_to_git(tmp_path, upstream, how)
     if how == "flag":
         r = run_setup("--route", "git", "--mirror", f"alpha={_injection(marker)}", lock=lock, root=tmp_path / "root")
     else:
-        r = run_setup("--route", "git", lock=lock, root=tmp_path / "root",
-                      env={"VERL_OVERLAY_GIT_MIRROR_ALPHA": _injection(marker)})
+        r = run_setup(
+            "--route",
+            "git",
+            lock=lock,
+            root=tmp_path / "root",
+            env={"VERL_OVERLAY_GIT_MIRROR_ALPHA": _injection(marker)},
+        )
     assert r.rc == 2, r.text
     assert not marker.exists()
-    assert "starts with '-'" in r.err and ("--mirror alpha=" if how == "flag" else "VERL_OVERLAY_GIT_MIRROR_ALPHA") in r.err
+    assert (
+        "starts with '-'" in r.err
+        and ("--mirror alpha=" if how == "flag" else "VERL_OVERLAY_GIT_MIRROR_ALPHA") in r.err
+    )
     assert not (tmp_path / "root" / "alpha").exists()
     _no_traceback(r)
 
 
-@pytest.mark.parametrize("url", [
-    "ext::sh -c touch% {marker}",
-    "ssh://-oProxyCommand=touch%20{marker}/x.git",
-    "-oProxyCommand=touch {marker}:x.git",
-    "fd::17",
-    "file://otherhost/x.git",
-    "relative/mirror.git",
-], ids=["ext-transport", "ssh-host-option", "scp-host-option", "fd-transport", "file-remote-host", "relative"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ext::sh -c touch% {marker}",
+        "ssh://-oProxyCommand=touch%20{marker}/x.git",
+        "-oProxyCommand=touch {marker}:x.git",
+        "fd::17",
+        "file://otherhost/x.git",
+        "relative/mirror.git",
+    ],
+    ids=["ext-transport", "ssh-host-option", "scp-host-option", "fd-transport", "file-remote-host", "relative"],
+)
 def test_command_running_transports_and_option_hosts_are_refused(tmp_path, upstream, url):
     marker = tmp_path / "pwned"
-    r = run_setup("--route", "git", "--mirror", "alpha=" + url.format(marker=marker), lock=_lock(tmp_path, upstream),
-                  root=tmp_path / "root")
+    r = run_setup(
+        "--route",
+        "git",
+        "--mirror",
+        "alpha=" + url.format(marker=marker),
+        lock=_lock(tmp_path, upstream),
+        root=tmp_path / "root",
+    )
     assert r.rc == 2, r.text
     assert not marker.exists()
     assert r.err.count("\n") == 1 and "--mirror alpha=" in r.err  # one line naming the value
@@ -84,12 +112,20 @@ def test_lock_git_url_and_ref_injection_are_refused_naming_the_key(tmp_path, ups
 def test_local_path_and_file_url_mirrors_still_work(tmp_path, upstream):
     for i, url in enumerate((str(upstream.bare), upstream.url)):
         lock = _lock(tmp_path, upstream, git_urls=[str(tmp_path / "no-such.git")])
-        r = run_setup("--route", "git", "--mirror", f"alpha={url}", lock=lock, root=tmp_path / f"root{i}",
-                      env={"VERL_OVERLAY_CACHE": str(tmp_path / f"cache{i}")})
+        r = run_setup(
+            "--route",
+            "git",
+            "--mirror",
+            f"alpha={url}",
+            lock=lock,
+            root=tmp_path / f"root{i}",
+            env={"VERL_OVERLAY_CACHE": str(tmp_path / f"cache{i}")},
+        )
         assert r.rc == 0, r.text
 
 
 # --------------------------------------------------------------------------- 3. lock values used as paths
+
 
 def test_package_outside_the_root_is_refused_even_with_force(tmp_path, upstream):
     victim = tmp_path / "victim"
@@ -141,10 +177,18 @@ def test_pypi_file_with_dotdot_cannot_delete_a_file_outside_the_cache(tmp_path, 
     _no_traceback(r)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("name", "../../evil"), ("git_subdir", "../alpha"), ("git_subdir", "/etc"), ("pypi.subdir", "alpha/../.."),
-    ("prelude", "../outside.py"), ("pypi.url", "ftp://example.invalid/x.whl"), ("needed_on", "cpu"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("name", "../../evil"),
+        ("git_subdir", "../alpha"),
+        ("git_subdir", "/etc"),
+        ("pypi.subdir", "alpha/../.."),
+        ("prelude", "../outside.py"),
+        ("pypi.url", "ftp://example.invalid/x.whl"),
+        ("needed_on", "cpu"),
+    ],
+)
 def test_lock_values_outside_the_allow_lists_are_refused_naming_the_key(tmp_path, upstream, key, value):
     comp = alpha_component(upstream, artifact_bytes=make_wheel(V1_FILES))
     name, prelude = "alpha", "alpha/workers/mw.py"
@@ -168,6 +212,7 @@ def test_lock_values_outside_the_allow_lists_are_refused_naming_the_key(tmp_path
 
 # --------------------------------------------------------------------------- 4. cache folders
 
+
 @pytest.fixture
 def exported(tmp_path, upstream):
     lock = _lock(tmp_path, upstream)
@@ -178,8 +223,16 @@ def exported(tmp_path, upstream):
 
 
 def _offline(lock, cache_dir, tmp_path, env=None):
-    return run_setup("--route", "cache", "--cache", cache_dir, "--offline", lock=lock, root=tmp_path / "airgapped",
-                     env={"VERL_OVERLAY_CACHE": str(tmp_path / "fresh"), **(env or {})})
+    return run_setup(
+        "--route",
+        "cache",
+        "--cache",
+        cache_dir,
+        "--offline",
+        lock=lock,
+        root=tmp_path / "airgapped",
+        env={"VERL_OVERLAY_CACHE": str(tmp_path / "fresh"), **(env or {})},
+    )
 
 
 def _edit_index(cache_dir, edit):
@@ -191,6 +244,7 @@ def _edit_index(cache_dir, edit):
 
 def _bomb_tar(path, prefix, size):
     """A gzip tar with one file of `size` zero bytes under `prefix/` (a few kB compressed per 10 MB)."""
+
     class Zeros(io.RawIOBase):
         def __init__(self, n):
             self.left = n
@@ -215,7 +269,9 @@ def test_tar_bomb_is_capped_while_extracting(exported, tmp_path):
     entry = json.loads((cache_dir / "sources-cache.json").read_text())["components"]["alpha"]
     tar_path = cache_dir / entry["file"]
     _bomb_tar(tar_path, "alpha", 8 << 20)
-    _edit_index(cache_dir, lambda d: (d["components"]["alpha"].update(sha256=sha256_bytes(tar_path.read_bytes())), d)[1])
+    _edit_index(
+        cache_dir, lambda d: (d["components"]["alpha"].update(sha256=sha256_bytes(tar_path.read_bytes())), d)[1]
+    )
     r = _offline(lock, cache_dir, tmp_path, env={"VERL_OVERLAY_MAX_FILE_BYTES": str(1 << 20)})
     assert r.rc == 1, r.text
     assert "alpha/__init__.py" in r.text and "VERL_OVERLAY_MAX_FILE_BYTES" in r.text
@@ -293,12 +349,18 @@ def test_cache_file_outside_the_cache_or_not_regular_is_refused(exported, tmp_pa
     _no_traceback(r)
 
 
-@pytest.mark.parametrize("index", [
-    [1, 2], {"schema": 1, "components": []}, {"schema": 1, "components": {"alpha": "x"}},
-    {"schema": 1, "components": {"alpha": {"route": "git"}}},
-    {"schema": 1, "components": {"alpha": {"route": "git", "file": 7, "sha256": "0" * 64}}},
-    {"schema": 1, "components": {"alpha": {"route": "git", "file": "a.tar", "sha256": "0" * 64, "commit": None}}},
-], ids=["list", "components-list", "entry-string", "missing-file", "file-int", "commit-null"])
+@pytest.mark.parametrize(
+    "index",
+    [
+        [1, 2],
+        {"schema": 1, "components": []},
+        {"schema": 1, "components": {"alpha": "x"}},
+        {"schema": 1, "components": {"alpha": {"route": "git"}}},
+        {"schema": 1, "components": {"alpha": {"route": "git", "file": 7, "sha256": "0" * 64}}},
+        {"schema": 1, "components": {"alpha": {"route": "git", "file": "a.tar", "sha256": "0" * 64, "commit": None}}},
+    ],
+    ids=["list", "components-list", "entry-string", "missing-file", "file-int", "commit-null"],
+)
 def test_malformed_cache_index_is_one_line_not_a_traceback(exported, tmp_path, index):
     lock, cache_dir = exported
     (cache_dir / "sources-cache.json").write_text(json.dumps(index))
@@ -318,8 +380,12 @@ def _plant_pyc(source_path, code_text: bytes, name: str | None = None):
     so that Python imports it instead of the source."""
     st = os.stat(source_path)
     code = compile(code_text, str(source_path), "exec")
-    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") + \
-        (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    header = (
+        importlib.util.MAGIC_NUMBER
+        + (0).to_bytes(4, "little")
+        + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+        + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    )
     cache = source_path.parent / "__pycache__"
     cache.mkdir(exist_ok=True)
     pyc = cache / (name or f"{source_path.stem}.{sys.implementation.cache_tag}.pyc")
@@ -375,6 +441,7 @@ def test_honest_byte_code_passes_verify_and_foreign_or_sourceless_byte_code_fail
 
 # --------------------------------------------------------------------------- attacks of our own, same classes
 
+
 def test_deeply_nested_lock_is_one_line(tmp_path):
     lock = tmp_path / "sources.lock"
     lock.write_text("schema = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
@@ -389,8 +456,11 @@ def test_index_page_cannot_send_an_http_install_to_a_local_file(tmp_path, upstre
     comp = alpha_component(upstream, index)
     page = index.base / "simple" / "alpha" / "index.html"
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(f'<a href="file://{outside}#sha256={comp["pypi"]["sha256"]}">{comp["pypi"]["file"]}</a>\n'.replace(
-        str(outside), str(outside.with_name(comp["pypi"]["file"]))))
+    page.write_text(
+        f'<a href="file://{outside}#sha256={comp["pypi"]["sha256"]}">{comp["pypi"]["file"]}</a>\n'.replace(
+            str(outside), str(outside.with_name(comp["pypi"]["file"]))
+        )
+    )
     outside.rename(outside.with_name(comp["pypi"]["file"]))
     lock = write_lock(tmp_path / "lock" / "sources.lock", {"alpha": comp})
     r = run_setup("--route", "pypi", "--index-url", index.simple_url, lock=lock, root=tmp_path / "root")
@@ -401,6 +471,7 @@ def test_index_page_cannot_send_an_http_install_to_a_local_file(tmp_path, upstre
 @pytest.mark.parametrize("member", ["alpha//etc/planted.py", "alpha/../planted.py", "alpha/x/../../../planted.py"])
 def test_zip_members_cannot_leave_the_folder(tmp_path, member):
     import zipfile
+
     archive = tmp_path / "evil.whl"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("alpha/__init__.py", "x = 1\n")
@@ -413,6 +484,7 @@ def test_zip_members_cannot_leave_the_folder(tmp_path, member):
 
 def test_zip_member_declaring_a_huge_size_is_refused_before_reading(tmp_path, monkeypatch):
     import zipfile
+
     archive = tmp_path / "big.whl"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("alpha/__init__.py", b"\0" * (4 << 20))
@@ -428,11 +500,16 @@ def test_unchecked_hash_pyc_and_a_symlinked_pycache_fail_verify(installed, tmp_p
     evil = tmp_path / "evil.py"
     evil.write_bytes(PLANTED)
     cache = root / "alpha" / "__pycache__"
-    py_compile.compile(str(evil), cfile=str(cache / f"__init__.{sys.implementation.cache_tag}.pyc"), doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    py_compile.compile(
+        str(evil),
+        cfile=str(cache / f"__init__.{sys.implementation.cache_tag}.pyc"),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
     r = run_setup("--verify", lock=lock, root=root)
     assert r.rc == 1 and "__init__" in r.out and "its code differs from its source" in r.out, r.text
     import shutil
+
     shutil.rmtree(cache)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

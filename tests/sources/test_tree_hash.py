@@ -103,4 +103,7 @@ def test_compare_names_changed_added_removed(tree):
     (tree / "extra.py").write_bytes(b"")
     (tree / "bin/run.sh").unlink()
     assert compare(before, file_hashes(tree)) == {
-        "changed": ["data/table.txt"], "added": ["extra.py"], "removed": ["bin/run.sh"]}
+        "changed": ["data/table.txt"],
+        "added": ["extra.py"],
+        "removed": ["bin/run.sh"],
+    }

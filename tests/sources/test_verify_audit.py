@@ -10,27 +10,89 @@ import sys
 
 import pytest
 
-from sources_testlib import (PRELUDE_LINE, REAL_USER_CACHE, REPO_ROOT, V1_FILES, WHEEL_FILE, alpha_component,
-                             copy_real_root, make_wheel, run_setup, write_alpha_manifests, write_lock)
+from sources_testlib import (
+    PRELUDE_LINE,
+    REAL_USER_CACHE,
+    REPO_ROOT,
+    V1_FILES,
+    WHEEL_FILE,
+    alpha_component,
+    copy_real_root,
+    make_wheel,
+    run_setup,
+    write_alpha_manifests,
+    write_lock,
+)
 from verl_patches import audit
 from verl_patches.sources.lock import load_lock
 
 PACKAGES = ["verl", "vllm", "vllm_ascend", "megatron", "mindspeed", "mindspeed_llm"]
 
-TOP_KEYS = {"schema", "lock", "device", "components", "patches", "summary", "distributions", "weight_sync", "npu_emulation",
-            "package_versions", "hang_diagnosis"}
-COMPONENT_KEYS = {"name", "package", "ref", "commit", "pypi_file", "needed_on", "optional_here", "route",
-                  "origin_route", "status", "expected_tree_sha256", "found_tree_sha256", "differences", "problems",
-                  "prelude", "diff", "diff_unavailable"}
-PATCH_KEYS = {"name", "target", "kind", "vendor_item", "reason", "devices", "condition", "declared_fingerprint",
-              "pin_fingerprint", "status", "detail"}
-SUMMARY_KEYS = {"components_matching", "components_total", "diff_lines", "patches_total", "patches_ok",
-                "patches_drift", "patches_unpinned"}
+TOP_KEYS = {
+    "schema",
+    "lock",
+    "device",
+    "components",
+    "patches",
+    "summary",
+    "distributions",
+    "weight_sync",
+    "npu_emulation",
+    "package_versions",
+    "hang_diagnosis",
+}
+COMPONENT_KEYS = {
+    "name",
+    "package",
+    "ref",
+    "commit",
+    "pypi_file",
+    "needed_on",
+    "optional_here",
+    "route",
+    "origin_route",
+    "status",
+    "expected_tree_sha256",
+    "found_tree_sha256",
+    "differences",
+    "problems",
+    "prelude",
+    "diff",
+    "diff_unavailable",
+}
+PATCH_KEYS = {
+    "name",
+    "target",
+    "kind",
+    "vendor_item",
+    "reason",
+    "devices",
+    "condition",
+    "declared_fingerprint",
+    "pin_fingerprint",
+    "status",
+    "detail",
+}
+SUMMARY_KEYS = {
+    "components_matching",
+    "components_total",
+    "diff_lines",
+    "patches_total",
+    "patches_ok",
+    "patches_drift",
+    "patches_unpinned",
+}
 
 
 def run_audit(*args, env=None) -> tuple[int, str, str]:
-    proc = subprocess.run([sys.executable, "-m", "verl_patches.audit", *map(str, args)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_patches.audit", *map(str, args)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -48,6 +110,7 @@ def real_root_populated():
 
 
 # --------------------------------------------------------------------------- the real root, read-only
+
 
 def test_real_root_verifies(real_root_populated):
     r = run_setup("--verify")
@@ -99,6 +162,7 @@ def test_setup_sources_audit_is_the_same_report(real_root_populated):
 
 # --------------------------------------------------------------------------- schema
 
+
 def _documented(key: str) -> bool:
     return f'"{key}"' in audit.__doc__
 
@@ -133,11 +197,13 @@ def test_json_schema_keys_are_the_documented_ones(tmp_path, upstream):
 
 # --------------------------------------------------------------------------- edits show up
 
+
 @pytest.mark.parametrize("route", ["git", "pypi"])
 def test_an_edit_shows_in_verify_and_in_the_audit_diff(tmp_path, upstream, index, route):
     index.publish("alpha", WHEEL_FILE, make_wheel(V1_FILES))
-    lock = write_alpha_manifests(write_lock(tmp_path / "root" / "sources.lock",
-                                            {"alpha": alpha_component(upstream, index)}))
+    lock = write_alpha_manifests(
+        write_lock(tmp_path / "root" / "sources.lock", {"alpha": alpha_component(upstream, index)})
+    )
     root = lock.parent
     assert run_setup("--route", route, "--index-url", index.simple_url, lock=lock, root=root).rc == 0
     (root / "alpha/data/table.txt").write_bytes(b"a,b\n1,2\n3,4\n")
@@ -170,8 +236,9 @@ def test_an_edit_in_a_copy_of_the_real_verl(tmp_path):
     if not wheel.exists():
         pytest.skip(f"the audit diff needs the pristine verl wheel, absent from {wheel.parent}")
     # the state of the real root may not record where the wheel is: the audit finds it in the download cache
-    rc, out, err = run_audit("--json", "--lock", root / "sources.lock", "--only", "verl",
-                             env={"VERL_OVERLAY_CACHE": str(REAL_USER_CACHE)})
+    rc, out, err = run_audit(
+        "--json", "--lock", root / "sources.lock", "--only", "verl", env={"VERL_OVERLAY_CACHE": str(REAL_USER_CACHE)}
+    )
     assert rc == 1, err
     (c,) = json.loads(out)["components"]
     assert c["diff_unavailable"] == []

@@ -5,6 +5,7 @@ Training TP2·PP2·EP2 with the uneven layer list [2, 3] (every stage has a MoE 
 ``VLLM_DP_SIZE=4``: one instance, EP8, one expert per rank (the A3 random-init layout scaled down). The
 model is fp32 (as the engine's golden test runs it) so log-probs compare at 1e-4.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +13,21 @@ from types import SimpleNamespace
 
 import torch
 
-HF_OVERRIDES = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=5,
-                    first_k_dense_replace=1, n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2,
-                    n_shared_experts=1, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+HF_OVERRIDES = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=5,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    n_group=1,
+    topk_group=1,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+)
 TP, PP, EP, LAYER_LIST, ROLLOUT_TP, VLLM_DP = 2, 2, 2, [2, 3], 2, 4
 
 
@@ -50,9 +63,10 @@ def _standin(cfg: dict, ep_size: int, ep_rank: int):
 
 def _rollout_log_probs(model, batch, temperature: float, response: int) -> torch.Tensor:
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits.float()
-    logits = logits[:, -response - 1:-1] / temperature
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits.float()
+    logits = logits[:, -response - 1 : -1] / temperature
     return torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
 
 
@@ -83,7 +97,7 @@ def rank_e2e(rank: int, world: int, hf: str, ckpt: str) -> dict:
     full = ga.make_batch(cfg_hf["vocab_size"])
     dp, d = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     n = ga.BATCH // dp
-    mine = {k: v[d * n:(d + 1) * n] for k, v in full.items()}
+    mine = {k: v[d * n : (d + 1) * n] for k, v in full.items()}
     inputs = {k: v for k, v in mine.items() if k != "advantages"}
 
     actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, "actor")
@@ -92,16 +106,26 @@ def rank_e2e(rank: int, world: int, hf: str, ckpt: str) -> dict:
 
     standin = _standin(cfg_hf, ep_size=ROLLOUT_TP * VLLM_DP, ep_rank=rank)
     log = []
-    rollout = SimpleNamespace(model=standin, onload_model_weights=lambda: log.append("onload"),
-                              free_cache_engine=lambda: log.append("free"),
-                              offload_model_weights=lambda: log.append("offload"))
+    rollout = SimpleNamespace(
+        model=standin,
+        onload_model_weights=lambda: log.append("onload"),
+        free_cache_engine=lambda: log.append("free"),
+        offload_model_weights=lambda: log.append("offload"),
+    )
     import verl.utils.megatron_utils as mu
 
     out: dict = {"per_tensor_generator": f"{mu.per_tensor_generator.__module__}.{mu.per_tensor_generator.__name__}"}
     manager = MegatronRolloutShardingManager(
-        actor.actor.actor_module, model_config=actor.actor_model_config, transformer_config=actor.tf_config,
-        layer_name_mapping=None, weight_converter=None, rollout=rollout, prepare_model=lambda m: None,
-        empty_cache=lambda: None, infer_tp=(1, 0, None))
+        actor.actor.actor_module,
+        model_config=actor.actor_model_config,
+        transformer_config=actor.tf_config,
+        layer_name_mapping=None,
+        weight_converter=None,
+        rollout=rollout,
+        prepare_model=lambda m: None,
+        empty_cache=lambda: None,
+        infer_tp=(1, 0, None),
+    )
 
     def step(tag: str) -> torch.Tensor:
         lp = actor.compute_log_prob(_proto(inputs)).batch["old_log_probs"]
@@ -110,8 +134,14 @@ def rank_e2e(rank: int, world: int, hf: str, ckpt: str) -> dict:
         # the rollout instance computes with every expert: gather each rank's EP-local experts
         local = {n: p.detach().clone() for n, p in standin.named_parameters()}
         gathered = [None] * world
-        dist.all_gather_object(gathered, {"rank": rank, "experts": standin.experts,
-                                          "params": {k: v for k, v in local.items() if ".mlp.experts.w" in k}})
+        dist.all_gather_object(
+            gathered,
+            {
+                "rank": rank,
+                "experts": standin.experts,
+                "params": {k: v for k, v in local.items() if ".mlp.experts.w" in k},
+            },
+        )
         whole = _standin(cfg_hf, ep_size=1, ep_rank=0)
         with torch.no_grad():
             for name, p in whole.named_parameters():
@@ -124,7 +154,7 @@ def rank_e2e(rank: int, world: int, hf: str, ckpt: str) -> dict:
         whole.bind_views()
         whole.process_weights_after_loading()
         rollout_lp = _rollout_log_probs(whole, mine, ga.TEMPERATURE, ga.RESPONSE)
-        mask = mine["attention_mask"][:, -ga.RESPONSE:].bool()
+        mask = mine["attention_mask"][:, -ga.RESPONSE :].bool()
         out[f"{tag}_diff"] = float((lp - rollout_lp)[mask].abs().max())
         out[f"{tag}_loaded"] = manager.loaded_params
         out[f"{tag}_experts"] = list(standin.experts)

@@ -9,6 +9,7 @@ Per rank: build its Megatron shards, then run the real sync several times and sa
   updated      after an in-place update of every shard (a new checkpoint copied into the parameters)
   one_expert   after changing expert ``CHANGED_EXPERT`` of layer ``CHANGED_LAYER`` only
 """
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,11 @@ CHANGED_LAYER, CHANGED_EXPERT = 3, 5
 
 
 def _save(out_dir: str, tag: str, rank: int, got: dict, local: dict, meter: SyncMeter) -> None:
-    torch.save({"yielded": got, "local": {k: v.clone() for k, v in local.items()}},
-               os.path.join(out_dir, f"{tag}_r{rank}.pt"))
+    torch.save(
+        {"yielded": got, "local": {k: v.clone() for k, v in local.items()}}, os.path.join(out_dir, f"{tag}_r{rank}.pt")
+    )
     with open(os.path.join(out_dir, f"{tag}_r{rank}.json"), "w") as f:
-        json.dump({"sent": meter.sent, "received": meter.received, "peak": meter.peak_extra,
-                   "calls": meter.calls}, f)
+        json.dump({"sent": meter.sent, "received": meter.received, "peak": meter.peak_extra, "calls": meter.calls}, f)
 
 
 def _sync(plan, rank, local, groups) -> tuple[dict, SyncMeter]:

@@ -5,6 +5,7 @@ with grouped GEMM, TP-extend-EP and an uneven layer list, as `verl_patches.weigh
 from a Hugging Face checkpoint (held in memory here). The rollout layout is the A3 profile's (rollout TP2,
 one vLLM instance whose EP spans every rank) scaled down to 8 ranks: EP8, one expert per rank.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -24,12 +25,19 @@ from verl_patches.weights.synthetic import random_tensor
 WORLD = 8
 TP, PP, EP = 2, 2, 2
 LAYER_LIST = (2, 3)
-ROLLOUT_TP, ROLLOUT_DP = 2, 4      # one instance, EP = 8
+ROLLOUT_TP, ROLLOUT_DP = 2, 4  # one instance, EP = 8
 
 
 def tiny_cfg() -> dict[str, Any]:
-    return make_tiny_config(256, num_hidden_layers=5, first_k_dense_replace=1, n_routed_experts=8,
-                            hidden_size=64, moe_intermediate_size=32, intermediate_size=128)
+    return make_tiny_config(
+        256,
+        num_hidden_layers=5,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        hidden_size=64,
+        moe_intermediate_size=32,
+        intermediate_size=128,
+    )
 
 
 def training_layout() -> MegatronLayout:
@@ -72,8 +80,9 @@ def weights_rank(training: MegatronLayout, rank: int) -> Rank:
     return Rank(tp=c.tp, pp=c.pp, ep=c.ep)
 
 
-def rank_state(cfg: Mapping[str, Any], hf: Mapping[str, torch.Tensor], training: MegatronLayout,
-               rank: int) -> dict[str, torch.Tensor]:
+def rank_state(
+    cfg: Mapping[str, Any], hf: Mapping[str, torch.Tensor], training: MegatronLayout, rank: int
+) -> dict[str, torch.Tensor]:
     """The Megatron shards global rank ``rank`` holds (each tensor owns its storage, like a parameter)."""
     layout = weights_layout(training.tp, training.pp, training.ep, LAYER_LIST)
     sd = build_rank_state_dict(DictSource(hf), cfg, layout, weights_rank(training, rank))
@@ -82,6 +91,7 @@ def rank_state(cfg: Mapping[str, Any], hf: Mapping[str, torch.Tensor], training:
 
 def make_groups(training: MegatronLayout, rank: int) -> SyncGroups:
     """Create every TP, PP and TP×EP group (collective: all ranks, same order); return this rank's."""
+
     def mine(groups: list[list[int]]):
         out = None
         for g in groups:
@@ -90,5 +100,8 @@ def make_groups(training: MegatronLayout, rank: int) -> SyncGroups:
                 out = pg
         return out
 
-    return SyncGroups(tp=mine(training.rank_groups("tp")), pp=mine(training.rank_groups("pp")),
-                      tp_ep=mine(training.rank_groups("tp-ep", independent_ep=True)))
+    return SyncGroups(
+        tp=mine(training.rank_groups("tp")),
+        pp=mine(training.rank_groups("pp")),
+        tp_ep=mine(training.rank_groups("tp-ep", independent_ep=True)),
+    )

@@ -1,4 +1,5 @@
 """The audit shows which weight-sync path is active."""
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,18 @@ def test_audit_reports_the_active_sync_path(flag, path):
     env = {k: v for k, v in os.environ.items() if k != "NO_ALL_TO_ALL_RESHARD"}
     if flag is not None:
         env["NO_ALL_TO_ALL_RESHARD"] = flag
-    r = subprocess.run([sys.executable, "-m", "verl_patches.audit", "--json"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "verl_patches.audit", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.stdout, r.stderr
     report = json.loads(r.stdout)
     assert report["weight_sync"]["path"] == path
-    text = subprocess.run([sys.executable, "-m", "verl_patches.audit"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "verl_patches.audit"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    ).stdout
     assert f"== Weight sync (Megatron -> rollout)\n{path} (" in text

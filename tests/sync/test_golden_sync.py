@@ -9,6 +9,7 @@ own DeepSeek loader (tests/sync/vllm_receiver.py) and checks:
   * changing one expert of one layer in training changes exactly that expert in the rollout;
   * on the all-to-all path every rank receives exactly the planner's lower bound of bytes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -99,8 +100,11 @@ def test_a_rank_is_sent_only_the_experts_it_serves(runs):
     for tag in TAGS_A2A + ("initial_ag",):
         for rank in range(L.WORLD):
             owned = rollout_for(tag).owned_experts(rank, cfg["n_routed_experts"])
-            experts = {int(n.split(".mlp.experts.")[1].split(".")[0])
-                       for n in _load(runs, tag, rank)["yielded"] if ".mlp.experts." in n}
+            experts = {
+                int(n.split(".mlp.experts.")[1].split(".")[0])
+                for n in _load(runs, tag, rank)["yielded"]
+                if ".mlp.experts." in n
+            }
             assert experts == set(owned), (tag, rank, experts)
 
 
@@ -113,8 +117,9 @@ def test_all_gather_path_yields_the_same_tensors(runs):
 
 def test_changing_one_expert_changes_exactly_that_expert_in_the_rollout(runs):
     cfg = L.tiny_cfg()
-    owner = [r for r in range(L.WORLD)
-             if G.CHANGED_EXPERT in L.rollout_layout().owned_experts(r, cfg["n_routed_experts"])]
+    owner = [
+        r for r in range(L.WORLD) if G.CHANGED_EXPERT in L.rollout_layout().owned_experts(r, cfg["n_routed_experts"])
+    ]
     p = f"model.layers.{G.CHANGED_LAYER}.mlp.experts.{G.CHANGED_EXPERT}."
     for rank in range(L.WORLD):
         before, after = _load(runs, "updated", rank)["yielded"], _load(runs, "one_expert", rank)["yielded"]
@@ -173,9 +178,11 @@ def test_rollout_log_probs_equal_the_actor_before_and_after_an_update(runs):
 
 def test_all_to_all_path_receives_exactly_the_lower_bound(runs):
     cfg, training = L.tiny_cfg(), L.training_layout()
-    for tag, path, rollout in (("initial", SyncPath.ALL_TO_ALL, L.rollout_layout()),
-                               ("two_inst", SyncPath.ALL_TO_ALL, L.rollout_layout(2)),
-                               ("initial_ag", SyncPath.ALL_GATHER, L.rollout_layout())):
+    for tag, path, rollout in (
+        ("initial", SyncPath.ALL_TO_ALL, L.rollout_layout()),
+        ("two_inst", SyncPath.ALL_TO_ALL, L.rollout_layout(2)),
+        ("initial_ag", SyncPath.ALL_GATHER, L.rollout_layout()),
+    ):
         plan = build_sync_plan(cfg, training, rollout, L.LAYER_LIST, path=path)
         for rank in range(L.WORLD):
             lb, m = lower_bound(plan, rank), _meter(runs, tag, rank)

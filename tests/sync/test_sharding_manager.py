@@ -1,4 +1,5 @@
 """E1 lifecycle with a recording rollout and model; MLA absorbed matrices rebuilt after every load."""
+
 from __future__ import annotations
 
 import pytest
@@ -78,10 +79,13 @@ class FakeChunk:
 def make(log, weights):
     model = FakeModel(log)
     manager = MegatronRolloutShardingManager(
-        [FakeChunk(log)], rollout=FakeRollout(log, model),
+        [FakeChunk(log)],
+        rollout=FakeRollout(log, model),
         weights_fn=lambda m: (log.append("generator"), weights)[1],
-        prepare_model=lambda m: log.append("prepare"), empty_cache=lambda: log.append("empty_cache"),
-        infer_tp=(1, 0, None))
+        prepare_model=lambda m: log.append("prepare"),
+        empty_cache=lambda: log.append("empty_cache"),
+        infer_tp=(1, 0, None),
+    )
     return manager, model
 
 
@@ -94,8 +98,14 @@ def test_enter_and_exit_call_the_rollout_lifecycle_in_order():
     log = []
     manager, _ = make(log, new_kv_b(0))
     with manager:
-        assert log == ["generator", "onload", "prepare", "load_weights",
-                       "process_weights_after_loading", "process_weights_after_loading"]
+        assert log == [
+            "generator",
+            "onload",
+            "prepare",
+            "load_weights",
+            "process_weights_after_loading",
+            "process_weights_after_loading",
+        ]
         log.clear()
     assert log == ["free_cache", "offload", "train", "empty_cache"]
     assert manager.loaded_params == 2 and manager.mla_layers_rebuilt == 2
@@ -118,7 +128,7 @@ def test_absorbed_matrices_follow_the_new_kv_b_proj_after_every_load():
 def test_rebuild_skips_layers_without_mla_and_counts_the_rest():
     log = []
     model = FakeModel(log, layers=3)
-    model.model.layers[1].self_attn = torch.nn.Module()      # e.g. a PP-missing layer
+    model.model.layers[1].self_attn = torch.nn.Module()  # e.g. a PP-missing layer
     assert rebuild_mla(model) == 2
 
 
@@ -158,9 +168,14 @@ def test_without_a_rollout_object_it_uses_vllm_wake_up_and_sleep():
     engine.llm_engine.model_executor.driver_worker = type("D", (), {})()
     engine.llm_engine.model_executor.driver_worker.worker = type("W", (), {})()
     engine.llm_engine.model_executor.driver_worker.worker.model_runner = type("R", (), {"model": model})()
-    manager = MegatronRolloutShardingManager([FakeChunk(log)], inference_engine=engine,
-                                             weights_fn=lambda m: new_kv_b(0), prepare_model=lambda m: None,
-                                             empty_cache=lambda: None, infer_tp=(1, 0, None))
+    manager = MegatronRolloutShardingManager(
+        [FakeChunk(log)],
+        inference_engine=engine,
+        weights_fn=lambda m: new_kv_b(0),
+        prepare_model=lambda m: None,
+        empty_cache=lambda: None,
+        infer_tp=(1, 0, None),
+    )
     with manager:
         pass
     assert log[0] == ("wake_up", ("weights",)) and ("sleep", 1) in log

@@ -3,6 +3,7 @@
 ``per_tensor_generator``. The rollout's per-token log-probs equal the actor's within 1e-4 before and after
 an ``update_actor`` step, and the update reaches the rollout. Each rank serves one expert (rollout EP8).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,12 @@ import pytest
 from tests.megatron_engine.engine_harness import run_ranks
 from tests.sync.e2e_ranks import build_hf, rank_e2e
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(1200),
-              pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.needs_components("mindspeed", "mindspeed_llm"),
+]
 TOL = 1e-4
 
 
@@ -24,7 +29,7 @@ def test_megatron_actor_to_rollout_standin(tmp_path):
     ckpt = convert(hf, tmp_path / "mcore", tp=2, pp=2, ep=2, num_layer_list=(2, 3))
     results = run_ranks(rank_e2e, 8, timeout_s=1100, hf=str(hf), ckpt=str(ckpt))
     print(json.dumps(results, indent=1))
-    for rank, r in enumerate(results):     # the harness raises on any rank's error
+    for rank, r in enumerate(results):  # the harness raises on any rank's error
         assert r["per_tensor_generator"].startswith("verl_patches."), r
         assert r["before_diff"] < TOL and r["after_diff"] < TOL, r
         assert r["update_changed_rollout"] > 1e-3, r

@@ -1,5 +1,6 @@
 """The declared patches of the weight sync: G10 converter table, uneven-PP offsets (C4/C5), B1 dispatch,
 the DP rank map (C2), and the Megatron adapters."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -23,7 +24,8 @@ LIST = (7, 7, 8, 8, 8, 8, 8, 7)
 
 # ------------------------------------------------------------------------------------------------ G10
 
-@pytest.mark.parametrize("global_layer", [0, 3])     # dense layer 0, MoE layer 3
+
+@pytest.mark.parametrize("global_layer", [0, 3])  # dense layer 0, MoE layer 3
 def test_g10_maps_every_megatron_tensor_of_a_layer_onto_the_hf_key_set(global_layer):
     cfg = L.tiny_cfg()
     conv = McoreToHFWeightConverterDeepseekV3(cfg)
@@ -71,6 +73,7 @@ def test_g10_replaces_the_deepseek_v3_entry_of_the_registry_only():
 
 # ------------------------------------------------------------------------------------------------ C4 / C5
 
+
 def test_layer_offsets_follow_the_uneven_list():
     assert [layer_offset(s, 61, 8, LIST) for s in range(8)] == [0, 7, 14, 22, 30, 38, 46, 54]
     assert [layer_offset(s, 8, 4, None) for s in range(4)] == [0, 2, 4, 6]
@@ -86,14 +89,20 @@ def test_normalize_model_name_uses_the_patched_offset(monkeypatch):
 
     monkeypatch.setattr(mu, "get_transformer_layer_offset", get_transformer_layer_offset)
     cfg = SimpleNamespace(pipeline_model_parallel_size=8, num_layers=61, num_layer_list="7,7,8,8,8,8,8,7")
-    assert normalize_model_name("decoder.layers.0.mlp.router.weight", 2, None, cfg) == "decoder.layers.14.mlp.router.weight"
-    assert normalize_model_name("decoder.layers.6.input_layernorm.weight", 7, None, cfg) == \
-        "decoder.layers.60.input_layernorm.weight"
+    assert (
+        normalize_model_name("decoder.layers.0.mlp.router.weight", 2, None, cfg)
+        == "decoder.layers.14.mlp.router.weight"
+    )
+    assert (
+        normalize_model_name("decoder.layers.6.input_layernorm.weight", 7, None, cfg)
+        == "decoder.layers.60.input_layernorm.weight"
+    )
     with pytest.raises(InvalidLayoutError, match="no_virtual_pipeline"):
         get_transformer_layer_offset(1, 1, cfg)
 
 
 # ------------------------------------------------------------------------------------------------ B1 / C2
+
 
 class FakeWorkerGroup:
     def __init__(self, layout: MegatronLayout):
@@ -108,8 +117,10 @@ def test_megatron_compute_proto_dispatch_carries_the_dp_rank_map():
     from verl.single_controller.base.decorator import Dispatch
 
     seen = []
-    fns = {Dispatch.MEGATRON_COMPUTE_PROTO: {"dispatch_fn": lambda wg, *a, **k: seen.append(a) or a, "collect_fn": "c"},
-           Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": "d", "collect_fn": "c"}}
+    fns = {
+        Dispatch.MEGATRON_COMPUTE_PROTO: {"dispatch_fn": lambda wg, *a, **k: seen.append(a) or a, "collect_fn": "c"},
+        Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": "d", "collect_fn": "c"},
+    }
     lookup = with_dp_rank_map(lambda dispatch_mode: fns[dispatch_mode])
     assert lookup(dispatch_mode=Dispatch.DP_COMPUTE_PROTO) is fns[Dispatch.DP_COMPUTE_PROTO]
     mode = lookup(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
@@ -131,18 +142,32 @@ def test_dp_rank_map_plans_like_the_layout_it_came_from():
 
 # ------------------------------------------------------------------------------------------------ adapters
 
+
 class FakeMpu:
     def __init__(self, layout, rank):
         c = layout.coords(rank)
         self.sizes, self.ranks = (layout.tp, layout.pp, layout.ep, layout.cp), (c.tp, c.pp, c.ep)
 
-    def get_tensor_model_parallel_world_size(self): return self.sizes[0]
-    def get_pipeline_model_parallel_world_size(self): return self.sizes[1]
-    def get_expert_model_parallel_world_size(self): return self.sizes[2]
-    def get_context_parallel_world_size(self): return self.sizes[3]
-    def get_tensor_model_parallel_rank(self): return self.ranks[0]
-    def get_pipeline_model_parallel_rank(self): return self.ranks[1]
-    def get_expert_model_parallel_rank(self): return self.ranks[2]
+    def get_tensor_model_parallel_world_size(self):
+        return self.sizes[0]
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.sizes[1]
+
+    def get_expert_model_parallel_world_size(self):
+        return self.sizes[2]
+
+    def get_context_parallel_world_size(self):
+        return self.sizes[3]
+
+    def get_tensor_model_parallel_rank(self):
+        return self.ranks[0]
+
+    def get_pipeline_model_parallel_rank(self):
+        return self.ranks[1]
+
+    def get_expert_model_parallel_rank(self):
+        return self.ranks[2]
 
 
 def test_megatron_layout_is_checked_against_megatrons_own_ranks():
@@ -189,9 +214,15 @@ from verl.single_controller.base.decorator import Dispatch, get_predefined_dispa
 fn = get_predefined_dispatch_fn(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)["dispatch_fn"]
 print(mu.per_tensor_generator.__module__, mu.get_transformer_layer_offset.__module__, fn.__wrapped__.__name__)
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     # the MEGATRON_COMPUTE_PROTO dispatch is our annotating wrapper around upstream's function
     assert r.stdout.split() == ["verl_patches.patches.verl.utils.megatron_utils"] * 2 + [
-        "dispatch_megatron_compute_data_proto"], r.stdout
+        "dispatch_megatron_compute_data_proto"
+    ], r.stdout

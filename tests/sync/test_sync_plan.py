@@ -1,4 +1,5 @@
 """Pure parts of the weight sync: path flag, parameter table, plan routes, lower bound, tensor conversions."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,10 +14,16 @@ from verl_patches.sync.plan import SyncPath, build_sync_plan, lower_bound
 from verl_patches.weights import tensor_layout as tl
 
 
-@pytest.mark.parametrize("env, want", [({}, ALL_TO_ALL), ({"NO_ALL_TO_ALL_RESHARD": "0"}, ALL_TO_ALL),
-                                       ({"NO_ALL_TO_ALL_RESHARD": ""}, ALL_TO_ALL),
-                                       ({"NO_ALL_TO_ALL_RESHARD": "1"}, ALL_GATHER),
-                                       ({"NO_ALL_TO_ALL_RESHARD": "true"}, ALL_GATHER)])
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, ALL_TO_ALL),
+        ({"NO_ALL_TO_ALL_RESHARD": "0"}, ALL_TO_ALL),
+        ({"NO_ALL_TO_ALL_RESHARD": ""}, ALL_TO_ALL),
+        ({"NO_ALL_TO_ALL_RESHARD": "1"}, ALL_GATHER),
+        ({"NO_ALL_TO_ALL_RESHARD": "true"}, ALL_GATHER),
+    ],
+)
 def test_sync_path_flag(env, want):
     assert active_sync_path(env) == want
     assert describe_sync_path(env)["path"] == want
@@ -44,8 +51,8 @@ def test_every_non_expert_parameter_takes_exactly_one_route(plans):
     assert not any(".mlp.experts." in n for n in everything)
     # the routes the vendor's rules predict for layers [2, 3] with one dense layer
     assert {"embedding.word_embeddings.weight", "output_layer.weight", "decoder.final_layernorm.weight"} <= set(legacy)
-    assert "decoder.layers.4.self_attention.linear_qkv.weight" in legacy          # local index 2 exists on stage 1 only
-    assert "decoder.layers.0.mlp.linear_fc1.weight" in legacy                     # dense on stage 0, MoE on stage 1
+    assert "decoder.layers.4.self_attention.linear_qkv.weight" in legacy  # local index 2 exists on stage 1 only
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in legacy  # dense on stage 0, MoE on stage 1
     assert "decoder.layers.2.mlp.router.expert_bias" in legacy
     assert "decoder.layers.0.self_attention.linear_qb.weight" in lockstep
     assert "decoder.layers.1.mlp.router.expert_bias" in lockstep
@@ -81,6 +88,7 @@ def test_plan_errors_name_the_number_at_fault():
         build_sync_plan(cfg, L.training_layout(), L.rollout_layout(), (2, 2))
     with pytest.raises(InvalidLayoutError, match="same_world_size"):
         from verl_patches.reshard.layout import RolloutLayout
+
         build_sync_plan(cfg, L.training_layout(), RolloutLayout(4, 2, 2), L.LAYER_LIST)
 
 

@@ -10,6 +10,7 @@ Expert loaders behave like vLLM's FusedMoE with an expert map: an expert this ra
 skipped; it is also recorded as a violation if a non-empty tensor for it arrives (the sync must never
 send one). Parameters are zero-size: the receiver keeps a copy of each loaded tensor in ``loaded``.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -35,24 +36,42 @@ def vllm_param_names(cfg: Mapping[str, Any]) -> list[str]:
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"self_attn.{n}.weight" for n in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
-                                                       "kv_a_layernorm", "kv_b_proj", "o_proj")]
+        names += [
+            p + f"self_attn.{n}.weight"
+            for n in (
+                "q_a_proj",
+                "q_a_layernorm",
+                "q_b_proj",
+                "kv_a_proj_with_mqa",
+                "kv_a_layernorm",
+                "kv_b_proj",
+                "o_proj",
+            )
+        ]
         if layer < cfg["first_k_dense_replace"]:
             names += [p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"]
         else:
-            names += [p + "mlp.gate.weight", p + "mlp.gate.e_score_correction_bias",
-                      p + "mlp.shared_experts.gate_up_proj.weight", p + "mlp.shared_experts.down_proj.weight",
-                      p + "mlp.experts.w13_weight", p + "mlp.experts.w2_weight"]
+            names += [
+                p + "mlp.gate.weight",
+                p + "mlp.gate.e_score_correction_bias",
+                p + "mlp.shared_experts.gate_up_proj.weight",
+                p + "mlp.shared_experts.down_proj.weight",
+                p + "mlp.experts.w13_weight",
+                p + "mlp.experts.w2_weight",
+            ]
     return names
 
 
 class VllmDeepseekReceiver(nn.Module):
     def __init__(self, cfg: Mapping[str, Any], owned_experts: range):
         super().__init__()
-        self.config = SimpleNamespace(n_routed_experts=cfg["n_routed_experts"],
-                                      num_hidden_layers=cfg["num_hidden_layers"], num_nextn_predict_layers=0)
+        self.config = SimpleNamespace(
+            n_routed_experts=cfg["n_routed_experts"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_nextn_predict_layers=0,
+        )
         self.owned = owned_experts
-        self.loaded: dict[tuple, torch.Tensor] = {}       # (vllm name, shard id or None, expert or None)
+        self.loaded: dict[tuple, torch.Tensor] = {}  # (vllm name, shard id or None, expert or None)
         self.violations: list[str] = []
         self.calls = 0
         for name in vllm_param_names(cfg):
@@ -63,11 +82,13 @@ class VllmDeepseekReceiver(nn.Module):
     def _loader(self, pname: str):
         def load(param, weight, *args, **kwargs):
             self.calls += 1
-            if "expert_id" in kwargs:                     # FusedMoE.weight_loader(param, w, name, shard_id, expert_id)
+            if "expert_id" in kwargs:  # FusedMoE.weight_loader(param, w, name, shard_id, expert_id)
                 expert, shard = kwargs["expert_id"], kwargs["shard_id"]
                 if expert not in self.owned:
                     if weight.numel():
-                        self.violations.append(f"{pname} expert {expert} (not served here) received {tuple(weight.shape)}")
+                        self.violations.append(
+                            f"{pname} expert {expert} (not served here) received {tuple(weight.shape)}"
+                        )
                     return
                 key = (pname, shard, expert)
             else:
@@ -75,6 +96,7 @@ class VllmDeepseekReceiver(nn.Module):
             if key in self.loaded:
                 self.violations.append(f"{key} loaded twice")
             self.loaded[key] = weight.clone()
+
         return load
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

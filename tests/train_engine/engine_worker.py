@@ -32,26 +32,52 @@ def main() -> dict:
     layer_list = [int(c) for c in os.environ["LAYERS"].split(",")] if os.environ.get("LAYERS") else None
     dist.init_process_group("gloo")
     cfg = translate_verl_train_configs_to_megatron(
-        verl_config(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp,
-                    pipeline_model_parallel_size=pp, pipeline_parallel_num_layer_list=layer_list,
-                    fix_router=os.environ.get("FIX_ROUTER", "0") == "1",
-                    swap_optimizer=os.environ.get("SWAP", "0") == "1"), TINY_HF_CONFIG)
+        verl_config(
+            tensor_model_parallel_size=tp,
+            expert_model_parallel_size=ep,
+            sequence_parallel=sp,
+            pipeline_model_parallel_size=pp,
+            pipeline_parallel_num_layer_list=layer_list,
+            fix_router=os.environ.get("FIX_ROUTER", "0") == "1",
+            swap_optimizer=os.environ.get("SWAP", "0") == "1",
+        ),
+        TINY_HF_CONFIG,
+    )
     args = initialize_megatron(cfg)
     from megatron.core import parallel_state as mpu
 
-    seen = {"argv_restored": sys.argv == ORIGINAL_ARGV, "compile_is_real": torch.compile is REAL_COMPILE,
-            "rank_generator_module": mpu.RankGenerator.get_ranks.__module__,
-            "communicate_shapes": __import__("megatron.core.pipeline_parallel.p2p_communication",
-                                             fromlist=["x"])._communicate_shapes.__module__,
-            "tp": mpu.get_tensor_model_parallel_world_size(), "pp": mpu.get_pipeline_model_parallel_world_size(),
-            "pp_rank": mpu.get_pipeline_model_parallel_rank(), "ep": mpu.get_expert_model_parallel_world_size(),
-            "dp": mpu.get_data_parallel_world_size(),
-            "flags": {k: bool(getattr(args, k)) for k in (
-                "use_fused_rmsnorm", "use_flash_attn", "use_fused_swiglu", "use_fused_rotary_pos_emb", "moe_grouped_gemm",
-                "moe_tp_extend_ep", "moe_alltoall_overlap_comm", "moe_permutation_async_comm",
-                "gemm_gradient_accumulation_fusion", "use_fused_moe_token_permute_and_unpermute",
-                "moe_router_enable_expert_bias", "multi_head_latent_attention", "use_distributed_optimizer",
-                "sequence_parallel")}}
+    seen = {
+        "argv_restored": sys.argv == ORIGINAL_ARGV,
+        "compile_is_real": torch.compile is REAL_COMPILE,
+        "rank_generator_module": mpu.RankGenerator.get_ranks.__module__,
+        "communicate_shapes": __import__(
+            "megatron.core.pipeline_parallel.p2p_communication", fromlist=["x"]
+        )._communicate_shapes.__module__,
+        "tp": mpu.get_tensor_model_parallel_world_size(),
+        "pp": mpu.get_pipeline_model_parallel_world_size(),
+        "pp_rank": mpu.get_pipeline_model_parallel_rank(),
+        "ep": mpu.get_expert_model_parallel_world_size(),
+        "dp": mpu.get_data_parallel_world_size(),
+        "flags": {
+            k: bool(getattr(args, k))
+            for k in (
+                "use_fused_rmsnorm",
+                "use_flash_attn",
+                "use_fused_swiglu",
+                "use_fused_rotary_pos_emb",
+                "moe_grouped_gemm",
+                "moe_tp_extend_ep",
+                "moe_alltoall_overlap_comm",
+                "moe_permutation_async_comm",
+                "gemm_gradient_accumulation_fusion",
+                "use_fused_moe_token_permute_and_unpermute",
+                "moe_router_enable_expert_bias",
+                "multi_head_latent_attention",
+                "use_distributed_optimizer",
+                "sequence_parallel",
+            )
+        },
+    }
 
     calls: dict[str, int] = {}
     real_ops = builder_ops.emulated_ops
@@ -90,8 +116,9 @@ def main() -> dict:
     seen["expert_bias"] = getattr(moe.router, "expert_bias", None) is not None
     with torch.no_grad():  # 6 tokens x top-2 through the router of the last MoE layer
         probe = torch.randn(6, 1, TINY_HF_CONFIG["hidden_size"], generator=torch.Generator().manual_seed(0))
-        seen["router_indices"] = moe.router.routing(moe.router.gating(probe.to(torch.bfloat16)).view(
-            -1, TINY_HF_CONFIG["n_routed_experts"]))[1].tolist()
+        seen["router_indices"] = moe.router.routing(
+            moe.router.gating(probe.to(torch.bfloat16)).view(-1, TINY_HF_CONFIG["n_routed_experts"])
+        )[1].tolist()
 
     torch.manual_seed(1)
     tokens = torch.randint(0, TINY_HF_CONFIG["vocab_size"], (2, 16))
@@ -114,10 +141,16 @@ def main() -> dict:
     with torch.no_grad():
         model[0](tokens, position_ids, mask)
     after = list(gpt.parameters())
-    seen.update(loss=float(loss), step_ok=bool(ok), grad_norm=float(grad_norm),
-                changed=sum(int(not torch.equal(a, b.detach())) for a, b in zip(before, after)),
-                unchanged=[n for n, a, b in zip(names, before, after) if torch.equal(a, b.detach())],
-                params=len(before), logits_shape=list(logits.shape), calls=calls)
+    seen.update(
+        loss=float(loss),
+        step_ok=bool(ok),
+        grad_norm=float(grad_norm),
+        changed=sum(int(not torch.equal(a, b.detach())) for a, b in zip(before, after)),
+        unchanged=[n for n, a, b in zip(names, before, after) if torch.equal(a, b.detach())],
+        params=len(before),
+        logits_shape=list(logits.shape),
+        calls=calls,
+    )
     return seen
 
 
@@ -147,8 +180,15 @@ def pipeline_step(model, optimizer, args) -> dict:
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-                                num_microbatches=2, seq_length=16, micro_batch_size=2, forward_only=False)
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(batches),
+        model=model,
+        num_microbatches=2,
+        seq_length=16,
+        micro_batch_size=2,
+        forward_only=False,
+    )
     ok, grad_norm, _ = optimizer.step()
     return {"pp_losses": losses, "step_ok": bool(ok), "grad_norm": float(grad_norm)}
 

@@ -24,20 +24,52 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_engine(tmp_path: Path, tp: int, ep: int, sp: bool, pp: int = 1, layers: str = "",
-               fix_router: bool = False, swap_optimizer: bool = False) -> list[dict]:
+def run_engine(
+    tmp_path: Path,
+    tp: int,
+    ep: int,
+    sp: bool,
+    pp: int = 1,
+    layers: str = "",
+    fix_router: bool = False,
+    swap_optimizer: bool = False,
+) -> list[dict]:
     port, world = _port(), 2
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_PATCHES_DEVICE")}
-        env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TP=str(tp), EP=str(ep), SP="1" if sp else "0", PP=str(pp), LAYERS=layers,
-                   FIX_ROUTER="1" if fix_router else "0", SWAP="1" if swap_optimizer else "0",
-                   VERL_PATCHES_QUIET="1", OMP_NUM_THREADS="1")
+        env.update(
+            PYTHONPATH=str(REPO),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            TP=str(tp),
+            EP=str(ep),
+            SP="1" if sp else "0",
+            PP=str(pp),
+            LAYERS=layers,
+            FIX_ROUTER="1" if fix_router else "0",
+            SWAP="1" if swap_optimizer else "0",
+            VERL_PATCHES_QUIET="1",
+            OMP_NUM_THREADS="1",
+        )
         out = tmp_path / f"rank{rank}.json"
         log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "tests.train_engine.engine_worker", str(out)], cwd=REPO,
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), out, log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.train_engine.engine_worker", str(out)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                out,
+                log,
+            )
+        )
     results = []
     for proc, out, log in procs:
         try:
@@ -63,9 +95,16 @@ def check_common(r: dict) -> None:
     # Every weight moves except RMSNorm scales: they start at 1.0, where a bf16 step of ~lr (1e-3) is below
     # half an ulp (2^-8) and rounds back (the fp32 main copy in the optimizer does move).
     assert r["unchanged"] and all("layernorm" in n for n in r["unchanged"]), r["unchanged"]
-    for op in ("npu_rms_norm", "npu_fusion_attention", "npu_swiglu", "builder:npu_rotary_position_embedding",
-               "builder:grouped_matmul", "builder:npu_groupmatmul_add_fp32", "builder:npu_moe_token_permute",
-               "builder:npu_moe_token_unpermute"):
+    for op in (
+        "npu_rms_norm",
+        "npu_fusion_attention",
+        "npu_swiglu",
+        "builder:npu_rotary_position_embedding",
+        "builder:grouped_matmul",
+        "builder:npu_groupmatmul_add_fp32",
+        "builder:npu_moe_token_permute",
+        "builder:npu_moe_token_unpermute",
+    ):
         assert r["calls"].get(op, 0) > 0, (op, r["calls"])
 
 

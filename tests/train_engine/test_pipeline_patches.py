@@ -9,9 +9,18 @@ import pytest
 from verl_patches.patches.megatron import pipeline_layers as pl
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ([7, 7, 8, 8, 8, 8, 8, 7], [7, 7, 8, 8, 8, 8, 8, 7]), ("7,7,8", [7, 7, 8]), ("[1, 2]", [1, 2]),
-    ((3,), [3]), (None, None), ("", None), ([], None)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ([7, 7, 8, 8, 8, 8, 8, 7], [7, 7, 8, 8, 8, 8, 8, 7]),
+        ("7,7,8", [7, 7, 8]),
+        ("[1, 2]", [1, 2]),
+        ((3,), [3]),
+        (None, None),
+        ("", None),
+        ([], None),
+    ],
+)
 def test_parse_num_layer_list(raw, expected):
     assert pl.parse_num_layer_list(raw) == expected
 
@@ -86,10 +95,12 @@ def _shapes_scenario(rank: int, world: int) -> dict[str, str]:
             cfg = types.SimpleNamespace(use_ring_exchange_p2p=False, batch_p2p_comm=batch, batch_p2p_sync=True)
             send = torch.zeros(5 + r, 1, 7)
             first, last = r == 0, r == w - 1
-            prev, nxt = p2p._communicate_shapes(None if last else send, None if first else send,
-                                                recv_prev=not first, recv_next=not last, config=cfg)
+            prev, nxt = p2p._communicate_shapes(
+                None if last else send, None if first else send, recv_prev=not first, recv_next=not last, config=cfg
+            )
             assert prev == ([0, 0, 0] if first else [5 + r - 1, 1, 7]), prev
             assert nxt == ([0, 0, 0] if last else [5 + r + 1, 1, 7]), nxt
+
         return run
 
     return run_scenarios({"ordered": exchange(False), "batched": exchange(True)}, rank, world)

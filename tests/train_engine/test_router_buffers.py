@@ -1,4 +1,5 @@
 """The router's float32 buffers survive Megatron's bf16 Float16Module (and the checkpoint loads unrounded)."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,14 @@ def float16_module(module: torch.nn.Module) -> torch.nn.Module:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, bf16=True,
-                            params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    cfg = TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=1,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+    )
     return Float16Module(cfg, module)
 
 
@@ -41,7 +48,7 @@ def test_megatron_float16_module_rounds_the_buffers_and_the_fix_restores_float32
     assert sorted(cast) == ["chunk0:module.router.expert_bias", "chunk0:module.router.local_tokens_per_expert"]
     assert router.expert_bias.dtype == router.local_tokens_per_expert.dtype == torch.float32
     assert router.weight.dtype == torch.bfloat16 and chunk.module.norm.weight.dtype == torch.bfloat16
-    exact = torch.tensor([1 + 2 ** -20, -3e-4, 0.125, 7.0000005])
+    exact = torch.tensor([1 + 2**-20, -3e-4, 0.125, 7.0000005])
     state = {k: v.clone() for k, v in chunk.state_dict().items()}
     state["router.expert_bias"] = exact  # Float16Module (de)serialises its inner module
     chunk.load_state_dict(state)

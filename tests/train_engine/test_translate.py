@@ -12,29 +12,66 @@ from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
 from verl_patches import compile_toggle
 from verl_patches.train_engine.argv import parse_args_from_config
 from verl_patches.train_engine.megatron_config import KNOWN_ARGS, MegatronConfig
-from verl_patches.train_engine.translate import (CONSUMED_PROFILE_KEYS, TranslationError,
-                                                 translate_verl_train_configs_to_megatron)
+from verl_patches.train_engine.translate import (
+    CONSUMED_PROFILE_KEYS,
+    TranslationError,
+    translate_verl_train_configs_to_megatron,
+)
 
-DSV3 = {**TINY_HF_CONFIG, "num_hidden_layers": 61, "hidden_size": 7168, "intermediate_size": 18432,
-        "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128, "n_routed_experts": 256,
-        "num_experts_per_tok": 8, "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "vocab_size": 129280,
-        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-        "v_head_dim": 128, "max_position_embeddings": 163840,
-        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "original_max_position_embeddings": 4096, "type": "yarn"}}
+DSV3 = {
+    **TINY_HF_CONFIG,
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "n_group": 8,
+    "topk_group": 4,
+    "vocab_size": 129280,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+}
 
 
 def a3_config(**megatron):
-    settings = dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=8, expert_model_parallel_size=8,
-                    sequence_parallel=True, swap_optimizer=True, pipeline_parallel_num_layer_list=[7, 7, 8, 8, 8, 8, 8, 7])
+    settings = dict(
+        tensor_model_parallel_size=4,
+        pipeline_model_parallel_size=8,
+        expert_model_parallel_size=8,
+        sequence_parallel=True,
+        swap_optimizer=True,
+        pipeline_parallel_num_layer_list=[7, 7, 8, 8, 8, 8, 8, 7],
+    )
     settings.update(megatron)
     cfg = verl_config(**settings)
     cfg["data"].update(train_batch_size=512, max_prompt_length=1024, max_response_length=3072)
     cfg["actor_rollout_ref"]["rollout"]["n"] = 16
     cfg["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 1
-    cfg["actor_rollout_ref"]["model"].update(enable_gradient_checkpointing=True, gradient_checkpointing_kwargs={
-        "activations_checkpoint_granularity": "full", "activations_checkpoint_method": "block",
-        "activations_checkpoint_num_layers": 8})
+    cfg["actor_rollout_ref"]["model"].update(
+        enable_gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={
+            "activations_checkpoint_granularity": "full",
+            "activations_checkpoint_method": "block",
+            "activations_checkpoint_num_layers": 8,
+        },
+    )
     return OmegaConf.create(cfg)
 
 
@@ -42,8 +79,11 @@ def test_a3_profile_snapshot():
     out = translate_verl_train_configs_to_megatron(a3_config(), DSV3)
     assert out["global_batch_size"] == 8192 and out["micro_batch_size"] == 1 and out["seq_length"] == 4096
     assert out["num_layer_list"] == "7,7,8,8,8,8,8,7"
-    assert (out["tensor_model_parallel_size"], out["pipeline_model_parallel_size"], out["expert_model_parallel_size"]) \
-        == (4, 8, 8)
+    assert (
+        out["tensor_model_parallel_size"],
+        out["pipeline_model_parallel_size"],
+        out["expert_model_parallel_size"],
+    ) == (4, 8, 8)
     assert out["sequence_parallel"] and out["swap_optimizer"] and out["use_distributed_optimizer"]
     assert out["num_query_groups"] == 128 and out["group_query_attention"] is False
     assert out["multi_head_latent_attention"] and out["q_lora_rank"] == 1536 and out["v_head_dim"] == 128
@@ -51,10 +91,21 @@ def test_a3_profile_snapshot():
     assert out["moe_router_load_balancing_type"] == "noaux_tc" and out["moe_router_score_function"] == "sigmoid"
     assert out["num_experts"] == 256 and out["moe_router_topk"] == 8 and out["first_k_dense_replace"] == 3
     assert out["recompute_granularity"] == "full" and out["recompute_num_layers"] == 8
-    for flag in ("use_fused_rmsnorm", "use_flash_attn", "use_fused_swiglu", "use_fused_rotary_pos_emb", "moe_grouped_gemm",
-                 "moe_tp_extend_ep", "moe_alltoall_overlap_comm", "moe_permutation_async_comm",
-                 "gemm_gradient_accumulation_fusion", "use_fused_moe_token_permute_and_unpermute",
-                 "moe_router_enable_expert_bias", "bf16", "variable_seq_lengths"):
+    for flag in (
+        "use_fused_rmsnorm",
+        "use_flash_attn",
+        "use_fused_swiglu",
+        "use_fused_rotary_pos_emb",
+        "moe_grouped_gemm",
+        "moe_tp_extend_ep",
+        "moe_alltoall_overlap_comm",
+        "moe_permutation_async_comm",
+        "gemm_gradient_accumulation_fusion",
+        "use_fused_moe_token_permute_and_unpermute",
+        "moe_router_enable_expert_bias",
+        "bf16",
+        "variable_seq_lengths",
+    ):
         assert out[flag] is True, flag
     assert out["shape_order"] == "BNSD" and out["spec"][0].endswith("deepseek_spec")
 
@@ -70,17 +121,23 @@ def test_profile_keys_are_consumed():
     fixed = translate_verl_train_configs_to_megatron(a3_config(fix_router=True), DSV3)
     assert not base["fix_router"] and fixed["fix_router"]
     assert [k.rsplit(".", 1)[1] for k in CONSUMED_PROFILE_KEYS] == [
-        "pipeline_parallel_num_layer_list", "swap_optimizer", "fix_router"]
+        "pipeline_parallel_num_layer_list",
+        "swap_optimizer",
+        "fix_router",
+    ]
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"pipeline_parallel_num_layer_list": [7, 7, 8, 8, 8, 8, 8, 8]}, "sums to 62"),
-    ({"pipeline_parallel_num_layer_list": [8, 8]}, "2 entries"),
-    ({"pipeline_parallel_num_layer_list": None}, "pipeline_parallel_num_layer_list"),
-    ({"optimizer_offload": True}, "swap_optimizer and"),
-    ({"sequence_parallel": False}, "sequence_parallel must be true"),
-    ({"tensor_model_parallel_size": "4"}, "tensor_model_parallel_size must be an integer"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"pipeline_parallel_num_layer_list": [7, 7, 8, 8, 8, 8, 8, 8]}, "sums to 62"),
+        ({"pipeline_parallel_num_layer_list": [8, 8]}, "2 entries"),
+        ({"pipeline_parallel_num_layer_list": None}, "pipeline_parallel_num_layer_list"),
+        ({"optimizer_offload": True}, "swap_optimizer and"),
+        ({"sequence_parallel": False}, "sequence_parallel must be true"),
+        ({"tensor_model_parallel_size": "4"}, "tensor_model_parallel_size must be an integer"),
+    ],
+)
 def test_validation_errors_name_the_key(change, key):
     with pytest.raises(TranslationError, match=key):
         translate_verl_train_configs_to_megatron(a3_config(**change), DSV3)
@@ -114,8 +171,9 @@ def test_megatron_config_is_a_whitelist():
 
 
 def test_argv_rendering_rules():
-    argv = parse_args_from_config({"a_b": True, "off": False, "none": None, "lst": [1, "x"], "n": 3, "s": "a b",
-                                   "empty": []})
+    argv = parse_args_from_config(
+        {"a_b": True, "off": False, "none": None, "lst": [1, "x"], "n": 3, "s": "a b", "empty": []}
+    )
     assert argv == ["--a-b", "--lst", "1", "x", "--n=3", "--s=a b"]
     with pytest.raises(TypeError, match="mapping"):
         parse_args_from_config({"d": {"x": 1}})
@@ -148,8 +206,9 @@ def test_reference_role_uses_its_micro_batch_and_shares_the_layout():
     ref = translate_verl_train_configs_to_megatron(cfg, DSV3, role="ref")
     actor = translate_verl_train_configs_to_megatron(cfg, DSV3)
     assert ref["micro_batch_size"] == 8 and actor["micro_batch_size"] == 1
-    assert {k: v for k, v in ref.items() if k != "micro_batch_size"} == \
-        {k: v for k, v in actor.items() if k != "micro_batch_size"}
+    assert {k: v for k, v in ref.items() if k != "micro_batch_size"} == {
+        k: v for k, v in actor.items() if k != "micro_batch_size"
+    }
     cfg.actor_rollout_ref.ref.megatron.tensor_model_parallel_size = 2
     with pytest.raises(TranslationError, match="ref.megatron.tensor_model_parallel_size=2"):
         translate_verl_train_configs_to_megatron(cfg, DSV3, role="ref")

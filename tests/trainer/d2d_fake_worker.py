@@ -2,6 +2,7 @@
 methods, stacked in the order the catalog applies them on the real class. Its inner methods record what
 they receive and answer like upstream's: generate returns this rank's rollout chunk (on the host, as
 upstream moves it), ref returns ``ref_log_prob`` from the inputs, update returns metrics."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,11 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from verl_patches.patches.verl.workers.d2d_cache import (wrap_compute_ref_log_prob, wrap_generate_sequences,
-                                                         wrap_update_actor)
+from verl_patches.patches.verl.workers.d2d_cache import (
+    wrap_compute_ref_log_prob,
+    wrap_generate_sequences,
+    wrap_update_actor,
+)
 from verl_patches.patches.verl.workers.progress_points import with_call_progress
 
 P, R = 3, 2  # prompt and response length
@@ -24,9 +28,14 @@ def rollout_chunk(rank: int, rows: int) -> dict[str, torch.Tensor]:
     responses = torch.randint(3, 50, (rows, R), generator=g)
     mask = torch.ones(rows, P + R, dtype=torch.long)
     mask[0, -1] = 0
-    return {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": mask, "position_ids": torch.arange(P + R).expand(rows, -1).clone(),
-            "rollout_log_probs": -torch.rand(rows, R, generator=g) - rank}
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": mask,
+        "position_ids": torch.arange(P + R).expand(rows, -1).clone(),
+        "rollout_log_probs": -torch.rand(rows, R, generator=g) - rank,
+    }
 
 
 def ref_log_prob_of(input_ids: torch.Tensor) -> torch.Tensor:
@@ -34,8 +43,7 @@ def ref_log_prob_of(input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def worker_config(**actor: Any) -> Any:
-    return OmegaConf.create({"actor": {"use_kl_loss": True, "recompute_old_log_prob": False, "ppo_epochs": 1,
-                                       **actor}})
+    return OmegaConf.create({"actor": {"use_kl_loss": True, "recompute_old_log_prob": False, "ppo_epochs": 1, **actor}})
 
 
 class FakeWorker:

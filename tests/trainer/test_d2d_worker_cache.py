@@ -4,18 +4,24 @@ attention_mask, ref takes its inputs from the cache and keeps ref_log_prob there
 with the driver's advantages and clears it, also when it fails; validation and calls without the driver's
 flag pass through; a worker call with meta_info global_steps=7 makes the installed watchdog report step 7.
 The reshard across ranks is tested over gloo in test_d2d_worker_multiproc.py."""
+
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 import torch
 
 from verl_patches.patches.verl.workers.d2d_cache import CACHE_ATTR, D2DFlowError, cache_of
 from verl_patches.reshard.errors import TensorCachePreconditionError
-from verl_patches.trainer.step_payloads import (D2D_META_KEY, GENERATE_TO_DRIVER_WITH_D2D, STEP_META_KEY, ref_payload,
-                                                stamp, update_payload)
+from verl_patches.trainer.step_payloads import (
+    D2D_META_KEY,
+    GENERATE_TO_DRIVER_WITH_D2D,
+    STEP_META_KEY,
+    ref_payload,
+    stamp,
+    update_payload,
+)
 
 from d2d_fake_worker import FakeWorker, ref_log_prob_of, rollout_chunk, worker_config
 
@@ -79,17 +85,24 @@ def test_one_step_ref_reads_the_cache_update_unions_and_clears() -> None:
     assert sorted(w.seen["ref"]) == ["attention_mask", "input_ids", "position_ids", "responses"]
     for k, v in w.seen["ref"].items():
         assert torch.equal(v, chunk[k]), k
-    assert list(ref_out.batch.keys()) == [] and len(ref_out) == ROWS       # nothing but its size to the driver
+    assert list(ref_out.batch.keys()) == [] and len(ref_out) == ROWS  # nothing but its size to the driver
     seen = w.seen["update"]
-    assert sorted(seen) == ["advantages", "attention_mask", "input_ids", "position_ids", "ref_log_prob",
-                            "responses", "rollout_log_probs"]
+    assert sorted(seen) == [
+        "advantages",
+        "attention_mask",
+        "input_ids",
+        "position_ids",
+        "ref_log_prob",
+        "responses",
+        "rollout_log_probs",
+    ]
     assert torch.equal(seen["ref_log_prob"], ref_log_prob_of(chunk["input_ids"]))
-    assert torch.equal(seen["rollout_log_probs"], chunk["rollout_log_probs"])   # for the actor's mismatch metric
+    assert torch.equal(seen["rollout_log_probs"], chunk["rollout_log_probs"])  # for the actor's mismatch metric
     assert torch.equal(seen["advantages"], torch.arange(ROWS * 2, dtype=torch.float32).view(ROWS, 2))
-    assert w.seen["update_meta"]["global_token_num"] == [5] * ROWS              # the driver's meta_info arrives
+    assert w.seen["update_meta"]["global_token_num"] == [5] * ROWS  # the driver's meta_info arrives
     assert upd_out.meta_info["metrics"] == {"actor/pg_loss": [0.0]}
     assert len(cache_of(w)) == 0
-    run_step(w, step=2)                                                           # the next step re-puts freely
+    run_step(w, step=2)  # the next step re-puts freely
     assert len(cache_of(w)) == 0
 
 
@@ -107,7 +120,7 @@ def test_a_failed_call_leaves_no_stale_entries(where: str) -> None:
 
 def test_generate_drops_entries_of_an_unfinished_step(caplog: pytest.LogCaptureFixture) -> None:
     w = FakeWorker(0, 1, ROWS)
-    w.generate_sequences(prompts(step=1))                       # the driver died before ref/update
+    w.generate_sequences(prompts(step=1))  # the driver died before ref/update
     with caplog.at_level(logging.WARNING, logger="verl_patches"):
         run_step(w, step=2)
     assert "unfinished step" in caplog.text
@@ -116,8 +129,9 @@ def test_generate_drops_entries_of_an_unfinished_step(caplog: pytest.LogCaptureF
 
 def test_out_of_order_or_incomplete_calls_are_named_errors() -> None:
     w = FakeWorker(0, 1, ROWS)
-    batch = driver_batch(DataProto.from_dict({k: v for k, v in rollout_chunk(0, ROWS).items()
-                                              if k in GENERATE_TO_DRIVER_WITH_D2D}))
+    batch = driver_batch(
+        DataProto.from_dict({k: v for k, v in rollout_chunk(0, ROWS).items() if k in GENERATE_TO_DRIVER_WITH_D2D})
+    )
     ref_in = stamp(ref_payload(batch, True), 1, True)
     ref_in.meta_info.update(DP_MAP)
     with pytest.raises(D2DFlowError, match="rank 0: compute_ref_log_prob .* cached nothing"):
@@ -126,18 +140,22 @@ def test_out_of_order_or_incomplete_calls_are_named_errors() -> None:
     del ref_in.meta_info["global_megatron_dp_ranks"]
     with pytest.raises(D2DFlowError, match="global_megatron_dp_ranks"):
         w.compute_ref_log_prob(ref_in)
-    assert len(cache_of(w)) == 0                                # cleared by the failure
+    assert len(cache_of(w)) == 0  # cleared by the failure
     w.generate_sequences(prompts())
-    short = stamp(ref_payload(batch[:2], True), 1, True)        # the driver reordered/padded: row counts differ
+    short = stamp(ref_payload(batch[:2], True), 1, True)  # the driver reordered/padded: row counts differ
     short.meta_info.update(DP_MAP)
     with pytest.raises(D2DFlowError, match="got 2 rows from the driver.*4 per Megatron DP rank"):
         w.compute_ref_log_prob(short)
 
 
-@pytest.mark.parametrize("override, key", [({"use_kl_loss": False}, "actor_rollout_ref.actor.use_kl_loss"),
-                                           ({"recompute_old_log_prob": True},
-                                            "actor_rollout_ref.actor.recompute_old_log_prob"),
-                                           ({"ppo_epochs": 2}, "actor_rollout_ref.actor.ppo_epochs")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ({"use_kl_loss": False}, "actor_rollout_ref.actor.use_kl_loss"),
+        ({"recompute_old_log_prob": True}, "actor_rollout_ref.actor.recompute_old_log_prob"),
+        ({"ppo_epochs": 2}, "actor_rollout_ref.actor.ppo_epochs"),
+    ],
+)
 def test_worker_preconditions_name_the_key(override: dict, key: str) -> None:
     w = FakeWorker(0, 1, ROWS, config=worker_config(**override))
     with pytest.raises(TensorCachePreconditionError) as e:
@@ -164,7 +182,7 @@ def test_a_worker_call_records_its_step_in_the_progress() -> None:
     pos = progress.current()[0]
     assert pos.step == 7 and pos.phase == "idle" and pos.call == "generate_sequences"
     data = prompts(d2d=False, step=8)
-    del data.meta_info[STEP_META_KEY]                       # a call without a step keeps the last one
+    del data.meta_info[STEP_META_KEY]  # a call without a step keeps the last one
     w.generate_sequences(data)
     assert progress.current()[0].step == 7
     w.update_actor(DataProto.from_dict({"advantages": torch.zeros(ROWS, 2)}, meta_info={STEP_META_KEY: 9}))
@@ -192,5 +210,5 @@ def test_ref_payload_and_answer_cross_ray_pickling(monkeypatch: pytest.MonkeyPat
     ref_in.meta_info.update(DP_MAP)
     ref_out = pickle.loads(pickle.dumps(w.compute_ref_log_prob(ref_in)))
     assert len(batch.union(DataProto.concat([ref_out]))) == ROWS
-    full = pickle.loads(pickle.dumps(batch))                    # a batch with tensors still takes upstream's path
+    full = pickle.loads(pickle.dumps(batch))  # a batch with tensors still takes upstream's path
     assert torch.equal(full.batch["advantages"], batch.batch["advantages"])

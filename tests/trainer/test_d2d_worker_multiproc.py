@@ -4,6 +4,7 @@ rank map ([0, 1, 0, 1]: dp fastest, as with PP2 at TP1 in the order tp-cp-ep-dp-
 contiguous map of TP2 ([0, 0, 1, 1]). What ref and update receive equals the driver's concat of the
 generate outputs split into DP slices (the upstream dataflow without D2D); each step leaves the cache
 empty."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def _step(rank: int, world: int, dp_ranks: list[int], step: int) -> None:
     dp = max(dp_ranks) + 1
     d = dp_ranks[rank]
     full = {k: torch.cat([rollout_chunk(r, ROWS)[k] for r in range(world)]) for k in ROLLOUT_KEYS}
-    mine = {k: v.chunk(dp)[d] for k, v in full.items()}           # the driver's split for this DP rank
+    mine = {k: v.chunk(dp)[d] for k, v in full.items()}  # the driver's split for this DP rank
 
     gen_in = stamp(DataProto.from_dict({"input_ids": torch.zeros(1, 1)}), step, True)
     gen_out = w.generate_sequences(gen_in)
@@ -57,8 +58,9 @@ def _step(rank: int, world: int, dp_ranks: list[int], step: int) -> None:
 
 
 def _scenarios(rank: int, world: int) -> dict[str, str]:
-    return run_scenarios({name: (lambda r, w, m=m: [_step(r, w, m, s) for s in (1, 2)]) for name, m in MAPS.items()},
-                         rank, world)
+    return run_scenarios(
+        {name: (lambda r, w, m=m: [_step(r, w, m, s) for s in (1, 2)]) for name, m in MAPS.items()}, rank, world
+    )
 
 
 def _target(rank: int, world: int) -> dict[str, str]:

@@ -51,8 +51,12 @@ class FakeWorkerGroup:
         responses = torch.randint(3, 10, (rows, R))
         mask = torch.ones(rows, P + R, dtype=torch.long)
         mask[0, -1] = 0  # one padded response token
-        tensors = {"prompts": prompts, "responses": responses, "attention_mask": mask,
-                   "rollout_log_probs": -torch.rand(rows, R)}
+        tensors = {
+            "prompts": prompts,
+            "responses": responses,
+            "attention_mask": mask,
+            "rollout_log_probs": -torch.rand(rows, R),
+        }
         if not self.d2d:
             tensors["input_ids"] = torch.cat([prompts, responses], dim=1)
             tensors["position_ids"] = torch.arange(P + R).expand(rows, -1).clone()
@@ -111,13 +115,25 @@ def reward_fn(data: Any, return_dict: bool = False) -> Any:
 
 @pytest.fixture(scope="module")
 def base_cfg() -> Any:
-    return resolved(compose_config("ppo_mindspeed_trainer", [
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-        "trainer.logger=[console]", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
-        "algorithm.adv_estimator=grpo"]))
+    return resolved(
+        compose_config(
+            "ppo_mindspeed_trainer",
+            [
+                "data.train_batch_size=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.rollout.n=2",
+                "trainer.logger=[console]",
+                "trainer.n_gpus_per_node=2",
+                "trainer.nnodes=1",
+                "algorithm.adv_estimator=grpo",
+            ],
+        )
+    )
 
 
-def make_trainer(base_cfg: Any, monkeypatch: pytest.MonkeyPatch, plan: StepPlan, **cfg_over: Any) -> tuple[Any, FakeWorkerGroup]:
+def make_trainer(
+    base_cfg: Any, monkeypatch: pytest.MonkeyPatch, plan: StepPlan, **cfg_over: Any
+) -> tuple[Any, FakeWorkerGroup]:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     cfg = OmegaConf.create(OmegaConf.to_container(base_cfg))
@@ -130,14 +146,30 @@ def make_trainer(base_cfg: Any, monkeypatch: pytest.MonkeyPatch, plan: StepPlan,
     wg = FakeWorkerGroup(d2d=plan.d2d, skip_old_log_prob=plan.skip_old_log_prob)
     t = object.__new__(RayPPOTrainer)
     ids = torch.randint(3, 10, (B, P))
-    batch_dict = {"input_ids": ids, "attention_mask": torch.ones(B, P, dtype=torch.long),
-                  "position_ids": torch.arange(P).expand(B, -1).clone(),
-                  "raw_prompt_ids": np.array([list(r) for r in ids.tolist()], dtype=object)}
-    t.__dict__.update(config=cfg, tokenizer=None, reward_fn=reward_fn, val_reward_fn=None, use_rm=False,
-                      use_critic=False, use_reference_policy=True, ref_in_actor=False, actor_rollout_wg=wg,
-                      ref_policy_wg=wg, async_rollout_mode=False, train_dataloader=[batch_dict] * 10,
-                      total_training_steps=STEPS, resource_pool_manager=FakePools(), role_worker_mapping={},
-                      hybrid_engine=True)
+    batch_dict = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(B, P, dtype=torch.long),
+        "position_ids": torch.arange(P).expand(B, -1).clone(),
+        "raw_prompt_ids": np.array([list(r) for r in ids.tolist()], dtype=object),
+    }
+    t.__dict__.update(
+        config=cfg,
+        tokenizer=None,
+        reward_fn=reward_fn,
+        val_reward_fn=None,
+        use_rm=False,
+        use_critic=False,
+        use_reference_policy=True,
+        ref_in_actor=False,
+        actor_rollout_wg=wg,
+        ref_policy_wg=wg,
+        async_rollout_mode=False,
+        train_dataloader=[batch_dict] * 10,
+        total_training_steps=STEPS,
+        resource_pool_manager=FakePools(),
+        role_worker_mapping={},
+        hybrid_engine=True,
+    )
     return t, wg
 
 
@@ -166,7 +198,9 @@ def test_skip_with_d2d_ships_only_what_the_workers_cannot_hold(base_cfg: Any, mo
     assert all("critic/advantages/mean" in m for _, m in Recorder.logged)
 
 
-def test_skip_without_d2d_ships_the_batch_but_never_old_log_probs(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skip_without_d2d_ships_the_batch_but_never_old_log_probs(
+    base_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False)
     t, wg = make_trainer(base_cfg, monkeypatch, plan)
     fit_loop.run_fit(t, plan)
@@ -179,7 +213,8 @@ def test_skip_without_d2d_ships_the_batch_but_never_old_log_probs(base_cfg: Any,
 
 
 def test_recompute_runs_the_old_log_prob_pass_and_the_driver_measures_the_mismatch(
-        base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    base_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
     t, wg = make_trainer(base_cfg, monkeypatch, plan)
     fit_loop.run_fit(t, plan)
@@ -194,9 +229,16 @@ def test_recompute_runs_the_old_log_prob_pass_and_the_driver_measures_the_mismat
 
 def test_remax_keeps_upstreams_fit(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = StepPlan(skip_old_log_prob=False, d2d=False, fused_role=False)
-    t, _ = make_trainer(base_cfg, monkeypatch, plan, **{"algorithm.adv_estimator": "remax",
-                                                       "actor_rollout_ref.actor.recompute_old_log_prob": True,
-                                                       "overlay.d2d_tensor_cache": False})
+    t, _ = make_trainer(
+        base_cfg,
+        monkeypatch,
+        plan,
+        **{
+            "algorithm.adv_estimator": "remax",
+            "actor_rollout_ref.actor.recompute_old_log_prob": True,
+            "overlay.d2d_tensor_cache": False,
+        },
+    )
     seen = []
     fit_loop.with_overlay_fit(lambda self: seen.append(self))(t)
     assert seen == [t]
@@ -231,8 +273,9 @@ def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytes
 
 
 @pytest.mark.parametrize("d2d", [True, False])
-def test_every_worker_call_carries_the_step_and_the_d2d_flag(base_cfg: Any, monkeypatch: pytest.MonkeyPatch,
-                                                             d2d: bool) -> None:
+def test_every_worker_call_carries_the_step_and_the_d2d_flag(
+    base_cfg: Any, monkeypatch: pytest.MonkeyPatch, d2d: bool
+) -> None:
     from verl_patches.trainer.step_payloads import D2D_META_KEY, STEP_META_KEY
 
     plan = StepPlan(skip_old_log_prob=True, d2d=d2d, fused_role=True)

@@ -52,13 +52,27 @@ def make_trainer(monkeypatch: pytest.MonkeyPatch, fused: bool, critic: bool = Fa
     worker, critic_cls = object(), object()
     mapping = {Role.ActorRollout: worker, Role.Critic: critic_cls, Role.RefPolicy: worker}
     pools = {Role.ActorRollout: "global_pool", Role.Critic: "global_pool", Role.RefPolicy: "global_pool"}
-    cfg = OmegaConf.create({"overlay": {"fused_actor_rollout_ref": fused},
-                            "actor_rollout_ref": {"rollout": {"mode": "sync"}, "hybrid_engine": True},
-                            "critic": {"x": 1}, "reward_model": {}, "trainer": {}})
+    cfg = OmegaConf.create(
+        {
+            "overlay": {"fused_actor_rollout_ref": fused},
+            "actor_rollout_ref": {"rollout": {"mode": "sync"}, "hybrid_engine": True},
+            "critic": {"x": 1},
+            "reward_model": {},
+            "trainer": {},
+        }
+    )
     t = object.__new__(rt.RayPPOTrainer)
-    t.__dict__.update(config=cfg, role_worker_mapping=mapping, resource_pool_manager=FakePoolManager(pools),
-                      ray_worker_group_cls=FakeGroupCls, device_name="cpu", hybrid_engine=True, use_critic=critic,
-                      use_rm=False, use_reference_policy=True)
+    t.__dict__.update(
+        config=cfg,
+        role_worker_mapping=mapping,
+        resource_pool_manager=FakePoolManager(pools),
+        ray_worker_group_cls=FakeGroupCls,
+        device_name="cpu",
+        hybrid_engine=True,
+        use_critic=critic,
+        use_rm=False,
+        use_reference_policy=True,
+    )
     return t
 
 

@@ -15,16 +15,28 @@ from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
 STEPS = 30
 
 
-def write_run(folder: Path, reward_shift: float = 0.0, mem: dict[int, float] | None = None, mismatch: float = 2e-4,
-              step_time: float = 1.0, console_only: bool = False, steps: int = STEPS,
-              val_rise: float | None = 0.3, val_shift: float = 0.0) -> Path:
+def write_run(
+    folder: Path,
+    reward_shift: float = 0.0,
+    mem: dict[int, float] | None = None,
+    mismatch: float = 2e-4,
+    step_time: float = 1.0,
+    console_only: bool = False,
+    steps: int = STEPS,
+    val_rise: float | None = 0.3,
+    val_shift: float = 0.0,
+) -> Path:
     """val_rise: validation at step 0 and every 10 steps, from 0.4 + val_shift rising linearly by this much;
     None: no validation."""
     folder.mkdir(parents=True)
     rows = {}
     for s in range(1, steps + 1):
-        rows[s] = {golden.REWARD_KEY: min(1.0, 0.05 + 0.02 * s) + reward_shift, ABS_DIFF: mismatch * (1 + 0.1 * (s % 3)),
-                   RATIO_DEV: mismatch * 1.01, golden.STEP_TIME_KEY: (3.0 if s == 1 else step_time)}
+        rows[s] = {
+            golden.REWARD_KEY: min(1.0, 0.05 + 0.02 * s) + reward_shift,
+            ABS_DIFF: mismatch * (1 + 0.1 * (s % 3)),
+            RATIO_DEV: mismatch * 1.01,
+            golden.STEP_TIME_KEY: (3.0 if s == 1 else step_time),
+        }
     if val_rise is not None:
         for s in range(0, steps + 1, 10):
             rows.setdefault(s, {})[golden.VAL_KEY] = 0.4 + val_shift + val_rise * s / STEPS
@@ -41,21 +53,29 @@ def write_run(folder: Path, reward_shift: float = 0.0, mem: dict[int, float] | N
         w.close()
     mem = {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1} if mem is None else mem
     for s in range(1, steps + 1):
-        rank_memory.append(folder / rank_memory.FILE_NAME, s,
-                           [{"rank": r, "peak_gib": v * min(1.0, 0.5 + s / steps)} for r, v in mem.items()])
+        rank_memory.append(
+            folder / rank_memory.FILE_NAME,
+            s,
+            [{"rank": r, "peak_gib": v * min(1.0, 0.5 + s / steps)} for r, v in mem.items()],
+        )
     return folder
 
 
 # three recorded runs: the reference, one a little lower and one a little higher (the run-to-run spread)
-RECORDED = ((0.0, {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1}), (-0.03, {0: 0.98, 1: 1.19, 2: 0.9, 3: 1.08}),
-            (0.02, {0: 0.99, 1: 1.18, 2: 0.88, 3: 1.1}))
+RECORDED = (
+    (0.0, {0: 1.0, 1: 1.2, 2: 0.9, 3: 1.1}),
+    (-0.03, {0: 0.98, 1: 1.19, 2: 0.9, 3: 1.08}),
+    (0.02, {0: 0.99, 1: 1.18, 2: 0.88, 3: 1.1}),
+)
 
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("golden")
-    runs = [write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
-            for i, (shift, mem) in enumerate(RECORDED)]
+    runs = [
+        write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
+        for i, (shift, mem) in enumerate(RECORDED)
+    ]
     out = root / "baseline.json"
     assert golden.main([*map(str, runs), "--write-baseline", str(out), "--note", "synthetic"]) == 0
     return out
@@ -93,7 +113,13 @@ def test_baseline_content(baseline: Path) -> None:
 def test_the_same_run_passes(tmp_path: Path, baseline: Path) -> None:
     rc, rep = check(tmp_path, baseline)
     assert rc == 0 and rep["passed"] and regressions(rep) == []
-    assert {c["metric"] for c in rep["checks"]} >= {golden.REWARD_KEY, "memory", ABS_DIFF, RATIO_DEV, golden.STEP_TIME_KEY}
+    assert {c["metric"] for c in rep["checks"]} >= {
+        golden.REWARD_KEY,
+        "memory",
+        ABS_DIFF,
+        RATIO_DEV,
+        golden.STEP_TIME_KEY,
+    }
 
 
 def test_small_noise_is_within_tolerance(tmp_path: Path, baseline: Path) -> None:
@@ -117,8 +143,10 @@ def test_a_baseline_needs_three_runs(tmp_path: Path, capsys) -> None:
 
 def test_up_to_step_compares_the_windows_a_shorter_run_has(tmp_path: Path, baseline: Path) -> None:
     rc, rep = check(tmp_path, baseline, "--up-to-step", "20", steps=20)
-    assert rc == 0 and [c["where"] for c in rep["checks"] if c["metric"] == golden.REWARD_KEY] == \
-        ["steps 1-10", "steps 11-20"]
+    assert rc == 0 and [c["where"] for c in rep["checks"] if c["metric"] == golden.REWARD_KEY] == [
+        "steps 1-10",
+        "steps 11-20",
+    ]
     rc, rep = check(tmp_path / "low", baseline, "--up-to-step", "20", steps=20, reward_shift=-0.2)
     assert rc == 1 and [c["where"] for c in regressions(rep)] == ["steps 1-10", "steps 11-20"]
 
@@ -191,8 +219,12 @@ def test_bad_inputs_exit_2_naming_file_and_key(tmp_path: Path, baseline: Path, c
 
 def test_rank_memory_summary_and_run_dir() -> None:
     rows = [{"rank": 0, "peak_gib": 1.0}, {"rank": 1, "peak_gib": 3.0}, {"rank": 2, "peak_gib": 2.0}]
-    assert rank_memory.summary_metrics(rows) == {"memory/peak_gib_max": 3.0, "memory/peak_gib_min": 1.0,
-                                                 "memory/peak_gib_mean": 2.0, "memory/peak_rank": 1.0}
+    assert rank_memory.summary_metrics(rows) == {
+        "memory/peak_gib_max": 3.0,
+        "memory/peak_gib_min": 1.0,
+        "memory/peak_gib_mean": 2.0,
+        "memory/peak_rank": 1.0,
+    }
     assert rank_memory.run_dir({"TENSORBOARD_DIR": "/x/run/tensorboard"}) == Path("/x/run")
     assert rank_memory.run_dir({"VERL_PATCHES_RUN_DIR": "/y", "TENSORBOARD_DIR": "/x/t"}) == Path("/y")
     assert rank_memory.run_dir({}) is None
@@ -215,8 +247,12 @@ def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
         def ping(self) -> int:
             return os.getpid()
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+    )
     try:
         workers = [Worker.options(runtime_env={"env_vars": {"RANK": str(r)}}).remote() for r in range(2)]
         pids = ray.get([w.ping.remote() for w in workers])
@@ -244,6 +280,7 @@ def test_golden_record_changes_only_the_seeds_and_needs_three_runs(capsys) -> No
 
 
 # ---- validation ----------------------------------------------------------------------------------
+
 
 def test_baseline_holds_validation_floors_and_the_smallest_rise(baseline: Path) -> None:
     val = json.loads(baseline.read_text())["validation"]

@@ -24,8 +24,10 @@ from verl_patches.trainer.logprob_mismatch import ABS_DIFF
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("golden-fc")
-    runs = [write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
-            for i, (shift, mem) in enumerate(RECORDED)]
+    runs = [
+        write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
+        for i, (shift, mem) in enumerate(RECORDED)
+    ]
     out = root / "baseline.json"
     assert golden.main([*map(str, runs), "--write-baseline", str(out)]) == 0
     return out
@@ -81,8 +83,17 @@ def test_one_non_finite_value_per_window_cannot_hide_a_failing_run(tmp_path, bas
     """A run 0.3 below the baseline (what a learning rate of 0 looks like) with one NaN per reward window and at
     the validation steps: the NaN values are regressions themselves."""
     run = write_run(tmp_path / "r", reward_shift=-0.3, val_shift=-0.3)
-    poison(run, {1: [golden.REWARD_KEY], 11: [golden.REWARD_KEY], 21: [golden.REWARD_KEY],
-                 0: [golden.VAL_KEY], 30: [golden.VAL_KEY]}, value)
+    poison(
+        run,
+        {
+            1: [golden.REWARD_KEY],
+            11: [golden.REWARD_KEY],
+            21: [golden.REWARD_KEY],
+            0: [golden.VAL_KEY],
+            30: [golden.VAL_KEY],
+        },
+        value,
+    )
     rc, out, _ = run_main(str(run), "--check-against", str(baseline))
     assert rc == 1 and out.count("non-finite value") == 5
 
@@ -142,8 +153,12 @@ def test_a_malformed_baseline_is_refused_in_one_line(tmp_path, baseline, name, e
 @pytest.mark.parametrize("where", ["baseline", "event file", "rank memory", "trainer.log"])
 def test_a_fifo_is_refused_without_blocking(tmp_path, baseline, where) -> None:
     run = write_run(tmp_path / "r", console_only=where == "trainer.log")
-    target = {"baseline": tmp_path / "fifo.json", "event file": run / "tensorboard" / "events.out.tfevents.0.fifo",
-              "rank memory": run / rank_memory.FILE_NAME, "trainer.log": run / "trainer.log"}[where]
+    target = {
+        "baseline": tmp_path / "fifo.json",
+        "event file": run / "tensorboard" / "events.out.tfevents.0.fifo",
+        "rank memory": run / rank_memory.FILE_NAME,
+        "trainer.log": run / "trainer.log",
+    }[where]
     target.unlink(missing_ok=True)
     os.mkfifo(target)
     against = target if where == "baseline" else baseline
@@ -160,17 +175,41 @@ def test_a_damaged_event_file_or_log_is_one_line(tmp_path, baseline, content) ->
     assert rc in (1, 2) and "Traceback" not in err and err.count("\n") <= 1
 
 
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True)
-                       | st.text(max_size=5), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
-                                                                                                   max_size=4),
-                       max_leaves=12)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.lists(st.sampled_from(["tolerances", "reward", "windows", "steps", "values", "validation",
-                                      "rank_peak_gib", "mismatch_max", "floors", "rise_floor", "floor", 0, 1,
-                                      "reward_abs", "step_time_median_s", "schema"]), min_size=1, max_size=4),
-       value=JSONISH)
+@given(
+    path=st.lists(
+        st.sampled_from(
+            [
+                "tolerances",
+                "reward",
+                "windows",
+                "steps",
+                "values",
+                "validation",
+                "rank_peak_gib",
+                "mismatch_max",
+                "floors",
+                "rise_floor",
+                "floor",
+                0,
+                1,
+                "reward_abs",
+                "step_time_median_s",
+                "schema",
+            ]
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    value=JSONISH,
+)
 def test_property_any_edit_of_a_baseline_is_a_verdict_or_one_line(tmp_path_factory, baseline, path, value) -> None:
     doc = _baseline_doc(baseline)
     node = doc

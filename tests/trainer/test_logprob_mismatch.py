@@ -8,8 +8,14 @@ import math
 import pytest
 import torch
 
-from verl_patches.trainer.logprob_mismatch import (ABS_DIFF, ABS_DIFF_MAX, RATIO_DEV, TOKENS, batch_mismatch_metrics,
-                                                   mismatch_metrics)
+from verl_patches.trainer.logprob_mismatch import (
+    ABS_DIFF,
+    ABS_DIFF_MAX,
+    RATIO_DEV,
+    TOKENS,
+    batch_mismatch_metrics,
+    mismatch_metrics,
+)
 
 
 def test_identical_log_probs_give_zero() -> None:

@@ -47,11 +47,17 @@ def test_print_config_of_the_tiny_config_builds_nothing(tmp_path: Path) -> None:
     assert not assets.exists()  # printing is not running
 
 
-@pytest.mark.parametrize("override, key", [
-    ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs"),
-    ("actor_rollout_ref.actor.megatron.optimizer_offload=True", "actor_rollout_ref.actor.megatron.optimizer_offload"),
-    ("actor_rollout_ref.actor.ppo_epoch=2", "actor_rollout_ref.actor.ppo_epoch"),  # a typo: Hydra's error
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs"),
+        (
+            "actor_rollout_ref.actor.megatron.optimizer_offload=True",
+            "actor_rollout_ref.actor.megatron.optimizer_offload",
+        ),
+        ("actor_rollout_ref.actor.ppo_epoch=2", "actor_rollout_ref.actor.ppo_epoch"),  # a typo: Hydra's error
+    ],
+)
 def test_config_errors_exit_2_naming_the_key(override: str, key: str) -> None:
     p = run_entry("profile=a3_256die_true_weight", override)
     assert p.returncode == 2, (p.stdout, p.stderr)

@@ -16,8 +16,14 @@ from verl_patches.launch.preflight_findings import FAIL, OK
 from verl_patches.launch.preflight_layout import engine_findings, semantic_findings
 from verl_patches.trainer.config_checks import check_config
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.rollout_settings import (ENGINE, GRAPH, SCHEDULER, describe, rollout_problems,
-                                                   seqs_per_rollout_engine)
+from verl_patches.trainer.rollout_settings import (
+    ENGINE,
+    GRAPH,
+    SCHEDULER,
+    describe,
+    rollout_problems,
+    seqs_per_rollout_engine,
+)
 
 R = "actor_rollout_ref.rollout"
 
@@ -33,8 +39,9 @@ def a3(*overrides: str, profile: str = "a3_256die_true_weight") -> DictConfig:
     return resolved(compose_config("ppo_mindspeed_trainer", [f"profile={profile}", *overrides]))
 
 
-@pytest.mark.parametrize("profile, seqs", [("a3_256die_true_weight", 64), ("a3_256die_random_init", 64),
-                                           ("a3_16die_smoke", 32)])
+@pytest.mark.parametrize(
+    "profile, seqs", [("a3_256die_true_weight", 64), ("a3_256die_random_init", 64), ("a3_16die_smoke", 32)]
+)
 def test_max_num_seqs_is_the_per_engine_share_and_the_graph_batch_size(profile: str, seqs: int) -> None:
     c = a3(profile=profile)
     assert c.actor_rollout_ref.rollout.max_num_seqs == seqs
@@ -45,16 +52,22 @@ def test_max_num_seqs_is_the_per_engine_share_and_the_graph_batch_size(profile: 
 
 
 def test_max_num_seqs_follows_an_override_of_its_inputs() -> None:
-    c = a3("data.train_batch_size=256", f"actor_rollout_ref.actor.ppo_mini_batch_size=256", f"{R}.n=8")
+    c = a3("data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=256", f"{R}.n=8")
     assert c.actor_rollout_ref.rollout.max_num_seqs == 256 * 8 // 128
-    assert list(c.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config
-                .graph_batch_sizes) == [16]
+    assert list(
+        c.actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.graph_batch_sizes
+    ) == [16]
     assert rollout_problems(c) == []
 
 
 @settings(max_examples=60, deadline=None)
-@given(tbs=st.integers(1, 4096), n=st.integers(1, 64), nnodes=st.integers(1, 32), per_node=st.integers(1, 16),
-       tp=st.sampled_from([1, 2, 4, 8]))
+@given(
+    tbs=st.integers(1, 4096),
+    n=st.integers(1, 64),
+    nnodes=st.integers(1, 32),
+    per_node=st.integers(1, 16),
+    tp=st.sampled_from([1, 2, 4, 8]),
+)
 def test_seqs_per_engine_holds_every_engines_sequences(tbs, n, nnodes, per_node, tp) -> None:
     world = nnodes * per_node
     engines = max(world // tp, 1)
@@ -64,17 +77,23 @@ def test_seqs_per_engine_holds_every_engines_sequences(tbs, n, nnodes, per_node,
         assert seqs == tbs * n // engines
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ((f"{R}.enforce_eager=True",), f"{GRAPH}.enabled"),  # vllm-ascend: graph mode and eager mode
-    ((f"{GRAPH}.enabled=False",), f"{GRAPH}.enable_multistream_mla"),  # graph-only options with graph off
-    ((f"{GRAPH}.graph_batch_sizes=[32]",), f"{GRAPH}.graph_batch_sizes"),
-    ((f"{ENGINE}.max_num_seqs=32",), f"{ENGINE}.max_num_seqs"),
-    ((f"{R}.enable_chunked_prefill=False",), f"{R}.enable_chunked_prefill"),  # 1024 < 4096
-    ((f"{SCHEDULER}.enabled=True", f"{SCHEDULER}.enable_chunked_prefill=False"), f"{SCHEDULER}.enable_chunked_prefill"),
-    ((f"{SCHEDULER}.enabled=True",), f"{SCHEDULER}.enabled"),  # with chunked prefill it never schedules
-    ((f"{R}.max_num_batched_tokens=32",), f"{R}.max_num_batched_tokens"),  # below max_num_seqs 64
-    ((f"{R}.free_cache_engine=False",), f"{R}.free_cache_engine"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ((f"{R}.enforce_eager=True",), f"{GRAPH}.enabled"),  # vllm-ascend: graph mode and eager mode
+        ((f"{GRAPH}.enabled=False",), f"{GRAPH}.enable_multistream_mla"),  # graph-only options with graph off
+        ((f"{GRAPH}.graph_batch_sizes=[32]",), f"{GRAPH}.graph_batch_sizes"),
+        ((f"{ENGINE}.max_num_seqs=32",), f"{ENGINE}.max_num_seqs"),
+        ((f"{R}.enable_chunked_prefill=False",), f"{R}.enable_chunked_prefill"),  # 1024 < 4096
+        (
+            (f"{SCHEDULER}.enabled=True", f"{SCHEDULER}.enable_chunked_prefill=False"),
+            f"{SCHEDULER}.enable_chunked_prefill",
+        ),
+        ((f"{SCHEDULER}.enabled=True",), f"{SCHEDULER}.enabled"),  # with chunked prefill it never schedules
+        ((f"{R}.max_num_batched_tokens=32",), f"{R}.max_num_batched_tokens"),  # below max_num_seqs 64
+        ((f"{R}.free_cache_engine=False",), f"{R}.free_cache_engine"),
+    ],
+)
 def test_each_contradiction_is_refused_naming_its_key(overrides: tuple[str, ...], key: str) -> None:
     c = a3(*overrides)
     problems = rollout_problems(c)
@@ -86,16 +105,25 @@ def test_each_contradiction_is_refused_naming_its_key(overrides: tuple[str, ...]
 
 
 def test_graph_off_with_eager_and_no_graph_options_is_consistent() -> None:
-    c = a3(f"{GRAPH}.enabled=False", f"{R}.enforce_eager=True", f"{GRAPH}.enable_multistream_mla=False",
-           f"{GRAPH}.enable_multistream_moe=False", f"{GRAPH}.graph_batch_sizes=[]")
+    c = a3(
+        f"{GRAPH}.enabled=False",
+        f"{R}.enforce_eager=True",
+        f"{GRAPH}.enable_multistream_mla=False",
+        f"{GRAPH}.enable_multistream_moe=False",
+        f"{GRAPH}.graph_batch_sizes=[]",
+    )
     assert rollout_problems(c) == []
     assert describe(c).startswith("eager")
 
 
 def test_eager_false_without_torchair_is_refused() -> None:
     """ACL graph, vllm-ascend's other graph mode, does not run DeepSeek (NotImplementedError at engine start)."""
-    c = a3(f"{GRAPH}.enabled=False", f"{GRAPH}.enable_multistream_mla=False", f"{GRAPH}.enable_multistream_moe=False",
-           f"{GRAPH}.graph_batch_sizes=[]")
+    c = a3(
+        f"{GRAPH}.enabled=False",
+        f"{GRAPH}.enable_multistream_mla=False",
+        f"{GRAPH}.enable_multistream_moe=False",
+        f"{GRAPH}.graph_batch_sizes=[]",
+    )
     assert [p for p in rollout_problems(c) if "ACL graph" in p]
 
 

@@ -15,10 +15,20 @@ from verl_patches.patches.verl.workers.step_timing import ATTR, META_KEY, report
 
 # Reference §2: 128 A3 cards = 256 dies, GBS 512 x n 16 = 8192 sequences per step.
 SEQS, DIES, DIES_PER_CARD = 8192, 256, 2
-TRUE_WEIGHT = dict(step=859.68, rollout=373.65, update=319.3, switch=17.0, avg_in=77.8, avg_out=1576.6,
-                   system=123.16, inference=271.05, training=331.6)
-RANDOM_INIT = dict(step=796.8, rollout=318.27, update=328.8, switch=35.63, avg_in=75.0, avg_out=3039.8,
-                   system=250.2, training=607.2)
+TRUE_WEIGHT = dict(
+    step=859.68,
+    rollout=373.65,
+    update=319.3,
+    switch=17.0,
+    avg_in=77.8,
+    avg_out=1576.6,
+    system=123.16,
+    inference=271.05,
+    training=331.6,
+)
+RANDOM_INIT = dict(
+    step=796.8, rollout=318.27, update=328.8, switch=35.63, avg_in=75.0, avg_out=3039.8, system=250.2, training=607.2
+)
 
 
 def vendor_step(row: dict, with_switch: bool) -> dict[str, float]:
@@ -67,19 +77,20 @@ def test_switch_longer_than_gen_is_clamped_and_gives_no_inference_rate() -> None
 
 # ---- the wrapper around verl's compute_throughout_metrics on a real DataProto ------------------------
 
+
 def fake_batch(switch_s: float | None):
     from verl.protocol import DataProto
 
     prompt_len, resp_len = 4, 4
     # 4 prompt columns (left-padded) + 4 response columns (right-padded): 5 + 7 = 12 tokens, 2 + 3 responses
-    attention = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0],
-                              [1, 1, 1, 1, 1, 1, 1, 0]])
+    attention = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
     meta = {"global_token_num": attention.sum(-1).tolist()}
     if switch_s is not None:
         meta[META_KEY] = {"reshard": switch_s}
     assert attention.shape[1] == prompt_len + resp_len
-    return DataProto.from_dict(tensors={"attention_mask": attention,
-                                        "responses": torch.zeros(2, resp_len, dtype=torch.long)}, meta_info=meta)
+    return DataProto.from_dict(
+        tensors={"attention_mask": attention, "responses": torch.zeros(2, resp_len, dtype=torch.long)}, meta_info=meta
+    )
 
 
 def test_wrapper_adds_reference_keys_and_keeps_verls(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,6 +126,7 @@ def test_wrapper_without_switch_or_env_defaults_to_one_die_per_card(monkeypatch:
 
 
 # ---- step_timing: verl's dispatch registration survives, the switch time reaches meta_info --------------
+
 
 def _registered_generate():
     from verl.single_controller.base.decorator import Dispatch, register

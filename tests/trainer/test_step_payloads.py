@@ -7,8 +7,17 @@ import torch
 
 from verl_patches.trainer.step_payloads import NEVER_SHIPPED_WITH_D2D, payload_keys, ref_payload, update_payload
 
-KEYS = ["prompts", "responses", "attention_mask", "input_ids", "position_ids", "ref_log_prob", "old_log_probs",
-        "advantages", "token_level_scores"]
+KEYS = [
+    "prompts",
+    "responses",
+    "attention_mask",
+    "input_ids",
+    "position_ids",
+    "ref_log_prob",
+    "old_log_probs",
+    "advantages",
+    "token_level_scores",
+]
 
 
 @pytest.mark.parametrize("call", ["compute_ref_log_prob", "update_actor"])

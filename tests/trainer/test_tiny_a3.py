@@ -1,4 +1,5 @@
 """The tiny run's A3-path assets, derived from the composed config: spec, Megatron layout, checks."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.tiny_a3 import (MEGATRON_MODEL_OVERRIDES, VOCAB_MULTIPLE, checkpoint_dir, megatron_layout,
-                                          prepare_for, tiny_spec)
+from verl_patches.trainer.tiny_a3 import (
+    MEGATRON_MODEL_OVERRIDES,
+    VOCAB_MULTIPLE,
+    checkpoint_dir,
+    megatron_layout,
+    prepare_for,
+    tiny_spec,
+)
 
 
 def cfg(name: str = "ppo_tiny_local", *overrides: str, assets: Path = Path("/tmp/none")):
@@ -39,8 +46,11 @@ def test_reference_layout_must_equal_the_actors() -> None:
 
 
 def test_foreign_checkpoint_path_is_refused_before_anything_is_built(tmp_path: Path) -> None:
-    c = cfg("ppo_tiny_local", f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={tmp_path / 'x'}",
-            assets=tmp_path / "assets")
+    c = cfg(
+        "ppo_tiny_local",
+        f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={tmp_path / 'x'}",
+        assets=tmp_path / "assets",
+    )
     with pytest.raises(ValueError, match="actor.megatron.dist_checkpointing_path"):
         prepare_for(c, progress=False)
     assert not (tmp_path / "assets").exists()

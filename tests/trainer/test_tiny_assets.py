@@ -140,17 +140,25 @@ def test_model_is_a_deepseek_v3_with_mla_and_moe(built: TinyAssets, tokenizer) -
     assert cfg.model_type == "deepseek_v3"
     assert cfg.vocab_size == len(tokenizer)
     assert (cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (
-        tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id)
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+    )
     model = DeepseekV3ForCausalLM.from_pretrained(built.model_dir)
     keys = set(model.state_dict())
     last = cfg.num_hidden_layers - 1
     assert last >= cfg.first_k_dense_replace  # at least one MoE layer
-    for k in (f"model.layers.{last}.mlp.gate.weight", f"model.layers.{last}.mlp.experts.0.gate_proj.weight",
-              f"model.layers.{last}.mlp.experts.{cfg.n_routed_experts - 1}.down_proj.weight",
-              f"model.layers.{last}.mlp.shared_experts.up_proj.weight",
-              "model.layers.0.mlp.gate_proj.weight",  # dense first layer
-              "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-              "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.kv_b_proj.weight"):
+    for k in (
+        f"model.layers.{last}.mlp.gate.weight",
+        f"model.layers.{last}.mlp.experts.0.gate_proj.weight",
+        f"model.layers.{last}.mlp.experts.{cfg.n_routed_experts - 1}.down_proj.weight",
+        f"model.layers.{last}.mlp.shared_experts.up_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",  # dense first layer
+        "model.layers.0.self_attn.q_a_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.kv_a_layernorm.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight",
+    ):
         assert k in keys, k
     with torch.no_grad():
         out = model(torch.tensor([tokenizer.encode("What is 1 + 2 ?")]))
@@ -243,7 +251,7 @@ def test_a_base_spec_trains_the_random_model_on_the_training_split_only(tmp_path
 
     monkeypatch.setattr(tiny_base, "train_base", _recording(tiny_base.train_base, read))
     base = prepare(tmp_path / "base", TinySpec(**{**spec.__dict__, "base_steps": 40}), progress=False)
-    during = read[read.index("train_base"):read.index("train_base done")]
+    during = read[read.index("train_base") : read.index("train_base done")]
     assert during and all(p == str(base.train_parquet) for p in during[1:]), during
     monkeypatch.undo()
     before, after = (_greedy_accuracy(a.model_dir, a.train_parquet) for a in (random_model, base))
@@ -258,4 +266,5 @@ def _recording(fn, log: list[str]):
             return fn(*args, **kwargs)
         finally:
             log.append("train_base done")
+
     return wrapper

@@ -42,7 +42,7 @@ ALLOWED: dict[str, str] = {
     # dtype and device
     "*.params_dtype": "dtype: fp32 so rollout and training log-probs agree to 1e-3",
     "actor_rollout_ref.actor.megatron.swap_optimizer": "follows the dtype: MindSpeed's swap optimizer has no Adam "
-                                                       "state for fp32 parameters (refused by config_checks)",
+    "state for fp32 parameters (refused by config_checks)",
     f"{R}.dtype": "dtype",
     "trainer.device": "device (the host's)",
     "overlay.dies_per_card": "device (a CPU rank is one 'die')",
@@ -51,35 +51,53 @@ ALLOWED: dict[str, str] = {
     "ray_init.num_cpus": "host resources (the local Ray cluster's CPUs)",
     "data.dataloader_num_workers": "host resources (worker processes only cost time on 2 cores)",
     # paths, names and the tiny run's own asset keys
-    "data.train_files": "path", "data.val_files": "path",
+    "data.train_files": "path",
+    "data.val_files": "path",
     "actor_rollout_ref.model.path": "path",
-    "critic.model.tokenizer_path": "path (interpolated)", "reward_model.model.input_tokenizer": "path (interpolated)",
+    "critic.model.tokenizer_path": "path (interpolated)",
+    "reward_model.model.input_tokenizer": "path (interpolated)",
     "*.dist_checkpointing_path": "path (the tiny checkpoint, built on first use)",
-    "trainer.project_name": "name", "trainer.experiment_name": "name", "trainer.default_local_dir": "path (from the names)",
+    "trainer.project_name": "name",
+    "trainer.experiment_name": "name",
+    "trainer.default_local_dir": "path (from the names)",
     "overlay.profile": "name (`tiny` also makes the entry build the assets)",
     "overlay.tiny_*": "the tiny run's asset spec (absent on A3)",
     "data.seed": "the tiny run's one seed (data order, model init)",
     # step counts
-    "trainer.total_epochs": "step count", "trainer.total_training_steps": "step count",
+    "trainer.total_epochs": "step count",
+    "trainer.total_training_steps": "step count",
     "trainer.test_freq": "step count (validation every 20 steps)",
     "trainer.val_before_train": "step count (one more validation, at step 0: the base model's, which the rise of "
-                                "validation is read against; the same validation code path)",
+    "validation is read against; the same validation code path)",
     # the two settings tied to the model's scale and to its one-token answers
     "actor_rollout_ref.actor.optim.lr": "a 0.3 M-parameter model learns at 3e-4 (measured, tiny_base.py); 1e-6 "
-                                        "moves it nowhere in 60 steps",
+    "moves it nowhere in 60 steps",
     "custom_reward_function.reward_kwargs.format_rule": "one-token answers leave no room for think tags (relaxed)",
 }
 
 # What the tiny run must carry from the A3 profile (the issue's list): a test of the test.
-MUST_CARRY = (f"{R}.enforce_eager", f"{R}.free_cache_engine", f"{R}.enable_chunked_prefill",
-              f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled",
-              f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config.enable_multistream_mla",
-              f"{R}.engine_kwargs.vllm.additional_config.ascend_scheduler_config.enable_chunked_prefill",
-              "actor_rollout_ref.actor.recompute_old_log_prob", "overlay.d2d_tensor_cache",
-              "overlay.fused_actor_rollout_ref", "actor_rollout_ref.actor.use_kl_loss",
-              "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type",
-              "algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef", f"{R}.temperature", f"{R}.top_k",
-              f"{R}.top_p", f"{R}.n", f"{R}.ignore_eos", "algorithm.adv_estimator")
+MUST_CARRY = (
+    f"{R}.enforce_eager",
+    f"{R}.free_cache_engine",
+    f"{R}.enable_chunked_prefill",
+    f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled",
+    f"{R}.engine_kwargs.vllm.additional_config.torchair_graph_config.enable_multistream_mla",
+    f"{R}.engine_kwargs.vllm.additional_config.ascend_scheduler_config.enable_chunked_prefill",
+    "actor_rollout_ref.actor.recompute_old_log_prob",
+    "overlay.d2d_tensor_cache",
+    "overlay.fused_actor_rollout_ref",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.kl_loss_type",
+    "algorithm.use_kl_in_reward",
+    "algorithm.kl_ctrl.kl_coef",
+    f"{R}.temperature",
+    f"{R}.top_k",
+    f"{R}.top_p",
+    f"{R}.n",
+    f"{R}.ignore_eos",
+    "algorithm.adv_estimator",
+)
 
 
 def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -116,8 +134,9 @@ def test_tiny_differs_from_a3_only_in_allowed_keys(both) -> None:
     missing = object()
     differing = sorted(k for k in a3.keys() | tiny.keys() if a3.get(k, missing) != tiny.get(k, missing))
     assert differing, "the tiny run has small numbers: something must differ"
-    not_allowed = [f"{k}: A3 {a3.get(k, '<absent>')!r}, tiny {tiny.get(k, '<absent>')!r}"
-                   for k in differing if not allowed(k)]
+    not_allowed = [
+        f"{k}: A3 {a3.get(k, '<absent>')!r}, tiny {tiny.get(k, '<absent>')!r}" for k in differing if not allowed(k)
+    ]
     assert not not_allowed, "the tiny profile changes A3 settings that are not sizes:\n" + "\n".join(not_allowed)
 
 
@@ -128,8 +147,11 @@ def test_the_settings_the_issue_names_are_carried(both) -> None:
         assert not allowed(key), f"{key} must not be on the allow-list"
         assert tiny[key] == a3[key], key
     # and the values that made verl's rollout stop on A3 are really there
-    assert (tiny[f"{R}.enforce_eager"], tiny[f"{R}.free_cache_engine"], tiny[f"{R}.enable_chunked_prefill"]) == \
-        (False, True, True)
+    assert (tiny[f"{R}.enforce_eager"], tiny[f"{R}.free_cache_engine"], tiny[f"{R}.enable_chunked_prefill"]) == (
+        False,
+        True,
+        True,
+    )
     assert tiny[f"{R}.max_num_batched_tokens"] < tiny[f"{R}.max_model_len"]
 
 

@@ -33,9 +33,16 @@ def test_empty_cache_on_cpu_does_nothing(monkeypatch: pytest.MonkeyPatch) -> Non
     assert tools.empty_cache() == "none"
 
 
-@pytest.mark.parametrize("env, rank, only0, logged", [
-    ({}, 0, True, False), ({"PRINT_MEMORY": "0"}, 0, True, False), ({"PRINT_MEMORY": "1"}, 0, True, True),
-    ({"PRINT_MEMORY": "1"}, 3, True, False), ({"PRINT_MEMORY": "1"}, 3, False, True)])
+@pytest.mark.parametrize(
+    "env, rank, only0, logged",
+    [
+        ({}, 0, True, False),
+        ({"PRINT_MEMORY": "0"}, 0, True, False),
+        ({"PRINT_MEMORY": "1"}, 0, True, True),
+        ({"PRINT_MEMORY": "1"}, 3, True, False),
+        ({"PRINT_MEMORY": "1"}, 3, False, True),
+    ],
+)
 def test_print_memory_gating(env: dict, rank: int, only0: bool, logged: bool) -> None:
     line = tools.print_memory("after update", only_rank_0=only0, environ=env, rank=rank)
     assert (line is not None) is logged
@@ -58,17 +65,31 @@ class FakeProf:
         self.log.append("stop")
 
 
-@pytest.mark.parametrize("env, rank, active", [({"PROFILE_UPDATE": "1"}, 0, True), ({"PROFILE_UPDATE": "1"}, 5, False),
-                                               ({"PROFILE_UPDATE": "0"}, 0, False), ({}, 0, False)])
+@pytest.mark.parametrize(
+    "env, rank, active",
+    [
+        ({"PROFILE_UPDATE": "1"}, 0, True),
+        ({"PROFILE_UPDATE": "1"}, 5, False),
+        ({"PROFILE_UPDATE": "0"}, 0, False),
+        ({}, 0, False),
+    ],
+)
 def test_profiler_is_gated_by_rank_and_env(tmp_path: Path, env: dict, rank: int, active: bool) -> None:
     log: list[str] = []
-    p = NPUProfiler("update_actor", ranks=[0, 1], rank=rank, root=tmp_path, environ=env,
-                    factory=lambda out, **kw: FakeProf(log, out, **kw))
+    p = NPUProfiler(
+        "update_actor",
+        ranks=[0, 1],
+        rank=rank,
+        root=tmp_path,
+        environ=env,
+        factory=lambda out, **kw: FakeProf(log, out, **kw),
+    )
     with p:
         p.step()
     assert p.enabled is active
-    assert log == (["create update_actor {'active_steps': 1, 'warmup_steps': 0}", "start", "step", "stop"]
-                   if active else [])
+    assert log == (
+        ["create update_actor {'active_steps': 1, 'warmup_steps': 0}", "start", "step", "stop"] if active else []
+    )
     assert (tmp_path / "update_actor").is_dir() is active
 
 

@@ -12,8 +12,14 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from verl_patches.trainer.config_checks import OverlayConfigError, check_config, raise_on_problems
-from verl_patches.trainer.config_compose import (CONFIG_DIR, REPO_ROOT, VERL_CONFIG_DIR, ConfigCompositionError,
-                                                 compose_config, resolved)
+from verl_patches.trainer.config_compose import (
+    CONFIG_DIR,
+    REPO_ROOT,
+    VERL_CONFIG_DIR,
+    ConfigCompositionError,
+    compose_config,
+    resolved,
+)
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
@@ -65,6 +71,7 @@ def yaml_keys(path: Path) -> set[str]:
 
 
 # ---- the production profiles: reference §1 and §4 ------------------------------------------------
+
 
 @pytest.mark.parametrize("profile", PROD_PROFILES)
 def test_production_profile_layout_matches_reference(profile: str) -> None:
@@ -143,8 +150,11 @@ def test_true_weight_differences(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sel(c, "data.trust_remote_code") is True and sel(c, f"{R}.trust_remote_code") is True
     assert sel(c, "actor_rollout_ref.model.enable_gradient_checkpointing") is True
     kw = sel(c, "actor_rollout_ref.model.gradient_checkpointing_kwargs")
-    assert (kw.activations_checkpoint_granularity, kw.activations_checkpoint_method,
-            kw.activations_checkpoint_num_layers) == ("full", "block", 8)
+    assert (
+        kw.activations_checkpoint_granularity,
+        kw.activations_checkpoint_method,
+        kw.activations_checkpoint_num_layers,
+    ) == ("full", "block", 8)
     assert sel(c, "trainer.project_name") == "verl_grpo_example_true_weight"
     # paths come from the launch environment, never from hand edits
     assert sel(c, f"{M}.dist_checkpointing_path") is None
@@ -241,6 +251,7 @@ def test_reward_function_is_ours_and_exists(profile: str) -> None:
 
 # ---- upstream keys keep upstream defaults ----------------------------------------------------------
 
+
 def _check_upstream_defaults(config_name: str, verl_yaml: str, our_yamls: list[Path], *overrides: str) -> int:
     upstream = flatten(OmegaConf.to_container(OmegaConf.load(VERL_CONFIG_DIR / verl_yaml), resolve=False))
     ours = flatten(OmegaConf.to_container(raw(config_name, *overrides), resolve=False))
@@ -260,18 +271,26 @@ def test_megatron_config_keeps_every_upstream_default_it_does_not_set(profile: s
     files = [CONFIG_DIR / "ppo_mindspeed_trainer.yaml"]
     if profile:
         files += [PROFILE_DIR / f"{profile}.yaml", PROFILE_DIR / "a3_256die_true_weight.yaml"]
-    compared = _check_upstream_defaults("ppo_mindspeed_trainer", "ppo_megatron_trainer.yaml", files,
-                                        *([f"profile={profile}"] if profile else []))
+    compared = _check_upstream_defaults(
+        "ppo_mindspeed_trainer", "ppo_megatron_trainer.yaml", files, *([f"profile={profile}"] if profile else [])
+    )
     assert compared > 150  # nearly all of verl's keys are compared, not a handful
 
 
 def test_tiny_config_keeps_every_upstream_default_it_does_not_set() -> None:
-    compared = _check_upstream_defaults("ppo_tiny_local", "ppo_megatron_trainer.yaml",
-                                        [CONFIG_DIR / "ppo_mindspeed_trainer.yaml", PROFILE_DIR / "a3_256die_true_weight.yaml",
-                                         CONFIG_DIR / "ppo_tiny_local.yaml"])
+    compared = _check_upstream_defaults(
+        "ppo_tiny_local",
+        "ppo_megatron_trainer.yaml",
+        [
+            CONFIG_DIR / "ppo_mindspeed_trainer.yaml",
+            PROFILE_DIR / "a3_256die_true_weight.yaml",
+            CONFIG_DIR / "ppo_tiny_local.yaml",
+        ],
+    )
     assert compared > 150
-    compared = _check_upstream_defaults("ppo_tiny_local_fsdp", "ppo_trainer.yaml",
-                                        [CONFIG_DIR / "ppo_tiny_local_fsdp.yaml"])
+    compared = _check_upstream_defaults(
+        "ppo_tiny_local_fsdp", "ppo_trainer.yaml", [CONFIG_DIR / "ppo_tiny_local_fsdp.yaml"]
+    )
     assert compared > 150
 
 
@@ -280,31 +299,59 @@ def test_sample_of_upstream_defaults_by_name() -> None:
     upstream = OmegaConf.load(VERL_CONFIG_DIR / "ppo_megatron_trainer.yaml")
     for profile in ("base", *PROD_PROFILES):
         c = composed(profile)
-        for key in (f"{A}.clip_ratio", f"{A}.loss_agg_mode", f"{A}.strategy", f"{M}.seed",
-                    f"{M}.use_distributed_optimizer", f"{R}.dtype", f"{R}.free_cache_engine", f"{R}.do_sample",
-                    "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo", "data.prompt_key",
-                    "trainer.resume_mode", "critic.strategy"):
+        for key in (
+            f"{A}.clip_ratio",
+            f"{A}.loss_agg_mode",
+            f"{A}.strategy",
+            f"{M}.seed",
+            f"{M}.use_distributed_optimizer",
+            f"{R}.dtype",
+            f"{R}.free_cache_engine",
+            f"{R}.do_sample",
+            "algorithm.gamma",
+            "algorithm.lam",
+            "algorithm.norm_adv_by_std_in_grpo",
+            "data.prompt_key",
+            "trainer.resume_mode",
+            "critic.strategy",
+        ):
             assert sel(c, key) == OmegaConf.select(upstream, key), (profile, key)
 
 
 def test_without_profile_the_overlay_changes_no_upstream_value() -> None:
     c, upstream = composed("base"), OmegaConf.load(VERL_CONFIG_DIR / "ppo_megatron_trainer.yaml")
-    for key in (f"{M}.tensor_model_parallel_size", f"{M}.param_offload", f"{M}.optimizer_offload",
-                f"{REF}.megatron.param_offload", "trainer.nnodes", "data.train_batch_size", f"{R}.n",
-                "algorithm.adv_estimator"):
+    for key in (
+        f"{M}.tensor_model_parallel_size",
+        f"{M}.param_offload",
+        f"{M}.optimizer_offload",
+        f"{REF}.megatron.param_offload",
+        "trainer.nnodes",
+        "data.train_batch_size",
+        f"{R}.n",
+        "algorithm.adv_estimator",
+    ):
         assert sel(c, key) == OmegaConf.select(upstream, key), key
     assert sel(c, "overlay.profile") == "custom"
 
 
 # ---- our own keys ---------------------------------------------------------------------------------
 
+
 def test_added_keys_exist_with_documented_defaults() -> None:
     upstream = OmegaConf.load(VERL_CONFIG_DIR / "ppo_megatron_trainer.yaml")
     c = composed("base")
-    ours = {f"{A}.recompute_old_log_prob": False, f"{A}.use_packed_seq": False, f"{A}.max_packing_token_size": 2048,
-            f"{M}.swap_optimizer": False, f"{M}.pipeline_parallel_num_layer_list": None, f"{M}.fix_router": False,
-            f"{R}.trust_remote_code": False, "overlay.profile": "custom", "overlay.dies_per_card": 2,
-            "overlay.fused_actor_rollout_ref": True}
+    ours = {
+        f"{A}.recompute_old_log_prob": False,
+        f"{A}.use_packed_seq": False,
+        f"{A}.max_packing_token_size": 2048,
+        f"{M}.swap_optimizer": False,
+        f"{M}.pipeline_parallel_num_layer_list": None,
+        f"{M}.fix_router": False,
+        f"{R}.trust_remote_code": False,
+        "overlay.profile": "custom",
+        "overlay.dies_per_card": 2,
+        "overlay.fused_actor_rollout_ref": True,
+    }
     for key, default in ours.items():
         assert OmegaConf.select(upstream, key, default="<absent>") == "<absent>", f"{key} is not ours: verl has it"
         assert sel(c, key) == default, key
@@ -317,8 +364,12 @@ def test_added_keys_exist_with_documented_defaults() -> None:
 
 
 def test_added_keys_accept_overrides() -> None:
-    c = composed("base", f"{A}.recompute_old_log_prob=True", f"{M}.pipeline_parallel_num_layer_list=[1,2]",
-                 f"{M}.fix_router=True")
+    c = composed(
+        "base",
+        f"{A}.recompute_old_log_prob=True",
+        f"{M}.pipeline_parallel_num_layer_list=[1,2]",
+        f"{M}.fix_router=True",
+    )
     assert sel(c, f"{A}.recompute_old_log_prob") is True
     assert list(sel(c, f"{M}.pipeline_parallel_num_layer_list")) == [1, 2]
     assert sel(c, f"{M}.fix_router") is True
@@ -333,12 +384,16 @@ def test_nothing_is_written_into_the_vendored_verl_tree() -> None:
 
 # ---- errors ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override, key", [
-    (f"{A}.ppo_epoch=2", f"{A}.ppo_epoch"),                      # ppo_epochs
-    (f"{M}.swap_optimiser=True", f"{M}.swap_optimiser"),         # swap_optimizer
-    ("trainer.n_gpu_per_node=8", "trainer.n_gpu_per_node"),      # n_gpus_per_node
-    (f"{R}.temprature=0.5", f"{R}.temprature"),                  # temperature
-])
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (f"{A}.ppo_epoch=2", f"{A}.ppo_epoch"),  # ppo_epochs
+        (f"{M}.swap_optimiser=True", f"{M}.swap_optimiser"),  # swap_optimizer
+        ("trainer.n_gpu_per_node=8", "trainer.n_gpu_per_node"),  # n_gpus_per_node
+        (f"{R}.temprature=0.5", f"{R}.temprature"),  # temperature
+    ],
+)
 @pytest.mark.parametrize("profile", ["a3_256die_true_weight", "tiny"])
 def test_typo_in_an_override_is_an_error_naming_the_key(profile: str, override: str, key: str) -> None:
     name = "ppo_tiny_local" if profile == "tiny" else "ppo_mindspeed_trainer"
@@ -398,8 +453,14 @@ def test_check_layer_list_length() -> None:
     assert len(problems) == 1
     assert f"{M}.pipeline_parallel_num_layer_list" in problems[0]
     assert f"{M}.pipeline_model_parallel_size" in problems[0] and "7 entries" in problems[0]
-    assert _problems(f"{M}.pipeline_parallel_num_layer_list=[15,15,16,15]",
-                     f"{M}.pipeline_model_parallel_size=4", f"{REF}.megatron.pipeline_model_parallel_size=4") == []
+    assert (
+        _problems(
+            f"{M}.pipeline_parallel_num_layer_list=[15,15,16,15]",
+            f"{M}.pipeline_model_parallel_size=4",
+            f"{REF}.megatron.pipeline_model_parallel_size=4",
+        )
+        == []
+    )
 
 
 def test_check_layer_list_entries_positive() -> None:
@@ -408,8 +469,9 @@ def test_check_layer_list_entries_positive() -> None:
 
 
 def test_every_problem_is_listed_and_raised() -> None:
-    cfg = composed("a3_256die_true_weight", f"{A}.ppo_epochs=2", f"{M}.optimizer_offload=True",
-                   "data.train_batch_size=256")
+    cfg = composed(
+        "a3_256die_true_weight", f"{A}.ppo_epochs=2", f"{M}.optimizer_offload=True", "data.train_batch_size=256"
+    )
     assert len(check_config(cfg)) == 3
     with pytest.raises(OverlayConfigError) as e:
         raise_on_problems(cfg)
@@ -429,14 +491,17 @@ def test_skip_needs_the_megatron_actor_and_sync_rollout() -> None:
     assert len(problems) == 1 and f"{R}.mode=sync" in problems[0]
 
 
-@pytest.mark.parametrize("override, key", [
-    (f"{A}.use_kl_loss=False", f"{A}.use_kl_loss"),
-    ("algorithm.use_kl_in_reward=True", "algorithm.use_kl_in_reward"),
-    ("trainer.balance_batch=True", "trainer.balance_batch"),
-    (f"{A}.recompute_old_log_prob=True", f"{A}.recompute_old_log_prob"),
-    ("overlay.fused_actor_rollout_ref=False", "overlay.fused_actor_rollout_ref"),
-    ("reward_model.enable=True", "reward_model.enable"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (f"{A}.use_kl_loss=False", f"{A}.use_kl_loss"),
+        ("algorithm.use_kl_in_reward=True", "algorithm.use_kl_in_reward"),
+        ("trainer.balance_batch=True", "trainer.balance_batch"),
+        (f"{A}.recompute_old_log_prob=True", f"{A}.recompute_old_log_prob"),
+        ("overlay.fused_actor_rollout_ref=False", "overlay.fused_actor_rollout_ref"),
+        ("reward_model.enable=True", "reward_model.enable"),
+    ],
+)
 def test_d2d_refuses_what_needs_tensors_on_the_driver(override: str, key: str) -> None:
     cfg = composed("a3_256die_true_weight", override)
     assert check_config(cfg, environ={"D2D_DATA_TRANSFER": "0"}) == []

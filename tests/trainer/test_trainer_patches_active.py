@@ -32,6 +32,12 @@ print("OK")
 
 @pytest.mark.timeout(180)
 def test_trainer_patches_are_active_in_a_fresh_interpreter() -> None:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=170,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]

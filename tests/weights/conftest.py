@@ -5,6 +5,7 @@ and EP x TP = 4 divide everything, and there are dense and MoE layers with a sha
 MTP layer; the checkpoint has several shards with some scales stored in a different shard than their
 weight. Generated once per session (a few seconds).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,14 @@ from verl_patches.weights.config import make_tiny_config
 from verl_patches.weights.fp8_cast import run_fp8_cast
 from verl_patches.weights.synthetic import write_synthetic_checkpoint
 
-TINY_OVERRIDES = dict(hidden_size=160, intermediate_size=320, moe_intermediate_size=32,
-                      num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=8)
+TINY_OVERRIDES = dict(
+    hidden_size=160,
+    intermediate_size=320,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ transposed, all experts concatenated and *viewed* as ``[H, -1]``, then viewed ba
 chunked over EP or EP x TP). It produces every rank's state dict of the whole model at once, which is
 fine for the tiny test model.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,9 @@ def stage_of(layer_list, layer):
     raise AssertionError(layer)
 
 
-def reference_checkpoint(hf: dict, cfg: dict, tp: int, pp: int, ep: int, layer_list, grouped: bool,
-                         extend: bool) -> dict:
+def reference_checkpoint(
+    hf: dict, cfg: dict, tp: int, pp: int, ep: int, layer_list, grouped: bool, extend: bool
+) -> dict:
     """``{(tp, pp, ep): state_dict}``."""
     H, E = cfg["hidden_size"], cfg["n_routed_experts"]
     L, dense = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]
@@ -42,8 +44,13 @@ def reference_checkpoint(hf: dict, cfg: dict, tp: int, pp: int, ep: int, layer_l
         rep = lambda x: [x] * tp  # noqa: E731
         put_all(p, m + "input_layernorm.weight", rep(hf[h + "input_layernorm.weight"]))
         put_all(p, m + "pre_mlp_layernorm.weight", rep(hf[h + "post_attention_layernorm.weight"]))
-        qkv = torch.cat([hf[h + "self_attn.q_a_proj.weight"].reshape(-1, H),
-                         hf[h + "self_attn.kv_a_proj_with_mqa.weight"].reshape(-1, H)], dim=0)
+        qkv = torch.cat(
+            [
+                hf[h + "self_attn.q_a_proj.weight"].reshape(-1, H),
+                hf[h + "self_attn.kv_a_proj_with_mqa.weight"].reshape(-1, H),
+            ],
+            dim=0,
+        )
         put_all(p, m + "self_attention.linear_qkv.weight", rep(qkv))
         put_all(p, m + "self_attention.linear_proj.weight", torch.chunk(hf[h + "self_attn.o_proj.weight"], tp, dim=1))
         put_all(p, m + "self_attention.q_layernorm.weight", rep(hf[h + "self_attn.q_a_layernorm.weight"]))
@@ -55,21 +62,31 @@ def reference_checkpoint(hf: dict, cfg: dict, tp: int, pp: int, ep: int, layer_l
             return [torch.cat(w, dim=0) for w in zip(torch.chunk(gate, n, dim=0), torch.chunk(up, n, dim=0))]
 
         if layer < dense:
-            put_all(p, m + "mlp.linear_fc1.weight", gate_up(hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"], tp))
+            put_all(
+                p,
+                m + "mlp.linear_fc1.weight",
+                gate_up(hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"], tp),
+            )
             put_all(p, m + "mlp.linear_fc2.weight", torch.chunk(hf[h + "mlp.down_proj.weight"], tp, dim=1))
             continue
         put_all(p, m + "mlp.router.weight", rep(hf[h + "mlp.gate.weight"]))
         put_all(p, m + "mlp.router.expert_bias", rep(hf[h + "mlp.gate.e_score_correction_bias"]))
-        put_all(p, m + "mlp.shared_experts.linear_fc1.weight",
-                gate_up(hf[h + "mlp.shared_experts.gate_proj.weight"], hf[h + "mlp.shared_experts.up_proj.weight"], tp))
-        put_all(p, m + "mlp.shared_experts.linear_fc2.weight",
-                torch.chunk(hf[h + "mlp.shared_experts.down_proj.weight"], tp, dim=1))
+        put_all(
+            p,
+            m + "mlp.shared_experts.linear_fc1.weight",
+            gate_up(hf[h + "mlp.shared_experts.gate_proj.weight"], hf[h + "mlp.shared_experts.up_proj.weight"], tp),
+        )
+        put_all(
+            p,
+            m + "mlp.shared_experts.linear_fc2.weight",
+            torch.chunk(hf[h + "mlp.shared_experts.down_proj.weight"], tp, dim=1),
+        )
         etp = 1 if extend else tp
         fc1, fc2 = [], []
         for x in range(E):
             g, u = hf[h + f"mlp.experts.{x}.gate_proj.weight"], hf[h + f"mlp.experts.{x}.up_proj.weight"]
-            fc1.append(torch.cat(gate_up(g, u, etp), dim=0))            # [2f, H]
-            fc2.append(hf[h + f"mlp.experts.{x}.down_proj.weight"])     # [H, f]
+            fc1.append(torch.cat(gate_up(g, u, etp), dim=0))  # [2f, H]
+            fc2.append(hf[h + f"mlp.experts.{x}.down_proj.weight"])  # [H, f]
         if grouped:
             gemm1 = torch.cat([w.t() for w in fc1]).view(H, -1)
             gemm2 = torch.cat([w.t() for w in fc2]).view(-1, H)

@@ -1,4 +1,5 @@
 """The three weight tools run from the repo root exactly as documented, on the tiny checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,25 @@ SCRIPTS = REPO / "verl_patches" / "scripts"
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, f"verl_patches/scripts/{script}", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, f"verl_patches/scripts/{script}", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.timeout(300)
 def test_documented_pipeline(fp8_dir, tmp_path):
     bf16, train, mcore, back = (tmp_path / d for d in ("bf16", "DeepSeek-V3", "mcore", "hf"))
-    r = run("fp8_cast_bf16.py", "--input-fp8-hf-path", str(fp8_dir), "--output-bf16-hf-path", str(bf16),
-            "--workers", "2", "--drop-mtp", "--verify")
+    r = run(
+        "fp8_cast_bf16.py",
+        "--input-fp8-hf-path",
+        str(fp8_dir),
+        "--output-bf16-hf-path",
+        str(bf16),
+        "--workers",
+        "2",
+        "--drop-mtp",
+        "--verify",
+    )
     assert r.returncode == 0, r.stderr
     assert "verify: OK" in r.stdout and "fp8->bf16" in r.stderr  # progress bar on stderr
 
@@ -31,9 +42,22 @@ def test_documented_pipeline(fp8_dir, tmp_path):
     assert "quantization_config" not in cfg and cfg["num_nextn_predict_layers"] == 0
     assert (train / "tokenizer_config.json").is_file()
 
-    flags = ["--moe-grouped-gemm", "--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2",
-             "--num-layer-list", "1,3", "--target-expert-parallel-size", "2", "--moe-tp-extend-ep",
-             "--first-k-dense-replace", "1", "--num-layers", "4"]
+    flags = [
+        "--moe-grouped-gemm",
+        "--target-tensor-parallel-size",
+        "2",
+        "--target-pipeline-parallel-size",
+        "2",
+        "--num-layer-list",
+        "1,3",
+        "--target-expert-parallel-size",
+        "2",
+        "--moe-tp-extend-ep",
+        "--first-k-dense-replace",
+        "1",
+        "--num-layers",
+        "4",
+    ]
     r = run("convert_ckpt_deepseek3.py", "--load-dir", str(bf16), "--save-dir", str(mcore), "--dry-run", *flags)
     assert r.returncode == 0 and "ranks: 8" in r.stdout and "disk:" in r.stdout and "memory:" in r.stdout, r.stderr
     assert not mcore.exists()
@@ -44,19 +68,34 @@ def test_documented_pipeline(fp8_dir, tmp_path):
     r = run("convert_ckpt_deepseek3.py", "--load-dir", str(bf16), "--save-dir", str(mcore), *flags)
     assert r.returncode == 0 and "0 rank(s) written, 8 already done" in r.stdout
 
-    r = run("convert_ckpt_deepseek3.py", "--reverse", "--load-dir", str(mcore), "--save-dir", str(back),
-            "--tokenizer-dir", str(train), "--verify")
+    r = run(
+        "convert_ckpt_deepseek3.py",
+        "--reverse",
+        "--load-dir",
+        str(mcore),
+        "--save-dir",
+        str(back),
+        "--tokenizer-dir",
+        str(train),
+        "--verify",
+    )
     assert r.returncode == 0, r.stderr
     assert "verify: OK" in r.stdout and (back / "tokenizer_config.json").is_file()
 
 
-@pytest.mark.parametrize("script,args,fragment", [
-    ("convert_ckpt_deepseek3.py", ["--num-layer-list", "1,x"], "--num-layer-list '1,x': items must be integers"),
-    ("convert_ckpt_deepseek3.py", ["--target-pipeline-parallel-size", "2", "--num-layer-list", "2,1"],
-     "--num-layer-list 2,1 sums to 3, not num_layers=4"),
-    ("convert_ckpt_deepseek3.py", ["--noop-layers", "3"], "--noop-layers is not supported"),
-    ("convert_ckpt_deepseek3.py", ["--reverse"], "no conversion_manifest.json; give the layout flags"),
-])
+@pytest.mark.parametrize(
+    "script,args,fragment",
+    [
+        ("convert_ckpt_deepseek3.py", ["--num-layer-list", "1,x"], "--num-layer-list '1,x': items must be integers"),
+        (
+            "convert_ckpt_deepseek3.py",
+            ["--target-pipeline-parallel-size", "2", "--num-layer-list", "2,1"],
+            "--num-layer-list 2,1 sums to 3, not num_layers=4",
+        ),
+        ("convert_ckpt_deepseek3.py", ["--noop-layers", "3"], "--noop-layers is not supported"),
+        ("convert_ckpt_deepseek3.py", ["--reverse"], "no conversion_manifest.json; give the layout flags"),
+    ],
+)
 def test_bad_input_is_one_line_without_traceback(script, args, fragment, hf_dir, tmp_path):
     r = run(script, "--load-dir", str(hf_dir), "--save-dir", str(tmp_path / "o"), *args)
     assert r.returncode == 2, r.stdout

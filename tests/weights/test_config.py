@@ -1,4 +1,5 @@
 """Training config.json: official values, quantisation/MTP stripped, tiny variant, validation (J3)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_patches.weights.config import (load_config, make_tiny_config, make_training_config, official_config,
-                                         validate_config)
+from verl_patches.weights.config import (
+    load_config,
+    make_tiny_config,
+    make_training_config,
+    official_config,
+    validate_config,
+)
 from verl_patches.weights.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,17 +24,50 @@ SCRIPT = REPO / "verl_patches" / "scripts" / "make_config.py"
 
 # The values the issue and vendor item J3 name, checked one by one against the built-in config.
 EXPECTED = {
-    "num_hidden_layers": 61, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "first_k_dense_replace": 3, "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1,
-    "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
-    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "max_position_embeddings": 163840, "rope_theta": 10000,
-    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280, "rms_norm_eps": 1e-6,
-    "aux_loss_alpha": 0.001, "seq_aux": True, "moe_layer_freq": 1, "bos_token_id": 0, "eos_token_id": 1,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3", "num_nextn_predict_layers": 0,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "first_k_dense_replace": 3,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "vocab_size": 129280,
+    "rms_norm_eps": 1e-6,
+    "aux_loss_alpha": 0.001,
+    "seq_aux": True,
+    "moe_layer_freq": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_nextn_predict_layers": 0,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
 }
 
 
@@ -41,14 +80,18 @@ def test_official_training_config_values():
 
 def test_from_fp8_config_strips_quantisation_and_mtp_keeps_the_rest():
     src = official_config()
-    src.update(num_nextn_predict_layers=1, transformers_version="4.33.1",
-               auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
-               quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    src.update(
+        num_nextn_predict_layers=1,
+        transformers_version="4.33.1",
+        auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]},
+    )
     cfg = make_training_config(src)
     assert "quantization_config" not in cfg and cfg["num_nextn_predict_layers"] == 0
     assert cfg["transformers_version"] == "4.33.1" and cfg["auto_map"] == src["auto_map"]
-    assert {k: v for k, v in cfg.items() if k != "num_nextn_predict_layers"} == \
-        {k: v for k, v in src.items() if k not in ("quantization_config", "num_nextn_predict_layers")}
+    assert {k: v for k, v in cfg.items() if k != "num_nextn_predict_layers"} == {
+        k: v for k, v in src.items() if k not in ("quantization_config", "num_nextn_predict_layers")
+    }
 
 
 def test_tiny_config_has_the_same_keys_and_small_sizes():
@@ -76,20 +119,23 @@ def test_tiny_config_builds_and_runs_in_transformers():
     assert logits.shape == (2, 7, 128) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("n_group", 7, "'n_group'"),
-    ("topk_group", 9, "'topk_group'"),
-    ("num_attention_heads", 12, "'num_key_value_heads'"),
-    ("hidden_size", "7168", "'hidden_size'"),
-    ("hidden_size", True, "'hidden_size'"),
-    ("norm_topk_prob", 1, "'norm_topk_prob'"),
-    ("scoring_func", "relu", "'scoring_func'"),
-    ("first_k_dense_replace", 99, "'first_k_dense_replace'"),
-    ("qk_rope_head_dim", 63, "'qk_rope_head_dim'"),
-    ("num_experts_per_tok", 200, "'num_experts_per_tok'"),
-    ("rope_scaling", {"type": "yarn", "factor": 40}, "'rope_scaling.original_max_position_embeddings'"),
-    ("model_type", "llama", "'model_type'"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("n_group", 7, "'n_group'"),
+        ("topk_group", 9, "'topk_group'"),
+        ("num_attention_heads", 12, "'num_key_value_heads'"),
+        ("hidden_size", "7168", "'hidden_size'"),
+        ("hidden_size", True, "'hidden_size'"),
+        ("norm_topk_prob", 1, "'norm_topk_prob'"),
+        ("scoring_func", "relu", "'scoring_func'"),
+        ("first_k_dense_replace", 99, "'first_k_dense_replace'"),
+        ("qk_rope_head_dim", 63, "'qk_rope_head_dim'"),
+        ("num_experts_per_tok", 200, "'num_experts_per_tok'"),
+        ("rope_scaling", {"type": "yarn", "factor": 40}, "'rope_scaling.original_max_position_embeddings'"),
+        ("model_type", "llama", "'model_type'"),
+    ],
+)
 def test_validation_names_the_key(key, value, fragment):
     cfg = make_training_config()
     cfg[key] = value
@@ -121,8 +167,11 @@ def test_cli_from_dir_copies_tokenizer_and_drops_dangling_auto_map(tmp_path):
     src = tmp_path / "fp8"
     src.mkdir()
     cfg = official_config()
-    cfg.update(num_nextn_predict_layers=1, auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
-               quantization_config={"quant_method": "fp8"})
+    cfg.update(
+        num_nextn_predict_layers=1,
+        auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+        quantization_config={"quant_method": "fp8"},
+    )
     (src / "config.json").write_text(json.dumps(cfg))
     (src / "tokenizer.json").write_text("{}")
     (src / "tokenizer_config.json").write_text("{}")

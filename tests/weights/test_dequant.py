@@ -1,10 +1,11 @@
 """Block-wise FP8 dequantisation against the dense float32 reference (J1)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from verl_patches.weights.dequant import (dequantize_fp8_blockwise, dequantize_fp8_reference, scale_grid_shape)
+from verl_patches.weights.dequant import dequantize_fp8_blockwise, dequantize_fp8_reference, scale_grid_shape
 
 
 def _fp8(shape, seed=0, spread=3.0):
@@ -32,15 +33,22 @@ def test_vendor_case_300x200_matches_dense_reference():
     out = dequantize_fp8_blockwise(w, s)
     assert out.dtype == torch.bfloat16 and out.shape == (300, 200)
     assert torch.equal(out, ref.to(torch.bfloat16))  # the same float32 product, rounded once
-    assert ((out.float() - ref).abs() <= ref.abs() * 2 ** -8).all()
+    assert ((out.float() - ref).abs() <= ref.abs() * 2**-8).all()
     assert torch.equal(dequantize_fp8_reference(w, s), ref)
 
 
-@pytest.mark.parametrize("shape,block", [
-    ((128, 128), (128, 128)), ((129, 127), (128, 128)), ((1, 1), (128, 128)), ((576, 7168 // 8), (128, 128)),
-    ((4096, 896), (128, 128)),   # several row stripes
-    ((70, 33), (16, 8)), ((5, 300), (4, 128)),
-])
+@pytest.mark.parametrize(
+    "shape,block",
+    [
+        ((128, 128), (128, 128)),
+        ((129, 127), (128, 128)),
+        ((1, 1), (128, 128)),
+        ((576, 7168 // 8), (128, 128)),
+        ((4096, 896), (128, 128)),  # several row stripes
+        ((70, 33), (16, 8)),
+        ((5, 300), (4, 128)),
+    ],
+)
 def test_shapes_and_ragged_edges(shape, block):
     w, s = _fp8(shape, seed=shape[0]), _scale(shape, block, seed=shape[1])
     assert torch.equal(dequantize_fp8_blockwise(w, s, block), _dense_reference(w, s, block).to(torch.bfloat16))
@@ -48,7 +56,7 @@ def test_shapes_and_ragged_edges(shape, block):
 
 def test_every_fp8_bit_pattern_including_subnormals_and_signed_zero():
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    codes = codes[(codes & 0x7F) != 0x7F]               # all 254 non-NaN encodings
+    codes = codes[(codes & 0x7F) != 0x7F]  # all 254 non-NaN encodings
     w = codes.view(torch.float8_e4m3fn).reshape(2, 127)
     s = torch.tensor([[0.37]])
     out = dequantize_fp8_blockwise(w, s)
@@ -63,11 +71,11 @@ def test_flush_denormal_mode_is_handled_and_restored():
         pytest.skip("this CPU cannot flush denormals")
     try:
         out = dequantize_fp8_blockwise(w, s)
-        still_flushing = (torch.tensor([2.0 ** -140]) * 2.0).item() == 0.0
+        still_flushing = (torch.tensor([2.0**-140]) * 2.0).item() == 0.0
     finally:
         torch.set_flush_denormal(False)
     assert still_flushing
-    torch.testing.assert_close(out.float(), torch.tensor([[2 ** -8, 2 ** -7, 3 * 2 ** -8, -2 ** -8]]), rtol=0, atol=0)
+    torch.testing.assert_close(out.float(), torch.tensor([[2**-8, 2**-7, 3 * 2**-8, -(2**-8)]]), rtol=0, atol=0)
 
 
 def test_errors():

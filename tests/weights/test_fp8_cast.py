@@ -1,4 +1,5 @@
 """Streaming FP8 -> BF16 checkpoint conversion: values, index/config consistency, resume, errors (J1)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ from verl_patches.weights.verify import check_index_consistent, verify_fp8_cast
 def _rewrite(path, tensors):
     """Replace a shard (via a new inode: the loaded tensors may still map the old file)."""
     tmp = path.with_name(path.name + ".new")
-    write_safetensors_file(tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()],
-                           lambda s: tensors[s.name])
+    write_safetensors_file(
+        tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
+    )
     os.replace(tmp, path)
 
 
@@ -41,8 +43,11 @@ def _reference(src, name):
 
 def test_fixture_has_cross_shard_scales_and_ragged_blocks(fp8_dir):
     idx = CheckpointIndex.load(fp8_dir)
-    cross = [n for n in idx.weight_map if n.endswith(SCALE_SUFFIX)
-             and idx.weight_map[n] != idx.weight_map[n[: -len(SCALE_SUFFIX)]]]
+    cross = [
+        n
+        for n in idx.weight_map
+        if n.endswith(SCALE_SUFFIX) and idx.weight_map[n] != idx.weight_map[n[: -len(SCALE_SUFFIX)]]
+    ]
     assert len(idx.files()) == 4 and len(cross) >= 5
     with LazyCheckpoint(idx) as ck:
         assert ck.shape("model.layers.0.mlp.gate_proj.weight") == (320, 160)  # 3 x 2 blocks, both ragged
@@ -68,8 +73,9 @@ def test_output_equals_reference_and_index_config_are_consistent(fp8_dir, bf16_d
     cfg = json.loads((bf16_dir / "config.json").read_text())
     src_cfg = json.loads((fp8_dir / "config.json").read_text())
     assert "quantization_config" not in cfg and cfg["torch_dtype"] == "bfloat16"
-    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == \
-        {k: v for k, v in src_cfg.items() if k not in ("quantization_config", "torch_dtype")}
+    assert {k: v for k, v in cfg.items() if k != "torch_dtype"} == {
+        k: v for k, v in src_cfg.items() if k not in ("quantization_config", "torch_dtype")
+    }
     for f in ("tokenizer_config.json", "generation_config.json"):
         assert (bf16_dir / f).read_bytes() == (fp8_dir / f).read_bytes()
     man = json.loads((bf16_dir / MANIFEST_FILE).read_text())
@@ -79,7 +85,7 @@ def test_output_equals_reference_and_index_config_are_consistent(fp8_dir, bf16_d
 
 def test_verify_passes_and_catches_a_corrupted_tensor(fp8_dir, bf16_dir, tmp_path):
     rep = verify_fp8_cast(fp8_dir, bf16_dir, progress=False)
-    assert rep.tensors_dequantized > 100 and 0 < rep.max_rel_err <= 2 ** -8
+    assert rep.tensors_dequantized > 100 and 0 < rep.max_rel_err <= 2**-8
     bad = tmp_path / "bad"
     shutil.copytree(bf16_dir, bad)
     index = CheckpointIndex.load(bad)
@@ -130,6 +136,7 @@ def test_interrupted_run_leaves_no_index_and_resumes(fp8_dir, tmp_path, monkeypa
             raise KeyboardInterrupt  # like Ctrl-C in the middle of a shard
         crash.calls += 1
         return real(w, s, block, **kw)
+
     crash.armed, crash.calls = True, 0
     monkeypatch.setattr(fp8_cast, "dequantize_fp8_blockwise", crash)
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,5 @@
 """HF <-> legacy Megatron (MindSpeed-LLM DeepSeek-V3) conversion: layouts, round trips, resume, errors (J2)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ LAYOUTS = {
     "ep2": ParallelLayout(ep=2, moe_grouped_gemm=True),
     "tp2_ep2": ParallelLayout(tp=2, ep=2, moe_grouped_gemm=True),
     "tp2_ep2_extend": ParallelLayout(tp=2, ep=2, moe_grouped_gemm=True, moe_tp_extend_ep=True),
-    "tp2_pp2_ep2_extend": ParallelLayout(tp=2, pp=2, ep=2, num_layer_list=(3, 1), moe_grouped_gemm=True,
-                                         moe_tp_extend_ep=True),
+    "tp2_pp2_ep2_extend": ParallelLayout(
+        tp=2, pp=2, ep=2, num_layer_list=(3, 1), moe_grouped_gemm=True, moe_tp_extend_ep=True
+    ),
     "tp2_ep2_local_experts": ParallelLayout(tp=2, ep=2),
 }
 
@@ -50,11 +52,23 @@ def test_layout_matches_mindspeed_and_round_trips_bit_for_bit(name, hf_dir, tiny
     dirs = sorted(p.name for p in (save / "iter_0000001").iterdir())
     assert dirs == sorted(rank_dir_name(layout, r) for r in all_ranks(layout))
     hf = _hf_tensors(hf_dir)
-    oracle = reference_checkpoint(hf, tiny_cfg, layout.tp, layout.pp, layout.ep, layout.num_layer_list,
-                                  layout.moe_grouped_gemm, layout.moe_tp_extend_ep)
+    oracle = reference_checkpoint(
+        hf,
+        tiny_cfg,
+        layout.tp,
+        layout.pp,
+        layout.ep,
+        layout.num_layer_list,
+        layout.moe_grouped_gemm,
+        layout.moe_tp_extend_ep,
+    )
     for rank in all_ranks(layout):
         obj = _load_rank(save, layout, rank)
-        assert obj["checkpoint_version"] == 3.0 and obj["iteration"] == 1 and set(obj) == {"model", "checkpoint_version", "iteration"}
+        assert (
+            obj["checkpoint_version"] == 3.0
+            and obj["iteration"] == 1
+            and set(obj) == {"model", "checkpoint_version", "iteration"}
+        )
         got, want = obj["model"], oracle[(rank.tp, rank.pp, rank.ep)]
         assert list(got) == list(plan_rank_shapes(tiny_cfg, layout, rank))
         assert set(got) == set(want), rank
@@ -79,7 +93,7 @@ def test_layer_and_expert_placement_for_the_a3_shape(tiny_cfg):
     layout = LAYOUTS["tp2_pp2_ep2_extend"]
     stage0 = plan_rank_shapes(tiny_cfg, layout, Rank(1, 0, 1))
     assert "embedding.word_embeddings.weight" in stage0 and "output_layer.weight" not in stage0
-    assert stage0["decoder.layers.0.mlp.linear_fc1.weight"][0] == (320, 160)      # dense, TP-sliced
+    assert stage0["decoder.layers.0.mlp.linear_fc1.weight"][0] == (320, 160)  # dense, TP-sliced
     assert stage0["decoder.layers.1.mlp.experts.weight1"][0] == (160, 2 * 2 * 32)  # 2 whole experts
     assert stage0["decoder.layers.1.mlp.experts.weight2"][0] == (2 * 32, 160)
     stage1 = plan_rank_shapes(tiny_cfg, layout, Rank(0, 1, 0))
@@ -155,18 +169,21 @@ def test_resuming_into_a_different_conversion_is_refused(hf_dir, tmp_path):
         convert_hf_to_mcore(hf_dir, other, LAYOUTS["tp2"], progress=False)
 
 
-@pytest.mark.parametrize("layout,kwargs,fragment", [
-    (ParallelLayout(pp=2, num_layer_list=(1, 2)), {}, "sums to 3, not num_layers=4"),
-    (ParallelLayout(pp=2, num_layer_list=(1, 1, 2)), {}, "has 3 entries"),
-    (ParallelLayout(pp=3), {}, "not divisible by --target-pipeline-parallel-size 3"),
-    (ParallelLayout(tp=3), {}, "num_attention_heads=4 .* --target-tensor-parallel-size 3"),
-    (ParallelLayout(ep=3), {}, "n_routed_experts=8 is not divisible by --target-expert-parallel-size 3"),
-    (ParallelLayout(tp=2, ep=8, moe_grouped_gemm=True, moe_tp_extend_ep=True), {}, "EP\\*TP=16"),
-    (ParallelLayout(tp=2, ep=2, moe_tp_extend_ep=True), {}, "needs --moe-grouped-gemm"),
-    (ParallelLayout(), {"num_layers": 61}, "--num-layers 61 differs"),
-    (ParallelLayout(), {"first_k_dense_replace": 3}, "--first-k-dense-replace 3 differs"),
-    (ParallelLayout(tp=0), {}, "--target-tensor-parallel-size must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "layout,kwargs,fragment",
+    [
+        (ParallelLayout(pp=2, num_layer_list=(1, 2)), {}, "sums to 3, not num_layers=4"),
+        (ParallelLayout(pp=2, num_layer_list=(1, 1, 2)), {}, "has 3 entries"),
+        (ParallelLayout(pp=3), {}, "not divisible by --target-pipeline-parallel-size 3"),
+        (ParallelLayout(tp=3), {}, "num_attention_heads=4 .* --target-tensor-parallel-size 3"),
+        (ParallelLayout(ep=3), {}, "n_routed_experts=8 is not divisible by --target-expert-parallel-size 3"),
+        (ParallelLayout(tp=2, ep=8, moe_grouped_gemm=True, moe_tp_extend_ep=True), {}, "EP\\*TP=16"),
+        (ParallelLayout(tp=2, ep=2, moe_tp_extend_ep=True), {}, "needs --moe-grouped-gemm"),
+        (ParallelLayout(), {"num_layers": 61}, "--num-layers 61 differs"),
+        (ParallelLayout(), {"first_k_dense_replace": 3}, "--first-k-dense-replace 3 differs"),
+        (ParallelLayout(tp=0), {}, "--target-tensor-parallel-size must be a positive integer"),
+    ],
+)
 def test_bad_flags_are_named_before_any_work(layout, kwargs, fragment, hf_dir, tiny_cfg, tmp_path):
     with pytest.raises(LayoutError, match=fragment):
         validate_layout(layout, tiny_cfg, kwargs.get("num_layers"), kwargs.get("first_k_dense_replace"))
@@ -233,15 +250,21 @@ def test_reverse_reads_trained_checkpoints_and_names_missing_rank_files(hf_dir, 
     for r in all_ranks(layout):
         p = it_dir / rank_dir_name(layout, r) / "model_optim_rng.pt"
         obj = torch.load(p, weights_only=True)
-        obj["args"] = argparse.Namespace(tensor_model_parallel_size=2, expert_model_parallel_size=1,
-                                         moe_tp_extend_ep=False, moe_grouped_gemm=True)
+        obj["args"] = argparse.Namespace(
+            tensor_model_parallel_size=2, expert_model_parallel_size=1, moe_tp_extend_ep=False, moe_grouped_gemm=True
+        )
         obj["model"]["decoder.layers.0.self_attention.core_attention._extra_state"] = None
         obj["rng_state"] = [{"np_rng_state": np.random.get_state()}]  # numpy arrays: data, built weights-only
         torch.save(obj, p)
     (save / "conversion_manifest.json").unlink()
     with pytest.raises(LayoutError, match="trained with moe_tp_extend_ep=False, the layout flags say True"):
-        convert_mcore_to_hf(save, tmp_path / "hf", layout=ParallelLayout(tp=2, moe_grouped_gemm=True, moe_tp_extend_ep=True),
-                            config=tiny_cfg, progress=False)
+        convert_mcore_to_hf(
+            save,
+            tmp_path / "hf",
+            layout=ParallelLayout(tp=2, moe_grouped_gemm=True, moe_tp_extend_ep=True),
+            config=tiny_cfg,
+            progress=False,
+        )
     convert_mcore_to_hf(save, tmp_path / "hf", layout=layout, config=tiny_cfg, progress=False)
     hf = _hf_tensors(hf_dir)
     back = _hf_tensors(tmp_path / "hf")

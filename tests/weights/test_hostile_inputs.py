@@ -1,6 +1,7 @@
 """Hostile and careless inputs to the weight tools (issue 27): tools delete only what they wrote, no tensor is
 silently dropped or turned non-finite, trackers/iterations/manifests are parsed strictly, every refusal is one
 line."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,9 @@ def _one_line(err: BaseException) -> str:
 
 def _rewrite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     tmp = path.with_name(path.name + ".new")
-    write_safetensors_file(tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()],
-                           lambda s: tensors[s.name])
+    write_safetensors_file(
+        tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
+    )
     os.replace(tmp, path)
 
 
@@ -86,6 +88,7 @@ def _another_model(folder: Path) -> dict[str, bytes]:
 
 
 # ---- 2. tools delete only what they wrote ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_fp8_cast_refuses_a_folder_of_another_model_with_or_without_overwrite(fp8_dir, tmp_path, overwrite):
@@ -128,7 +131,7 @@ def test_overwrite_removes_only_the_files_our_earlier_export_manifest_lists(mcor
     assert len(old_shards) > 2
     (out / "notes.txt").write_text("the user's notes")
     (out / "zzz-mine.safetensors").write_bytes(b"not listed in the manifest")
-    second = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=10 ** 9, overwrite=True, progress=False)
+    second = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=10**9, overwrite=True, progress=False)
     assert len(second.shards_written) == 1
     names = {p.name for p in out.iterdir()}
     assert (out / "notes.txt").read_text() == "the user's notes"
@@ -148,8 +151,9 @@ def test_overwrite_of_another_layout_removes_only_listed_rank_files(hf_dir, tmp_
     assert keep.read_text() == "mine" and not (keep.parent / "model_optim_rng.pt").exists()
 
 
-@pytest.mark.parametrize("listed", ["../victim.safetensors", "/tmp/victim.safetensors", ".hidden.safetensors",
-                                    "a/b.safetensors"])
+@pytest.mark.parametrize(
+    "listed", ["../victim.safetensors", "/tmp/victim.safetensors", ".hidden.safetensors", "a/b.safetensors"]
+)
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_a_manifest_cannot_point_a_deletion_outside_its_folder(mcore_dir, tmp_path, listed, overwrite):
     out = tmp_path / "box" / "export"
@@ -179,12 +183,15 @@ def test_a_manifest_of_another_tool_is_not_ours(fp8_dir, tmp_path):
 def test_our_own_leftover_temp_files_do_not_make_a_folder_foreign(fp8_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / ".verl_patches-tmp-0123456789abcdef.fp8_cast_manifest.json").write_text("{")  # a run killed before its first manifest
+    (out / ".verl_patches-tmp-0123456789abcdef.fp8_cast_manifest.json").write_text(
+        "{"
+    )  # a run killed before its first manifest
     rep = run_fp8_cast(fp8_dir, out, progress=False)
     assert len(rep.shards_converted) == 4 and not list(out.glob(".verl_patches-tmp-*"))
 
 
 # ---- 3. no silently wrong weights --------------------------------------------------------------------------
+
 
 def test_a_tensor_outside_the_schema_is_refused_by_name(hf_dir, tmp_path):
     src = tmp_path / "src"
@@ -223,6 +230,7 @@ def test_a_non_finite_fp8_scale_is_refused_by_name_without_verify(fp8_dir, tmp_p
     def poison(s):
         s[0, 0] = value
         return s
+
     _edit_tensor(src, weight + SCALE_SUFFIX, poison)
     with pytest.raises(CheckpointError) as e:
         run_fp8_cast(src, tmp_path / "out", progress=False)
@@ -247,6 +255,7 @@ def test_a_non_finite_tensor_copied_as_is_is_refused(fp8_dir, tmp_path):
     def poison(t):
         t[7] = float("nan")
         return t
+
     _edit_tensor(src, name, poison)
     with pytest.raises(CheckpointError, match=rf"'{name}' holds a non-finite value \(nan\) at \(7,\)"):
         run_fp8_cast(src, tmp_path / "out", progress=False)
@@ -262,6 +271,7 @@ def test_dequantize_refuses_non_finite_scales_and_results():
 
 
 # ---- 4. strict trackers, iterations and manifests -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("content", ["²".encode(), b"1" * 5000, b"\xff\xfe1", b"12 13", b"-1", b"0x10"])
 def test_export_refuses_a_bad_tracker_in_one_line(mcore_dir, tmp_path, content):
@@ -287,8 +297,13 @@ def test_a_symlinked_tracker_is_refused_without_echoing_its_target(mcore_dir, tm
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "verl_patches/scripts/convert_ckpt_deepseek3.py", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "verl_patches/scripts/convert_ckpt_deepseek3.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("it", ["²", "1" * 5000, "-1", " 1", "1_0", "١"])
@@ -300,22 +315,32 @@ def test_cli_iteration_is_strict(mcore_dir, tmp_path, it):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--target-tensor-parallel-size", "²"), ("--workers", "0"),
-                                        ("--target-expert-parallel-size", "1" * 5000), ("--max-shard-size-gb", "nan")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--target-tensor-parallel-size", "²"),
+        ("--workers", "0"),
+        ("--target-expert-parallel-size", "1" * 5000),
+        ("--max-shard-size-gb", "nan"),
+    ],
+)
 def test_cli_integers_and_sizes_are_strict(hf_dir, tmp_path, flag, value):
     r = _run_cli("--load-dir", str(hf_dir), "--save-dir", str(tmp_path / "o"), flag, value)
     assert r.returncode == 2 and "Traceback" not in r.stderr and f"argument {flag}" in r.stderr.splitlines()[-1]
 
 
-@pytest.mark.parametrize("edit,key", [
-    (lambda m: m["layout"].update(tp="2"), "layout.tp"),
-    (lambda m: m["layout"].update(tp=10 ** 12), "layout.tp"),
-    (lambda m: m["layout"].update(moe_grouped_gemm="yes"), "layout.moe_grouped_gemm"),
-    (lambda m: m.update(hf_config=[1]), "hf_config"),
-    (lambda m: m["ranks"].update({"../../etc": {"size": 1, "sha256": "0" * 64}}), "ranks.../../etc"),
-    (lambda m: m["ranks"]["mp_rank_00"].update(sha256="zz"), "ranks.mp_rank_00.sha256"),
-    (lambda m: m.update(tool="rm -rf"), "tool"),
-])
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        (lambda m: m["layout"].update(tp="2"), "layout.tp"),
+        (lambda m: m["layout"].update(tp=10**12), "layout.tp"),
+        (lambda m: m["layout"].update(moe_grouped_gemm="yes"), "layout.moe_grouped_gemm"),
+        (lambda m: m.update(hf_config=[1]), "hf_config"),
+        (lambda m: m["ranks"].update({"../../etc": {"size": 1, "sha256": "0" * 64}}), "ranks.../../etc"),
+        (lambda m: m["ranks"]["mp_rank_00"].update(sha256="zz"), "ranks.mp_rank_00.sha256"),
+        (lambda m: m.update(tool="rm -rf"), "tool"),
+    ],
+)
 def test_a_tampered_conversion_manifest_is_one_line_naming_the_key(mcore_dir, tmp_path, edit, key):
     ck = tmp_path / "ck"
     shutil.copytree(mcore_dir, ck)
@@ -344,23 +369,56 @@ def test_a_manifest_that_is_a_fifo_or_a_link_is_refused_without_blocking(mcore_d
 
 # ---- 8. property: the manifest parsers against arbitrary bytes ----------------------------------------------
 
-_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
-                                                                                        max_size=4), max_leaves=20)
-_layouts = st.fixed_dictionaries({"tp": _json_values | st.integers(-3, 5), "pp": st.integers(-1, 4),
-                                  "ep": st.integers(0, 4), "num_layer_list": _json_values,
-                                  "moe_grouped_gemm": _json_values, "moe_tp_extend_ep": st.booleans()})
-_names = st.sampled_from(["mp_rank_00", "mp_rank_01_002", "../x", "/abs", "mp_rank_00/../..", ".hidden",
-                          "model-00001-of-00002.safetensors", "a/b.safetensors", "..", "x\x00y"]) | st.text(max_size=12)
-_entries = st.dictionaries(_names, st.fixed_dictionaries({"size": _json_values | st.integers(-1, 10),
-                                                          "sha256": st.just("a" * 64) | _json_values}), max_size=3)
-_manifests = st.fixed_dictionaries({"tool": st.sampled_from(["verl_patches.weights.hf_to_mcore",
-                                                             "verl_patches.checkpoint", "x"]) | _json_values,
-                                    "layout": _layouts | _json_values, "hf_config": _json_values,
-                                    "complete": _json_values | st.booleans(), "ranks": _entries | _json_values,
-                                    "shards": _entries, "files": st.lists(_names, max_size=3) | _json_values})
-_manifest_bytes = (st.binary(max_size=300) | _manifests.map(lambda m: json.dumps(m).encode())
-                   | st.builds(lambda m, cut: json.dumps(m).encode()[:cut], _manifests, st.integers(0, 200)))
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+_layouts = st.fixed_dictionaries(
+    {
+        "tp": _json_values | st.integers(-3, 5),
+        "pp": st.integers(-1, 4),
+        "ep": st.integers(0, 4),
+        "num_layer_list": _json_values,
+        "moe_grouped_gemm": _json_values,
+        "moe_tp_extend_ep": st.booleans(),
+    }
+)
+_names = st.sampled_from(
+    [
+        "mp_rank_00",
+        "mp_rank_01_002",
+        "../x",
+        "/abs",
+        "mp_rank_00/../..",
+        ".hidden",
+        "model-00001-of-00002.safetensors",
+        "a/b.safetensors",
+        "..",
+        "x\x00y",
+    ]
+) | st.text(max_size=12)
+_entries = st.dictionaries(
+    _names,
+    st.fixed_dictionaries({"size": _json_values | st.integers(-1, 10), "sha256": st.just("a" * 64) | _json_values}),
+    max_size=3,
+)
+_manifests = st.fixed_dictionaries(
+    {
+        "tool": st.sampled_from(["verl_patches.weights.hf_to_mcore", "verl_patches.checkpoint", "x"]) | _json_values,
+        "layout": _layouts | _json_values,
+        "hf_config": _json_values,
+        "complete": _json_values | st.booleans(),
+        "ranks": _entries | _json_values,
+        "shards": _entries,
+        "files": st.lists(_names, max_size=3) | _json_values,
+    }
+)
+_manifest_bytes = (
+    st.binary(max_size=300)
+    | _manifests.map(lambda m: json.dumps(m).encode())
+    | st.builds(lambda m, cut: json.dumps(m).encode()[:cut], _manifests, st.integers(0, 200))
+)
 
 
 def _confined(name: str) -> bool:
@@ -406,11 +464,25 @@ def test_outputs_follow_the_umask(fp8_dir, tmp_path):
     assert modes and set(modes.values()) == {0o644}, modes
 
 
-@pytest.mark.parametrize("value,words", [("9" * 5000, "not a config value"), ("2147483648", "beyond any model"),
-                                         ("[" * 100000, "not a config value")])
+@pytest.mark.parametrize(
+    "value,words",
+    [("9" * 5000, "not a config value"), ("2147483648", "beyond any model"), ("[" * 100000, "not a config value")],
+)
 def test_make_config_set_values_are_one_line(tmp_path, value, words):
-    r = subprocess.run([sys.executable, "verl_patches/scripts/make_config.py", "--out", str(tmp_path / "o"),
-                        "--set", f"hidden_size={value}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "verl_patches/scripts/make_config.py",
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            f"hidden_size={value}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert words in line and "hidden_size" in line
@@ -481,8 +553,9 @@ def test_c1_refuses_a_rank_file_changed_after_the_conversion(mcore_dir, tmp_path
 
     copy = tmp_path / "mcore"
     shutil.copytree(mcore_dir, copy)
-    monkeypatch.setattr(c1, "running_layout", lambda: c1.RunningLayout(tp=2, pp=1, ep=1, tp_rank=0, pp_rank=0,
-                                                                      ep_rank=0))
+    monkeypatch.setattr(
+        c1, "running_layout", lambda: c1.RunningLayout(tp=2, pp=1, ep=1, tp_rank=0, pp_rank=0, ep_rank=0)
+    )
     # an unchanged checkpoint passes the digest (and then fails the strict copy into an empty module)
     with pytest.raises(CheckpointError, match="parameters do not match"):
         c1.load_legacy_weights([torch.nn.Linear(1, 1)], str(copy))
@@ -504,6 +577,7 @@ def test_a_zero_or_negative_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, valu
     def poison(s):
         s[0, -1] = value
         return s
+
     _edit_tensor(src, weight + SCALE_SUFFIX, poison)
     if verify:  # --verify-only of an earlier, clean cast against the edited source
         from verl_patches.weights.verify import verify_fp8_cast
@@ -526,6 +600,7 @@ def test_hf_to_mcore_refuses_a_non_finite_weight_by_name(hf_dir, tmp_path, value
     def poison(t):
         t.view(-1)[3] = value
         return t
+
     _edit_tensor(src, "model.layers.0.self_attn.o_proj.weight", poison)
     with pytest.raises(CheckpointError) as e:
         convert_hf_to_mcore(src, tmp_path / "mc", TP2, progress=False)
@@ -546,15 +621,20 @@ def test_mcore_to_hf_refuses_a_non_finite_weight_by_name(mcore_dir, tmp_path):
     torch.save(obj, path)
     # the manifest rewritten too (the digest would refuse the file first): the non-finite check is tested here
     man = json.loads((copy / "conversion_manifest.json").read_text())
-    man["ranks"][path.parent.name] = {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    man["ranks"][path.parent.name] = {
+        "size": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
     (copy / "conversion_manifest.json").write_text(json.dumps(man))
     with pytest.raises(CheckpointError, match="non-finite") as e:
         convert_mcore_to_hf(copy, tmp_path / "hf_out", progress=False)
     assert "\n" not in str(e.value) and "tensor 'model." in str(e.value)
 
 
-@pytest.mark.parametrize("key, value", [("rms_norm_eps", "NaN"), ("rope_theta", "Infinity"),
-                                        ("rope_scaling", '{"factor": NaN, "type": "yarn"}')])
+@pytest.mark.parametrize(
+    "key, value",
+    [("rms_norm_eps", "NaN"), ("rope_theta", "Infinity"), ("rope_scaling", '{"factor": NaN, "type": "yarn"}')],
+)
 def test_a_non_finite_config_float_is_refused_by_key(hf_dir, tmp_path, key, value):
     src = tmp_path / "src"
     shutil.copytree(hf_dir, src)
@@ -565,8 +645,20 @@ def test_a_non_finite_config_float_is_refused_by_key(hf_dir, tmp_path, key, valu
     with pytest.raises(Exception) as e:
         convert_hf_to_mcore(src, tmp_path / "mc", TP2, progress=False)
     assert key in _one_line(e.value) and "finite" in str(e.value)
-    r = subprocess.run([sys.executable, "verl_patches/scripts/make_config.py", "--out", str(tmp_path / "o"),
-                        "--set", f"{key}={value}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "verl_patches/scripts/make_config.py",
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            f"{key}={value}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and key in r.stderr and not (tmp_path / "o").exists()
 
 

@@ -1,4 +1,5 @@
 """Megatron (MindSpeed-LLM DeepSeek-V3) <-> HF name table, as used by the rollout weight sync (G10)."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,24 +38,36 @@ TABLE = [
     ("decoder.final_layernorm.weight", ["model.norm.weight"]),
     ("output_layer.weight", ["lm_head.weight"]),
     ("decoder.layers.0.input_layernorm.weight", ["model.layers.0.input_layernorm.weight"]),
-    ("decoder.layers.0.self_attention.linear_qkv.weight",
-     ["model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]),
+    (
+        "decoder.layers.0.self_attention.linear_qkv.weight",
+        ["model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"],
+    ),
     ("decoder.layers.0.self_attention.linear_proj.weight", ["model.layers.0.self_attn.o_proj.weight"]),
     ("decoder.layers.0.self_attention.k_layernorm.weight", ["model.layers.0.self_attn.kv_a_layernorm.weight"]),
     ("decoder.layers.0.self_attention.q_layernorm.weight", ["model.layers.0.self_attn.q_a_layernorm.weight"]),
     ("decoder.layers.0.self_attention.linear_kvb.weight", ["model.layers.0.self_attn.kv_b_proj.weight"]),
     ("decoder.layers.0.self_attention.linear_qb.weight", ["model.layers.0.self_attn.q_b_proj.weight"]),
     ("decoder.layers.0.pre_mlp_layernorm.weight", ["model.layers.0.post_attention_layernorm.weight"]),
-    ("decoder.layers.0.mlp.linear_fc1.weight", ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]),
+    (
+        "decoder.layers.0.mlp.linear_fc1.weight",
+        ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"],
+    ),
     ("decoder.layers.0.mlp.linear_fc2.weight", ["model.layers.0.mlp.down_proj.weight"]),
     ("decoder.layers.3.mlp.router.weight", ["model.layers.3.mlp.gate.weight"]),
     ("decoder.layers.3.mlp.router.expert_bias", ["model.layers.3.mlp.gate.e_score_correction_bias"]),
-    ("decoder.layers.3.mlp.shared_experts.linear_fc1.weight",
-     ["model.layers.3.mlp.shared_experts.gate_proj.weight", "model.layers.3.mlp.shared_experts.up_proj.weight"]),
+    (
+        "decoder.layers.3.mlp.shared_experts.linear_fc1.weight",
+        ["model.layers.3.mlp.shared_experts.gate_proj.weight", "model.layers.3.mlp.shared_experts.up_proj.weight"],
+    ),
     ("decoder.layers.3.mlp.shared_experts.linear_fc2.weight", ["model.layers.3.mlp.shared_experts.down_proj.weight"]),
-    ("decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight",
-     ["model.layers.3.mlp.experts.5.gate_proj.weight", "model.layers.3.mlp.experts.5.up_proj.weight"]),
-    ("decoder.layers.3.mlp.experts.local_experts.5.linear_fc2.weight", ["model.layers.3.mlp.experts.5.down_proj.weight"]),
+    (
+        "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight",
+        ["model.layers.3.mlp.experts.5.gate_proj.weight", "model.layers.3.mlp.experts.5.up_proj.weight"],
+    ),
+    (
+        "decoder.layers.3.mlp.experts.local_experts.5.linear_fc2.weight",
+        ["model.layers.3.mlp.experts.5.down_proj.weight"],
+    ),
 ]
 
 
@@ -68,12 +81,22 @@ def test_table(mcore, hf):
 def test_grouped_gemm_expands_to_every_expert_gate_up_interleaved():
     w1 = mcore_to_hf_names("decoder.layers.3.mlp.experts.weight1", num_experts=8)
     assert len(w1) == 16
-    assert w1[:4] == ["model.layers.3.mlp.experts.0.gate_proj.weight", "model.layers.3.mlp.experts.0.up_proj.weight",
-                      "model.layers.3.mlp.experts.1.gate_proj.weight", "model.layers.3.mlp.experts.1.up_proj.weight"]
+    assert w1[:4] == [
+        "model.layers.3.mlp.experts.0.gate_proj.weight",
+        "model.layers.3.mlp.experts.0.up_proj.weight",
+        "model.layers.3.mlp.experts.1.gate_proj.weight",
+        "model.layers.3.mlp.experts.1.up_proj.weight",
+    ]
     w2 = mcore_to_hf_names("decoder.layers.3.mlp.experts.weight2", num_experts=8)
     assert w2 == [f"model.layers.3.mlp.experts.{e}.down_proj.weight" for e in range(8)]
-    assert hf_to_mcore_name("model.layers.3.mlp.experts.6.up_proj.weight") == ("decoder.layers.3.mlp.experts.weight1", 13)
-    assert hf_to_mcore_name("model.layers.3.mlp.experts.6.down_proj.weight") == ("decoder.layers.3.mlp.experts.weight2", 6)
+    assert hf_to_mcore_name("model.layers.3.mlp.experts.6.up_proj.weight") == (
+        "decoder.layers.3.mlp.experts.weight1",
+        13,
+    )
+    assert hf_to_mcore_name("model.layers.3.mlp.experts.6.down_proj.weight") == (
+        "decoder.layers.3.mlp.experts.weight2",
+        6,
+    )
     with pytest.raises(ValueError, match="num_experts"):
         mcore_to_hf_names("decoder.layers.3.mlp.experts.weight1")
 
@@ -96,8 +119,14 @@ def test_whole_model_and_inverse(hf_keys):
         assert mcore_to_hf_names(m, num_experts=CFG["n_routed_experts"])[pos] == h
 
 
-@pytest.mark.parametrize("bad", ["decoder.layers.0.mlp.nonsense.weight", "model.layers.0.self_attn.q_proj.weight",
-                                 "embedding.position_embeddings.weight"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "decoder.layers.0.mlp.nonsense.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "embedding.position_embeddings.weight",
+    ],
+)
 def test_unknown_names_raise(bad):
     with pytest.raises(UnknownNameError, match="not a"):
         (hf_to_mcore_name if bad.startswith("model.") else mcore_to_hf_names)(bad)

@@ -1,4 +1,5 @@
 """Streaming safetensors writer and lazy sharded reader."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,12 @@ from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 def test_streamed_file_reads_back_with_safetensors(tmp_path):
     g = torch.Generator().manual_seed(0)
     tensors = {
-        "bf16": torch.randn(5, 7, generator=g).bfloat16(), "f32": torch.randn(3, generator=g),
-        "fp8": torch.randn(4, 4, generator=g).to(torch.float8_e4m3fn), "scalar": torch.tensor(7, dtype=torch.int64),
-        "empty": torch.zeros(0, 3), "i8": torch.arange(-3, 3, dtype=torch.int8),
+        "bf16": torch.randn(5, 7, generator=g).bfloat16(),
+        "f32": torch.randn(3, generator=g),
+        "fp8": torch.randn(4, 4, generator=g).to(torch.float8_e4m3fn),
+        "scalar": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 3),
+        "i8": torch.arange(-3, 3, dtype=torch.int8),
     }
     specs = [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
     path = tmp_path / "x.safetensors"
@@ -26,8 +30,10 @@ def test_streamed_file_reads_back_with_safetensors(tmp_path):
     assert size == path.stat().st_size and sha == file_sha256(path)
     back = load_file(str(path))
     for k, v in tensors.items():
-        assert back[k].dtype == v.dtype and torch.equal(back[k].view(torch.uint8) if v.dtype == torch.float8_e4m3fn else back[k],
-                                                        v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v)
+        assert back[k].dtype == v.dtype and torch.equal(
+            back[k].view(torch.uint8) if v.dtype == torch.float8_e4m3fn else back[k],
+            v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v,
+        )
 
 
 def test_writer_refuses_mismatches(tmp_path):
@@ -48,7 +54,9 @@ def test_lazy_rows_cols_and_index_errors(tmp_path):
         assert ck.shape("b") == (4, 8) and ck.dtype("b") == torch.bfloat16
         with pytest.raises(MissingTensorError, match="'c' is not in the checkpoint"):
             ck.get("c")
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "z": "s3.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "s1.safetensors", "z": "s3.safetensors"}})
+    )
     with pytest.raises(CheckpointError, match="shard 's3.safetensors' \\(holding e.g. 'z'\\)"):
         CheckpointIndex.load(tmp_path)
     (tmp_path / "model.safetensors.index.json").write_text("{\n\n  nope")

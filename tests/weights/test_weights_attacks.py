@@ -1,5 +1,6 @@
 """Attacks on the weight tools through a crafted input checkpoint (issue 18): shard names from the index
 that leave the output folder or name the input itself, and tokenizer files that are symlinks out."""
+
 from __future__ import annotations
 
 import json

@@ -18,6 +18,7 @@ after its sha256 is checked against the step manifest (a changed file is refused
 a name confined to the step folder. A layout that differs in more than the DP size is refused before
 anything is read (`manifest.check_resume_layout`).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ import torch
 from verl_patches.checkpoint import rng
 from verl_patches.checkpoint.commit import read_manifest, read_rank_records
 from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
-from verl_patches.checkpoint.manifest import (CheckpointIncomplete, FileRecord, RankRecord, TrainLayout,
-                                              check_resume_layout, rank_record_name)
+from verl_patches.checkpoint.manifest import (
+    CheckpointIncomplete,
+    FileRecord,
+    RankRecord,
+    TrainLayout,
+    check_resume_layout,
+    rank_record_name,
+)
 from verl_patches.checkpoint.optimizer_state import load_parameter_state
 from verl_patches.checkpoint.safe_load import load_tensor_file, sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
@@ -70,28 +77,44 @@ def running_place(use_distributed_optimizer: bool) -> tuple[RankPlace, TrainLayo
     if isinstance(nll, str):
         nll = tuple(int(x) for x in nll.split(","))
     pp = mpu.get_pipeline_model_parallel_world_size()
-    layout = TrainLayout(tp=mpu.get_tensor_model_parallel_world_size(), pp=pp,
-                         ep=mpu.get_expert_model_parallel_world_size(), cp=mpu.get_context_parallel_world_size(),
-                         dp=mpu.get_data_parallel_world_size(),
-                         num_layer_list=tuple(nll) if nll and pp > 1 else None,
-                         moe_tp_extend_ep=bool(getattr(args, "moe_tp_extend_ep", False)),
-                         use_distributed_optimizer=bool(use_distributed_optimizer))
-    place = RankPlace(rank=torch.distributed.get_rank(), tp_rank=mpu.get_tensor_model_parallel_rank(),
-                      pp_rank=mpu.get_pipeline_model_parallel_rank(), ep_rank=mpu.get_expert_model_parallel_rank(),
-                      dp_rank=mpu.get_data_parallel_rank(),
-                      expert_dp_rank=mpu.get_data_modulo_expert_parallel_rank())
+    layout = TrainLayout(
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        pp=pp,
+        ep=mpu.get_expert_model_parallel_world_size(),
+        cp=mpu.get_context_parallel_world_size(),
+        dp=mpu.get_data_parallel_world_size(),
+        num_layer_list=tuple(nll) if nll and pp > 1 else None,
+        moe_tp_extend_ep=bool(getattr(args, "moe_tp_extend_ep", False)),
+        use_distributed_optimizer=bool(use_distributed_optimizer),
+    )
+    place = RankPlace(
+        rank=torch.distributed.get_rank(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        dp_rank=mpu.get_data_parallel_rank(),
+        expert_dp_rank=mpu.get_data_modulo_expert_parallel_rank(),
+    )
     return place, layout, bool(getattr(args, "moe_grouped_gemm", False))
 
 
 def converter_layout(layout: TrainLayout, moe_grouped_gemm: bool) -> ParallelLayout:
-    return ParallelLayout(tp=layout.tp, pp=layout.pp, ep=layout.ep, num_layer_list=layout.num_layer_list,
-                          moe_grouped_gemm=moe_grouped_gemm, moe_tp_extend_ep=layout.moe_tp_extend_ep)
+    return ParallelLayout(
+        tp=layout.tp,
+        pp=layout.pp,
+        ep=layout.ep,
+        num_layer_list=layout.num_layer_list,
+        moe_grouped_gemm=moe_grouped_gemm,
+        moe_tp_extend_ep=layout.moe_tp_extend_ep,
+    )
 
 
 def model_file(step: int, layout: TrainLayout, moe_grouped_gemm: bool, coords: tuple[int, int, int]) -> str:
     tp, pp, ep = coords
-    return (f"{iteration_dir(step)}/{rank_dir_name(converter_layout(layout, moe_grouped_gemm), Rank(tp, pp, ep))}/"
-            f"{CKPT_FILE}")
+    return (
+        f"{iteration_dir(step)}/{rank_dir_name(converter_layout(layout, moe_grouped_gemm), Rank(tp, pp, ep))}/"
+        f"{CKPT_FILE}"
+    )
 
 
 def _mp_name(coords: tuple[int, int, int]) -> str:
@@ -118,10 +141,15 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 def model_state(modules: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
     if len(modules) != 1:
-        raise NotImplementedError("virtual pipeline stages are not supported by the actor checkpoint "
-                                  f"({len(modules)} model chunks on this rank)")
-    return {k: v.detach().cpu() for k, v in _unwrap(modules[0]).state_dict().items()
-            if not k.endswith("_extra_state") and isinstance(v, torch.Tensor)}
+        raise NotImplementedError(
+            "virtual pipeline stages are not supported by the actor checkpoint "
+            f"({len(modules)} model chunks on this rank)"
+        )
+    return {
+        k: v.detach().cpu()
+        for k, v in _unwrap(modules[0]).state_dict().items()
+        if not k.endswith("_extra_state") and isinstance(v, torch.Tensor)
+    }
 
 
 def optimizer_has_stepped(optimizer: Any) -> bool:
@@ -149,8 +177,14 @@ class _Written:
         self.add(rel)
 
 
-def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.nn.Module], optimizer: Any,
-               hf_config: Mapping[str, Any] | None, use_distributed_optimizer: bool) -> RankRecord:
+def save_actor(
+    role_dir: str | os.PathLike,
+    step: int,
+    modules: Sequence[torch.nn.Module],
+    optimizer: Any,
+    hf_config: Mapping[str, Any] | None,
+    use_distributed_optimizer: bool,
+) -> RankRecord:
     """This rank's part of the actor checkpoint of ``step``; a collective over all actor ranks."""
     role = Path(role_dir)
     place, layout, grouped = running_place(use_distributed_optimizer)
@@ -159,8 +193,10 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
     out = _Written(role)
 
     if writer:
-        out.save({"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
-                 model_file(step, layout, grouped, coords))
+        out.save(
+            {"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
+            model_file(step, layout, grouped, coords),
+        )
     if optimizer is not None:
         (role / OPTIM_DIR).mkdir(parents=True, exist_ok=True)
         stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
@@ -172,19 +208,36 @@ def save_actor(role_dir: str | os.PathLike, step: int, modules: Sequence[torch.n
                 os.replace(tmp, role / rel)
                 out.add(rel)
         if writer:
-            out.save({"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
-                     optim_common_file(coords))
+            out.save(
+                {"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
+                optim_common_file(coords),
+            )
     out.save(rng.capture(), rng_file(place.rank))
 
     if place.rank == 0:  # our converter's files: the export tool and C1's loader read this folder as is
-        write_json_atomically(role / CONVERTER_MANIFEST, {
-            "tool": "verl_patches.checkpoint", "complete": True, "layout": converter_layout(layout, grouped).to_json(),
-            "hf_config": dict(hf_config) if hf_config is not None else None, "iteration": step})
+        write_json_atomically(
+            role / CONVERTER_MANIFEST,
+            {
+                "tool": "verl_patches.checkpoint",
+                "complete": True,
+                "layout": converter_layout(layout, grouped).to_json(),
+                "hf_config": dict(hf_config) if hf_config is not None else None,
+                "iteration": step,
+            },
+        )
         write_text_atomically(role / TRACKER_FILE, str(step))
         out.add(CONVERTER_MANIFEST)
         out.add(TRACKER_FILE)
-    record = RankRecord(rank=place.rank, layout=layout, tp_rank=place.tp_rank, pp_rank=place.pp_rank,
-                        ep_rank=place.ep_rank, dp_rank=place.dp_rank, files=out.sizes, sha256=out.sha256)
+    record = RankRecord(
+        rank=place.rank,
+        layout=layout,
+        tp_rank=place.tp_rank,
+        pp_rank=place.pp_rank,
+        ep_rank=place.ep_rank,
+        dp_rank=place.dp_rank,
+        files=out.sizes,
+        sha256=out.sha256,
+    )
     write_json_atomically(role / rank_record_name(place.rank), record.to_json())
     return record
 
@@ -205,10 +258,13 @@ class CommittedRole:
         role = Path(role_dir)
         manifest = read_manifest(role.parent)  # refuses a linked step folder, checks the manifest strictly
         if role.name not in manifest.roles or not is_real_dir(role):
-            raise CheckpointIncomplete(f"{role}: not a role folder of the committed step {role.parent} (a real folder "
-                                       "listed in its checkpoint.json)")
-        return cls(role=role, step=manifest.step, files=manifest.role_files(role.name),
-                   layout=manifest.roles[role.name])
+            raise CheckpointIncomplete(
+                f"{role}: not a role folder of the committed step {role.parent} (a real folder "
+                "listed in its checkpoint.json)"
+            )
+        return cls(
+            role=role, step=manifest.step, files=manifest.role_files(role.name), layout=manifest.roles[role.name]
+        )
 
     def path(self, rel: str) -> tuple[Path, str]:
         """(the file's path inside the role folder, its recorded sha256); a file the manifest does not list,
@@ -241,8 +297,9 @@ def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole
         raise CheckpointIncomplete(f"{path}: no 'model' state dict")
     missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or extra:
-        raise CheckpointIncomplete(f"{path}: parameters do not match the model built here: missing {missing[:5]}, "
-                                   f"unexpected {extra[:5]}")
+        raise CheckpointIncomplete(
+            f"{path}: parameters do not match the model built here: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for k, v in own.items():
         if not isinstance(saved[k], torch.Tensor) or tuple(saved[k].shape) != tuple(v.shape):
             got = tuple(saved[k].shape) if isinstance(saved[k], torch.Tensor) else type(saved[k]).__name__
@@ -257,13 +314,20 @@ def saved_layout(committed: CommittedRole) -> tuple[TrainLayout, list[RankRecord
     if not records or committed.layout is None:
         raise CheckpointIncomplete(f"{committed.role}: no rank records; not a checkpoint written by verl_patches")
     if any(r.layout != committed.layout for r in records):
-        raise CheckpointIncomplete(f"{committed.role}: rank records disagree with the layout in "
-                                   f"{committed.role.parent / 'checkpoint.json'}")
+        raise CheckpointIncomplete(
+            f"{committed.role}: rank records disagree with the layout in {committed.role.parent / 'checkpoint.json'}"
+        )
     return committed.layout, records
 
 
-def load_actor(role_dir: str | os.PathLike, modules: Sequence[torch.nn.Module], optimizer: Any,
-               use_distributed_optimizer: bool, load_optimizer: bool = True, load_rng: bool = True) -> str:
+def load_actor(
+    role_dir: str | os.PathLike,
+    modules: Sequence[torch.nn.Module],
+    optimizer: Any,
+    use_distributed_optimizer: bool,
+    load_optimizer: bool = True,
+    load_rng: bool = True,
+) -> str:
     """Restore this rank from the role folder of a committed step; a collective. Returns a note ('' or what
     differed)."""
     committed = CommittedRole.open(role_dir)
@@ -277,8 +341,9 @@ def load_actor(role_dir: str | os.PathLike, modules: Sequence[torch.nn.Module], 
     except TrackerError as err:
         raise CheckpointIncomplete(str(err)) from None
     if step != committed.step:
-        raise CheckpointIncomplete(f"{tracker}: names step {step}, {role.parent / 'checkpoint.json'} step "
-                                   f"{committed.step}")
+        raise CheckpointIncomplete(
+            f"{tracker}: names step {step}, {role.parent / 'checkpoint.json'} step {committed.step}"
+        )
     coords = (place.tp_rank, place.pp_rank, place.ep_rank)
     load_model_into(modules, committed, model_file(step, saved, grouped, coords))
 
@@ -292,8 +357,11 @@ def load_actor(role_dir: str | os.PathLike, modules: Sequence[torch.nn.Module], 
                 params, sha = committed.path(optim_params_file(coords))
                 load_parameter_state(optimizer, params, sha)  # collective: DP rank 0 reads, then scatters
     if load_rng:
-        same = [r for r in records if r.rank == place.rank] if not note else \
-            [r for r in records if r.model_parallel_coords == coords and r.dp_rank == 0]
+        same = (
+            [r for r in records if r.rank == place.rank]
+            if not note
+            else [r for r in records if r.model_parallel_coords == coords and r.dp_rank == 0]
+        )
         if len(same) != 1:
             raise CheckpointIncomplete(f"{role}: no RNG state for rank {place.rank} at {coords}")
         state = committed.load(rng_file(same[0].rank))

@@ -11,6 +11,7 @@ the replacement of a leftover only ever touch real folders (never symbolic links
 nonce: another tool's ``.staging-*``/``.trash-*`` folder, a checkpoint copied in from another run and a
 link are left alone, and a trash folder is deleted where it is, never renamed again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,12 +24,34 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir, read_regular_file
-from verl_patches.checkpoint.manifest import (MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_RANK_RECORD_BYTES, RANKS_DIR,
-                                              CheckpointIncomplete, FileRecord, RankRecord, StepManifest,
-                                              TrainLayout, check_rank_records, manifest_json, parse_manifest,
-                                              parse_rank_record, rank_record_name)
-from verl_patches.checkpoint.plan import (STAGING_PREFIX, TRACKER_FILE, TRASH_PREFIX, Entry, ResumePoint,
-                                          choose_resume, parse_step_dir, plan_prune, staging_dir_name, step_dir_name)
+from verl_patches.checkpoint.manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    MAX_RANK_RECORD_BYTES,
+    RANKS_DIR,
+    CheckpointIncomplete,
+    FileRecord,
+    RankRecord,
+    StepManifest,
+    TrainLayout,
+    check_rank_records,
+    manifest_json,
+    parse_manifest,
+    parse_rank_record,
+    rank_record_name,
+)
+from verl_patches.checkpoint.plan import (
+    STAGING_PREFIX,
+    TRACKER_FILE,
+    TRASH_PREFIX,
+    Entry,
+    ResumePoint,
+    choose_resume,
+    parse_step_dir,
+    plan_prune,
+    staging_dir_name,
+    step_dir_name,
+)
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, check_digest, sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 from verl_patches.weights.atomic_io import write_json_atomically, write_text_atomically
@@ -67,8 +90,11 @@ def root_nonce(root: Path, create: bool) -> str | None:
         return nonce
     marker = Path(root) / OWNER_FILE
     if os.path.lexists(marker):
-        print(f"verl_patches checkpoint: {marker}: unreadable, replaced; checkpoints saved before it are no longer "
-              "pruned automatically", flush=True)
+        print(
+            f"verl_patches checkpoint: {marker}: unreadable, replaced; checkpoints saved before it are no longer "
+            "pruned automatically",
+            flush=True,
+        )
     nonce = uuid.uuid4().hex
     write_text_atomically(marker, nonce + "\n")
     return nonce
@@ -104,12 +130,15 @@ def check_root_permissions(root: Path, say=print) -> None:
         return
     mode = st.st_mode & 0o7777
     if mode & 0o002 and not mode & 0o1000:
-        raise CheckpointRootError(f"{root}: writable by every user and not sticky (mode {mode:o}); refused: "
-                                  f"chmod 700 {root}")
+        raise CheckpointRootError(
+            f"{root}: writable by every user and not sticky (mode {mode:o}); refused: chmod 700 {root}"
+        )
     if mode & 0o022 and str(root) not in _ROOTS_SAID:
         _ROOTS_SAID.add(str(root))
-        say(f"verl_patches checkpoint: {root} is writable by group/others (mode {mode:o}); whoever can write there "
-            "can replace a whole step folder, which the digests cannot catch (chmod 700)")
+        say(
+            f"verl_patches checkpoint: {root} is writable by group/others (mode {mode:o}); whoever can write there "
+            "can replace a whole step folder, which the digests cannot catch (chmod 700)"
+        )
 
 
 def begin_step(root: Path, step: int) -> Path:
@@ -123,8 +152,10 @@ def begin_step(root: Path, step: int) -> Path:
     staging = root / staging_dir_name(step)
     if os.path.lexists(staging):
         if not _is_ours(staging, nonce):
-            raise CheckpointRootError(f"{staging}: exists and was not created by this checkpoint root's saves "
-                                      f"(no {OWNER_FILE} of {root}); move it away to save step {step}")
+            raise CheckpointRootError(
+                f"{staging}: exists and was not created by this checkpoint root's saves "
+                f"(no {OWNER_FILE} of {root}); move it away to save step {step}"
+            )
         _remove_tree(staging, nonce)
     fresh = root / f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.new"  # ours until the rename: pruned if we die
     fresh.mkdir()
@@ -139,8 +170,7 @@ def read_manifest(step_dir: Path) -> StepManifest:
     step_dir = Path(step_dir)
     path = step_dir / MANIFEST_FILE
     if os.path.islink(step_dir):
-        raise CheckpointIncomplete(f"{step_dir}: is a symbolic link; a step folder is resumed only where it was "
-                                   "saved")
+        raise CheckpointIncomplete(f"{step_dir}: is a symbolic link; a step folder is resumed only where it was saved")
     if not os.path.lexists(path):
         raise CheckpointIncomplete(f"{path}: missing (the save of this step did not finish)")
     try:
@@ -194,15 +224,18 @@ def listing(root: Path) -> dict[str, Entry]:
         link, folder = e.is_symlink(), e.is_dir(follow_symlinks=False)
         if parse_step_dir(name) is not None:
             if link:
-                out[name] = Entry(problem=f"{path}: is a symbolic link; a step folder is resumed only where it "
-                                          "was saved")
+                out[name] = Entry(
+                    problem=f"{path}: is a symbolic link; a step folder is resumed only where it was saved"
+                )
             elif not folder:
                 out[name] = Entry(problem=f"{path}: not a folder")
             else:
                 problem, ours = step_problem(path), _is_ours(path, nonce)
                 if not problem and nonce is not None and not ours:  # copied in: its saves were another root's
-                    problem = (f"{path}: saved under another checkpoint root (its {OWNER_FILE} is not {root}'s); "
-                               "not resumed automatically: name it with trainer.resume_from_path, or move it away")
+                    problem = (
+                        f"{path}: saved under another checkpoint root (its {OWNER_FILE} is not {root}'s); "
+                        "not resumed automatically: name it with trainer.resume_from_path, or move it away"
+                    )
                 out[name] = Entry(complete=not problem, ours=ours, problem=problem)
         elif name.startswith(STAGING_PREFIX):
             out[name] = Entry(ours=not link and _is_ours(path, nonce))
@@ -221,8 +254,9 @@ def _files_under(folder: Path) -> dict[str, int]:
             if stat.S_ISDIR(st.st_mode):
                 continue
             if not stat.S_ISREG(st.st_mode):
-                raise CheckpointIncomplete(f"{p}: a symbolic link or special file in a save; a checkpoint holds "
-                                           "regular files only")
+                raise CheckpointIncomplete(
+                    f"{p}: a symbolic link or special file in a save; a checkpoint holds regular files only"
+                )
             out[p.relative_to(folder).as_posix()] = st.st_size
     return dict(sorted(out.items()))
 
@@ -288,8 +322,9 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
     nonce = root_nonce(root, create=True)
     assert nonce is not None
     if not _is_ours(staging, nonce):
-        raise CheckpointRootError(f"{staging}: not a staging folder created by begin_step in {root} (no matching "
-                                  f"{OWNER_FILE})")
+        raise CheckpointRootError(
+            f"{staging}: not a staging folder created by begin_step in {root} (no matching {OWNER_FILE})"
+        )
     roles: dict[str, TrainLayout | None] = {}
     digests: dict[str, str] = {}
     for p in sorted(staging.iterdir()):
@@ -304,8 +339,9 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
     final = root / step_dir_name(step)
     if os.path.lexists(final):  # the same step saved again (a resumed run re-reaching it): the new save replaces it
         if not _is_ours(final, nonce):
-            raise CheckpointRootError(f"{final}: exists and was not saved by this checkpoint root's saves; move it "
-                                      f"away to save step {step}")
+            raise CheckpointRootError(
+                f"{final}: exists and was not saved by this checkpoint root's saves; move it away to save step {step}"
+            )
         _remove_tree(final, nonce)
     os.rename(staging, final)
     _fsync_dir(root)
@@ -371,11 +407,14 @@ def find_resume_and_why(root: Path) -> tuple[ResumePoint | None, str]:
     while True:
         point = choose_resume(entries, tracked, problem)
         if point is None:
-            broken = sorted(((s, n) for n, e in entries.items() if (s := parse_step_dir(n)) is not None
-                             and not e.complete), reverse=True)
+            broken = sorted(
+                ((s, n) for n, e in entries.items() if (s := parse_step_dir(n)) is not None and not e.complete),
+                reverse=True,
+            )
             why = f"no complete checkpoint under {root}"
-            return None, (f"{why}; {broken[0][1]} skipped: {entries[broken[0][1]].problem or 'incomplete'}"
-                          if broken else why)
+            return None, (
+                f"{why}; {broken[0][1]} skipped: {entries[broken[0][1]].problem or 'incomplete'}" if broken else why
+            )
         damaged = small_files_problem(root / point.name)
         if not damaged:
             return point, point.note

@@ -6,6 +6,7 @@ leave it (absolute, ``..``, empty or ``.`` parts, backslashes, NUL, control char
 planted inside a checkpoint reaches a file elsewhere. `read_regular_file` reads a small file without
 following a link or blocking on a FIFO. Every refusal is one line naming the file or name at fault.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def check_relpath(rel: object, where: str) -> str:
         raise ConfinementError(f"{where}: file name {_shown(rel)} is absolute; names are relative to the folder")
     for part in rel.split("/"):
         if part in ("", ".", ".."):
-            raise ConfinementError(f"{where}: file name {_shown(rel)} leaves or re-enters its folder "
-                                   "('..', '.' or an empty part)")
+            raise ConfinementError(
+                f"{where}: file name {_shown(rel)} leaves or re-enters its folder ('..', '.' or an empty part)"
+            )
         if len(part) > MAX_PART_CHARS:
             raise ConfinementError(f"{where}: file name {_shown(rel)} has a part longer than {MAX_PART_CHARS}")
     return rel
@@ -76,8 +78,9 @@ def confined_path(folder: Path, rel: str, where: str) -> Path:
         except OSError as err:
             raise ConfinementError(f"{path}: cannot be inspected ({err.strerror})") from None
         if stat.S_ISLNK(mode):
-            raise ConfinementError(f"{path}: is a symbolic link; files of a checkpoint are never followed out of "
-                                   "its folder")
+            raise ConfinementError(
+                f"{path}: is a symbolic link; files of a checkpoint are never followed out of its folder"
+            )
         if i < len(parts) - 1 and not stat.S_ISDIR(mode):
             raise ConfinementError(f"{path}: not a folder")
     return path

@@ -9,6 +9,7 @@ a change of the data-parallel size alone is supported (model shards are per mode
 distributed optimizer's state is saved gathered over DP); any other change is an error naming both
 layouts and the supported conversion.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,7 +22,7 @@ from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
 MANIFEST_FILE = "checkpoint.json"
 MANIFEST_VERSION = 2  # 2: a sha256 per file
 RANKS_DIR = "ranks"
-MAX_STEP = 10 ** 12 - 1  # as the tracker's 12 digits
+MAX_STEP = 10**12 - 1  # as the tracker's 12 digits
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_RANK_RECORD_BYTES = 4 << 20
 _MAX_PARALLEL = 1 << 20
@@ -128,16 +129,22 @@ class TrainLayout:
         if unknown:
             raise CheckpointIncomplete(f"{where}: unknown key {unknown[0][:40]!r}")
         nll = d.get("num_layer_list")
-        if nll is not None and (not isinstance(nll, list) or len(nll) > 4096 or
-                                any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 20
-                                    for x in nll)):
+        if nll is not None and (
+            not isinstance(nll, list)
+            or len(nll) > 4096
+            or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 20 for x in nll)
+        ):
             raise CheckpointIncomplete(f"{where}: key 'num_layer_list' must be null or a list of layer counts")
-        return cls(tp=_int(d, "tp", where, 1, _MAX_PARALLEL), pp=_int(d, "pp", where, 1, _MAX_PARALLEL),
-                   ep=_int(d, "ep", where, 1, _MAX_PARALLEL), dp=_int(d, "dp", where, 1, _MAX_PARALLEL),
-                   cp=_int(d, "cp", where, 1, _MAX_PARALLEL, 1),
-                   num_layer_list=tuple(nll) if nll else None,
-                   moe_tp_extend_ep=_bool(d, "moe_tp_extend_ep", where, False),
-                   use_distributed_optimizer=_bool(d, "use_distributed_optimizer", where, True))
+        return cls(
+            tp=_int(d, "tp", where, 1, _MAX_PARALLEL),
+            pp=_int(d, "pp", where, 1, _MAX_PARALLEL),
+            ep=_int(d, "ep", where, 1, _MAX_PARALLEL),
+            dp=_int(d, "dp", where, 1, _MAX_PARALLEL),
+            cp=_int(d, "cp", where, 1, _MAX_PARALLEL, 1),
+            num_layer_list=tuple(nll) if nll else None,
+            moe_tp_extend_ep=_bool(d, "moe_tp_extend_ep", where, False),
+            use_distributed_optimizer=_bool(d, "use_distributed_optimizer", where, True),
+        )
 
 
 @dataclass(frozen=True)
@@ -159,21 +166,32 @@ class RankRecord:
         return (self.tp_rank, self.pp_rank, self.ep_rank)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "layout": self.layout.to_json(), "tp_rank": self.tp_rank, "pp_rank": self.pp_rank,
-                "ep_rank": self.ep_rank, "dp_rank": self.dp_rank, "files": dict(sorted(self.files.items())),
-                "sha256": dict(sorted(self.sha256.items()))}
+        return {
+            "rank": self.rank,
+            "layout": self.layout.to_json(),
+            "tp_rank": self.tp_rank,
+            "pp_rank": self.pp_rank,
+            "ep_rank": self.ep_rank,
+            "dp_rank": self.dp_rank,
+            "files": dict(sorted(self.files.items())),
+            "sha256": dict(sorted(self.sha256.items())),
+        }
 
     @classmethod
     def from_json(cls, d: Any, where: str = "rank record") -> "RankRecord":
         d = _dict(d, where)
         files = _dict(d.get("files"), f"{where}: key 'files'")
         digests = _dict(d.get("sha256", {}), f"{where}: key 'sha256'")
-        return cls(rank=_int(d, "rank", where, 0, 1 << 31), layout=TrainLayout.from_json(d.get("layout"),
-                                                                                          f"{where}: layout"),
-                   tp_rank=_int(d, "tp_rank", where, 0, _MAX_PARALLEL), pp_rank=_int(d, "pp_rank", where, 0, _MAX_PARALLEL),
-                   ep_rank=_int(d, "ep_rank", where, 0, _MAX_PARALLEL), dp_rank=_int(d, "dp_rank", where, 0, 1 << 31),
-                   files={_relpath(k, where): _int(files, k, f"{where}: files", 0, 1 << 62) for k in files},
-                   sha256={_relpath(k, where): _sha256(v, f"{where}: sha256 of {k[:80]!r}") for k, v in digests.items()})
+        return cls(
+            rank=_int(d, "rank", where, 0, 1 << 31),
+            layout=TrainLayout.from_json(d.get("layout"), f"{where}: layout"),
+            tp_rank=_int(d, "tp_rank", where, 0, _MAX_PARALLEL),
+            pp_rank=_int(d, "pp_rank", where, 0, _MAX_PARALLEL),
+            ep_rank=_int(d, "ep_rank", where, 0, _MAX_PARALLEL),
+            dp_rank=_int(d, "dp_rank", where, 0, 1 << 31),
+            files={_relpath(k, where): _int(files, k, f"{where}: files", 0, 1 << 62) for k in files},
+            sha256={_relpath(k, where): _sha256(v, f"{where}: sha256 of {k[:80]!r}") for k, v in digests.items()},
+        )
 
 
 def parse_rank_record(data: bytes | str, where: str) -> RankRecord:
@@ -200,13 +218,16 @@ def check_rank_records(role: str, records: Iterable[RankRecord], sizes: Mapping[
     layout = records[0].layout
     for r in records:
         if r.layout != layout:
-            raise CheckpointIncomplete(f"{role}: rank {r.rank} saved at {r.layout.describe()}, rank "
-                                       f"{records[0].rank} at {layout.describe()}")
+            raise CheckpointIncomplete(
+                f"{role}: rank {r.rank} saved at {r.layout.describe()}, rank {records[0].rank} at {layout.describe()}"
+            )
     seen = [r.rank for r in records]
     missing = sorted(set(range(layout.world_size)) - set(seen))
     if missing or len(seen) != len(set(seen)) or seen[-1] >= layout.world_size:
-        raise CheckpointIncomplete(f"{role}: rank records {seen} do not cover ranks 0..{layout.world_size - 1} of "
-                                   f"{layout.describe()} (missing {missing[:8]})")
+        raise CheckpointIncomplete(
+            f"{role}: rank records {seen} do not cover ranks 0..{layout.world_size - 1} of "
+            f"{layout.describe()} (missing {missing[:8]})"
+        )
     for r in records:
         for name, size in sorted(r.files.items()):
             have = sizes.get(name)
@@ -232,22 +253,30 @@ class StepManifest:
     def role_files(self, role: str) -> dict[str, FileRecord]:
         """The files of ``role``, relative to its folder."""
         prefix = f"{role}/"
-        return {k[len(prefix):]: v for k, v in self.files.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in self.files.items() if k.startswith(prefix)}
 
 
 _MANIFEST_KEYS = ("version", "step", "roles", "files")
 
 
-def manifest_json(step: int, roles: Mapping[str, TrainLayout | None], files: Mapping[str, FileRecord],
-                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def manifest_json(
+    step: int,
+    roles: Mapping[str, TrainLayout | None],
+    files: Mapping[str, FileRecord],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The step manifest's JSON: step, each role's layout, every file's size and sha256, extra keys."""
     extra = dict(extra or {})
     clash = set(extra) & set(_MANIFEST_KEYS)
     if clash:
         raise ValueError(f"manifest extra keys {sorted(clash)} clash with the manifest's own")
-    return {"version": MANIFEST_VERSION, "step": step,
-            "roles": {k: (v.to_json() if v is not None else None) for k, v in sorted(roles.items())},
-            "files": {k: v.to_json() for k, v in sorted(files.items())}, **extra}
+    return {
+        "version": MANIFEST_VERSION,
+        "step": step,
+        "roles": {k: (v.to_json() if v is not None else None) for k, v in sorted(roles.items())},
+        "files": {k: v.to_json() for k, v in sorted(files.items())},
+        **extra,
+    }
 
 
 def parse_manifest(data: bytes | str, where: str) -> StepManifest:
@@ -314,7 +343,8 @@ def check_resume_layout(saved: TrainLayout, running: TrainLayout, where: str) ->
             f"python verl_patches/scripts/convert_ckpt_deepseek3.py --reverse --load-dir {where}/actor "
             "--save-dir <hf> --tokenizer-dir <model.path>, then convert_ckpt_deepseek3.py --load-dir <hf> "
             "--save-dir <mcore> with the new --target-*-parallel-size/--num-layer-list flags, and run with "
-            "actor.megatron.dist_checkpointing_path=<mcore> trainer.resume_mode=disable")
+            "actor.megatron.dist_checkpointing_path=<mcore> trainer.resume_mode=disable"
+        )
     if saved.dp != running.dp:
         return f"data-parallel size changed {saved.dp} -> {running.dp} (supported: optimizer state is DP-gathered)"
     return ""

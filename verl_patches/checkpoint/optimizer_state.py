@@ -8,6 +8,7 @@ its sha256 checked against the step manifest before it is read. The scatter itse
 MindSpeed's replacement of it), so no upstream code is patched; the upstream methods mirrored here are
 pinned by `MIRRORED` (a test compares their fingerprints with the Megatron tree).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def load_parameter_state(optimizer: Any, path: str | os.PathLike, expected_sha25
     if chained is None:
         state = load_tensor_file(path, expected_sha256=expected_sha256) if _dp_rank(optimizer) == 0 else None
         if state is not None and not isinstance(state, dict):
-            raise CheckpointFileError(f"{path}: expected the distributed optimizer's state dict, found "
-                                      f"{type(state).__name__}")
+            raise CheckpointFileError(
+                f"{path}: expected the distributed optimizer's state dict, found {type(state).__name__}"
+            )
         optimizer.load_parameter_state_from_dp_zero(state)
         return
     states = None
@@ -45,7 +47,9 @@ def load_parameter_state(optimizer: Any, path: str | os.PathLike, expected_sha25
         if _dp_rank(inner) == 0 and states is None:  # read once, by a rank that is DP rank 0 of some optimizer
             states = load_tensor_file(path, expected_sha256=expected_sha256)
             if not isinstance(states, list) or len(states) != len(chained):
-                raise CheckpointFileError(f"{path}: expected a list of {len(chained)} optimizer states, found "
-                                          f"{type(states).__name__}"
-                                          f"{f' of {len(states)}' if isinstance(states, list) else ''}")
+                raise CheckpointFileError(
+                    f"{path}: expected a list of {len(chained)} optimizer states, found "
+                    f"{type(states).__name__}"
+                    f"{f' of {len(states)}' if isinstance(states, list) else ''}"
+                )
         inner.load_parameter_state_from_dp_zero(states[idx] if states else None)

@@ -4,6 +4,7 @@ Nothing here touches the disk: callers pass a listing (folder name -> `Entry`: w
 checkpoint, whether this checkpoint root's saves created it, and why not complete) and the tracker's
 step (or why it could not be read), and act on the returned plan.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ class Entry:
 
 
 def step_dir_name(step: int) -> str:
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10 ** 12:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**12:
         raise ValueError(f"checkpoint step must be an integer in 0..999999999999, got {step!r}")
     return f"{STEP_PREFIX}{step}"
 
@@ -57,8 +58,11 @@ class ResumePoint:
 
 
 def _complete_steps(listing: Mapping[str, Entry], ours_only: bool = False) -> list[tuple[int, str]]:
-    return sorted((s, n) for n, e in listing.items()
-                  if e.complete and (e.ours or not ours_only) and (s := parse_step_dir(n)) is not None)
+    return sorted(
+        (s, n)
+        for n, e in listing.items()
+        if e.complete and (e.ours or not ours_only) and (s := parse_step_dir(n)) is not None
+    )
 
 
 def choose_resume(listing: Mapping[str, Entry], tracked: int | None, tracker_problem: str = "") -> ResumePoint | None:
@@ -74,8 +78,10 @@ def choose_resume(listing: Mapping[str, Entry], tracked: int | None, tracker_pro
         return None
     step, name = complete[-1]
     notes = []
-    skipped = sorted(((s, n) for n, e in listing.items()
-                      if not e.complete and (s := parse_step_dir(n)) is not None and s > step), reverse=True)
+    skipped = sorted(
+        ((s, n) for n, e in listing.items() if not e.complete and (s := parse_step_dir(n)) is not None and s > step),
+        reverse=True,
+    )
     if skipped:
         s, n = skipped[0]
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
@@ -88,11 +94,13 @@ def choose_resume(listing: Mapping[str, Entry], tracked: int | None, tracker_pro
         notes.append(f"{tracker_problem}; newest complete checkpoint used")
     elif step_dir_name(tracked) in listing and not listing[step_dir_name(tracked)].complete:
         if not skipped or skipped[0][0] != tracked:
-            notes.append(f"{TRACKER_FILE} names step {tracked}, whose checkpoint is incomplete; newest complete one "
-                         "used")
+            notes.append(
+                f"{TRACKER_FILE} names step {tracked}, whose checkpoint is incomplete; newest complete one used"
+            )
     elif tracked > step or step_dir_name(tracked) not in listing:
-        notes.append(f"{TRACKER_FILE} names step {tracked}, which is not a complete checkpoint; newest complete one "
-                     "used")
+        notes.append(
+            f"{TRACKER_FILE} names step {tracked}, which is not a complete checkpoint; newest complete one used"
+        )
     else:
         notes.append(f"{TRACKER_FILE} names step {tracked}, a newer checkpoint was committed after it")
     return ResumePoint(step, name, "; ".join(notes))

@@ -8,6 +8,7 @@ sampling stream. The CPU rollout stand-in samples from a private generator inste
 (`register_generator`) so that a resumed run draws the same tokens as an uninterrupted one: the rollout
 lives in the actor's process (the fused actor_rollout_ref worker), where the actor's checkpoint is written.
 """
+
 from __future__ import annotations
 
 import random
@@ -64,8 +65,7 @@ def _set_numpy_state(state: tuple) -> None:
 
 
 def capture() -> dict[str, Any]:
-    state: dict[str, Any] = {"random": random.getstate(), "numpy": _numpy_state(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"random": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     mod = _device_module()
     if mod is not None:
         state["device"] = mod.get_rng_state()

@@ -14,6 +14,7 @@ So, in this order, on one open file (a rename in between cannot swap in another 
 A memory-mapped load reads the checked open file through ``/proc/self/fd`` (same inode). Every failure
 is one line naming the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,13 +86,17 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def check_digest(path: str | os.PathLike, actual: str, expected: str) -> None:
     if actual != expected:
-        raise UnsafeCheckpointError(f"{path}: sha256 {actual[:16]}... differs from the {expected[:16]}... recorded "
-                                    "when it was saved; the file was changed after the save, refused unread")
+        raise UnsafeCheckpointError(
+            f"{path}: sha256 {actual[:16]}... differs from the {expected[:16]}... recorded "
+            "when it was saved; the file was changed after the save, refused unread"
+        )
 
 
 # What torch.save (torch 2.5.1, zip format) writes under the archive's one folder; nothing else is loaded.
-_PLAIN_ENTRY = re.compile(r"data\.pkl|byteorder|version|\.format_version|\.storage_alignment|"
-                          r"\.data/version|\.data/serialization_id|data/[0-9]+")
+_PLAIN_ENTRY = re.compile(
+    r"data\.pkl|byteorder|version|\.format_version|\.storage_alignment|"
+    r"\.data/version|\.data/serialization_id|data/[0-9]+"
+)
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.serialization._is_zipfile checks these bytes at offset 0
 
 
@@ -100,8 +105,9 @@ def check_plain_archive(f: IO[bytes], path: str | os.PathLike) -> None:
     leaves ``f`` at offset 0."""
     f.seek(0)
     if f.read(4) != _ZIP_MAGIC:
-        raise UnsafeCheckpointError(f"{path}: not a torch file in the zip format torch.save writes (a legacy or "
-                                    "foreign format); refused unread")
+        raise UnsafeCheckpointError(
+            f"{path}: not a torch file in the zip format torch.save writes (a legacy or foreign format); refused unread"
+        )
     f.seek(0)
     try:
         with zipfile.ZipFile(f) as zf:
@@ -112,16 +118,21 @@ def check_plain_archive(f: IO[bytes], path: str | os.PathLike) -> None:
         f.seek(0)
     if len(names) != len(set(names)):
         dup = next(n for n in names if names.count(n) > 1)
-        raise UnsafeCheckpointError(f"{path}: zip entry {dup[:120]!r} appears twice (readers could disagree on "
-                                    "which one is loaded); refused unread")
+        raise UnsafeCheckpointError(
+            f"{path}: zip entry {dup[:120]!r} appears twice (readers could disagree on "
+            "which one is loaded); refused unread"
+        )
     folders = {n.partition("/")[0] for n in names}
     if len(folders) != 1 or any("/" not in n for n in names):
-        raise UnsafeCheckpointError(f"{path}: zip entries are not under one archive folder ({sorted(folders)[:3]}); "
-                                    "refused unread")
+        raise UnsafeCheckpointError(
+            f"{path}: zip entries are not under one archive folder ({sorted(folders)[:3]}); refused unread"
+        )
     rest = [n.partition("/")[2] for n in names]
     if "constants.pkl" in rest or any(r.startswith("code/") for r in rest):
-        raise UnsafeCheckpointError(f"{path}: a TorchScript archive (constants.pkl/code/): torch 2.5.1 would hand it "
-                                    "to torch.jit.load, which runs its code; refused unread")
+        raise UnsafeCheckpointError(
+            f"{path}: a TorchScript archive (constants.pkl/code/): torch 2.5.1 would hand it "
+            "to torch.jit.load, which runs its code; refused unread"
+        )
     odd = next((r for r in rest if not _PLAIN_ENTRY.fullmatch(r)), None)
     if odd is not None:
         raise UnsafeCheckpointError(f"{path}: zip entry {odd[:120]!r} is not one torch.save writes; refused unread")
@@ -129,7 +140,9 @@ def check_plain_archive(f: IO[bytes], path: str | os.PathLike) -> None:
         raise CheckpointFileError(f"{path}: not a readable torch file (no data.pkl)")
 
 
-def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]) -> Any:
+def _torch_load(
+    source: Any, path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]
+) -> Any:
     import torch
 
     try:
@@ -137,15 +150,24 @@ def _torch_load(source: Any, path: str | os.PathLike, mmap: bool, map_location: 
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         # the weights-only unpickler met a global it does not allow (a class, a function): never run it
-        raise UnsafeCheckpointError(f"{path}: refused by the weights-only loader: not a torch file of tensors and "
-                                    f"plain containers ({_weights_only_reason(err)})") from None
+        raise UnsafeCheckpointError(
+            f"{path}: refused by the weights-only loader: not a torch file of tensors and "
+            f"plain containers ({_weights_only_reason(err)})"
+        ) from None
     except Exception as err:  # noqa: BLE001 - a corrupt archive raises many types; one line names the file
-        raise CheckpointFileError(f"{path}: not a readable torch file ({type(err).__name__}: {_first_line(err)})") \
-            from None
+        raise CheckpointFileError(
+            f"{path}: not a readable torch file ({type(err).__name__}: {_first_line(err)})"
+        ) from None
 
 
-def load_tensor_file(path: str | os.PathLike, *, mmap: bool = False, expected_sha256: str | None = None,
-                     map_location: str = "cpu", safe_globals: Sequence[Any] = ()) -> Any:
+def load_tensor_file(
+    path: str | os.PathLike,
+    *,
+    mmap: bool = False,
+    expected_sha256: str | None = None,
+    map_location: str = "cpu",
+    safe_globals: Sequence[Any] = (),
+) -> Any:
     """The content of a ``.pt`` file, loaded with ``weights_only=True``.
 
     With ``expected_sha256`` the file is hashed first and refused (UnsafeCheckpointError naming it) when the

@@ -3,6 +3,7 @@
 ``json.loads`` alone takes ``NaN``, keeps the last of two equal keys, raises ValueError past 4300 digits
 and RecursionError on deep nesting; here each is one `StrictJsonError` line naming the file (and line).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ def loads_strict(data: bytes | str, where: str) -> Any:
     if not _depth_ok(text):
         raise StrictJsonError(f"{where}: nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=_int,
-                          parse_float=_float)
+        return json.loads(
+            text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_int=_int, parse_float=_float
+        )
     except json.JSONDecodeError as err:
         raise StrictJsonError(f"{where}: line {err.lineno}: not valid JSON ({err.msg})") from None
     except StrictJsonError as err:

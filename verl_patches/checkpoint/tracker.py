@@ -7,6 +7,7 @@ and nothing else. Every refusal is one line naming the file (or the flag/key) at
 cut and escaped, and nothing is read from a path that is not a regular file (a symlinked tracker could
 point anywhere, a FIFO would block). Standard library only (no torch), no import-time work.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,13 +48,15 @@ def parse_step_int(text: str | bytes, what: str) -> int:
         try:
             text = text.decode("ascii")
         except UnicodeDecodeError:
-            raise StepNumberError(f"{what}: expected a step number (ASCII digits), got non-ASCII bytes "
-                                  f"{_shown(text)}") from None
+            raise StepNumberError(
+                f"{what}: expected a step number (ASCII digits), got non-ASCII bytes {_shown(text)}"
+            ) from None
     if not isinstance(text, str):
         raise StepNumberError(f"{what}: expected a step number, got {type(text).__name__}")
     if not _is_step_digits(text):
-        raise StepNumberError(f"{what}: expected a step number (1 to {MAX_STEP_DIGITS} ASCII digits), "
-                              f"got {_shown(text)}")
+        raise StepNumberError(
+            f"{what}: expected a step number (1 to {MAX_STEP_DIGITS} ASCII digits), got {_shown(text)}"
+        )
     return int(text)
 
 
@@ -90,6 +93,8 @@ def read_megatron_tracker(path: str | os.PathLike) -> int | Literal["release"]:
     if text == RELEASE:
         return RELEASE
     if not _is_step_digits(text):
-        raise TrackerError(f"{path}: expected an iteration number (1 to {MAX_STEP_DIGITS} ASCII digits) or "
-                           f"'{RELEASE}', got {_shown(text)}")
+        raise TrackerError(
+            f"{path}: expected an iteration number (1 to {MAX_STEP_DIGITS} ASCII digits) or "
+            f"'{RELEASE}', got {_shown(text)}"
+        )
     return int(text)

@@ -9,6 +9,7 @@ dataloader position, the step counter; one line says from where. MindSpeed's D1 
 ``no_load_optim`` and ``no_load_rng`` only concern the first load from a converted checkpoint (C1 reads
 weights only); a resume always restores the optimizer and RNG states.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ RESUME_PREFIX = "verl_patches resume:"
 
 def checkpoint_root(trainer_cfg: Any) -> Path:
     if trainer_cfg.get("default_hdfs_dir", None) is not None:
-        raise NotImplementedError("trainer.default_hdfs_dir: remote checkpoints are not supported by the overlay; "
-                                  "set it to null and point trainer.default_local_dir at shared storage")
+        raise NotImplementedError(
+            "trainer.default_hdfs_dir: remote checkpoints are not supported by the overlay; "
+            "set it to null and point trainer.default_local_dir at shared storage"
+        )
     return Path(os.path.abspath(trainer_cfg.default_local_dir))
 
 
@@ -56,8 +59,11 @@ def save_step(trainer: Any) -> Path:
     write_atomically(staging / DATA_FILE, lambda p: torch.save(trainer.train_dataloader.state_dict(), p))
     final = commit.commit_step(root, staging, step, extra={"total_training_steps": trainer.total_training_steps})
     pruned = commit.prune(root, keep_last(cfg), protect=(final.name,))
-    print(f"{LOG_PREFIX} step {step} saved to {final} in {time.monotonic() - t0:.1f}s"
-          f"{f'; pruned {pruned}' if pruned else ''}", flush=True)
+    print(
+        f"{LOG_PREFIX} step {step} saved to {final} in {time.monotonic() - t0:.1f}s"
+        f"{f'; pruned {pruned}' if pruned else ''}",
+        flush=True,
+    )
     return final
 
 
@@ -105,7 +111,10 @@ def load_latest(trainer: Any) -> int:
     trainer.train_dataloader.load_state_dict(position)
     trainer.global_steps = step
     actor = manifest.roles.get("actor")
-    layout = (f"actor TP{actor.tp}xPP{actor.pp}xEP{actor.ep} DP{actor.dp}; " if actor else "")
-    print(f"{RESUME_PREFIX} from {path} (step {step}; {layout}model, optimizer, RNG and dataloader restored)"
-          f"{f'; {note}' if note else ''}", flush=True)
+    layout = f"actor TP{actor.tp}xPP{actor.pp}xEP{actor.ep} DP{actor.dp}; " if actor else ""
+    print(
+        f"{RESUME_PREFIX} from {path} (step {step}; {layout}model, optimizer, RNG and dataloader restored)"
+        f"{f'; {note}' if note else ''}",
+        flush=True,
+    )
     return step

@@ -18,6 +18,7 @@ stand-in is built on the meta device and each parameter allocated once, in the e
 Results are written under ``out_dir`` as ``megatron_dp{d}.pt`` (by the first rank of each data-parallel
 group holding the log-probs) and ``rollout.pt``.
 """
+
 from __future__ import annotations
 
 import gc
@@ -34,8 +35,17 @@ from verl_patches.checks.rss import peak_rss_bytes
 TEMPERATURE = 1.0
 
 
-def worker_config(hf_dir: str, ckpt: str, tp: int, pp: int, ep: int, layer_list: list[int] | None, batch: int,
-                  prompt: int, response: int) -> Any:
+def worker_config(
+    hf_dir: str,
+    ckpt: str,
+    tp: int,
+    pp: int,
+    ep: int,
+    layer_list: list[int] | None,
+    batch: int,
+    prompt: int,
+    response: int,
+) -> Any:
     """The trainer config the A3 job composes (``ppo_mindspeed_trainer``), sized for the check's batch."""
     from omegaconf import open_dict
 
@@ -44,11 +54,17 @@ def worker_config(hf_dir: str, ckpt: str, tp: int, pp: int, ep: int, layer_list:
     a = "actor_rollout_ref"
     overrides = [
         f"{a}.model.path={hf_dir}",
-        f"{a}.rollout.n=1", f"{a}.rollout.temperature={TEMPERATURE}",
-        f"{a}.rollout.prompt_length={prompt}", f"{a}.rollout.response_length={response}",
-        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=1", f"{a}.ref.log_prob_micro_batch_size_per_gpu=1",
-        f"{a}.actor.ppo_mini_batch_size={batch}", f"{a}.actor.ppo_micro_batch_size_per_gpu=1",
-        f"{a}.actor.use_kl_loss=False", f"{a}.actor.load_weight=True", f"{a}.ref.load_weight=True",
+        f"{a}.rollout.n=1",
+        f"{a}.rollout.temperature={TEMPERATURE}",
+        f"{a}.rollout.prompt_length={prompt}",
+        f"{a}.rollout.response_length={response}",
+        f"{a}.rollout.log_prob_micro_batch_size_per_gpu=1",
+        f"{a}.ref.log_prob_micro_batch_size_per_gpu=1",
+        f"{a}.actor.ppo_mini_batch_size={batch}",
+        f"{a}.actor.ppo_micro_batch_size_per_gpu=1",
+        f"{a}.actor.use_kl_loss=False",
+        f"{a}.actor.load_weight=True",
+        f"{a}.ref.load_weight=True",
     ]
     cfg = compose_config("ppo_mindspeed_trainer", overrides)
     with open_dict(cfg):
@@ -105,12 +121,23 @@ def _sync_into_standin(ref: Any, standin: Any, rollout_tp: int) -> int:
 
     from verl_patches.sync.sharding_manager import MegatronRolloutShardingManager
 
-    rollout = SimpleNamespace(model=standin, onload_model_weights=lambda: None, free_cache_engine=lambda: None,
-                              offload_model_weights=lambda: None)
+    rollout = SimpleNamespace(
+        model=standin,
+        onload_model_weights=lambda: None,
+        free_cache_engine=lambda: None,
+        offload_model_weights=lambda: None,
+    )
     manager = MegatronRolloutShardingManager(
-        ref.ref_module, model_config=ref.ref_model_config, transformer_config=ref.tf_config,
-        layer_name_mapping=None, weight_converter=None, rollout=rollout, prepare_model=lambda m: None,
-        empty_cache=lambda: None, infer_tp=(rollout_tp, 0, None))
+        ref.ref_module,
+        model_config=ref.ref_model_config,
+        transformer_config=ref.tf_config,
+        layer_name_mapping=None,
+        weight_converter=None,
+        rollout=rollout,
+        prepare_model=lambda m: None,
+        empty_cache=lambda: None,
+        infer_tp=(rollout_tp, 0, None),
+    )
     # no vLLM engine is started by the check, so vLLM's parallel state has no TP group: the sync reads the
     # rollout TP size from it, so it is given the check's --rollout-tp for the duration of the sync
     with mock.patch.object(vllm_ps, "get_tensor_model_parallel_world_size", lambda: rollout_tp):
@@ -119,8 +146,9 @@ def _sync_into_standin(ref: Any, standin: Any, rollout_tp: int) -> int:
     return int(manager.loaded_params)
 
 
-def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, batch: dict[str, torch.Tensor],
-                                rank: int, world: int) -> torch.Tensor | None:
+def _gathered_rollout_log_probs(
+    standin: Any, cfg_hf: dict, dtype: torch.dtype, batch: dict[str, torch.Tensor], rank: int, world: int
+) -> torch.Tensor | None:
     """Rank 0: one EP-1 instance holding every rank's synced experts (the other weights are identical on every
     rank after the sync), scoring ``batch``."""
     import torch.distributed as dist
@@ -132,8 +160,10 @@ def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, 
             return None
         whole = standin
     else:
-        experts = {"experts": list(standin.experts),
-                   "params": {n: p.detach() for n, p in standin.named_parameters() if ".mlp.experts.w" in n}}
+        experts = {
+            "experts": list(standin.experts),
+            "params": {n: p.detach() for n, p in standin.named_parameters() if ".mlp.experts.w" in n},
+        }
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(experts, gathered if rank == 0 else None, dst=0)
         if rank != 0:
@@ -152,8 +182,9 @@ def _gathered_rollout_log_probs(standin: Any, cfg_hf: dict, dtype: torch.dtype, 
     with torch.no_grad():
         whole.bind_views()
         whole.process_weights_after_loading()
-        logits = whole(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits
+        logits = whole(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits
     return response_log_probs(logits, batch["responses"], TEMPERATURE)
 
 
@@ -162,14 +193,32 @@ def _router_buffers_not_float32(chunks: Any) -> list[str]:
     verl_patches.train_engine.router_buffers); the check refuses to score such a model."""
     from verl_patches.train_engine.router_buffers import FLOAT32_ROUTER_BUFFERS
 
-    return [f"{name}.{buf}" for chunk in chunks for name, mod in chunk.named_modules()
-            for buf in FLOAT32_ROUTER_BUFFERS
-            if isinstance(mod._buffers.get(buf), torch.Tensor) and mod._buffers[buf].dtype != torch.float32]
+    return [
+        f"{name}.{buf}"
+        for chunk in chunks
+        for name, mod in chunk.named_modules()
+        for buf in FLOAT32_ROUTER_BUFFERS
+        if isinstance(mod._buffers.get(buf), torch.Tensor) and mod._buffers[buf].dtype != torch.float32
+    ]
 
 
-def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, pp: int, ep: int,
-               layer_list: list[int] | None, engines: list[str], rollout_tp: int, rollout_ep: int,
-               batch_file: str, out_dir: str, dtype: str) -> dict[str, Any]:
+def rank_check(
+    rank: int,
+    world: int,
+    *,
+    hf_dir: str,
+    mcore_dir: str,
+    tp: int,
+    pp: int,
+    ep: int,
+    layer_list: list[int] | None,
+    engines: list[str],
+    rollout_tp: int,
+    rollout_ep: int,
+    batch_file: str,
+    out_dir: str,
+    dtype: str,
+) -> dict[str, Any]:
     import json
 
     from megatron.core import parallel_state as mpu
@@ -197,15 +246,20 @@ def rank_check(rank: int, world: int, *, hf_dir: str, mcore_dir: str, tp: int, p
     ref.init_model()
     low = _router_buffers_not_float32(ref.ref_module)
     if low:
-        raise RuntimeError(f"rank {rank}: the Megatron model build left router buffers below float32: {low[:4]}; "
-                           "the weight sync and the routing expect float32 (router_buffers.keep_router_buffers_float32)")
+        raise RuntimeError(
+            f"rank {rank}: the Megatron model build left router buffers below float32: {low[:4]}; "
+            "the weight sync and the routing expect float32 (router_buffers.keep_router_buffers_float32)"
+        )
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     out: dict[str, Any] = {"dp": dp, "dp_rank": dp_rank}
     if "megatron" in engines:
         mine = dp_share(batch, dp, dp_rank)
         lp = ref.compute_ref_log_prob(_proto(mine)).batch["ref_log_prob"]
-        first_of_dp = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_pipeline_model_parallel_rank() == 0
-                       and mpu.get_context_parallel_rank() == 0)
+        first_of_dp = (
+            mpu.get_tensor_model_parallel_rank() == 0
+            and mpu.get_pipeline_model_parallel_rank() == 0
+            and mpu.get_context_parallel_rank() == 0
+        )
         if first_of_dp:
             torch.save(lp.float(), os.path.join(out_dir, f"megatron_dp{dp_rank}.pt"))
     if "rollout" in engines:

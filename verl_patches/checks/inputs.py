@@ -7,6 +7,7 @@ config names and floating point (float32, bfloat16 or float16; FP8 needs fp8_cas
 tokenizer is present and loads with transformers, and ``--mcore`` has a readable tracker and manifest.
 Every refusal is a `CheckRequestError` (or a `WeightsError`) of one line naming the folder, file or tensor.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,34 +42,43 @@ def check_hf_tensors(hf: Path, cfg: Mapping[str, Any]) -> None:
             if name not in index.weight_map:
                 continue
             if dtype == torch.float8_e4m3fn:
-                raise CheckRequestError(f"--hf {index.root / fname}: tensor {name!r} is FP8; convert the checkpoint "
-                                        f"with fp8_cast_bf16.py first")
+                raise CheckRequestError(
+                    f"--hf {index.root / fname}: tensor {name!r} is FP8; convert the checkpoint "
+                    f"with fp8_cast_bf16.py first"
+                )
             if str(dtype).removeprefix("torch.") not in FLOAT_DTYPES:
-                raise CheckRequestError(f"--hf {index.root / fname}: tensor {name!r} is {dtype}; the check compares "
-                                        f"models with {', '.join(FLOAT_DTYPES)} weights")
+                raise CheckRequestError(
+                    f"--hf {index.root / fname}: tensor {name!r} is {dtype}; the check compares "
+                    f"models with {', '.join(FLOAT_DTYPES)} weights"
+                )
     unknown = sorted(n for n in index.weight_map if n not in schema)
     if unknown:
-        raise CheckRequestError(f"--hf {hf}: tensor {unknown[0]!r} is not part of the DeepSeek-V3 model its "
-                                f"config.json describes ({unconverted_hint(unknown[0], cfg)}); "
-                                f"{len(unknown)} such tensor(s)")
+        raise CheckRequestError(
+            f"--hf {hf}: tensor {unknown[0]!r} is not part of the DeepSeek-V3 model its "
+            f"config.json describes ({unconverted_hint(unknown[0], cfg)}); "
+            f"{len(unknown)} such tensor(s)"
+        )
     missing = sorted(schema - set(index.weight_map))
     if missing:
-        raise CheckRequestError(f"--hf {hf}: tensor {missing[0]!r} of the model is not in the checkpoint "
-                                f"({len(missing)} missing)")
+        raise CheckRequestError(
+            f"--hf {hf}: tensor {missing[0]!r} of the model is not in the checkpoint ({len(missing)} missing)"
+        )
 
 
 def check_tokenizer(hf: Path) -> None:
     """The tokenizer every engine's worker loads (transformers' AutoTokenizer, no remote code) loads here."""
     if not any((hf / f).is_file() for f in TOKENIZER_FILES):
-        raise CheckRequestError(f"--hf {hf}: no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the model's "
-                                f"tokenizer files into it")
+        raise CheckRequestError(
+            f"--hf {hf}: no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the model's tokenizer files into it"
+        )
     try:
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(str(hf), trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - a broken tokenizer raises many types; one line names it
-        raise CheckRequestError(f"--hf {hf}: the tokenizer does not load ({type(err).__name__}: "
-                                f"{_first_line(err)})") from None
+        raise CheckRequestError(
+            f"--hf {hf}: the tokenizer does not load ({type(err).__name__}: {_first_line(err)})"
+        ) from None
 
 
 def check_mcore(mcore: Path) -> None:

@@ -5,6 +5,7 @@ Each rank runs ``target(rank, world, **kwargs)`` with the overlay active (as in 
 ``ok`` or its traceback; a rank that hangs is killed at the deadline and named. A rank's own output (Megatron
 and vLLM are verbose) goes to ``rank{r}.log``; the tail of a failing rank's log is part of the error.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(target: Callable[..., Any], rank: int, world: int, port: int, status_dir: str, timeout_s: float,
-           kwargs: dict) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _entry(
+    target: Callable[..., Any], rank: int, world: int, port: int, status_dir: str, timeout_s: float, kwargs: dict
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     log = os.open(os.path.join(status_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -47,8 +55,13 @@ def _entry(target: Callable[..., Any], rank: int, world: int, port: int, status_
             from verl_patches.device import accelerator_module
 
             accelerator_module().set_device(rank)
-        dist.init_process_group(dist_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            dist_backend(),
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
         result = {"ok": target(rank, world, **kwargs)}
     except BaseException:
         result = {"error": traceback.format_exc()}
@@ -66,8 +79,10 @@ def run_ranks(target: Callable[..., Any], world: int, timeout_s: float, **kwargs
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="check_logprobs_status_") as tmp:
-        procs = [ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s * 0.8, kwargs))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s * 0.8, kwargs))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -77,14 +92,17 @@ def run_ranks(target: Callable[..., Any], world: int, timeout_s: float, **kwargs
             procs[r].kill()
             procs[r].join()
         if hung:
-            raise RankFailure(f"ranks {hung} did not finish within {timeout_s:g} s; rank {hung[0]}'s log ends:\n"
-                              f"{_tail(tmp, hung[0])}")
+            raise RankFailure(
+                f"ranks {hung} did not finish within {timeout_s:g} s; rank {hung[0]}'s log ends:\n{_tail(tmp, hung[0])}"
+            )
         out = []
         for r in range(world):
             path = os.path.join(tmp, f"rank{r}.json")
             if not os.path.exists(path):
-                raise RankFailure(f"rank {r} exited with code {procs[r].exitcode} and reported nothing; its log "
-                                  f"ends:\n{_tail(tmp, r)}")
+                raise RankFailure(
+                    f"rank {r} exited with code {procs[r].exitcode} and reported nothing; its log "
+                    f"ends:\n{_tail(tmp, r)}"
+                )
             with open(path) as f:
                 out.append(json.load(f))
         errors = [f"--- rank {r} ---\n{res['error']}" for r, res in enumerate(out) if "error" in res]

@@ -23,6 +23,7 @@ So at most two full copies of (a rank's share of) the slice exist at once: the M
 stand-in. Process baselines (interpreter, torch, Megatron/MindSpeed/verl/vLLM imports) are constants
 measured on this project's CPU host (`bench/bench_check_logprobs_memory.py`, `tests/checks/test_check_memory.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,16 +32,16 @@ from typing import Any, Mapping
 
 import torch
 
-MIB = 1024 ** 2
-GIB = 1024 ** 3
+MIB = 1024**2
+GIB = 1024**3
 # process baselines on requirements.txt's stack (torch 2.5.1): the main process as before (measured 261 MiB
 # anonymous, 377 MiB RSS); a rank measured about 1.2 GiB anonymous at the check's peak (tests/checks/
 # test_check_memory_bound.py at EP1 and EP2: 0.55 GiB per rank above the 650 MiB calibrated on torch 2.13;
 # its imports alone are 484 MiB, vLLM now importing vllm-ascend's models through its general plugin)
-MAIN_PROCESS_BYTES = 400 * MIB    # python + torch + transformers + safetensors + the converter's imports
-RANK_PROCESS_BYTES = 1280 * MIB   # + Megatron, MindSpeed(-LLM), verl, vLLM + vllm-ascend, the torch_npu emulation, gloo
+MAIN_PROCESS_BYTES = 400 * MIB  # python + torch + transformers + safetensors + the converter's imports
+RANK_PROCESS_BYTES = 1280 * MIB  # + Megatron, MindSpeed(-LLM), verl, vLLM + vllm-ascend, the torch_npu emulation, gloo
 LIBRARY_PAGES_BYTES = 544 * MIB  # shared libraries' file pages in a process's RSS (torch 2.5.1: 0.27 GiB more per rank)
-HEADROOM = 1.05                   # on model bytes: allocator slack, small tensors, the short sequences' activations
+HEADROOM = 1.05  # on model bytes: allocator slack, small tensors, the short sequences' activations
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -74,7 +75,7 @@ class Phase:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    copy_bytes: int            # one copy of the truncated slice in the engines' dtype
+    copy_bytes: int  # one copy of the truncated slice in the engines' dtype
     phases: tuple[Phase, ...]
 
     @property
@@ -93,13 +94,17 @@ class MemoryEstimate:
         return max(p.rss for p in self.phases)
 
     def lines(self) -> list[str]:
-        out = [f"memory estimate: one copy of the slice {self.copy_bytes / GIB:.2f} GiB; the check needs "
-               f"{self.need_bytes / GIB:.2f} GiB at its peak (phase '{self.peak.name}', "
-               f"{self.need_bytes / self.copy_bytes:.1f}x a copy with the process baselines); summed RSS with "
-               f"memory-mapped checkpoint pages at most {self.rss_bound / GIB:.2f} GiB"]
+        out = [
+            f"memory estimate: one copy of the slice {self.copy_bytes / GIB:.2f} GiB; the check needs "
+            f"{self.need_bytes / GIB:.2f} GiB at its peak (phase '{self.peak.name}', "
+            f"{self.need_bytes / self.copy_bytes:.1f}x a copy with the process baselines); summed RSS with "
+            f"memory-mapped checkpoint pages at most {self.rss_bound / GIB:.2f} GiB"
+        ]
         for ph in self.phases:
-            procs = ", ".join(f"{u.process} {u.anon / GIB:.2f}" + (f" + {u.mapped / GIB:.2f} mapped" if u.mapped else "")
-                              for u in ph.usage)
+            procs = ", ".join(
+                f"{u.process} {u.anon / GIB:.2f}" + (f" + {u.mapped / GIB:.2f} mapped" if u.mapped else "")
+                for u in ph.usage
+            )
             out.append(f"  {ph.name}: {ph.anon / GIB:.2f} GiB ({procs})")
         return out
 
@@ -118,8 +123,10 @@ def _megatron_rank_bytes(cfg: Mapping[str, Any], layout: Any, dtype: torch.dtype
 
     meta = meta_source(cfg, dtype)
     # Python integers: a product of sizes never overflows (the config's sizes are bounded by its validation)
-    return [sum(math.prod(s) * _elem(d) for s, d in plan_rank_shapes(cfg, layout, r, meta).values())
-            for r in all_ranks(layout)]
+    return [
+        sum(math.prod(s) * _elem(d) for s, d in plan_rank_shapes(cfg, layout, r, meta).values())
+        for r in all_ranks(layout)
+    ]
 
 
 def _expert_layer_bytes(cfg: Mapping[str, Any], dtype: torch.dtype) -> int:
@@ -134,9 +141,21 @@ def _expert_layer_bytes(cfg: Mapping[str, Any], dtype: torch.dtype) -> int:
     return max(per_layer.values(), default=0)
 
 
-def estimate_memory(cfg: Mapping[str, Any], *, layers: int | None, experts: int | None, layout: Any, world: int,
-                    rollout_ep: int, engine_dtype: torch.dtype, checkpoint_dtype: torch.dtype, convert: bool,
-                    engines: tuple[str, ...], tokens: int, batch: int) -> MemoryEstimate:
+def estimate_memory(
+    cfg: Mapping[str, Any],
+    *,
+    layers: int | None,
+    experts: int | None,
+    layout: Any,
+    world: int,
+    rollout_ep: int,
+    engine_dtype: torch.dtype,
+    checkpoint_dtype: torch.dtype,
+    convert: bool,
+    engines: tuple[str, ...],
+    tokens: int,
+    batch: int,
+) -> MemoryEstimate:
     """Peak bytes per phase and process of a check of ``cfg`` (the source HF config) cut to ``layers`` /
     ``experts``; ``layout`` is the Megatron `ParallelLayout` of the ``world`` ranks."""
     from verl_patches.checks.truncate import truncated_config
@@ -154,11 +173,13 @@ def estimate_memory(cfg: Mapping[str, Any], *, layers: int | None, experts: int 
 
     phases = []
     if layers is not None or experts is not None:
-        phases.append(Phase("truncate", (Usage("main", int(main + largest * ck), int(DEFAULT_REMAP_BYTES + largest * ck)),)))
+        phases.append(
+            Phase("truncate", (Usage("main", int(main + largest * ck), int(DEFAULT_REMAP_BYTES + largest * ck)),))
+        )
     if convert:
         ranks_ck = _megatron_rank_bytes(tcfg, layout, checkpoint_dtype)
         phases.append(Phase("convert", (Usage("main", main + max(ranks_ck), DEFAULT_REMAP_BYTES + int(largest * ck)),)))
-    logits = batch * tokens * tcfg["vocab_size"] * 4 * 3   # logits, fp32 log-softmax, a temporary
+    logits = batch * tokens * tcfg["vocab_size"] * 4 * 3  # logits, fp32 log-softmax, a temporary
     phases.append(Phase("reference", (Usage("main", main + copy + logits, int(copy * ck)),)))
 
     mg = _megatron_rank_bytes(tcfg, layout, engine_dtype)
@@ -181,6 +202,7 @@ def estimate_memory(cfg: Mapping[str, Any], *, layers: int | None, experts: int 
         phases.append(Phase("engines: sync", tuple(sync)))
         if rollout_ep > 1:
             phases.append(Phase("engines: gather", tuple(gather)))
+
     def slack(u: Usage) -> Usage:
         base = MAIN_PROCESS_BYTES if u.process == "main" else RANK_PROCESS_BYTES
         return Usage(u.process, base + int((u.anon - base) * HEADROOM), u.mapped + LIBRARY_PAGES_BYTES)
@@ -188,8 +210,9 @@ def estimate_memory(cfg: Mapping[str, Any], *, layers: int | None, experts: int 
     return MemoryEstimate(copy, tuple(Phase(p.name, tuple(slack(u) for u in p.usage)) for p in phases))
 
 
-def fit_problem(est: MemoryEstimate, available: int, *, layers: int | None, experts: int | None,
-                dtype: torch.dtype) -> str | None:
+def fit_problem(
+    est: MemoryEstimate, available: int, *, layers: int | None, experts: int | None, dtype: torch.dtype
+) -> str | None:
     """None when the estimate fits in ``available`` bytes; else one message naming the flags to change."""
     if est.need_bytes <= available:
         return None
@@ -198,9 +221,11 @@ def fit_problem(est: MemoryEstimate, available: int, *, layers: int | None, expe
         hints.append("--dtype bfloat16 (halves every copy)")
     hints.append(f"fewer layers (--layers, now {layers or 'all'})")
     hints.append(f"fewer routed experts (--experts, now {experts or 'all'})")
-    return (f"the check needs about {est.need_bytes / GIB:.1f} GiB at its peak (phase '{est.peak.name}', one copy "
-            f"of the slice is {est.copy_bytes / GIB:.1f} GiB) but this host has {available / GIB:.1f} GiB available; "
-            f"use {', '.join(hints)}, or a host with more memory (--skip-memory-check runs it anyway)")
+    return (
+        f"the check needs about {est.need_bytes / GIB:.1f} GiB at its peak (phase '{est.peak.name}', one copy "
+        f"of the slice is {est.copy_bytes / GIB:.1f} GiB) but this host has {available / GIB:.1f} GiB available; "
+        f"use {', '.join(hints)}, or a host with more memory (--skip-memory-check runs it anyway)"
+    )
 
 
 def available_bytes() -> int:

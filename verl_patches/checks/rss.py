@@ -4,6 +4,7 @@ that hold `check_logprobs` to its estimate (`verl_patches.checks.memory`).
 Summed over the process and all its descendants, every ``period`` seconds: RSS, and its anonymous part
 (``RssAnon`` of /proc/PID/status: memory not backed by a file; memory-mapped checkpoint pages are the rest).
 """
+
 from __future__ import annotations
 
 import threading

@@ -7,6 +7,7 @@ Model folders the engines read (all in a temporary folder, removed afterwards):
   ``--experts``, the same slice read out of ``--mcore`` by the reverse converter and converted again to the
   check's layout; without ``--mcore``, the HF folder converted by our converter.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,9 @@ class CheckRequest:
     layers: int | None = None
     experts: int | None = None
     rollout_tp: int = 1
-    rollout_ep: int | None = None   # default: the whole world (one rollout instance)
-    tolerance: float | None = None   # default: 1e-3 in float32, 0.15 in bfloat16 (`default_tolerance`)
-    dtype: str = "auto"              # auto: the dtype the --hf weights are stored in
+    rollout_ep: int | None = None  # default: the whole world (one rollout instance)
+    tolerance: float | None = None  # default: 1e-3 in float32, 0.15 in bfloat16 (`default_tolerance`)
+    dtype: str = "auto"  # auto: the dtype the --hf weights are stored in
     timeout_s: float = 1200.0
     skip_memory_check: bool = False
 
@@ -71,19 +72,29 @@ class CheckResult:
 
 
 def validate_request(req: CheckRequest) -> None:
-    for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--ep", req.ep), ("--rollout-tp", req.rollout_tp),
-                    ("--rollout-ep", req.rollout_ep_size), ("--tokens", req.tokens)):
+    for flag, v in (
+        ("--tp", req.tp),
+        ("--pp", req.pp),
+        ("--ep", req.ep),
+        ("--rollout-tp", req.rollout_tp),
+        ("--rollout-ep", req.rollout_ep_size),
+        ("--tokens", req.tokens),
+    ):
         if not isinstance(v, int) or v < 1:
             raise CheckRequestError(f"{flag} must be a positive integer, got {v!r}")
     bad = [e for e in req.engines if e not in ENGINES]
     if bad or not req.engines:
         raise CheckRequestError(f"--engines {','.join(req.engines)}: choose from {','.join(ENGINES)}")
     if req.world % req.rollout_ep_size:
-        raise CheckRequestError(f"--rollout-ep {req.rollout_ep_size} does not divide the {req.world} ranks "
-                                f"(tp*pp*ep = {req.tp}*{req.pp}*{req.ep})")
+        raise CheckRequestError(
+            f"--rollout-ep {req.rollout_ep_size} does not divide the {req.world} ranks "
+            f"(tp*pp*ep = {req.tp}*{req.pp}*{req.ep})"
+        )
     if req.rollout_ep_size % req.rollout_tp:
-        raise CheckRequestError(f"--rollout-tp {req.rollout_tp} does not divide --rollout-ep {req.rollout_ep_size} "
-                                f"(an EP instance is rollout TP x VLLM_DP_SIZE ranks)")
+        raise CheckRequestError(
+            f"--rollout-tp {req.rollout_tp} does not divide --rollout-ep {req.rollout_ep_size} "
+            f"(an EP instance is rollout TP x VLLM_DP_SIZE ranks)"
+        )
     if req.num_layer_list is not None and len(req.num_layer_list) != req.pp:
         raise CheckRequestError(f"--num-layer-list has {len(req.num_layer_list)} entries, --pp is {req.pp}")
     if req.tolerance is not None and not 0 < req.tolerance < math.inf:
@@ -110,8 +121,9 @@ def engine_dtype(req: CheckRequest, stored: torch.dtype) -> str:
         return req.dtype
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
     if stored not in names:
-        raise CheckRequestError(f"--dtype auto: {req.hf} stores its weights as {stored}; give --dtype float32 "
-                                f"or --dtype bfloat16")
+        raise CheckRequestError(
+            f"--dtype auto: {req.hf} stores its weights as {stored}; give --dtype float32 or --dtype bfloat16"
+        )
     return names[stored]
 
 
@@ -123,11 +135,20 @@ def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) 
 
     stored = stored if stored is not None else checkpoint_dtype(req.hf)
     truncating = req.layers is not None or req.experts is not None
-    return estimate_memory(load_config(req.hf), layers=req.layers, experts=req.experts, layout=_layout(req),
-                           world=req.world, rollout_ep=req.rollout_ep_size,
-                           engine_dtype=DTYPES[engine_dtype(req, stored)], checkpoint_dtype=stored,
-                           convert=req.mcore is None or truncating, engines=req.engines, tokens=req.tokens,
-                           batch=sequence_shape(req.tokens, req.dp).batch)
+    return estimate_memory(
+        load_config(req.hf),
+        layers=req.layers,
+        experts=req.experts,
+        layout=_layout(req),
+        world=req.world,
+        rollout_ep=req.rollout_ep_size,
+        engine_dtype=DTYPES[engine_dtype(req, stored)],
+        checkpoint_dtype=stored,
+        convert=req.mcore is None or truncating,
+        engines=req.engines,
+        tokens=req.tokens,
+        batch=sequence_shape(req.tokens, req.dp).batch,
+    )
 
 
 def check_memory(req: CheckRequest, log: Callable[[str], None]) -> str:
@@ -165,8 +186,9 @@ def _layout(req: CheckRequest):
 
     # the A3 engine always runs grouped GEMM with MindSpeed's TP-extend-EP (D1) and its loader refuses any
     # other layout, so the check converts to that layout whatever --moe-tp-extend-ep says
-    return ParallelLayout(tp=req.tp, pp=req.pp, ep=req.ep, num_layer_list=req.num_layer_list, moe_grouped_gemm=True,
-                          moe_tp_extend_ep=True)
+    return ParallelLayout(
+        tp=req.tp, pp=req.pp, ep=req.ep, num_layer_list=req.num_layer_list, moe_grouped_gemm=True, moe_tp_extend_ep=True
+    )
 
 
 def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) -> tuple[Path, Path]:
@@ -193,9 +215,11 @@ def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) ->
         return hf, work / "mcore"
     man = read_conversion_manifest(req.mcore, MANIFEST_FILE)
     if man is not None and man.layout != layout:
-        raise LayoutError(f"{req.mcore}: converted with layout {man.layout.to_json()}, the check runs the A3 engine's "
-                          f"{layout.to_json()}; give the --tp/--pp/--ep/--num-layer-list it was converted with "
-                          f"(the A3 engine needs --moe-tp-extend-ep --moe-grouped-gemm conversions)")
+        raise LayoutError(
+            f"{req.mcore}: converted with layout {man.layout.to_json()}, the check runs the A3 engine's "
+            f"{layout.to_json()}; give the --tp/--pp/--ep/--num-layer-list it was converted with "
+            f"(the A3 engine needs --moe-tp-extend-ep --moe-grouped-gemm conversions)"
+        )
     return hf, req.mcore
 
 
@@ -252,18 +276,34 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
         batch = make_sequences(shape, cfg["vocab_size"], req.seed)
         torch.save(batch, work / "batch.pt")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-        log(f"reference: HF transformers on {shape.batch} sequences of {shape.total} tokens "
-            f"({shape.response} scored each), {dtype_name}")
+        log(
+            f"reference: HF transformers on {shape.batch} sequences of {shape.total} tokens "
+            f"({shape.response} scored each), {dtype_name}"
+        )
         reference = hf_log_probs(hf, batch, dtype)
         _release_freed_memory()
         (work / "out").mkdir()
-        log(f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
-            f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})")
-        ranks = run_ranks(rank_check, req.world, timeout_s=req.timeout_s, hf_dir=str(hf), mcore_dir=str(mcore),
-                  tp=req.tp, pp=req.pp, ep=req.ep,
-                  layer_list=list(req.num_layer_list) if req.num_layer_list else None, engines=list(req.engines),
-                  rollout_tp=req.rollout_tp, rollout_ep=req.rollout_ep_size, batch_file=str(work / "batch.pt"),
-                  out_dir=str(work / "out"), dtype=dtype_name)
+        log(
+            f"engines {','.join(req.engines)}: {req.world} ranks (TP{req.tp} PP{req.pp} EP{req.ep}, "
+            f"rollout TP{req.rollout_tp} EP{req.rollout_ep_size})"
+        )
+        ranks = run_ranks(
+            rank_check,
+            req.world,
+            timeout_s=req.timeout_s,
+            hf_dir=str(hf),
+            mcore_dir=str(mcore),
+            tp=req.tp,
+            pp=req.pp,
+            ep=req.ep,
+            layer_list=list(req.num_layer_list) if req.num_layer_list else None,
+            engines=list(req.engines),
+            rollout_tp=req.rollout_tp,
+            rollout_ep=req.rollout_ep_size,
+            batch_file=str(work / "batch.pt"),
+            out_dir=str(work / "out"),
+            dtype=dtype_name,
+        )
         got = collect(req, work / "out", req.dp)
     peaks = [r.get("peak_rss") for r in ranks]
     if all(isinstance(b, int) and b > 0 for b in peaks):

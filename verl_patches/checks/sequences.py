@@ -3,6 +3,7 @@
 verl's workers return log-probs of the response tokens only, so every engine (and the reference) is compared
 there: position ``prompt_len + j`` of each sequence, predicted from the tokens before it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,7 @@ def make_sequences(shape: SequenceShape, vocab_size: int, seed: int) -> dict[str
     ids = torch.randint(0, vocab_size, (shape.batch, shape.total), generator=g)
     mask = torch.ones_like(ids)
     pos = torch.arange(shape.total).expand(shape.batch, -1).contiguous()
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
-            "responses": ids[:, shape.prompt:].clone()}
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, shape.prompt :].clone()}
 
 
 def dp_share(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str, torch.Tensor]:
@@ -47,11 +47,11 @@ def dp_share(batch: dict[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str,
     if n % dp:
         raise ValueError(f"batch of {n} sequences is not divisible by the data-parallel size {dp}")
     k = n // dp
-    return {key: v[dp_rank * k:(dp_rank + 1) * k] for key, v in batch.items()}
+    return {key: v[dp_rank * k : (dp_rank + 1) * k] for key, v in batch.items()}
 
 
 def response_log_probs(logits: torch.Tensor, responses: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(response token | prefix) from full-sequence logits [B, S, V] (fp32 log-softmax)."""
     r = responses.shape[1]
-    lg = logits[:, -r - 1:-1].float() / temperature
+    lg = logits[:, -r - 1 : -1].float() / temperature
     return torch.log_softmax(lg, -1).gather(-1, responses[..., None])[..., 0]

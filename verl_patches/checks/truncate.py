@@ -10,6 +10,7 @@ What changes besides dropping tensors: the router (`mlp.gate.weight`, `mlp.gate.
 keeps its first M rows, config.json says `num_hidden_layers=K`, `n_routed_experts=M`, no MTP layer, and
 `first_k_dense_replace` is capped at K.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ from verl_patches.weights.hf_schema import hf_tensor_specs
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 
-DEFAULT_SHARD_BYTES = 2 * 1024 ** 3
+DEFAULT_SHARD_BYTES = 2 * 1024**3
 ROUTER_SUFFIXES = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
 
 
@@ -53,15 +54,19 @@ def truncated_config(cfg: Mapping[str, Any], layers: int | None, experts: int | 
         if not 1 <= experts <= e:
             raise ConfigError(f"--experts {experts}: the model has {e} routed experts (n_routed_experts)")
         if experts % groups:
-            raise ConfigError(f"--experts {experts} is not divisible by n_group={groups} (the router picks experts "
-                              f"within groups); use a multiple of {groups}")
+            raise ConfigError(
+                f"--experts {experts} is not divisible by n_group={groups} (the router picks experts "
+                f"within groups); use a multiple of {groups}"
+            )
         per_group = experts // groups
         # the noaux_tc router scores a group by the sum of its top-2 experts and picks num_experts_per_tok
         # experts from the topk_group best groups
         if per_group < 2 or per_group * topk_group < k:
             need = groups * max(2, -(-k // topk_group))
-            raise ConfigError(f"--experts {experts}: with n_group={groups}, topk_group={topk_group} and "
-                              f"num_experts_per_tok={k} the router needs at least {need} experts")
+            raise ConfigError(
+                f"--experts {experts}: with n_group={groups}, topk_group={topk_group} and "
+                f"num_experts_per_tok={k} the router needs at least {need} experts"
+            )
         out["n_routed_experts"] = experts
     out["num_nextn_predict_layers"] = 0
     out.pop("quantization_config", None)
@@ -69,7 +74,9 @@ def truncated_config(cfg: Mapping[str, Any], layers: int | None, experts: int | 
     return out
 
 
-def plan_truncation(cfg: Mapping[str, Any], layers: int | None, experts: int | None) -> tuple[dict[str, Any], list[TensorPick]]:
+def plan_truncation(
+    cfg: Mapping[str, Any], layers: int | None, experts: int | None
+) -> tuple[dict[str, Any], list[TensorPick]]:
     """The truncated config and, in the checkpoint's order, which source tensor each output tensor comes from."""
     out_cfg = truncated_config(cfg, layers, experts)
     keep = out_cfg["n_routed_experts"]
@@ -93,11 +100,17 @@ def plan_shards(specs: list[TensorSpec], max_bytes: int) -> list[list[TensorSpec
     return shards
 
 
-def write_hf_folder(out_dir: Path, cfg: Mapping[str, Any], picks: list[TensorPick],
-                    info: Callable[[str], tuple[torch.dtype, tuple[int, ...]]],
-                    read: Callable[[TensorPick], torch.Tensor], *, carry_from: Path | None,
-                    after_shard: Callable[[], None] = lambda: None,
-                    max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+def write_hf_folder(
+    out_dir: Path,
+    cfg: Mapping[str, Any],
+    picks: list[TensorPick],
+    info: Callable[[str], tuple[torch.dtype, tuple[int, ...]]],
+    read: Callable[[TensorPick], torch.Tensor],
+    *,
+    carry_from: Path | None,
+    after_shard: Callable[[], None] = lambda: None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
     """Write ``picks`` (read one at a time) as an HF folder: shards, then index, then config and tokenizer."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,8 +135,10 @@ def write_hf_folder(out_dir: Path, cfg: Mapping[str, Any], picks: list[TensorPic
         finally:
             after_shard()
     total = sum(s.nbytes for s in specs)
-    write_json_atomically(out_dir / INDEX_FILE, {"metadata": {"total_size": total},
-                                                 "weight_map": {s.name: f for f, g in zip(files, shards) for s in g}})
+    write_json_atomically(
+        out_dir / INDEX_FILE,
+        {"metadata": {"total_size": total}, "weight_map": {s.name: f for f, g in zip(files, shards) for s in g}},
+    )
     write_model_dir(cfg, out_dir, carry_from=carry_from)
     return out_dir
 
@@ -132,8 +147,13 @@ def _rows(t: torch.Tensor, rows: int | None) -> torch.Tensor:
     return t if rows is None else t[:rows]
 
 
-def truncate_hf(src_dir: str | Path, out_dir: str | Path, layers: int | None, experts: int | None,
-                max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+def truncate_hf(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    layers: int | None,
+    experts: int | None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
     """Truncated copy of an HF BF16/FP32 folder (tokenizer files carried over)."""
     from verl_patches.weights.hf_to_mcore import check_source
     from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint
@@ -144,17 +164,34 @@ def truncate_hf(src_dir: str | Path, out_dir: str | Path, layers: int | None, ex
     index = CheckpointIndex.load(src)
     check_source(index, cfg)  # every needed tensor present with its shape, no FP8, before any work
     with LazyCheckpoint(index) as ckpt:
-        return write_hf_folder(Path(out_dir), out_cfg, picks, ckpt.info,
-                               lambda p: _rows(ckpt.get(p.name), p.rows).clone(), carry_from=src,
-                               max_shard_bytes=max_shard_bytes)
+        return write_hf_folder(
+            Path(out_dir),
+            out_cfg,
+            picks,
+            ckpt.info,
+            lambda p: _rows(ckpt.get(p.name), p.rows).clone(),
+            carry_from=src,
+            max_shard_bytes=max_shard_bytes,
+        )
 
 
-def truncate_mcore_to_hf(mcore_dir: str | Path, out_dir: str | Path, layers: int | None, experts: int | None,
-                         tokenizer_dir: str | Path | None, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+def truncate_mcore_to_hf(
+    mcore_dir: str | Path,
+    out_dir: str | Path,
+    layers: int | None,
+    experts: int | None,
+    tokenizer_dir: str | Path | None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
     """The truncated model read out of a Megatron legacy checkpoint (layout and config from its manifest),
     tensor by tensor through the reverse converter, as an HF folder (to be converted to the check's layout)."""
-    from verl_patches.weights.mcore_to_hf import (RankStore, check_rank_files, hf_tensor_from_ranks, read_tracker,
-                                                  resolve_layout_and_config)
+    from verl_patches.weights.mcore_to_hf import (
+        RankStore,
+        check_rank_files,
+        hf_tensor_from_ranks,
+        read_tracker,
+        resolve_layout_and_config,
+    )
 
     load = Path(mcore_dir)
     layout, cfg = resolve_layout_and_config(load, None, None)
@@ -169,6 +206,13 @@ def truncate_mcore_to_hf(mcore_dir: str | Path, out_dir: str | Path, layers: int
         t = hf_tensor_from_ranks(name, cfg, layout, lambda r, k: torch.empty_like(store.fetch(r, k), device="meta"))
         return t.dtype, tuple(t.shape)
 
-    return write_hf_folder(Path(out_dir), out_cfg, picks, info, read,
-                           carry_from=Path(tokenizer_dir) if tokenizer_dir else None, after_shard=store.clear,
-                           max_shard_bytes=max_shard_bytes)
+    return write_hf_folder(
+        Path(out_dir),
+        out_cfg,
+        picks,
+        info,
+        read,
+        carry_from=Path(tokenizer_dir) if tokenizer_dir else None,
+        after_shard=store.clear,
+        max_shard_bytes=max_shard_bytes,
+    )

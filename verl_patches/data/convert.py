@@ -66,8 +66,9 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _validate_all(path: Path, records, text: str | None, progress: bool,
-                  max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> tuple[list[DeepscalerExample], list[RowError]]:
+def _validate_all(
+    path: Path, records, text: str | None, progress: bool, max_field_chars: int = DEFAULT_MAX_FIELD_CHARS
+) -> tuple[list[DeepscalerExample], list[RowError]]:
     examples: list[DeepscalerExample] = []
     errors: list[RowError] = []
     bar = tqdm(records, desc=f"validating {path.name}", unit="row", file=sys.stderr, disable=not progress)

@@ -96,8 +96,9 @@ def check_outputs_free(targets: list[Path], overwrite: bool) -> None:
     ours = _own_unfinished(targets)
     for target in targets:
         if (target.exists() or target.is_symlink()) and target not in ours:
-            raise OutputExistsError(f"{target}: already exists; pass --overwrite to replace it (or choose "
-                                    f"another --output_dir)")
+            raise OutputExistsError(
+                f"{target}: already exists; pass --overwrite to replace it (or choose another --output_dir)"
+            )
 
 
 def write_tables_atomically(tables: dict[Path, pa.Table], overwrite: bool = False) -> None:

@@ -92,15 +92,20 @@ def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadRe
                 value, end = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as exc:
                 line, col = lines.locate(exc.pos)
-                raise InputFileError(f"{path}:{line}:{col}: malformed JSON in row {len(result.records) + 1}: {exc.msg}") from None
+                raise InputFileError(
+                    f"{path}:{line}:{col}: malformed JSON in row {len(result.records) + 1}: {exc.msg}"
+                ) from None
             except RecursionError:
                 line, col = lines.locate(pos)
-                raise InputFileError(f"{path}:{line}:{col}: row {len(result.records) + 1} is nested too deeply "
-                                     f"to be a deepscaler record") from None
+                raise InputFileError(
+                    f"{path}:{line}:{col}: row {len(result.records) + 1} is nested too deeply to be a deepscaler record"
+                ) from None
             except ValueError as exc:  # any other refusal of the JSON parser: still one line
                 line, col = lines.locate(pos)
-                raise InputFileError(f"{path}:{line}:{col}: row {len(result.records) + 1} is not JSON a converter "
-                                     f"can read ({str(exc)[:120]})") from None
+                raise InputFileError(
+                    f"{path}:{line}:{col}: row {len(result.records) + 1} is not JSON a converter "
+                    f"can read ({str(exc)[:120]})"
+                ) from None
             line, _ = lines.locate(pos)
             result.records.append(RawRecord(len(result.records) + 1, line, value, (pos, end)))
             pos = _WHITESPACE.match(text, end).end()
@@ -112,7 +117,9 @@ def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadRe
                 break
             line, col = lines.locate(pos)
             found = repr(text[pos]) if pos < len(text) else "end of file"
-            raise InputFileError(f"{path}:{line}:{col}: malformed JSON after row {len(result.records)}: expected ',' or ']', found {found}")
+            raise InputFileError(
+                f"{path}:{line}:{col}: malformed JSON after row {len(result.records)}: expected ',' or ']', found {found}"
+            )
     rest = _WHITESPACE.match(text, pos).end()
     if rest != len(text):
         line, col = lines.locate(rest)
@@ -130,7 +137,9 @@ def _read_lines(path: Path, text: str, result: ReadResult) -> None:
         try:
             value = json.loads(line, parse_int=_parse_int)
         except json.JSONDecodeError as exc:
-            result.errors.append(RowError(path, row, line_number, None, f"malformed JSON at column {exc.colno}: {exc.msg}"))
+            result.errors.append(
+                RowError(path, row, line_number, None, f"malformed JSON at column {exc.colno}: {exc.msg}")
+            )
             continue
         except RecursionError:
             result.errors.append(RowError(path, row, line_number, None, "nested too deeply to be a deepscaler record"))
@@ -163,10 +172,14 @@ def read_records(path: str | Path) -> ReadResult:
         result = ReadResult(path, "jsonl", text, undecodable)
         _read_lines(path, text, result)
         if not result.records and _is_single_object(text):
-            raise InputFileError(f"{path}: a single JSON object spread over several lines; expected a JSON array of objects or JSON Lines")
+            raise InputFileError(
+                f"{path}: a single JSON object spread over several lines; expected a JSON array of objects or JSON Lines"
+            )
         return result
     line, col = lines.locate(start)
-    raise InputFileError(f"{path}:{line}:{col}: expected a JSON array ('[') or JSON Lines objects ('{{'), found {text[start]!r}")
+    raise InputFileError(
+        f"{path}:{line}:{col}: expected a JSON array ('[') or JSON Lines objects ('{{'), found {text[start]!r}"
+    )
 
 
 def _is_single_object(text: str) -> bool:
@@ -183,4 +196,3 @@ def undecodable_byte(text: str, span: tuple[int, int]) -> tuple[int, int] | None
     """(offset, byte value) of the first byte in span that was not valid UTF-8, if any."""
     match = _UNDECODABLE.search(text, span[0], span[1])
     return None if match is None else (match.start(), ord(match.group()) - 0xDC00)
-

@@ -29,7 +29,9 @@ def plan_split(problems: Sequence[str], train_ratio: float, seed: int) -> SplitP
     for position, problem in enumerate(problems):
         groups.setdefault(problem_key(problem), []).append(position)
     if len(groups) < 2:
-        raise SplitError(f"need at least 2 distinct valid problems to make a train and a test split, found {len(groups)}")
+        raise SplitError(
+            f"need at least 2 distinct valid problems to make a train and a test split, found {len(groups)}"
+        )
     order = list(groups.values())
     random.Random(seed).shuffle(order)
     target = min(max(round(train_ratio * len(problems)), 1), len(problems) - 1)

@@ -34,7 +34,9 @@ def resolve_template(name_or_text: str) -> str:
     if PROBLEM_FIELD in name_or_text:
         return name_or_text
     shown = repr(name_or_text[:60]) + ("..." if len(name_or_text) > 60 else "")
-    raise TemplateError(f"unknown template {shown}: use one of {sorted(TEMPLATES)} or a text containing {PROBLEM_FIELD}")
+    raise TemplateError(
+        f"unknown template {shown}: use one of {sorted(TEMPLATES)} or a text containing {PROBLEM_FIELD}"
+    )
 
 
 def render_prompt(template: str, problem: str) -> str:

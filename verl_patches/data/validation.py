@@ -35,8 +35,9 @@ def _type_name(value: object) -> str:
     return "integer" if isinstance(value, TooLongInteger) else type(value).__name__
 
 
-def validate_record(path: Path, record: RawRecord, text: str | None = None,
-                    max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> DeepscalerExample | RowError:
+def validate_record(
+    path: Path, record: RawRecord, text: str | None = None, max_field_chars: int = DEFAULT_MAX_FIELD_CHARS
+) -> DeepscalerExample | RowError:
     """Check one record; text is the decoded file, given when it holds undecodable bytes."""
 
     def error(key: str | None, message: str) -> RowError:
@@ -67,8 +68,11 @@ def validate_record(path: Path, record: RawRecord, text: str | None = None,
     fields["solution"] = solution or ""
     for key, text_value in fields.items():
         if len(text_value) > max_field_chars:
-            return error(key, f"{len(text_value)} characters, more than the {max_field_chars} a field may have "
-                              f"({MAX_FIELD_FLAG} raises the limit)")
+            return error(
+                key,
+                f"{len(text_value)} characters, more than the {max_field_chars} a field may have "
+                f"({MAX_FIELD_FLAG} raises the limit)",
+            )
         if _has_lone_surrogate(text_value):
             return error(key, "contains an invalid Unicode escape (lone surrogate)")
     return DeepscalerExample(record.row, record.line, fields["problem"], fields["answer"], fields["solution"])

@@ -25,9 +25,16 @@ from typing import Any
 
 from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
 from verl_patches.process_identity import become_subreaper
-from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, SETTINGS, ClusterSettings, SettingsError,
-                                          cluster_setting_problems, dashboard_exposure, describe_settings,
-                                          load_settings)
+from verl_patches.launch.settings import (
+    ALLOW_REMOTE_DASHBOARD_FLAG,
+    SETTINGS,
+    ClusterSettings,
+    SettingsError,
+    cluster_setting_problems,
+    dashboard_exposure,
+    describe_settings,
+    load_settings,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -44,19 +51,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=os.environ.get("VERL_LAUNCH_PROG", "python -m verl_patches.launch.job"),
         description="Launch DeepSeek-V3 GRPO on an Atlas A3 cluster (run the same command on every node), "
-                    "check it first with --dry-run, or run the tiny local profile with --tiny.",
-        epilog="settings (flag, env file or environment; flags win):\n" + describe_settings()
-               + "\n\nAnything after `--` is passed to the trainer as Hydra overrides.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "check it first with --dry-run, or run the tiny local profile with --tiny.",
+        epilog="settings (flag, env file or environment; flags win):\n"
+        + describe_settings()
+        + "\n\nAnything after `--` is passed to the trainer as Hydra overrides.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--profile", choices=sorted(PROFILES), required=True)
     p.add_argument("--env-file", type=Path, help="KEY=VALUE file with the settings below")
     p.add_argument("--dry-run", action="store_true", help="run the preflight only and exit")
     p.add_argument("--tiny", action="store_true", help="the tiny local profile on this host (no cluster)")
-    p.add_argument("--tiny-engine", choices=sorted(TINY_CONFIGS), default="megatron",
-                   help="with --tiny: megatron (default; the A3 job's path) or fsdp (verl's FSDP actor + HF rollout)")
-    p.add_argument(ALLOW_REMOTE_DASHBOARD_FLAG, dest="allow_remote_dashboard", action="store_true",
-                   help="accept a RAY_DASHBOARD_HOST other than loopback (anyone who reaches the dashboard can run "
-                        "code on every node; a warning is printed)")
+    p.add_argument(
+        "--tiny-engine",
+        choices=sorted(TINY_CONFIGS),
+        default="megatron",
+        help="with --tiny: megatron (default; the A3 job's path) or fsdp (verl's FSDP actor + HF rollout)",
+    )
+    p.add_argument(
+        ALLOW_REMOTE_DASHBOARD_FLAG,
+        dest="allow_remote_dashboard",
+        action="store_true",
+        help="accept a RAY_DASHBOARD_HOST other than loopback (anyone who reaches the dashboard can run "
+        "code on every node; a warning is printed)",
+    )
     for s in SETTINGS:
         p.add_argument(f"--{s.name.lower().replace('_', '-')}", dest=s.name, metavar=s.name)
     args, rest = p.parse_known_args(argv)
@@ -114,8 +131,9 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
     child's stdout open cannot hold the launcher (the copy gets `PIPE_DRAIN_S`, then the cleanup ends the
     holder, which closes the pipe)."""
     with open_new(log_path) as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
+        )
         launch.record(name, proc.pid)
 
         def forward(signum: int, _frame: Any) -> None:
@@ -141,12 +159,15 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
         from verl_patches.launch.session_leftovers import end_session_leftovers
 
         # the child's own session, and what left it: what it started and left running
-        end_session_leftovers(proc.pid, launch.say,
-                              adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep)
+        end_session_leftovers(
+            proc.pid, launch.say, adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep
+        )
         reader.join(PIPE_DRAIN_S)
         if reader.is_alive():
-            launch.say(f"the {name}'s output pipe is still held open by a process outside this launch's reach; "
-                       "not waiting for it")
+            launch.say(
+                f"the {name}'s output pipe is still held open by a process outside this launch's reach; "
+                "not waiting for it"
+            )
     return rc
 
 
@@ -157,8 +178,10 @@ def trainer_command(config_name: str, overrides: list[str]) -> list[str]:
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
     from verl_patches.sources.dist_info import path_entry  # vllm/vllm_ascend metadata and entry points
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), path_entry(REPO_ROOT)]
-                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), path_entry(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -173,8 +196,7 @@ def source_scripts(paths: list[str]) -> dict[str, str]:
     in a path is only a file name; absolute, so none can start with '-'.
     """
     args = [str(Path(p).absolute()) for p in paths]
-    out = subprocess.run(["bash", "-c", SOURCE_SCRIPT, "source_scripts", *args], capture_output=True,
-                         check=True).stdout
+    out = subprocess.run(["bash", "-c", SOURCE_SCRIPT, "source_scripts", *args], capture_output=True, check=True).stdout
     return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
 
 
@@ -187,15 +209,23 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     pins = pinned(env) if device() == "cpu" else {}
     env.update(pins)  # one CPU code path on every x86-64 host: the golden baseline holds across machines
     if pins:
-        launch.say("CPU kernels pinned to AVX2 for reproducible numbers: "
-                   + " ".join(f"{k}={v}" for k, v in pins.items()))
+        launch.say(
+            "CPU kernels pinned to AVX2 for reproducible numbers: " + " ".join(f"{k}={v}" for k, v in pins.items())
+        )
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()
-    rc = run_logged(trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides), launch.log_dir / "trainer.log",
-                    env, launch, "trainer")
-    launch.say(f"trainer exited with status {rc} after {time.monotonic() - start:.0f} s wall time "
-               f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}")
+    rc = run_logged(
+        trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides),
+        launch.log_dir / "trainer.log",
+        env,
+        launch,
+        "trainer",
+    )
+    launch.say(
+        f"trainer exited with status {rc} after {time.monotonic() - start:.0f} s wall time "
+        f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}"
+    )
     say_hang_report(launch, rc)
     return rc
 
@@ -224,8 +254,12 @@ def job_overrides(args: argparse.Namespace, settings: ClusterSettings) -> list[s
     """The profile, the cluster shape from the settings, then the user's overrides (which win)."""
     if args.tiny:
         return list(args.overrides)
-    return [f"profile={args.profile}", f"trainer.nnodes={settings.int('NNODES')}",
-            f"trainer.n_gpus_per_node={settings.int('NPUS_PER_NODE')}", *args.overrides]
+    return [
+        f"profile={args.profile}",
+        f"trainer.nnodes={settings.int('NNODES')}",
+        f"trainer.n_gpus_per_node={settings.int('NPUS_PER_NODE')}",
+        *args.overrides,
+    ]
 
 
 def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
@@ -241,8 +275,9 @@ def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
     except (SettingsError, ConfigCompositionError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return 2
-    return preflight.report(cfg, config_name, overrides, settings, REPO_ROOT,
-                            allow_remote_dashboard=args.allow_remote_dashboard)
+    return preflight.report(
+        cfg, config_name, overrides, settings, REPO_ROOT, allow_remote_dashboard=args.allow_remote_dashboard
+    )
 
 
 def decide_role(settings: ClusterSettings) -> str:
@@ -285,8 +320,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.rollout.kv_nz_switch import kv_nz_env
 
     config_name, needs_ckpt = PROFILES[args.profile]
-    problems = cluster_setting_problems(settings, needs_checkpoint=needs_ckpt,
-                                        allow_remote_dashboard=args.allow_remote_dashboard)
+    problems = cluster_setting_problems(
+        settings, needs_checkpoint=needs_ckpt, allow_remote_dashboard=args.allow_remote_dashboard
+    )
     if len(problems) == 1:
         print(f"launch: cannot start: {problems[0].message}", file=sys.stderr)
         return 2
@@ -301,8 +337,11 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # The same composition the preflight checks, so the trainer runs exactly what was checked.
     cfg = preflight.compose(config_name, job_overrides(args, settings), settings, REPO_ROOT)
     env = base_env()
-    env.update(source_scripts([p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV"))
-                               if p and Path(p).is_file()]))
+    env.update(
+        source_scripts(
+            [p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV")) if p and Path(p).is_file()]
+        )
+    )
     env.update(job_env.as_dict(job_env.job_environment(settings, int(cfg.overlay.vllm_dp_size))))
     env.update(kv_nz_env(cfg))  # F4 is installed at process start, from the config's KV-NZ setting
     env.update(preflight.path_environment(settings, REPO_ROOT))  # absolute, as the profiles read them
@@ -315,12 +354,18 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     npus = settings.int("NPUS_PER_NODE")
     address = f"{master}:{settings.int('MASTER_PORT')}"
     timeout = float(settings.int("WAIT_TIMEOUT_S"))
-    launch.say(f"{role} on {socket.gethostname()} ({node_ip}); cluster {settings.get('NNODES')} x {npus} NPUs; "
-               f"head {address}; logs in {launch.log_dir}")
+    launch.say(
+        f"{role} on {socket.gethostname()} ({node_ip}); cluster {settings.get('NNODES')} x {npus} NPUs; "
+        f"head {address}; logs in {launch.log_dir}"
+    )
     if role == "worker":
         node = ray_cluster.join_with_retries(
-            ray_cluster.worker_command(address, node_ip, npus, NPU_RESOURCE), launch.log_dir / "ray.log",
-            timeout, env, launch.say)
+            ray_cluster.worker_command(address, node_ip, npus, NPU_RESOURCE),
+            launch.log_dir / "ray.log",
+            timeout,
+            env,
+            launch.say,
+        )
         launch.record("ray", node.pid)
         try:
             rc = node.process.wait()
@@ -337,18 +382,40 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         launch.say("preflight failed: nothing was started")
         return 1
     head = ray_cluster.start_node(
-        ray_cluster.head_command(node_ip, settings.int("MASTER_PORT"), npus, NPU_RESOURCE,
-                                 settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1", settings.int("RAY_DASHBOARD_PORT")),
-        "head", launch.log_dir / "ray.log", env, address=f"{node_ip}:{settings.int('MASTER_PORT')}")
+        ray_cluster.head_command(
+            node_ip,
+            settings.int("MASTER_PORT"),
+            npus,
+            NPU_RESOURCE,
+            settings.get("RAY_DASHBOARD_HOST") or "127.0.0.1",
+            settings.int("RAY_DASHBOARD_PORT"),
+        ),
+        "head",
+        launch.log_dir / "ray.log",
+        env,
+        address=f"{node_ip}:{settings.int('MASTER_PORT')}",
+    )
     launch.record("ray", head.pid)
     launch.keep.append(head.pid)  # stopped by ray_cluster below, not as a leftover of the trainer
     rc = 1
     try:
-        ray_cluster.wait_for_resource(address, NPU_RESOURCE, float(settings.world_size), settings.int("NNODES"),
-                                      timeout, head=head, progress=launch.say)
+        ray_cluster.wait_for_resource(
+            address,
+            NPU_RESOURCE,
+            float(settings.world_size),
+            settings.int("NNODES"),
+            timeout,
+            head=head,
+            progress=launch.say,
+        )
         env["RAY_ADDRESS"] = address
-        rc = run_logged(trainer_command(config_name, job_overrides(args, settings)), launch.log_dir / "trainer.log",
-                        env, launch, "trainer")
+        rc = run_logged(
+            trainer_command(config_name, job_overrides(args, settings)),
+            launch.log_dir / "trainer.log",
+            env,
+            launch,
+            "trainer",
+        )
         launch.say(f"trainer exited with status {rc}")
         return rc
     except ray_cluster.RayClusterError as e:

@@ -82,7 +82,10 @@ def job_environment(settings: ClusterSettings, vllm_dp_size: int) -> list[EnvVar
     if jemalloc:
         out.append(EnvVar("LD_PRELOAD", jemalloc, "dynamic loader: jemalloc for the host-side allocator"))
     for key, value in settings.values.items():  # HCCL_*/ASCEND_*/VLLM_*/RAY_*/PYTORCH_* from the env file win
-        if key.startswith(("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")) and key not in ("RAY_DASHBOARD_HOST", "RAY_DASHBOARD_PORT"):
+        if key.startswith(("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")) and key not in (
+            "RAY_DASHBOARD_HOST",
+            "RAY_DASHBOARD_PORT",
+        ):
             out = [v for v in out if v.name != key] + [EnvVar(key, value, f"env file ({settings.where(key)})")]
     out.append(collective_watchdog_timeout(out))
     out += hccl_flight_recorder(out, settings.values)
@@ -97,8 +100,11 @@ def collective_watchdog_timeout(variables: list[EnvVar]) -> EnvVar:
         seconds = int(hccl.value) if hccl is not None else 600
     except ValueError:
         seconds = 600
-    return EnvVar("VERL_PATCHES_COLLECTIVE_TIMEOUT_S", str(max(30, seconds * 9 // 10)),
-                  f"verl_patches.resilience (hang diagnosis; 90% of HCCL_EXEC_TIMEOUT={seconds})")
+    return EnvVar(
+        "VERL_PATCHES_COLLECTIVE_TIMEOUT_S",
+        str(max(30, seconds * 9 // 10)),
+        f"verl_patches.resilience (hang diagnosis; 90% of HCCL_EXEC_TIMEOUT={seconds})",
+    )
 
 
 # torch_npu 2.5.1.post1's ProcessGroupHCCL reads these (ProcessGroupHCCL.hpp at v7.1.0-pytorch2.5.1); all off
@@ -113,14 +119,27 @@ def hccl_flight_recorder(variables: list[EnvVar], user: dict[str, str]) -> list[
     timeout = next(v.value for v in variables if v.name == "VERL_PATCHES_COLLECTIVE_TIMEOUT_S")
     wanted = (
         EnvVar("TORCH_HCCL_ENABLE_MONITORING", "1", "torch_npu ProcessGroupHCCL: heartbeat monitor thread (dumps)"),
-        EnvVar("TORCH_HCCL_DUMP_ON_TIMEOUT", "1", "torch_npu ProcessGroupHCCL: dump the flight recorder on a "
-               "time-out or the dump signal"),
-        EnvVar("TORCH_HCCL_TRACE_BUFFER_SIZE", "2000", "torch_npu ProcessGroupHCCL: flight recorder entries "
-               "(torch_npu's default 0 records nothing)"),
-        EnvVar("TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC", timeout, "torch_npu ProcessGroupHCCL: monitor time-out, "
-               "below HCCL_EXEC_TIMEOUT"),
-        EnvVar("TORCH_HCCL_DEBUG_INFO_TEMP_FILE", FLIGHT_RECORDER_FILE, "torch_npu ProcessGroupHCCL: dump file "
-               "prefix (<prefix><rank>, <prefix><rank>_py_traceback), named by the hang report"),
+        EnvVar(
+            "TORCH_HCCL_DUMP_ON_TIMEOUT",
+            "1",
+            "torch_npu ProcessGroupHCCL: dump the flight recorder on a time-out or the dump signal",
+        ),
+        EnvVar(
+            "TORCH_HCCL_TRACE_BUFFER_SIZE",
+            "2000",
+            "torch_npu ProcessGroupHCCL: flight recorder entries (torch_npu's default 0 records nothing)",
+        ),
+        EnvVar(
+            "TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC",
+            timeout,
+            "torch_npu ProcessGroupHCCL: monitor time-out, below HCCL_EXEC_TIMEOUT",
+        ),
+        EnvVar(
+            "TORCH_HCCL_DEBUG_INFO_TEMP_FILE",
+            FLIGHT_RECORDER_FILE,
+            "torch_npu ProcessGroupHCCL: dump file "
+            "prefix (<prefix><rank>, <prefix><rank>_py_traceback), named by the hang report",
+        ),
     )
     return [EnvVar(v.name, user[v.name], "env file") if v.name in user else v for v in wanted]
 

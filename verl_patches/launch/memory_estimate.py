@@ -68,8 +68,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 BF16 = 2
 FP32 = 4
 ADAM_BYTES_PER_PARAM = 12  # FP32 main param + exp_avg + exp_avg_sq
@@ -88,10 +88,12 @@ class DieSpec:
 
 
 ATLAS_A3_DIE = DieSpec(
-    "Atlas A3 NPU die", 64 * GIB,
+    "Atlas A3 NPU die",
+    64 * GIB,
     "assumption: an Atlas A3 card carries 2 NPU dies and 128 GB of HBM (Huawei Atlas A3 product "
     "specification), i.e. 64 GiB per die, the capacity npu-smi reports per die; not measured on this "
-    "host (override with --die-memory-gib)")
+    "host (override with --die-memory-gib)",
+)
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,23 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> "ModelShape":
-        return cls(hidden=int(cfg["hidden_size"]), vocab=int(cfg["vocab_size"]), layers=int(cfg["num_hidden_layers"]),
-                   first_k_dense=int(cfg["first_k_dense_replace"]), dense_ffn=int(cfg["intermediate_size"]),
-                   moe_ffn=int(cfg["moe_intermediate_size"]), experts=int(cfg["n_routed_experts"]),
-                   shared_experts=int(cfg.get("n_shared_experts") or 0), topk=int(cfg["num_experts_per_tok"]),
-                   heads=int(cfg["num_attention_heads"]),
-                   q_lora=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-                   kv_lora=int(cfg["kv_lora_rank"]), qk_nope=int(cfg["qk_nope_head_dim"]),
-                   qk_rope=int(cfg["qk_rope_head_dim"]), v_head=int(cfg["v_head_dim"]))
+        return cls(
+            hidden=int(cfg["hidden_size"]),
+            vocab=int(cfg["vocab_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            first_k_dense=int(cfg["first_k_dense_replace"]),
+            dense_ffn=int(cfg["intermediate_size"]),
+            moe_ffn=int(cfg["moe_intermediate_size"]),
+            experts=int(cfg["n_routed_experts"]),
+            shared_experts=int(cfg.get("n_shared_experts") or 0),
+            topk=int(cfg["num_experts_per_tok"]),
+            heads=int(cfg["num_attention_heads"]),
+            q_lora=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+            kv_lora=int(cfg["kv_lora_rank"]),
+            qk_nope=int(cfg["qk_nope_head_dim"]),
+            qk_rope=int(cfg["qk_rope_head_dim"]),
+            v_head=int(cfg["v_head_dim"]),
+        )
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_k_dense
@@ -216,8 +227,13 @@ def layer_activation_elems(m: ModelShape, layer: int, tp: int, sequence_parallel
     h = m.hidden
     sp = tp if sequence_parallel else 1
     q = 2 * m.q_lora if m.q_lora else 0
-    attn = 2 * h / sp + q + (m.kv_lora + m.qk_rope) + m.kv_lora \
+    attn = (
+        2 * h / sp
+        + q
+        + (m.kv_lora + m.qk_rope)
+        + m.kv_lora
         + m.heads / tp * (2 * (m.qk_nope + m.qk_rope) + 2 * m.v_head)
+    )
     if not m.is_moe(layer):
         return attn + 2 * h / sp + 3 * m.dense_ffn / tp
     if tp_extend_ep and sequence_parallel:
@@ -320,9 +336,14 @@ def gib(nbytes: float) -> float:
 
 
 def reserve_components(hbm_buffsize_mb: int, communicators: int) -> tuple[Component, ...]:
-    return (Component("cann_runtime", CANN_RUNTIME_GIB * GIB, "assumption: CANN context, workspace, fragmentation"),
-            Component("hccl_buffers", communicators * 2 * hbm_buffsize_mb * MIB,
-                      f"{communicators} communicators x 2 x HCCL_BUFFSIZE={hbm_buffsize_mb} MB"))
+    return (
+        Component("cann_runtime", CANN_RUNTIME_GIB * GIB, "assumption: CANN context, workspace, fragmentation"),
+        Component(
+            "hccl_buffers",
+            communicators * 2 * hbm_buffsize_mb * MIB,
+            f"{communicators} communicators x 2 x HCCL_BUFFSIZE={hbm_buffsize_mb} MB",
+        ),
+    )
 
 
 def communicator_count(t: TrainingSetup, r: RolloutSetup | None) -> int:
@@ -357,7 +378,7 @@ def stage_activation_bytes(m: ModelShape, t: TrainingSetup, stage: int) -> tuple
         if rc.method == "uniform":
             chunks = math.ceil(len(layers) / n)
             stored = chunks * layer_input
-            transient = max(sum(full[i:i + n]) for i in range(0, len(layers), n))
+            transient = max(sum(full[i : i + n]) for i in range(0, len(layers), n))
         else:
             k = min(n, len(layers))
             stored = k * layer_input + sum(full[k:])
@@ -370,8 +391,9 @@ def stage_activation_bytes(m: ModelShape, t: TrainingSetup, stage: int) -> tuple
     return stage_in_flight(t, stage) * stored + transient + logits, logits
 
 
-def estimate_training(m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int,
-                      rollout: RolloutSetup | None = None) -> PhaseEstimate:
+def estimate_training(
+    m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
+) -> PhaseEstimate:
     """The worst pipeline stage's peak during the actor update."""
     reserve = reserve_components(hccl_buffsize_mb, communicator_count(t, rollout))
     best: PhaseEstimate | None = None
@@ -379,28 +401,46 @@ def estimate_training(m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsi
         p = rank_params(m, t.tp, t.ep, t.layer_list, stage)
         opt = optimizer_shard_bytes(t, p)
         if t.swap_optimizer:
-            resident, step, opt_note = 0.0, 2 * opt / t.swap_optimizer_times, \
-                f"swap optimizer: {gib(opt):.1f} GiB on the host, 2/{t.swap_optimizer_times} of it on the die during the step"
+            resident, step, opt_note = (
+                0.0,
+                2 * opt / t.swap_optimizer_times,
+                f"swap optimizer: {gib(opt):.1f} GiB on the host, 2/{t.swap_optimizer_times} of it on the die during the step",
+            )
         elif t.optimizer_offload:
-            resident, step, opt_note = 0.0, opt, "optimizer_offload: on the host outside the step, all of it on the die during the step"
+            resident, step, opt_note = (
+                0.0,
+                opt,
+                "optimizer_offload: on the host outside the step, all of it on the die during the step",
+            )
         else:
             resident, step, opt_note = opt, 0.0, "resident"
         act, logits = stage_activation_bytes(m, t, stage)
         comps = (
             Component("params_bf16", BF16 * p.total, f"{p.total / 1e9:.2f} B params (experts {p.expert / 1e9:.2f} B)"),
             Component("grads_fp32", FP32 * p.total, "Megatron grad buffer (FP32 with --bf16)"),
-            Component("optimizer", resident, opt_note + (", distributed" if t.distributed_optimizer else ", not distributed")),
-            Component("activations", act,
-                      f"{stage_in_flight(t, stage)} micro-batch(es) x {t.seq_len * t.micro_batch} tokens in flight, "
-                      f"recompute {t.recompute.granularity or 'off'}"
-                      + (f"/{t.recompute.method}/{t.recompute.num_layers}" if t.recompute.full else "")
-                      + (f", logits {gib(logits):.2f} GiB" if logits else "")),
+            Component(
+                "optimizer", resident, opt_note + (", distributed" if t.distributed_optimizer else ", not distributed")
+            ),
+            Component(
+                "activations",
+                act,
+                f"{stage_in_flight(t, stage)} micro-batch(es) x {t.seq_len * t.micro_batch} tokens in flight, "
+                f"recompute {t.recompute.granularity or 'off'}"
+                + (f"/{t.recompute.method}/{t.recompute.num_layers}" if t.recompute.full else "")
+                + (f", logits {gib(logits):.2f} GiB" if logits else ""),
+            ),
             Component("optimizer_step_extra", max(0.0, step - act), "step transient beyond the freed activations"),
         ) + reserve
         key = _training_key(t, comps)
-        est = PhaseEstimate("training", comps, die.hbm_bytes, f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB", key,
-                            detail=f"worst stage {stage} ({len(stage_layer_ranges(t.layer_list)[stage])} layers)",
-                            extra={"stage": stage, "optimizer_bytes": opt})
+        est = PhaseEstimate(
+            "training",
+            comps,
+            die.hbm_bytes,
+            f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB",
+            key,
+            detail=f"worst stage {stage} ({len(stage_layer_ranges(t.layer_list)[stage])} layers)",
+            extra={"stage": stage, "optimizer_bytes": opt},
+        )
         if best is None or est.total_bytes > best.total_bytes:
             best = est
     assert best is not None
@@ -438,8 +478,14 @@ def rollout_weight_bytes(m: ModelShape, r: RolloutSetup) -> float:
 def rollout_workspace_bytes(m: ModelShape, r: RolloutSetup) -> float:
     tokens = max(r.max_num_batched_tokens, r.max_num_seqs)
     h = m.hidden
-    per_token = 2 * h + (m.q_lora or 0) + m.kv_lora + m.qk_rope \
-        + m.heads * (m.qk_nope + m.qk_rope + m.v_head) / r.tp + m.topk * (2 * h + 3 * m.moe_ffn)
+    per_token = (
+        2 * h
+        + (m.q_lora or 0)
+        + m.kv_lora
+        + m.qk_rope
+        + m.heads * (m.qk_nope + m.qk_rope + m.v_head) / r.tp
+        + m.topk * (2 * h + 3 * m.moe_ffn)
+    )
     return tokens * per_token * BF16 + r.max_num_seqs * m.vocab * FP32
 
 
@@ -452,19 +498,31 @@ class RolloutEstimate:
     kv_tokens_needed: int  # max_num_seqs x max_model_len
 
 
-def estimate_rollout(m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec,
-                     hccl_buffsize_mb: int) -> RolloutEstimate:
+def estimate_rollout(
+    m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
+) -> RolloutEstimate:
     util_bytes = r.gpu_memory_utilization * die.hbm_bytes
     weights = rollout_weight_bytes(m, r)
     workspace = rollout_workspace_bytes(m, r)
     kv = max(0.0, util_bytes - weights - workspace)
     kv_tokens = int(kv // m.kv_cache_bytes_per_token)
     vllm = PhaseEstimate(
-        "rollout", (Component("weights_bf16", weights, f"TP{r.tp}, EP{r.ep} ({max(1, m.experts // r.ep)} routed expert(s) per rank)"),
-                    Component("workspace", workspace, f"forward of {max(r.max_num_batched_tokens, r.max_num_seqs)} tokens + sampler logits")),
-        util_bytes, f"gpu_memory_utilization {r.gpu_memory_utilization} x {gib(die.hbm_bytes):.0f} GiB",
+        "rollout",
+        (
+            Component(
+                "weights_bf16", weights, f"TP{r.tp}, EP{r.ep} ({max(1, m.experts // r.ep)} routed expert(s) per rank)"
+            ),
+            Component(
+                "workspace",
+                workspace,
+                f"forward of {max(r.max_num_batched_tokens, r.max_num_seqs)} tokens + sampler logits",
+            ),
+        ),
+        util_bytes,
+        f"gpu_memory_utilization {r.gpu_memory_utilization} x {gib(die.hbm_bytes):.0f} GiB",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
-        extra={"kv_bytes": kv})
+        extra={"kv_bytes": kv},
+    )
     stage = max(range(t.pp), key=lambda s: rank_params(m, t.tp, t.ep, t.layer_list, s).total)
     p = rank_params(m, t.tp, t.ep, t.layer_list, stage)
     a = "actor_rollout_ref.actor.megatron"
@@ -487,32 +545,46 @@ def estimate_rollout(m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieS
         key = "actor_rollout_ref.ref.megatron.param_offload"
     else:
         key = "actor_rollout_ref.rollout.gpu_memory_utilization"
-    outside = PhaseEstimate("rollout_outside_vllm", tuple(comps), die.hbm_bytes - util_bytes,
-                            f"(1 - gpu_memory_utilization) x {gib(die.hbm_bytes):.0f} GiB", key)
+    outside = PhaseEstimate(
+        "rollout_outside_vllm",
+        tuple(comps),
+        die.hbm_bytes - util_bytes,
+        f"(1 - gpu_memory_utilization) x {gib(die.hbm_bytes):.0f} GiB",
+        key,
+    )
     return RolloutEstimate(vllm, outside, kv, kv_tokens, r.max_num_seqs * r.max_model_len)
 
 
-def estimate_reshard(m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec,
-                     hccl_buffsize_mb: int) -> PhaseEstimate:
+def estimate_reshard(
+    m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
+) -> PhaseEstimate:
     """Weight sync: the actor params are still on the die while vLLM's weights are filled (the KV cache
     is allocated only after the actor is offloaded); plus one gathered full tensor (the largest
     non-expert tensor, the vocab x hidden embedding/output layer)."""
     stage = max(range(t.pp), key=lambda s: rank_params(m, t.tp, t.ep, t.layer_list, s).total)
     p = rank_params(m, t.tp, t.ep, t.layer_list, stage)
-    comps = [Component("actor_params_bf16", BF16 * p.total, f"stage {stage}"),
-             Component("rollout_weights_bf16", rollout_weight_bytes(m, r), f"TP{r.tp} EP{r.ep}"),
-             Component("gather_buffer", BF16 * m.vocab * m.hidden, "largest gathered tensor (vocab x hidden)")]
+    comps = [
+        Component("actor_params_bf16", BF16 * p.total, f"stage {stage}"),
+        Component("rollout_weights_bf16", rollout_weight_bytes(m, r), f"TP{r.tp} EP{r.ep}"),
+        Component("gather_buffer", BF16 * m.vocab * m.hidden, "largest gathered tensor (vocab x hidden)"),
+    ]
     if not t.grad_offload:
         comps.append(Component("actor_grads_fp32", FP32 * p.total, "grad_offload=False"))
     if not (t.swap_optimizer or t.optimizer_offload):
         comps.append(Component("actor_optimizer", optimizer_shard_bytes(t, p), "resident optimizer"))
     comps += reserve_components(hccl_buffsize_mb, communicator_count(t, r))
-    return PhaseEstimate("reshard", tuple(comps), die.hbm_bytes, f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB",
-                         "actor_rollout_ref.rollout.tensor_model_parallel_size")
+    return PhaseEstimate(
+        "reshard",
+        tuple(comps),
+        die.hbm_bytes,
+        f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    )
 
 
-def estimate_ref(m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int,
-                 rollout: RolloutSetup | None = None) -> PhaseEstimate:
+def estimate_ref(
+    m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
+) -> PhaseEstimate:
     """Reference log-prob pass: ref params, forward-only working set of one layer for the ref
     micro-batch, FP32 logits on the last stage, and whatever the actor leaves on the die."""
     stage = t.pp - 1
@@ -521,9 +593,11 @@ def estimate_ref(m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb
     layer = max(stage_layer_ranges(t.layer_list)[stage])
     working = layer_activation_elems(m, layer, t.tp, t.sequence_parallel, t.tp_extend_ep) * tokens * BF16
     logits = 2 * tokens * m.vocab / t.tp * FP32
-    comps = [Component("ref_params_bf16", BF16 * p.total, f"stage {stage}"),
-             Component("forward_working_set", working, f"one layer, {tokens} tokens"),
-             Component("logits_fp32", logits, f"{t.ref_micro_batch} x {t.seq_len} tokens x vocab/TP, x2")]
+    comps = [
+        Component("ref_params_bf16", BF16 * p.total, f"stage {stage}"),
+        Component("forward_working_set", working, f"one layer, {tokens} tokens"),
+        Component("logits_fp32", logits, f"{t.ref_micro_batch} x {t.seq_len} tokens x vocab/TP, x2"),
+    ]
     if not t.param_offload:
         comps.append(Component("actor_params_bf16", BF16 * p.total, "param_offload=False"))
     if not t.grad_offload:
@@ -531,5 +605,10 @@ def estimate_ref(m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb
     if not (t.swap_optimizer or t.optimizer_offload):
         comps.append(Component("actor_optimizer", optimizer_shard_bytes(t, p), "resident optimizer"))
     comps += reserve_components(hccl_buffsize_mb, communicator_count(t, rollout))
-    return PhaseEstimate("ref_log_prob", tuple(comps), die.hbm_bytes, f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB",
-                         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
+    return PhaseEstimate(
+        "ref_log_prob",
+        tuple(comps),
+        die.hbm_bytes,
+        f"{die.name} HBM {gib(die.hbm_bytes):.0f} GiB",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    )

@@ -17,8 +17,9 @@ def interface_ipv4(ifname: str) -> str:
     """IPv4 address of a network interface, or NetworkError naming the interface and the ones that exist."""
     names = [n for _, n in socket.if_nameindex()]
     if ifname not in names:
-        raise NetworkError(f"SOCKET_IFNAME={ifname!r}: no such interface on {socket.gethostname()} "
-                           f"(this node has: {', '.join(names)})")
+        raise NetworkError(
+            f"SOCKET_IFNAME={ifname!r}: no such interface on {socket.gethostname()} (this node has: {', '.join(names)})"
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", ifname.encode()[:15]))

@@ -25,21 +25,32 @@ from omegaconf import DictConfig
 
 from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
-from verl_patches.launch.settings import (ALLOW_REMOTE_DASHBOARD_FLAG, CONFIG_PATH_SETTINGS, SETTING_NAMES, SETTINGS,
-                                          ClusterSettings, SettingsError, cluster_setting_problems, config_path_value,
-                                          load_settings)
+from verl_patches.launch.settings import (
+    ALLOW_REMOTE_DASHBOARD_FLAG,
+    CONFIG_PATH_SETTINGS,
+    SETTING_NAMES,
+    SETTINGS,
+    ClusterSettings,
+    SettingsError,
+    cluster_setting_problems,
+    config_path_value,
+    load_settings,
+)
 from verl_patches.trainer.config_compose import CONFIG_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROFILES = {"a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_weight"),
-            "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
-            "a3_16die_smoke": ("ppo_mindspeed_trainer", "a3_16die_smoke"),
-            "tiny": ("ppo_tiny_local", None)}
+PROFILES = {
+    "a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_weight"),
+    "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
+    "a3_16die_smoke": ("ppo_mindspeed_trainer", "a3_16die_smoke"),
+    "tiny": ("ppo_tiny_local", None),
+}
 PATH_SETTINGS = CONFIG_PATH_SETTINGS  # read by the profiles through ${oc.env:...}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 # ---- sources and patches ------------------------------------------------------------------------
+
 
 def sources_findings(root: Path, host: HostFacts) -> tuple[list[Finding], dict[str, dict]]:
     """One finding per component of sources.lock (the logic of ``setup_sources.sh --verify``)."""
@@ -56,18 +67,33 @@ def sources_findings(root: Path, host: HostFacts) -> tuple[list[Finding], dict[s
         fix = f"bash setup_sources.sh --only {c['name']}"
         where = f"{c['ref']} @ {c['commit'][:12]}"
         if c["status"] == "match":
-            out.append(Finding(f"sources.{c['name']}", OK, f"{c['package']}/ matches the lock ({where}, route "
-                                                            f"{c['origin_route'] or c['route'] or '-'})"))
+            out.append(
+                Finding(
+                    f"sources.{c['name']}",
+                    OK,
+                    f"{c['package']}/ matches the lock ({where}, route {c['origin_route'] or c['route'] or '-'})",
+                )
+            )
         elif c["status"] == "missing" and c["optional_here"]:
-            out.append(Finding(f"sources.{c['name']}", NOT_CHECKED, f"{c['package']}/ not installed; this {host.device} "
-                                                                     f"host does not need it (needed on "
-                                                                     f"{', '.join(c['needed_on'])})", fix))
+            out.append(
+                Finding(
+                    f"sources.{c['name']}",
+                    NOT_CHECKED,
+                    f"{c['package']}/ not installed; this {host.device} "
+                    f"host does not need it (needed on "
+                    f"{', '.join(c['needed_on'])})",
+                    fix,
+                )
+            )
         elif c["status"] == "missing":
             out.append(Finding(f"sources.{c['name']}", FAIL, f"{c['package']}/ is missing ({where})", fix))
         else:
             detail = "; ".join(c["problems"][:3]) or "tree hash differs"
-            out.append(Finding(f"sources.{c['name']}", FAIL, f"{c['package']}/ differs from the lock: {detail}",
-                               fix + " --force"))
+            out.append(
+                Finding(
+                    f"sources.{c['name']}", FAIL, f"{c['package']}/ differs from the lock: {detail}", fix + " --force"
+                )
+            )
     return out, {c["package"]: c for c in comps}
 
 
@@ -88,12 +114,20 @@ def patch_findings(root: Path, components: dict[str, dict]) -> list[Finding]:
             out.append(Finding("patches", NOT_CHECKED, f"{p['name']}: {p['detail']}", key))
         else:
             out.append(Finding("patches", FAIL, f"{p['name']} ({p['status']}): {p['detail']}", key))
-    out.insert(0, Finding("patches", OK, f"{fine} patch(es) match their pinned upstream source; {unpinned} target "
-                                          f"packages outside the lock (nothing to fingerprint)"))
+    out.insert(
+        0,
+        Finding(
+            "patches",
+            OK,
+            f"{fine} patch(es) match their pinned upstream source; {unpinned} target "
+            f"packages outside the lock (nothing to fingerprint)",
+        ),
+    )
     return out
 
 
 # ---- the run -------------------------------------------------------------------------------------
+
 
 def settings_findings(ctx: Context, allow_remote_dashboard: bool = False) -> list[Finding]:
     """The launch's own check of the cluster settings (`settings.cluster_setting_problems`), so the dry run
@@ -101,10 +135,18 @@ def settings_findings(ctx: Context, allow_remote_dashboard: bool = False) -> lis
     it as not checked on a host that does not run the job."""
     if not ctx.cluster_profile:
         return []
-    problems = [p for p in cluster_setting_problems(ctx.settings, needs_checkpoint=False,
-                                                    allow_remote_dashboard=allow_remote_dashboard) if not p.missing]
-    found = ([Finding("cluster.settings", OK, "every cluster setting given is one the launch accepts")] if not problems
-             else [Finding("cluster.settings", FAIL, p.message, p.name) for p in problems])
+    problems = [
+        p
+        for p in cluster_setting_problems(
+            ctx.settings, needs_checkpoint=False, allow_remote_dashboard=allow_remote_dashboard
+        )
+        if not p.missing
+    ]
+    found = (
+        [Finding("cluster.settings", OK, "every cluster setting given is one the launch accepts")]
+        if not problems
+        else [Finding("cluster.settings", FAIL, p.message, p.name) for p in problems]
+    )
     return found + log_dir_findings(ctx.settings, ctx.root)
 
 
@@ -120,12 +162,24 @@ def log_dir_findings(settings: ClusterSettings, root: Path) -> list[Finding]:
         warning = check_log_root(log_root)
     except LogDirError as err:
         return [Finding("launch.log_dir", FAIL, str(err), "LOG_DIR")]
-    return [Finding("launch.log_dir", WARN if warning else OK, warning or f"LOG_DIR {log_root}: only yours to write",
-                    "LOG_DIR" if warning else "")]
+    return [
+        Finding(
+            "launch.log_dir",
+            WARN if warning else OK,
+            warning or f"LOG_DIR {log_root}: only yours to write",
+            "LOG_DIR" if warning else "",
+        )
+    ]
 
 
-def run_preflight(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts,
-                  die: DieSpec = ATLAS_A3_DIE, allow_remote_dashboard: bool = False) -> list[Finding]:
+def run_preflight(
+    cfg: DictConfig,
+    settings: ClusterSettings,
+    root: Path,
+    host: HostFacts,
+    die: DieSpec = ATLAS_A3_DIE,
+    allow_remote_dashboard: bool = False,
+) -> list[Finding]:
     """Every check, in report order. ``cfg`` must be resolved (``config_compose.resolved``)."""
     from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
     from verl_patches.launch.preflight_host import cluster_findings
@@ -157,8 +211,11 @@ def exit_status(findings: list[Finding]) -> int:
 
 def summary(findings: list[Finding]) -> dict[str, Any]:
     counts = {s: sum(1 for f in findings if f.status == s) for s in STATUSES}
-    return {"passed": exit_status(findings) == EXIT_OK, "counts": counts,
-            "failed": sorted({f.check for f in findings if f.status == FAIL})}
+    return {
+        "passed": exit_status(findings) == EXIT_OK,
+        "counts": counts,
+        "failed": sorted({f.check for f in findings if f.status == FAIL}),
+    }
 
 
 def render_text(findings: list[Finding], width: int = 150) -> str:
@@ -167,25 +224,29 @@ def render_text(findings: list[Finding], width: int = 150) -> str:
     w_check = max(len("CHECK"), *(len(f.check) for f in findings))
     w_key = 44
     w_msg = max(40, width - w_status - w_check - w_key - 6)
-    lines = [f"{'STATUS':<{w_status}}  {'CHECK':<{w_check}}  {'MESSAGE':<{w_msg}}  KEY TO CHANGE",
-             f"{'-' * w_status}  {'-' * w_check}  {'-' * w_msg}  {'-' * w_key}"]
+    lines = [
+        f"{'STATUS':<{w_status}}  {'CHECK':<{w_check}}  {'MESSAGE':<{w_msg}}  KEY TO CHANGE",
+        f"{'-' * w_status}  {'-' * w_check}  {'-' * w_msg}  {'-' * w_key}",
+    ]
     for f in findings:
         msg = textwrap.wrap(f.message, w_msg) or [""]
         key = textwrap.wrap(f.key, w_key, break_on_hyphens=False, break_long_words=False) or [""]
         for i in range(max(len(msg), len(key))):
             first = i == 0
-            lines.append(f"{f.status if first else '':<{w_status}}  {f.check if first else '':<{w_check}}  "
-                         f"{msg[i] if i < len(msg) else '':<{w_msg}}  {key[i] if i < len(key) else ''}".rstrip())
+            lines.append(
+                f"{f.status if first else '':<{w_status}}  {f.check if first else '':<{w_check}}  "
+                f"{msg[i] if i < len(msg) else '':<{w_msg}}  {key[i] if i < len(key) else ''}".rstrip()
+            )
     s = summary(findings)
     c = s["counts"]
     tail = f"{c[OK]} ok, {c[WARN]} warn, {c[NOT_CHECKED]} not-checked-here, {c[FAIL]} fail"
     lines.append("")
-    lines.append(f"preflight: PASS ({tail})" if s["passed"] else
-                 f"preflight: FAIL ({tail}): {', '.join(s['failed'])}")
+    lines.append(f"preflight: PASS ({tail})" if s["passed"] else f"preflight: FAIL ({tail}): {', '.join(s['failed'])}")
     return "\n".join(lines)
 
 
 # ---- command line --------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
@@ -239,26 +300,50 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         prog="python -m verl_patches.launch.preflight",
         description="Check a job before it starts: sources, patches, layout arithmetic, data, model config, "
-                    "checkpoint, cluster node and per-die memory. Remaining arguments are Hydra overrides.",
+        "checkpoint, cluster node and per-die memory. Remaining arguments are Hydra overrides.",
         epilog="exit status: 0 no check failed; 1 a check failed; 2 bad usage or a config that does not compose. "
-               "On a host without NPUs the cluster-only checks are listed as not-checked-here.")
-    p.add_argument("--profile", choices=sorted(set(PROFILES) | {k.replace("_", "-") for k in PROFILES}),
-                   metavar="{" + ",".join(PROFILES) + "}",
-                   help="sets the config name and the profile (dashes or underscores)")
-    p.add_argument("--config-name", default=None, choices=CONFIG_NAMES,
-                   help="trainer config (default ppo_mindspeed_trainer, or the profile's)")
+        "On a host without NPUs the cluster-only checks are listed as not-checked-here.",
+    )
+    p.add_argument(
+        "--profile",
+        choices=sorted(set(PROFILES) | {k.replace("_", "-") for k in PROFILES}),
+        metavar="{" + ",".join(PROFILES) + "}",
+        help="sets the config name and the profile (dashes or underscores)",
+    )
+    p.add_argument(
+        "--config-name",
+        default=None,
+        choices=CONFIG_NAMES,
+        help="trainer config (default ppo_mindspeed_trainer, or the profile's)",
+    )
     p.add_argument("--env-file", type=Path, help="cluster settings file (KEY=VALUE lines)")
-    for flag, name in (("--master-addr", "MASTER_ADDR"), ("--master-port", "MASTER_PORT"), ("--nnodes", "NNODES"),
-                       ("--npus-per-node", "NPUS_PER_NODE"), ("--socket-ifname", "SOCKET_IFNAME"),
-                       ("--dist-ckpt-path", "DIST_CKPT_PATH"), ("--model-path", "MODEL_PATH"),
-                       ("--data-dir", "DATA_DIR")):
+    for flag, name in (
+        ("--master-addr", "MASTER_ADDR"),
+        ("--master-port", "MASTER_PORT"),
+        ("--nnodes", "NNODES"),
+        ("--npus-per-node", "NPUS_PER_NODE"),
+        ("--socket-ifname", "SOCKET_IFNAME"),
+        ("--dist-ckpt-path", "DIST_CKPT_PATH"),
+        ("--model-path", "MODEL_PATH"),
+        ("--data-dir", "DATA_DIR"),
+    ):
         p.add_argument(flag, dest=name, metavar=name, help=next(x.help for x in SETTINGS if x.name == name))
-    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
-                   help="any other cluster setting (repeatable), e.g. --setting HCCL_IF_BASE_PORT=61000")
-    p.add_argument(ALLOW_REMOTE_DASHBOARD_FLAG, dest="allow_remote_dashboard", action="store_true",
-                   help="accept a RAY_DASHBOARD_HOST other than loopback, as the launch does with this flag")
-    p.add_argument("--die-memory-gib", type=_positive_gib, help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: "
-                                                        f"Atlas A3)")
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other cluster setting (repeatable), e.g. --setting HCCL_IF_BASE_PORT=61000",
+    )
+    p.add_argument(
+        ALLOW_REMOTE_DASHBOARD_FLAG,
+        dest="allow_remote_dashboard",
+        action="store_true",
+        help="accept a RAY_DASHBOARD_HOST other than loopback, as the launch does with this flag",
+    )
+    p.add_argument(
+        "--die-memory-gib", type=_positive_gib, help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: Atlas A3)"
+    )
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repo root (default: this checkout)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p.parse_known_args(argv)
@@ -276,13 +361,26 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
         config_name = args.config_name or name
         if profile:
             overrides = [f"profile={profile}", *overrides]
-    flags = {n: getattr(args, n) for n in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NPUS_PER_NODE", "SOCKET_IFNAME",
-                                           "DIST_CKPT_PATH", "MODEL_PATH", "DATA_DIR")}
+    flags = {
+        n: getattr(args, n)
+        for n in (
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NNODES",
+            "NPUS_PER_NODE",
+            "SOCKET_IFNAME",
+            "DIST_CKPT_PATH",
+            "MODEL_PATH",
+            "DATA_DIR",
+        )
+    }
     for item in args.setting:
         name, sep, value = item.partition("=")
         if not sep or name not in SETTING_NAMES:
-            print(f"preflight: --setting {item!r}: expected NAME=VALUE with NAME one of {', '.join(SETTING_NAMES)}",
-                  file=sys.stderr)
+            print(
+                f"preflight: --setting {item!r}: expected NAME=VALUE with NAME one of {', '.join(SETTING_NAMES)}",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         flags[name] = value if flags.get(name) is None else flags[name]
     from verl_patches.trainer.config_compose import ConfigCompositionError
@@ -293,15 +391,35 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
     except (SettingsError, ConfigCompositionError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return EXIT_USAGE
-    die = None if args.die_memory_gib is None else DieSpec(
-        ATLAS_A3_DIE.name, int(args.die_memory_gib * GIB), "given with --die-memory-gib")
-    return report(cfg, config_name, overrides, settings, args.root.resolve(), as_json=args.json, host=host, die=die,
-                  allow_remote_dashboard=args.allow_remote_dashboard)
+    die = (
+        None
+        if args.die_memory_gib is None
+        else DieSpec(ATLAS_A3_DIE.name, int(args.die_memory_gib * GIB), "given with --die-memory-gib")
+    )
+    return report(
+        cfg,
+        config_name,
+        overrides,
+        settings,
+        args.root.resolve(),
+        as_json=args.json,
+        host=host,
+        die=die,
+        allow_remote_dashboard=args.allow_remote_dashboard,
+    )
 
 
-def report(cfg: DictConfig, config_name: str, overrides: list[str], settings: ClusterSettings, root: Path,
-           as_json: bool = False, host: HostFacts | None = None, die: DieSpec | None = None,
-           allow_remote_dashboard: bool = False) -> int:
+def report(
+    cfg: DictConfig,
+    config_name: str,
+    overrides: list[str],
+    settings: ClusterSettings,
+    root: Path,
+    as_json: bool = False,
+    host: HostFacts | None = None,
+    die: DieSpec | None = None,
+    allow_remote_dashboard: bool = False,
+) -> int:
     """Run every check on a composed, resolved config, print the report, return the exit status."""
     die = die or ATLAS_A3_DIE
     if host is None:
@@ -314,10 +432,21 @@ def report(cfg: DictConfig, config_name: str, overrides: list[str], settings: Cl
     from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text
 
     if as_json:
-        print(json.dumps({"config_name": config_name, "overrides": overrides, "host": host.device,
-                          "die": {"name": die.name, "hbm_gib": die.hbm_bytes / GIB, "source": die.source},
-                          "findings": [f.as_dict() for f in findings], "summary": summary(findings),
-                          "exit_status": status, "rank_layout": rank_layout_json(tables)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "config_name": config_name,
+                    "overrides": overrides,
+                    "host": host.device,
+                    "die": {"name": die.name, "hbm_gib": die.hbm_bytes / GIB, "source": die.source},
+                    "findings": [f.as_dict() for f in findings],
+                    "summary": summary(findings),
+                    "exit_status": status,
+                    "rank_layout": rank_layout_json(tables),
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"preflight of {' '.join([config_name, *overrides])} on this {host.device} host\n")
         print(render_text(findings))

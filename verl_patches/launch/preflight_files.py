@@ -41,12 +41,17 @@ def missing_path(ctx: Context, check: str, path: Path, what: str, key: str) -> F
     if _is_tiny_asset(ctx, path):
         return Finding(check, OK, f"{path} not built yet: the tiny profile builds it on first use")
     if not ctx.authoritative:
-        return Finding(check, NOT_CHECKED, f"{what} {path} is not on this host (it lives on the cluster's "
-                                            f"storage); checked there", key)
+        return Finding(
+            check,
+            NOT_CHECKED,
+            f"{what} {path} is not on this host (it lives on the cluster's storage); checked there",
+            key,
+        )
     return Finding(check, FAIL, f"{what} {path} does not exist", key)
 
 
 # ---- data ----------------------------------------------------------------------------------------
+
 
 def schema_problems(schema: Any, prompt_key: str = "prompt") -> list[str]:
     """What a verl v0.4.0 RL parquet lacks (the columns RLHFDataset and the reward managers read)."""
@@ -66,8 +71,13 @@ def schema_problems(schema: Any, prompt_key: str = "prompt") -> list[str]:
         problems.append(f"ability is {schema.field('ability').type}, expected string")
     if prompt_key in names:
         t = schema.field(prompt_key).type
-        ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type) and all(
-            t.value_type.get_field_index(f) >= 0 and is_str(t.value_type.field(f).type) for f in ("role", "content"))
+        ok = (
+            (pa.types.is_list(t) or pa.types.is_large_list(t))
+            and pa.types.is_struct(t.value_type)
+            and all(
+                t.value_type.get_field_index(f) >= 0 and is_str(t.value_type.field(f).type) for f in ("role", "content")
+            )
+        )
         if not ok:
             problems.append(f"{prompt_key} is {t}, expected list<struct<role: string, content: string>>")
     if "reward_model" in names:
@@ -115,19 +125,33 @@ def data_findings(ctx: Context) -> list[Finding]:
                 rows = -1
                 continue
             if problems:
-                out.append(Finding("data.schema", FAIL, f"{path}: {'; '.join(problems)} (regenerate with "
-                                                         f"verl_patches/scripts/json_to_parquet.py)", key + suffix))
+                out.append(
+                    Finding(
+                        "data.schema",
+                        FAIL,
+                        f"{path}: {'; '.join(problems)} (regenerate with verl_patches/scripts/json_to_parquet.py)",
+                        key + suffix,
+                    )
+                )
                 rows = -1
                 continue
             out.append(Finding("data.schema", OK, f"{path}: verl RL schema, {n} rows"))
             rows = rows + n if rows >= 0 else rows
         if key == "data.train_files" and 0 <= rows < tbs:
-            out.append(Finding("data.rows", FAIL, f"{rows} training rows < data.train_batch_size {tbs}: the "
-                                                   f"dataloader (drop_last) would yield no step", "data.train_batch_size"))
+            out.append(
+                Finding(
+                    "data.rows",
+                    FAIL,
+                    f"{rows} training rows < data.train_batch_size {tbs}: the "
+                    f"dataloader (drop_last) would yield no step",
+                    "data.train_batch_size",
+                )
+            )
     return out
 
 
 # ---- model ---------------------------------------------------------------------------------------
+
 
 def model_findings(ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
     """(findings, the HF config dict the arithmetic uses)."""
@@ -151,8 +175,14 @@ def model_findings(ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
         validate_config(model, where=str(cfg_file), training=True)
     except ConfigError as e:
         return [Finding("model.config", FAIL, f"{e}; layout and memory use {fallback_name}", key)], fallback
-    out = [Finding("model.config", OK, f"{cfg_file}: valid DeepSeek-V3 training config "
-                                       f"({model['num_hidden_layers']} layers, {model['n_routed_experts']} experts)")]
+    out = [
+        Finding(
+            "model.config",
+            OK,
+            f"{cfg_file}: valid DeepSeek-V3 training config "
+            f"({model['num_hidden_layers']} layers, {model['n_routed_experts']} experts)",
+        )
+    ]
     if not any((path / t).is_file() for t in TOKENIZER_FILES):
         out.append(Finding("model.tokenizer", FAIL, f"{path} has no tokenizer ({', '.join(TOKENIZER_FILES)})", key))
     else:
@@ -162,6 +192,7 @@ def model_findings(ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
 
 # ---- Megatron checkpoint -------------------------------------------------------------------------
 
+
 def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
     from verl_patches.weights.layout import ParallelLayout, all_ranks, rank_dir_name
 
@@ -169,16 +200,35 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
     if not ctx.megatron:
         return []
     if not (get(ctx.cfg, "actor_rollout_ref.actor.load_weight") and get(ctx.cfg, f"{m}.use_dist_checkpointing")):
-        return [Finding("checkpoint.dist", OK, "no Megatron checkpoint is loaded (load_weight or use_dist_checkpointing "
-                                                "is off: random initialisation)")]
+        return [
+            Finding(
+                "checkpoint.dist",
+                OK,
+                "no Megatron checkpoint is loaded (load_weight or use_dist_checkpointing "
+                "is off: random initialisation)",
+            )
+        ]
     key = f"DIST_CKPT_PATH / {m}.dist_checkpointing_path"
     raw = get(ctx.cfg, f"{m}.dist_checkpointing_path")
     if not raw:
         if ctx.host.is_npu or not ctx.cluster_profile:
-            return [Finding("checkpoint.dist", FAIL, "the true-weight run loads a Megatron checkpoint but "
-                                                      "DIST_CKPT_PATH is not set", key)]
-        return [Finding("checkpoint.dist", NOT_CHECKED, "DIST_CKPT_PATH is not set on this host; the true-weight run "
-                                                         "needs it on the cluster (--dist-ckpt-path or the env file)", key)]
+            return [
+                Finding(
+                    "checkpoint.dist",
+                    FAIL,
+                    "the true-weight run loads a Megatron checkpoint but DIST_CKPT_PATH is not set",
+                    key,
+                )
+            ]
+        return [
+            Finding(
+                "checkpoint.dist",
+                NOT_CHECKED,
+                "DIST_CKPT_PATH is not set on this host; the true-weight run "
+                "needs it on the cluster (--dist-ckpt-path or the env file)",
+                key,
+            )
+        ]
     root = _abs(ctx, str(raw))
     if not root.is_dir():
         return [missing_path(ctx, "checkpoint.dist", root, "Megatron checkpoint", key)]
@@ -188,26 +238,39 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
 
     tracker = root / TRACKER_FILE
     if not tracker.exists() and not tracker.is_symlink():
-        return [Finding("checkpoint.dist", FAIL, f"{tracker} missing: not a Megatron checkpoint (or its conversion "
-                                                  f"did not finish)", key)]
+        return [
+            Finding(
+                "checkpoint.dist",
+                FAIL,
+                f"{tracker} missing: not a Megatron checkpoint (or its conversion did not finish)",
+                key,
+            )
+        ]
     try:  # the one strict tracker reader: a link, a FIFO, '²' or 5000 digits are one line, nothing echoed
         it = read_megatron_tracker(tracker)
     except TrackerError as e:
         return [Finding("checkpoint.dist", FAIL, str(e), key)]
     it_dir = root / ("release" if it == "release" else f"iter_{it:07d}")
     lst = get(ctx.cfg, f"{m}.pipeline_parallel_num_layer_list")
-    layout = ParallelLayout(tp=int(get(ctx.cfg, f"{m}.tensor_model_parallel_size")),
-                            pp=int(get(ctx.cfg, f"{m}.pipeline_model_parallel_size")),
-                            ep=int(get(ctx.cfg, f"{m}.expert_model_parallel_size") or 1),
-                            num_layer_list=tuple(int(x) for x in lst) if lst else None,
-                            moe_grouped_gemm=True, moe_tp_extend_ep=True)
+    layout = ParallelLayout(
+        tp=int(get(ctx.cfg, f"{m}.tensor_model_parallel_size")),
+        pp=int(get(ctx.cfg, f"{m}.pipeline_model_parallel_size")),
+        ep=int(get(ctx.cfg, f"{m}.expert_model_parallel_size") or 1),
+        num_layer_list=tuple(int(x) for x in lst) if lst else None,
+        moe_grouped_gemm=True,
+        moe_tp_extend_ep=True,
+    )
     expected = {rank_dir_name(layout, r) for r in all_ranks(layout)}
-    found = {p.name for p in it_dir.iterdir() if p.is_dir() and p.name.startswith("mp_rank_")} if it_dir.is_dir() else set()
+    found = (
+        {p.name for p in it_dir.iterdir() if p.is_dir() and p.name.startswith("mp_rank_")} if it_dir.is_dir() else set()
+    )
     missing = sorted(n for n in expected if not (it_dir / n / CKPT_FILE).is_file())
     extra = sorted(found - expected)
     problems = []
     if missing:
-        problems.append(f"{len(missing)} of {len(expected)} rank files missing (e.g. {it_dir.name}/{missing[0]}/{CKPT_FILE})")
+        problems.append(
+            f"{len(missing)} of {len(expected)} rank files missing (e.g. {it_dir.name}/{missing[0]}/{CKPT_FILE})"
+        )
     if extra:
         problems.append(f"rank folders of another layout: {', '.join(extra[:3])}")
     try:  # the converters' own strict manifest reader (types, ranges, names confined to the folder)
@@ -217,12 +280,27 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
         problems.append(str(e))
     if manifest is not None:
         saved, want = manifest.layout.to_json(), layout.to_json()
-        diff = [f"{k}={saved[k]!r} (config {want[k]!r})" for k in ("tp", "pp", "ep", "num_layer_list", "moe_tp_extend_ep")
-                if saved[k] != want[k]]
+        diff = [
+            f"{k}={saved[k]!r} (config {want[k]!r})"
+            for k in ("tp", "pp", "ep", "num_layer_list", "moe_tp_extend_ep")
+            if saved[k] != want[k]
+        ]
         if diff:
             problems.append(f"converted for another layout: {', '.join(diff)}")
     if problems:
-        return [Finding("checkpoint.dist", FAIL, f"{root}: " + "; ".join(problems) + f" (expected TP{layout.tp} PP{layout.pp} "
-                                                  f"EP{layout.ep}: {len(expected)} mp_rank_* folders)", key)]
-    return [Finding("checkpoint.dist", OK, f"{root}: {it_dir.name} has all {len(expected)} rank files for "
-                                           f"TP{layout.tp} PP{layout.pp} EP{layout.ep}")]
+        return [
+            Finding(
+                "checkpoint.dist",
+                FAIL,
+                f"{root}: " + "; ".join(problems) + f" (expected TP{layout.tp} PP{layout.pp} "
+                f"EP{layout.ep}: {len(expected)} mp_rank_* folders)",
+                key,
+            )
+        ]
+    return [
+        Finding(
+            "checkpoint.dist",
+            OK,
+            f"{root}: {it_dir.name} has all {len(expected)} rank files for TP{layout.tp} PP{layout.pp} EP{layout.ep}",
+        )
+    ]

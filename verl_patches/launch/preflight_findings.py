@@ -68,5 +68,3 @@ class Context:
     @property
     def megatron(self) -> bool:
         return get(self.cfg, "actor_rollout_ref.actor.strategy") == "megatron"
-
-

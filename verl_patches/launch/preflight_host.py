@@ -38,9 +38,13 @@ def probe_host() -> HostFacts:
             addresses.add(str(info[4][0]))
     except OSError:
         pass
-    return HostFacts(device=os.environ.get(DEVICE_ENV) or detect_device(), interfaces=interfaces, npu_count=npus,
-                     torch_npu_importable=importlib.util.find_spec("torch_npu") is not None,
-                     local_addresses=tuple(sorted(addresses)))
+    return HostFacts(
+        device=os.environ.get(DEVICE_ENV) or detect_device(),
+        interfaces=interfaces,
+        npu_count=npus,
+        torch_npu_importable=importlib.util.find_spec("torch_npu") is not None,
+        local_addresses=tuple(sorted(addresses)),
+    )
 
 
 def port_in_use(port: int) -> bool:
@@ -95,22 +99,28 @@ def port_plan_findings(ctx: Context) -> list[Finding]:
     out = []
     base = plan["HCCL_IF_BASE_PORT"].start
     if not 1024 <= base <= HCCL_BASE_PORT_MAX:
-        out.append(Finding("cluster.port_plan", FAIL, f"HCCL_IF_BASE_PORT={base} must be in 1024..{HCCL_BASE_PORT_MAX}",
-                           "HCCL_IF_BASE_PORT"))
+        out.append(
+            Finding(
+                "cluster.port_plan",
+                FAIL,
+                f"HCCL_IF_BASE_PORT={base} must be in 1024..{HCCL_BASE_PORT_MAX}",
+                "HCCL_IF_BASE_PORT",
+            )
+        )
     for name, r in plan.items():
         if r.start < 1024 or r.stop - 1 > 65535:
-            out.append(Finding("cluster.port_plan", FAIL, f"{name} {_span(r)} outside 1024..65535",
-                               name.split(" ")[0]))
+            out.append(Finding("cluster.port_plan", FAIL, f"{name} {_span(r)} outside 1024..65535", name.split(" ")[0]))
     names = list(plan)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             ra, rb = plan[a], plan[b]
             if ra.start < rb.stop and rb.start < ra.stop:
                 setting = b.split(" ")[0] if b.isupper() else a.split(" ")[0]
                 out.append(Finding("cluster.port_plan", FAIL, f"{a} {_span(ra)} overlaps {b} {_span(rb)}", setting))
     if not out:
-        out.append(Finding("cluster.port_plan", OK, "; ".join(f"{k} {_span(r)}" for k, r in plan.items())
-                           + " do not overlap"))
+        out.append(
+            Finding("cluster.port_plan", OK, "; ".join(f"{k} {_span(r)}" for k, r in plan.items()) + " do not overlap")
+        )
     return out
 
 
@@ -128,9 +138,14 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
 
     addr = s.get("MASTER_ADDR")
     if not addr:
-        out.append(Finding("cluster.master_addr", FAIL if npu else NOT_CHECKED,
-                           "MASTER_ADDR is not set: pass --master-addr or MASTER_ADDR=... in --env-file" + here,
-                           "MASTER_ADDR"))
+        out.append(
+            Finding(
+                "cluster.master_addr",
+                FAIL if npu else NOT_CHECKED,
+                "MASTER_ADDR is not set: pass --master-addr or MASTER_ADDR=... in --env-file" + here,
+                "MASTER_ADDR",
+            )
+        )
     else:
         try:
             validate_address("MASTER_ADDR", addr, s.where("MASTER_ADDR"))
@@ -138,8 +153,14 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
                 socket.getaddrinfo(addr, None)
                 out.append(Finding("cluster.master_addr", OK, f"MASTER_ADDR={addr} resolves"))
             else:
-                out.append(Finding("cluster.master_addr", NOT_CHECKED, f"MASTER_ADDR={addr} is well-formed; "
-                                                                        f"reachability{here}", "MASTER_ADDR"))
+                out.append(
+                    Finding(
+                        "cluster.master_addr",
+                        NOT_CHECKED,
+                        f"MASTER_ADDR={addr} is well-formed; reachability{here}",
+                        "MASTER_ADDR",
+                    )
+                )
         except SettingsError as e:
             out.append(Finding("cluster.master_addr", FAIL, str(e), "MASTER_ADDR"))
         except OSError as e:
@@ -147,14 +168,28 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
 
     nic = s.get("SOCKET_IFNAME")
     if not nic:
-        out.append(Finding("cluster.socket_ifname", FAIL if npu else NOT_CHECKED,
-                           "SOCKET_IFNAME is not set: pass --socket-ifname or SOCKET_IFNAME=... in --env-file" + here,
-                           "SOCKET_IFNAME"))
+        out.append(
+            Finding(
+                "cluster.socket_ifname",
+                FAIL if npu else NOT_CHECKED,
+                "SOCKET_IFNAME is not set: pass --socket-ifname or SOCKET_IFNAME=... in --env-file" + here,
+                "SOCKET_IFNAME",
+            )
+        )
     elif not npu:
-        out.append(Finding("cluster.socket_ifname", NOT_CHECKED, f"SOCKET_IFNAME={nic}: existence{here}", "SOCKET_IFNAME"))
+        out.append(
+            Finding("cluster.socket_ifname", NOT_CHECKED, f"SOCKET_IFNAME={nic}: existence{here}", "SOCKET_IFNAME")
+        )
     elif nic not in ctx.host.interfaces:
-        out.append(Finding("cluster.socket_ifname", FAIL, f"SOCKET_IFNAME={nic} is not an interface of this node "
-                                                           f"(found: {', '.join(ctx.host.interfaces) or 'none'})", "SOCKET_IFNAME"))
+        out.append(
+            Finding(
+                "cluster.socket_ifname",
+                FAIL,
+                f"SOCKET_IFNAME={nic} is not an interface of this node "
+                f"(found: {', '.join(ctx.host.interfaces) or 'none'})",
+                "SOCKET_IFNAME",
+            )
+        )
     else:
         out.append(Finding("cluster.socket_ifname", OK, f"SOCKET_IFNAME={nic} exists"))
 
@@ -163,7 +198,9 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
         if not npu:
             out.append(Finding("cluster.cann_env", NOT_CHECKED, f"{name}={path}{here}", name))
         elif not path or not Path(path).is_file():
-            out.append(Finding("cluster.cann_env", FAIL, f"{name}={path}: no such file (CANN environment script)", name))
+            out.append(
+                Finding("cluster.cann_env", FAIL, f"{name}={path}: no such file (CANN environment script)", name)
+            )
         else:
             out.append(Finding("cluster.cann_env", OK, f"{name}={path} exists"))
 
@@ -176,23 +213,44 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
         if not npu:
             out.append(Finding("cluster.npu_count", NOT_CHECKED, f"NPUS_PER_NODE={want}{here}", "NPUS_PER_NODE"))
         elif ctx.host.npu_count < want:
-            out.append(Finding("cluster.npu_count", FAIL, f"this node shows {ctx.host.npu_count} NPU devices "
-                                                           f"(/dev/davinci*), NPUS_PER_NODE={want}", "NPUS_PER_NODE"))
+            out.append(
+                Finding(
+                    "cluster.npu_count",
+                    FAIL,
+                    f"this node shows {ctx.host.npu_count} NPU devices (/dev/davinci*), NPUS_PER_NODE={want}",
+                    "NPUS_PER_NODE",
+                )
+            )
         else:
             out.append(Finding("cluster.npu_count", OK, f"{ctx.host.npu_count} NPU devices >= NPUS_PER_NODE={want}"))
 
     if not npu:
         out.append(Finding("cluster.torch_npu", NOT_CHECKED, f"torch_npu import{here}", "requirements.txt (torch_npu)"))
     elif not ctx.host.torch_npu_importable:
-        out.append(Finding("cluster.torch_npu", FAIL, "torch_npu is not installed in this environment",
-                           "requirements.txt (torch_npu)"))
+        out.append(
+            Finding(
+                "cluster.torch_npu",
+                FAIL,
+                "torch_npu is not installed in this environment",
+                "requirements.txt (torch_npu)",
+            )
+        )
     else:
         out.append(Finding("cluster.torch_npu", OK, "torch_npu is installed"))
 
     out += port_plan_findings(ctx)
-    out += ports_free_findings(ctx, port_probe) if npu else [
-        Finding("cluster.ports_free", NOT_CHECKED, f"MASTER_PORT, RAY_DASHBOARD_PORT and HCCL ports free{here}",
-                "MASTER_PORT / RAY_DASHBOARD_PORT / HCCL_IF_BASE_PORT")]
+    out += (
+        ports_free_findings(ctx, port_probe)
+        if npu
+        else [
+            Finding(
+                "cluster.ports_free",
+                NOT_CHECKED,
+                f"MASTER_PORT, RAY_DASHBOARD_PORT and HCCL ports free{here}",
+                "MASTER_PORT / RAY_DASHBOARD_PORT / HCCL_IF_BASE_PORT",
+            )
+        ]
+    )
     return out
 
 
@@ -206,7 +264,20 @@ def ports_free_findings(ctx: Context, port_probe) -> list[Finding]:
         if name == "HCCL_IF_BASE_PORT" or head:
             busy += [(name.split(" ")[0], p) for p in r if port_probe(p)]
     if busy:
-        return [Finding("cluster.ports_free", WARN, "in use on this node: " + ", ".join(f"{p} ({n})" for n, p in busy[:5])
-                        + " (another job, or a Ray cluster left running?)", busy[0][0])]
-    return [Finding("cluster.ports_free", OK, "the planned ports are free on this node"
-                    + (" (head)" if head else " (worker: HCCL ports only)"))]
+        return [
+            Finding(
+                "cluster.ports_free",
+                WARN,
+                "in use on this node: "
+                + ", ".join(f"{p} ({n})" for n, p in busy[:5])
+                + " (another job, or a Ray cluster left running?)",
+                busy[0][0],
+            )
+        ]
+    return [
+        Finding(
+            "cluster.ports_free",
+            OK,
+            "the planned ports are free on this node" + (" (head)" if head else " (worker: HCCL ports only)"),
+        )
+    ]

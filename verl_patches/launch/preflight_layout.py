@@ -35,37 +35,62 @@ def world_findings(ctx: Context) -> list[Finding]:
     nnodes, per_node = int(get(cfg, "trainer.nnodes")), int(get(cfg, "trainer.n_gpus_per_node"))
     world = nnodes * per_node
     if not ctx.cluster_profile:
-        return [Finding("layout.world_size", OK, f"world = trainer.nnodes {nnodes} x trainer.n_gpus_per_node "
-                                                 f"{per_node} = {world} (local profile: NNODES/NPUS_PER_NODE unused)")]
+        return [
+            Finding(
+                "layout.world_size",
+                OK,
+                f"world = trainer.nnodes {nnodes} x trainer.n_gpus_per_node "
+                f"{per_node} = {world} (local profile: NNODES/NPUS_PER_NODE unused)",
+            )
+        ]
     out = []
-    for setting, key, value in (("NNODES", "trainer.nnodes", nnodes), ("NPUS_PER_NODE", "trainer.n_gpus_per_node", per_node)):
+    for setting, key, value in (
+        ("NNODES", "trainer.nnodes", nnodes),
+        ("NPUS_PER_NODE", "trainer.n_gpus_per_node", per_node),
+    ):
         try:
             have = s.int(setting)
         except SettingsError as e:
             out.append(Finding("layout.world_size", FAIL, str(e), setting))
             continue
         if have != value:
-            out.append(Finding("layout.world_size", FAIL,
-                               f"{setting}={have} ({s.where(setting)}) but {key}={value}: the cluster has "
-                               f"{s.get('NNODES')} x {s.get('NPUS_PER_NODE')} dies, the config expects "
-                               f"{nnodes} x {per_node} = {world}", f"{setting} / {key}"))
+            out.append(
+                Finding(
+                    "layout.world_size",
+                    FAIL,
+                    f"{setting}={have} ({s.where(setting)}) but {key}={value}: the cluster has "
+                    f"{s.get('NNODES')} x {s.get('NPUS_PER_NODE')} dies, the config expects "
+                    f"{nnodes} x {per_node} = {world}",
+                    f"{setting} / {key}",
+                )
+            )
     if not out:
-        out.append(Finding("layout.world_size", OK, f"world = NNODES {nnodes} x NPUS_PER_NODE {per_node} = {world} "
-                                                     f"= trainer.nnodes x trainer.n_gpus_per_node"))
+        out.append(
+            Finding(
+                "layout.world_size",
+                OK,
+                f"world = NNODES {nnodes} x NPUS_PER_NODE {per_node} = {world} "
+                f"= trainer.nnodes x trainer.n_gpus_per_node",
+            )
+        )
     return out
 
 
 _MEGATRON_KEYS = {
     "world_divisible_by_tp_pp_cp": f"{M}.tensor_model_parallel_size / {M}.pipeline_model_parallel_size / "
-                                   f"{M}.context_parallel_size",
+    f"{M}.context_parallel_size",
     "dp_divisible_by_ep": f"{M}.expert_model_parallel_size",
     "positive_size": f"{M}.tensor_model_parallel_size / pipeline_model_parallel_size / expert_model_parallel_size",
 }
 
 
 def megatron_sizes(cfg: Any) -> dict[str, int]:
-    return {"tp": int(get(cfg, f"{M}.tensor_model_parallel_size")), "pp": int(get(cfg, f"{M}.pipeline_model_parallel_size")),
-            "ep": int(get(cfg, f"{M}.expert_model_parallel_size") or 1), "cp": int(get(cfg, f"{M}.context_parallel_size") or 1)}
+    return {
+        "tp": int(get(cfg, f"{M}.tensor_model_parallel_size")),
+        "pp": int(get(cfg, f"{M}.pipeline_model_parallel_size")),
+        "ep": int(get(cfg, f"{M}.expert_model_parallel_size") or 1),
+        "cp": int(get(cfg, f"{M}.context_parallel_size") or 1),
+    }
 
 
 def megatron_findings(ctx: Context, model: Mapping[str, Any]) -> tuple[list[Finding], MegatronLayout | None]:
@@ -76,19 +101,37 @@ def megatron_findings(ctx: Context, model: Mapping[str, Any]) -> tuple[list[Find
     layout = None
     try:
         layout = MegatronLayout(world_size=world, **sz)
-        out.append(Finding("layout.megatron_parallel", OK,
-                           f"TP{sz['tp']} x PP{sz['pp']} x CP{sz['cp']} = {sz['tp'] * sz['pp'] * sz['cp']} divides world "
-                           f"{world} -> DP {layout.dp}; EP{sz['ep']} divides DP (megatron.core 0.8 parallel_state)"))
+        out.append(
+            Finding(
+                "layout.megatron_parallel",
+                OK,
+                f"TP{sz['tp']} x PP{sz['pp']} x CP{sz['cp']} = {sz['tp'] * sz['pp'] * sz['cp']} divides world "
+                f"{world} -> DP {layout.dp}; EP{sz['ep']} divides DP (megatron.core 0.8 parallel_state)",
+            )
+        )
     except InvalidLayoutError as e:
         out.append(Finding("layout.megatron_parallel", FAIL, str(e), _MEGATRON_KEYS.get(e.condition, M)))
 
-    ref_diff = [k for k, name in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
-                                  ("ep", "expert_model_parallel_size"), ("cp", "context_parallel_size"))
-                if get(cfg, f"{REF}.{name}") is not None and int(get(cfg, f"{REF}.{name}")) != sz[k]]
+    ref_diff = [
+        k
+        for k, name in (
+            ("tp", "tensor_model_parallel_size"),
+            ("pp", "pipeline_model_parallel_size"),
+            ("ep", "expert_model_parallel_size"),
+            ("cp", "context_parallel_size"),
+        )
+        if get(cfg, f"{REF}.{name}") is not None and int(get(cfg, f"{REF}.{name}")) != sz[k]
+    ]
     if ref_diff and get(cfg, "actor_rollout_ref.actor.use_kl_loss"):
-        out.append(Finding("layout.ref_matches_actor", FAIL,
-                           f"the ref policy runs on the actor's ranks and parallel state, but its "
-                           f"{', '.join(ref_diff)} differ(s) from the actor's", f"{REF}.* ({', '.join(ref_diff)})"))
+        out.append(
+            Finding(
+                "layout.ref_matches_actor",
+                FAIL,
+                f"the ref policy runs on the actor's ranks and parallel state, but its "
+                f"{', '.join(ref_diff)} differ(s) from the actor's",
+                f"{REF}.* ({', '.join(ref_diff)})",
+            )
+        )
 
     out += layer_list_findings(cfg, model, sz["pp"])
     out += tp_split_findings(model, sz["tp"], sz["ep"])
@@ -103,8 +146,14 @@ def layer_list_findings(cfg: Any, model: Mapping[str, Any], pp: int) -> list[Fin
     lst = get(cfg, LAYER_LIST)
     if lst is None:
         if layers % pp:
-            return [Finding("layout.layer_list", FAIL, f"num_hidden_layers={layers} is not divisible by PP={pp}: "
-                                                        f"give an uneven split", LAYER_LIST)]
+            return [
+                Finding(
+                    "layout.layer_list",
+                    FAIL,
+                    f"num_hidden_layers={layers} is not divisible by PP={pp}: give an uneven split",
+                    LAYER_LIST,
+                )
+            ]
         return [Finding("layout.layer_list", OK, f"{layers} layers / PP{pp} = {layers // pp} per stage")]
     lst = [int(x) for x in lst]
     problems = []
@@ -121,9 +170,18 @@ def layer_list_findings(cfg: Any, model: Mapping[str, Any], pp: int) -> list[Fin
     dense_stages = dense_only_stages(lst, dense, int(model.get("n_routed_experts") or 0))
     if dense_stages:
         return [Finding("layout.layer_list", FAIL, dense_only_message(lst, dense, dense_stages), LAYER_LIST)]
-    where = "stage 0" if dense <= lst[0] else "stages 0.." + str(next(i for i in range(len(lst)) if sum(lst[:i + 1]) >= dense))
-    return [Finding("layout.layer_list", OK, f"{lst} sums to num_hidden_layers={layers} over PP{pp}; "
-                                             f"dense layers 0..{dense - 1} in {where}")]
+    where = (
+        "stage 0"
+        if dense <= lst[0]
+        else "stages 0.." + str(next(i for i in range(len(lst)) if sum(lst[: i + 1]) >= dense))
+    )
+    return [
+        Finding(
+            "layout.layer_list",
+            OK,
+            f"{lst} sums to num_hidden_layers={layers} over PP{pp}; dense layers 0..{dense - 1} in {where}",
+        )
+    ]
 
 
 def tp_split_findings(model: Mapping[str, Any], tp: int, ep: int) -> list[Finding]:
@@ -135,16 +193,31 @@ def tp_split_findings(model: Mapping[str, Any], tp: int, ep: int) -> list[Findin
     shared = int(model["moe_intermediate_size"]) * int(model.get("n_shared_experts") or 0)
     if shared % tp:
         bad.append(f"moe_intermediate_size x n_shared_experts={shared}")
-    out.append(Finding("layout.tp_divisibility", FAIL, f"not divisible by TP{tp}: {', '.join(bad)}", key_tp) if bad else
-               Finding("layout.tp_divisibility", OK, f"heads {model['num_attention_heads']}, vocab {model['vocab_size']}, "
-                                                      f"FFN {model['intermediate_size']}, shared FFN {shared} divide by TP{tp}"))
+    out.append(
+        Finding("layout.tp_divisibility", FAIL, f"not divisible by TP{tp}: {', '.join(bad)}", key_tp)
+        if bad
+        else Finding(
+            "layout.tp_divisibility",
+            OK,
+            f"heads {model['num_attention_heads']}, vocab {model['vocab_size']}, "
+            f"FFN {model['intermediate_size']}, shared FFN {shared} divide by TP{tp}",
+        )
+    )
     e = int(model["n_routed_experts"])
     if e % (tp * ep):
-        out.append(Finding("layout.experts", FAIL, f"n_routed_experts={e} is not divisible by TP x EP = {tp}x{ep} "
-                                                    f"(MindSpeed --moe-tp-extend-ep spreads experts over TP x EP)",
-                           f"{M}.expert_model_parallel_size / {key_tp}"))
+        out.append(
+            Finding(
+                "layout.experts",
+                FAIL,
+                f"n_routed_experts={e} is not divisible by TP x EP = {tp}x{ep} "
+                f"(MindSpeed --moe-tp-extend-ep spreads experts over TP x EP)",
+                f"{M}.expert_model_parallel_size / {key_tp}",
+            )
+        )
     else:
-        out.append(Finding("layout.experts", OK, f"{e} experts over TP x EP = {tp * ep} ranks: {e // (tp * ep)} per rank"))
+        out.append(
+            Finding("layout.experts", OK, f"{e} experts over TP x EP = {tp * ep} ranks: {e // (tp * ep)} per rank")
+        )
     return out
 
 
@@ -155,18 +228,34 @@ def megatron_batch_findings(cfg: Any, layout: MegatronLayout) -> list[Finding]:
     out = []
     minimal = layout.dp * micro
     if (tbs * n) % minimal:
-        out.append(Finding("layout.batch_megatron_dp", FAIL,
-                           f"train_batch_size x n = {tbs}x{n} = {tbs * n} sequences is not divisible by Megatron DP "
-                           f"{layout.dp} x ppo_micro_batch_size_per_gpu {micro} = {minimal} (verl _validate_config)",
-                           "data.train_batch_size"))
+        out.append(
+            Finding(
+                "layout.batch_megatron_dp",
+                FAIL,
+                f"train_batch_size x n = {tbs}x{n} = {tbs * n} sequences is not divisible by Megatron DP "
+                f"{layout.dp} x ppo_micro_batch_size_per_gpu {micro} = {minimal} (verl _validate_config)",
+                "data.train_batch_size",
+            )
+        )
     elif (mini * n) % layout.dp:
-        out.append(Finding("layout.batch_megatron_dp", FAIL,
-                           f"ppo_mini_batch_size x n = {mini * n} is not divisible by Megatron DP {layout.dp}: verl "
-                           f"would silently drop the remainder of every mini-batch", f"{A}.ppo_mini_batch_size"))
+        out.append(
+            Finding(
+                "layout.batch_megatron_dp",
+                FAIL,
+                f"ppo_mini_batch_size x n = {mini * n} is not divisible by Megatron DP {layout.dp}: verl "
+                f"would silently drop the remainder of every mini-batch",
+                f"{A}.ppo_mini_batch_size",
+            )
+        )
     else:
-        out.append(Finding("layout.batch_megatron_dp", OK,
-                           f"{tbs * n} sequences per step / Megatron DP {layout.dp} = {tbs * n // layout.dp} per DP rank "
-                           f"({mini * n // layout.dp // micro} micro-batches of {micro} per optimizer step)"))
+        out.append(
+            Finding(
+                "layout.batch_megatron_dp",
+                OK,
+                f"{tbs * n} sequences per step / Megatron DP {layout.dp} = {tbs * n // layout.dp} per DP rank "
+                f"({mini * n // layout.dp // micro} micro-batches of {micro} per optimizer step)",
+            )
+        )
     return out
 
 
@@ -177,37 +266,62 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
     tbs, n = int(get(cfg, "data.train_batch_size")), int(get(cfg, f"{R}.n"))
     out: list[Finding] = []
     if world % tp or int(model["num_attention_heads"]) % tp:
-        out.append(Finding("layout.rollout_tp", FAIL, f"rollout TP{tp} must divide the world {world} and "
-                                                       f"num_attention_heads {model['num_attention_heads']}",
-                           f"{R}.tensor_model_parallel_size"))
+        out.append(
+            Finding(
+                "layout.rollout_tp",
+                FAIL,
+                f"rollout TP{tp} must divide the world {world} and num_attention_heads {model['num_attention_heads']}",
+                f"{R}.tensor_model_parallel_size",
+            )
+        )
         return out
     engines = world // tp
     out.append(Finding("layout.rollout_tp", OK, f"rollout TP{tp}: {engines} engines over {world} ranks"))
     if tbs % world:
-        out.append(Finding("layout.rollout_batch", FAIL,
-                           f"train_batch_size {tbs} prompts is not divisible by the world {world}: verl dispatches "
-                           f"generation in equal chunks to every worker", "data.train_batch_size"))
+        out.append(
+            Finding(
+                "layout.rollout_batch",
+                FAIL,
+                f"train_batch_size {tbs} prompts is not divisible by the world {world}: verl dispatches "
+                f"generation in equal chunks to every worker",
+                "data.train_batch_size",
+            )
+        )
     else:
-        out.append(Finding("layout.rollout_batch", OK,
-                           f"train_batch_size x n / rollout DP = {tbs}x{n}/{engines} = {tbs * n // engines} sequences "
-                           f"per engine (max_num_seqs)"))
+        out.append(
+            Finding(
+                "layout.rollout_batch",
+                OK,
+                f"train_batch_size x n / rollout DP = {tbs}x{n}/{engines} = {tbs * n // engines} sequences "
+                f"per engine (max_num_seqs)",
+            )
+        )
     if get(cfg, f"{R}.name") == "vllm":
         out += vllm_dp_findings(ctx, model, world, tp)
-        max_len = int(get(cfg, f"{R}.max_model_len") or 0) or \
-            int(get(cfg, "data.max_prompt_length")) + int(get(cfg, "data.max_response_length"))
+        max_len = int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length")) + int(
+            get(cfg, "data.max_response_length")
+        )
         pos = int(model.get("max_position_embeddings", max_len))
         if max_len > pos:
-            out.append(Finding("layout.rollout_model_len", FAIL, f"max_model_len {max_len} exceeds the model's "
-                                                                  f"max_position_embeddings {pos}",
-                               f"data.max_response_length / {R}.max_model_len"))
+            out.append(
+                Finding(
+                    "layout.rollout_model_len",
+                    FAIL,
+                    f"max_model_len {max_len} exceeds the model's max_position_embeddings {pos}",
+                    f"data.max_response_length / {R}.max_model_len",
+                )
+            )
         out += engine_findings(cfg)
     return out
 
 
 # The declared patches that free the rollout's KV cache after every generate and rebuild it before the next
 # with the first init's block count: what verl's dropped enforce_eager/free_cache_engine check protected.
-KV_LIFECYCLE_PATCHES = ("verl.vllm_rollout_spmd.LLM.lifecycle", "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
-                        "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks")
+KV_LIFECYCLE_PATCHES = (
+    "verl.vllm_rollout_spmd.LLM.lifecycle",
+    "vllm.v1.engine.core.EngineCore._initialize_kv_caches",
+    "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
+)
 
 
 def engine_findings(cfg: Any) -> list[Finding]:
@@ -224,14 +338,24 @@ def engine_findings(cfg: Any) -> list[Finding]:
     declared = {p.name: p for p in all_patches()}
     missing = [n for n in KV_LIFECYCLE_PATCHES if n not in declared or "npu" not in declared[n].devices]
     if missing:
-        out.append(Finding("rollout.kv_cache_lifecycle", FAIL, f"patches not declared for the NPU: {missing}: the KV "
-                                                                f"cache would not be freed and rebuilt every step",
-                           "verl_patches/patches"))
+        out.append(
+            Finding(
+                "rollout.kv_cache_lifecycle",
+                FAIL,
+                f"patches not declared for the NPU: {missing}: the KV cache would not be freed and rebuilt every step",
+                "verl_patches/patches",
+            )
+        )
     elif get(cfg, f"{R}.free_cache_engine", True):
-        out.append(Finding("rollout.kv_cache_lifecycle", OK,
-                           "KV cache freed after every generate and rebuilt before the next with the first init's "
-                           "block count (no sleep mode; patches " + ", ".join(KV_LIFECYCLE_PATCHES) + " at their pins: "
-                           "see the patches check)"))
+        out.append(
+            Finding(
+                "rollout.kv_cache_lifecycle",
+                OK,
+                "KV cache freed after every generate and rebuilt before the next with the first init's "
+                "block count (no sleep mode; patches " + ", ".join(KV_LIFECYCLE_PATCHES) + " at their pins: "
+                "see the patches check)",
+            )
+        )
     return out
 
 
@@ -250,28 +374,51 @@ def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int
     key = "overlay.vllm_dp_size"
     dp = get(cfg, key)
     if dp is None:
-        return [Finding("layout.vllm_dp_size", FAIL, "the vLLM rollout needs overlay.vllm_dp_size (exported as "
-                                                      "VLLM_DP_SIZE)", key)]
+        return [
+            Finding(
+                "layout.vllm_dp_size",
+                FAIL,
+                "the vLLM rollout needs overlay.vllm_dp_size (exported as VLLM_DP_SIZE)",
+                key,
+            )
+        ]
     dp = int(dp)
     env = s.get("VLLM_DP_SIZE")
     if env is not None and env != str(dp):
-        return [Finding("layout.vllm_dp_size", FAIL, f"VLLM_DP_SIZE={env} ({s.where('VLLM_DP_SIZE')}) differs from "
-                                                      f"{key}={dp}", f"VLLM_DP_SIZE / {key}")]
+        return [
+            Finding(
+                "layout.vllm_dp_size",
+                FAIL,
+                f"VLLM_DP_SIZE={env} ({s.where('VLLM_DP_SIZE')}) differs from {key}={dp}",
+                f"VLLM_DP_SIZE / {key}",
+            )
+        ]
     try:
         lay = RolloutLayout(world_size=world, tp=tp, dp_per_instance=dp)
     except InvalidLayoutError as e:
-        return [Finding("layout.vllm_dp_size", FAIL, f"{e} (VLLM_DP_SIZE must divide world/rollout TP = "
-                                                      f"{world // tp})", key)]
+        return [
+            Finding(
+                "layout.vllm_dp_size", FAIL, f"{e} (VLLM_DP_SIZE must divide world/rollout TP = {world // tp})", key
+            )
+        ]
     experts = int(model["n_routed_experts"])
     try:
         lay.owned_experts(lay.ep_size - 1, experts)
     except InvalidLayoutError as e:
         return [Finding("layout.vllm_dp_size", FAIL, str(e), key)]
-    msg = (f"TP{tp} x VLLM_DP_SIZE {dp} = {lay.instance_size} ranks per instance -> {lay.num_instances} "
-           f"instance(s), EP{lay.ep_size} ({experts // lay.ep_size} expert(s) per rank)")
+    msg = (
+        f"TP{tp} x VLLM_DP_SIZE {dp} = {lay.instance_size} ranks per instance -> {lay.num_instances} "
+        f"instance(s), EP{lay.ep_size} ({experts // lay.ep_size} expert(s) per rank)"
+    )
     if experts % lay.ep_size:
-        return [Finding("layout.vllm_dp_size", WARN, msg + f"; {experts} experts do not divide evenly: the last rank "
-                                                           f"takes the remainder", key)]
+        return [
+            Finding(
+                "layout.vllm_dp_size",
+                WARN,
+                msg + f"; {experts} experts do not divide evenly: the last rank takes the remainder",
+                key,
+            )
+        ]
     return [Finding("layout.vllm_dp_size", OK, msg)]
 
 
@@ -280,8 +427,14 @@ def fsdp_findings(ctx: Context) -> list[Finding]:
     world = config_world(cfg)
     tbs, n = int(get(cfg, "data.train_batch_size")), int(get(cfg, f"{R}.n"))
     if (tbs * n) % world:
-        return [Finding("layout.batch_fsdp", FAIL, f"train_batch_size x n = {tbs * n} is not divisible by the world "
-                                                    f"{world} (verl _validate_config)", "data.train_batch_size")]
+        return [
+            Finding(
+                "layout.batch_fsdp",
+                FAIL,
+                f"train_batch_size x n = {tbs * n} is not divisible by the world {world} (verl _validate_config)",
+                "data.train_batch_size",
+            )
+        ]
     return [Finding("layout.batch_fsdp", OK, f"FSDP actor over {world} rank(s): {tbs * n // world} sequences each")]
 
 
@@ -297,8 +450,14 @@ def semantic_findings(cfg: Any) -> list[Finding]:
             continue
         out.append(Finding("config.semantic", FAIL, problem, _keys_in(cfg, problem)))
     if not out:
-        out.append(Finding("config.semantic", OK, "trainer config rules hold (old_log_prob skip preconditions, "
-                                                   "swap optimizer vs offload, layer list vs PP)"))
+        out.append(
+            Finding(
+                "config.semantic",
+                OK,
+                "trainer config rules hold (old_log_prob skip preconditions, "
+                "swap optimizer vs offload, layer list vs PP)",
+            )
+        )
     return out
 
 

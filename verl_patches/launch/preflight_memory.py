@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from verl_patches.launch.memory_estimate import (DEFAULT_HCCL_BUFFSIZE_MB, DieSpec, ModelShape, PhaseEstimate,
-                                                 Recompute, RolloutSetup, TrainingSetup, estimate_ref,
-                                                 estimate_reshard, estimate_rollout, estimate_training, gib,
-                                                 rollout_weight_bytes)
+from verl_patches.launch.memory_estimate import (
+    DEFAULT_HCCL_BUFFSIZE_MB,
+    DieSpec,
+    ModelShape,
+    PhaseEstimate,
+    Recompute,
+    RolloutSetup,
+    TrainingSetup,
+    estimate_ref,
+    estimate_reshard,
+    estimate_rollout,
+    estimate_training,
+    gib,
+    rollout_weight_bytes,
+)
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight_layout import A, M, R, config_world, megatron_sizes
 
@@ -24,11 +35,18 @@ def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
     rc = Recompute(None)
     if get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing"):
         kw = get(cfg, "actor_rollout_ref.model.gradient_checkpointing_kwargs") or {}
-        rc = Recompute(kw.get("activations_checkpoint_granularity") or "full",
-                       kw.get("activations_checkpoint_method") or "block",
-                       int(kw.get("activations_checkpoint_num_layers") or 1))
+        rc = Recompute(
+            kw.get("activations_checkpoint_granularity") or "full",
+            kw.get("activations_checkpoint_method") or "block",
+            int(kw.get("activations_checkpoint_num_layers") or 1),
+        )
     return TrainingSetup(
-        tp=sz["tp"], pp=sz["pp"], ep=sz["ep"], cp=sz["cp"], world=world, layer_list=layer_list,
+        tp=sz["tp"],
+        pp=sz["pp"],
+        ep=sz["ep"],
+        cp=sz["cp"],
+        world=world,
+        layer_list=layer_list,
         seq_len=int(get(cfg, "data.max_prompt_length")) + int(get(cfg, "data.max_response_length")),
         micro_batch=micro,
         micro_batches_per_step=max(1, int(get(cfg, f"{A}.ppo_mini_batch_size")) * n // max(dp, 1) // micro),
@@ -37,10 +55,13 @@ def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
         distributed_optimizer=bool(get(cfg, f"{M}.use_distributed_optimizer", True)),
         swap_optimizer=bool(get(cfg, f"{M}.swap_optimizer")),
         optimizer_offload=bool(get(cfg, f"{M}.optimizer_offload")),
-        param_offload=bool(get(cfg, f"{M}.param_offload")), grad_offload=bool(get(cfg, f"{M}.grad_offload")),
-        recompute=rc, ref_param_offload=bool(get(cfg, "actor_rollout_ref.ref.megatron.param_offload")),
+        param_offload=bool(get(cfg, f"{M}.param_offload")),
+        grad_offload=bool(get(cfg, f"{M}.grad_offload")),
+        recompute=rc,
+        ref_param_offload=bool(get(cfg, "actor_rollout_ref.ref.megatron.param_offload")),
         ref_micro_batch=int(get(cfg, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 1),
-        has_ref=bool(get(cfg, f"{A}.use_kl_loss") or get(cfg, "algorithm.use_kl_in_reward")))
+        has_ref=bool(get(cfg, f"{A}.use_kl_loss") or get(cfg, "algorithm.use_kl_in_reward")),
+    )
 
 
 def rollout_setup(cfg: Any) -> RolloutSetup:
@@ -48,12 +69,17 @@ def rollout_setup(cfg: Any) -> RolloutSetup:
     tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
     engines = world // tp
     seqs = int(get(cfg, "data.train_batch_size")) * int(get(cfg, f"{R}.n"))
-    max_len = int(get(cfg, f"{R}.max_model_len") or 0) or \
-        int(get(cfg, "data.max_prompt_length")) + int(get(cfg, "data.max_response_length"))
-    return RolloutSetup(tp=tp, dp_per_instance=int(get(cfg, "overlay.vllm_dp_size") or engines),
-                        gpu_memory_utilization=float(get(cfg, f"{R}.gpu_memory_utilization")),
-                        max_num_seqs=max(1, seqs // engines), max_model_len=max_len,
-                        max_num_batched_tokens=int(get(cfg, f"{R}.max_num_batched_tokens") or max_len))
+    max_len = int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length")) + int(
+        get(cfg, "data.max_response_length")
+    )
+    return RolloutSetup(
+        tp=tp,
+        dp_per_instance=int(get(cfg, "overlay.vllm_dp_size") or engines),
+        gpu_memory_utilization=float(get(cfg, f"{R}.gpu_memory_utilization")),
+        max_num_seqs=max(1, seqs // engines),
+        max_model_len=max_len,
+        max_num_batched_tokens=int(get(cfg, f"{R}.max_num_batched_tokens") or max_len),
+    )
 
 
 def _table(est: PhaseEstimate) -> str:
@@ -80,8 +106,14 @@ def hccl_buffsize(ctx: Context) -> int:
 def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> list[Finding]:
     cfg = ctx.cfg
     if not ctx.megatron:
-        return [Finding("memory", OK, "n/a: the per-die model covers the Megatron/vLLM path; this profile's "
-                                      f"{get(cfg, 'actor_rollout_ref.actor.strategy')} actor runs in host memory")]
+        return [
+            Finding(
+                "memory",
+                OK,
+                "n/a: the per-die model covers the Megatron/vLLM path; this profile's "
+                f"{get(cfg, 'actor_rollout_ref.actor.strategy')} actor runs in host memory",
+            )
+        ]
     out = [Finding("memory.die", OK, f"{die.name}: {gib(die.hbm_bytes):.0f} GiB HBM — {die.source}")]
     m = ModelShape.from_hf_config(model)
     t = training_setup(cfg, model)
@@ -95,15 +127,23 @@ def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> lis
         return out
     out.append(_finding("memory.reshard", estimate_reshard(m, t, r, die, buf)))
     ro = estimate_rollout(m, t, r, die, buf)
-    kv_msg = (f"; KV cache {gib(ro.kv_cache_bytes):.1f} GiB = {ro.kv_tokens} tokens at "
-              f"{m.kv_cache_bytes_per_token} B/token (MLA latent), needed {r.max_num_seqs} seqs x "
-              f"{r.max_model_len} = {ro.kv_tokens_needed}")
+    kv_msg = (
+        f"; KV cache {gib(ro.kv_cache_bytes):.1f} GiB = {ro.kv_tokens} tokens at "
+        f"{m.kv_cache_bytes_per_token} B/token (MLA latent), needed {r.max_num_seqs} seqs x "
+        f"{r.max_model_len} = {ro.kv_tokens_needed}"
+    )
     v = ro.vllm
     if v.verdict == FAIL:
         out.append(Finding("memory.rollout", FAIL, _table(v) + ": no room for any KV cache", v.key))
     elif ro.kv_tokens < r.max_model_len:
-        out.append(Finding("memory.rollout", FAIL, _table(v) + kv_msg + ": not even one sequence fits, vLLM "
-                                                                "refuses to start", v.key))
+        out.append(
+            Finding(
+                "memory.rollout",
+                FAIL,
+                _table(v) + kv_msg + ": not even one sequence fits, vLLM refuses to start",
+                v.key,
+            )
+        )
     elif ro.kv_tokens < ro.kv_tokens_needed:
         out.append(Finding("memory.rollout", WARN, _table(v) + kv_msg + ": vLLM will preempt and recompute", v.key))
     else:
@@ -123,14 +163,20 @@ def graph_rebuild_finding(cfg: Any, training: PhaseEstimate, rollout_weights: fl
     extra = get(cfg, f"{R}.engine_kwargs.vllm.additional_config") or {}
     graph = (extra.get("torchair_graph_config") or {}) if hasattr(extra, "get") else {}
     if not graph.get("enabled"):
-        return Finding("memory.rollout_weight_lifecycle", OK, "eager rollout (no TorchAir graph): the rollout's "
-                       f"weights ({gib(rollout_weights):.1f} GiB) are released for training and reloaded each step")
+        return Finding(
+            "memory.rollout_weight_lifecycle",
+            OK,
+            "eager rollout (no TorchAir graph): the rollout's "
+            f"weights ({gib(rollout_weights):.1f} GiB) are released for training and reloaded each step",
+        )
     sizes = len(list(graph.get("graph_batch_sizes") or [1]))
     low, high = (round(x * sizes, 1) for x in TORCHAIR_CAPTURE_MIN)
     resident = training.total_bytes + rollout_weights
     return Finding(
-        "memory.rollout_weight_lifecycle", OK,
+        "memory.rollout_weight_lifecycle",
+        OK,
         f"rollout weights {gib(rollout_weights):.1f} GiB per die released for training; TorchAir freezes parameter "
         f"addresses, so the {sizes} graph(s) are compiled again on the new addresses each step: 0 GiB, about "
         f"{low}-{high} min per step (vllm-ascend's capture time). Keeping the weights resident instead would put "
-        f"training at {gib(resident):.1f} GiB of {gib(die.hbm_bytes):.0f} GiB")
+        f"training at {gib(resident):.1f} GiB of {gib(die.hbm_bytes):.0f} GiB",
+    )

@@ -67,23 +67,35 @@ def stage_layers(num_layers: int, pp: int, layer_list: Sequence[int] | None = No
     return out
 
 
-def training_rank_table(layout: MegatronLayout, num_layers: int,
-                        layer_list: Sequence[int] | None = None) -> list[TrainingRank]:
+def training_rank_table(
+    layout: MegatronLayout, num_layers: int, layer_list: Sequence[int] | None = None
+) -> list[TrainingRank]:
     stages = stage_layers(num_layers, layout.pp, layer_list)
-    return [TrainingRank(rank=c.rank, tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp, layers=stages[c.pp])
-            for c in (layout.coords(r) for r in range(layout.world_size))]
+    return [
+        TrainingRank(rank=c.rank, tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp, layers=stages[c.pp])
+        for c in (layout.coords(r) for r in range(layout.world_size))
+    ]
 
 
 def rollout_rank_table(layout: RolloutLayout, num_experts: int) -> list[RolloutRank]:
     out = []
     for g in range(layout.world_size):
         e = layout.ep_rank(g)
-        out.append(RolloutRank(rank=g, tp=e % layout.tp, dp=e // layout.tp, instance=layout.instance_of(g), ep=e,
-                               experts=layout.owned_experts(g, num_experts)))
+        out.append(
+            RolloutRank(
+                rank=g,
+                tp=e % layout.tp,
+                dp=e // layout.tp,
+                instance=layout.instance_of(g),
+                ep=e,
+                experts=layout.owned_experts(g, num_experts),
+            )
+        )
     return out
 
 
 # ---- compact text --------------------------------------------------------------------------------
+
 
 def _span(values: Sequence[int]) -> str:
     """'4' / '4-7' for a consecutive run / '0,2,5' otherwise."""
@@ -125,14 +137,19 @@ def _pack(entries: list[str], keys: list[tuple[int, ...]], width: int, indent: s
     return lines
 
 
-def render_training(table: list[TrainingRank], layout: MegatronLayout, width: int = 120,
-                    max_entries: int = 8) -> list[str]:
-    lines = [f"training ranks: TP{layout.tp} CP{layout.cp} EP{layout.ep} DP{layout.dp} PP{layout.pp} over "
-             f"{layout.world_size}, order {layout.order}; each group lists its ranks in TP order"]
+def render_training(
+    table: list[TrainingRank], layout: MegatronLayout, width: int = 120, max_entries: int = 8
+) -> list[str]:
+    lines = [
+        f"training ranks: TP{layout.tp} CP{layout.cp} EP{layout.ep} DP{layout.dp} PP{layout.pp} over "
+        f"{layout.world_size}, order {layout.order}; each group lists its ranks in TP order"
+    ]
     for stage in range(layout.pp):
         rows = [r for r in table if r.pp == stage]
-        lines.append(f"  pp{stage} layers {_rng(rows[0].layers)} ({len(rows[0].layers)}): ranks "
-                     f"{_span(sorted(r.rank for r in rows))}")
+        lines.append(
+            f"  pp{stage} layers {_rng(rows[0].layers)} ({len(rows[0].layers)}): ranks "
+            f"{_span(sorted(r.rank for r in rows))}"
+        )
         groups: dict[tuple[int, int, int], list[TrainingRank]] = {}
         for r in rows:
             groups.setdefault((r.dp, r.ep, r.cp), []).append(r)
@@ -146,10 +163,13 @@ def render_training(table: list[TrainingRank], layout: MegatronLayout, width: in
     return lines
 
 
-def render_rollout(table: list[RolloutRank], layout: RolloutLayout, num_experts: int, width: int = 120,
-                   max_entries: int = 8) -> list[str]:
-    lines = [f"rollout ranks: TP{layout.tp} x DP{layout.dp_per_instance} per instance, "
-             f"{layout.num_instances} instance(s), EP{layout.ep_size} over {num_experts} routed experts"]
+def render_rollout(
+    table: list[RolloutRank], layout: RolloutLayout, num_experts: int, width: int = 120, max_entries: int = 8
+) -> list[str]:
+    lines = [
+        f"rollout ranks: TP{layout.tp} x DP{layout.dp_per_instance} per instance, "
+        f"{layout.num_instances} instance(s), EP{layout.ep_size} over {num_experts} routed experts"
+    ]
     for inst in range(layout.num_instances):
         rows = [r for r in table if r.instance == inst]
         lines.append(f"  instance {inst}: ranks {_span([r.rank for r in rows])}; engine (dp rank): ranks by tp rank")
@@ -171,8 +191,10 @@ def render_rollout(table: list[RolloutRank], layout: RolloutLayout, num_experts:
     return lines
 
 
-def render_rank_tables(training: tuple[list[TrainingRank], MegatronLayout] | None,
-                       rollout: tuple[list[RolloutRank], RolloutLayout, int] | None) -> str:
+def render_rank_tables(
+    training: tuple[list[TrainingRank], MegatronLayout] | None,
+    rollout: tuple[list[RolloutRank], RolloutLayout, int] | None,
+) -> str:
     lines: list[str] = []
     if training is not None:
         lines += render_training(*training)
@@ -182,6 +204,7 @@ def render_rank_tables(training: tuple[list[TrainingRank], MegatronLayout] | Non
 
 
 # ---- from a composed config -----------------------------------------------------------------------
+
 
 def rank_tables_for_config(cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
     """{'training': (rows, layout) or None, 'rollout': (rows, layout, experts) or None, 'problems': [...]}."""
@@ -194,8 +217,9 @@ def rank_tables_for_config(cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
         try:
             layout = MegatronLayout(world_size=world, **megatron_sizes(cfg))
             lst = get(cfg, LAYER_LIST)
-            rows = training_rank_table(layout, int(model["num_hidden_layers"]),
-                                       None if lst is None else [int(x) for x in lst])
+            rows = training_rank_table(
+                layout, int(model["num_hidden_layers"]), None if lst is None else [int(x) for x in lst]
+            )
             out["training"] = (rows, layout)
         except (InvalidLayoutError, KeyError, TypeError, ValueError) as e:
             out["problems"].append(f"training layout: {e}")
@@ -218,7 +242,8 @@ def rank_layout_text(tables: dict[str, Any]) -> str:
 
 
 def rank_layout_json(tables: dict[str, Any]) -> dict[str, Any]:
-    return {"training": None if tables["training"] is None else [r.as_dict() for r in tables["training"][0]],
-            "rollout": None if tables["rollout"] is None else [r.as_dict() for r in tables["rollout"][0]],
-            "problems": list(tables["problems"])}
-
+    return {
+        "training": None if tables["training"] is None else [r.as_dict() for r in tables["training"][0]],
+        "rollout": None if tables["rollout"] is None else [r.as_dict() for r in tables["rollout"][0]],
+        "problems": list(tables["problems"]),
+    }

@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Callable
 
 from verl_patches.launch.run_dir import open_new
-from verl_patches.process_identity import (ProcessId, children_of, descendants, is_subreaper, reap_dead_children,
-                                           signal_if_same, start_ticks)
+from verl_patches.process_identity import (
+    ProcessId,
+    children_of,
+    descendants,
+    is_subreaper,
+    reap_dead_children,
+    signal_if_same,
+    start_ticks,
+)
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
@@ -150,26 +157,51 @@ def _group_present(pgid: int) -> bool:
         return True
 
 
-def head_command(node_ip: str, port: int, npus: int, resource: str, dashboard_host: str,
-                 dashboard_port: int, num_cpus: int | None = None) -> list[str]:
-    cmd = RAY + ["start", "--head", "--block", f"--node-ip-address={node_ip}", f"--port={port}",
-                 f"--dashboard-host={dashboard_host}", f"--dashboard-port={dashboard_port}",
-                 f"--resources={json.dumps({resource: npus})}", "--num-gpus=0", "--disable-usage-stats"]
+def head_command(
+    node_ip: str,
+    port: int,
+    npus: int,
+    resource: str,
+    dashboard_host: str,
+    dashboard_port: int,
+    num_cpus: int | None = None,
+) -> list[str]:
+    cmd = RAY + [
+        "start",
+        "--head",
+        "--block",
+        f"--node-ip-address={node_ip}",
+        f"--port={port}",
+        f"--dashboard-host={dashboard_host}",
+        f"--dashboard-port={dashboard_port}",
+        f"--resources={json.dumps({resource: npus})}",
+        "--num-gpus=0",
+        "--disable-usage-stats",
+    ]
     return cmd + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
 
 
 def worker_command(address: str, node_ip: str, npus: int, resource: str, num_cpus: int | None = None) -> list[str]:
-    cmd = RAY + ["start", "--block", f"--address={address}", f"--node-ip-address={node_ip}",
-                 f"--resources={json.dumps({resource: npus})}", "--num-gpus=0", "--disable-usage-stats"]
+    cmd = RAY + [
+        "start",
+        "--block",
+        f"--address={address}",
+        f"--node-ip-address={node_ip}",
+        f"--resources={json.dumps({resource: npus})}",
+        "--num-gpus=0",
+        "--disable-usage-stats",
+    ]
     return cmd + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
 
 
-def start_node(cmd: list[str], role: str, log_path: Path, env: dict[str, str] | None = None,
-               address: str = "") -> RayNode:
+def start_node(
+    cmd: list[str], role: str, log_path: Path, env: dict[str, str] | None = None, address: str = ""
+) -> RayNode:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open_new(log_path) if not log_path.exists() else open(log_path, "ab")  # the launch's own: never a link
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+    )
     log.close()
     return RayNode(proc, role, log_path, address)
 
@@ -193,9 +225,16 @@ def _port_open(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def wait_for_resource(address: str, resource: str, expected: float, expected_nodes: int, timeout_s: float,
-                      head: RayNode | None = None, progress: Callable[[str], None] = print,
-                      poll_s: float = 5.0) -> None:
+def wait_for_resource(
+    address: str,
+    resource: str,
+    expected: float,
+    expected_nodes: int,
+    timeout_s: float,
+    head: RayNode | None = None,
+    progress: Callable[[str], None] = print,
+    poll_s: float = 5.0,
+) -> None:
     """Block until the cluster offers `expected` of `resource`, printing a progress line; else raise."""
     import ray
 
@@ -215,25 +254,35 @@ def wait_for_resource(address: str, resource: str, expected: float, expected_nod
                     have, nodes = 0.0, 0
             except (ConnectionError, RuntimeError, ray.exceptions.RpcError):
                 have, nodes = 0.0, 0
-            line = (f"waiting for {resource}s: {have:g}/{expected:g} on {nodes}/{expected_nodes} nodes "
-                    f"({time.time() - start:.0f} s of {timeout_s:.0f} s)")
+            line = (
+                f"waiting for {resource}s: {have:g}/{expected:g} on {nodes}/{expected_nodes} nodes "
+                f"({time.time() - start:.0f} s of {timeout_s:.0f} s)"
+            )
             if line.split(" (")[0] != last:
                 progress(line)
                 last = line.split(" (")[0]
             if have >= expected:
                 return
             if time.time() - start > timeout_s:
-                raise RayClusterError(f"only {have:g} of {expected:g} {resource}s joined within {timeout_s:.0f} s "
-                                      f"({nodes}/{expected_nodes} nodes): start the launch script on the missing "
-                                      f"nodes, or raise WAIT_TIMEOUT_S")
+                raise RayClusterError(
+                    f"only {have:g} of {expected:g} {resource}s joined within {timeout_s:.0f} s "
+                    f"({nodes}/{expected_nodes} nodes): start the launch script on the missing "
+                    f"nodes, or raise WAIT_TIMEOUT_S"
+                )
             time.sleep(poll_s)
     finally:
         if ray.is_initialized():
             ray.shutdown()
 
 
-def join_with_retries(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
-                      progress: Callable[[str], None] = print, retry_s: float = 10.0) -> RayNode:
+def join_with_retries(
+    cmd: list[str],
+    log_path: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    progress: Callable[[str], None] = print,
+    retry_s: float = 10.0,
+) -> RayNode:
     """Start a worker node; while the head is not up yet `ray start` fails fast, so retry until timeout."""
     start = time.time()
     attempt = 0
@@ -245,6 +294,7 @@ def join_with_retries(cmd: list[str], log_path: Path, timeout_s: float, env: dic
             progress(f"joined the Ray cluster (attempt {attempt})")
             return node
         if time.time() - start > timeout_s:
-            raise RayClusterError(f"could not join the Ray head after {attempt} attempts in {timeout_s:.0f} s "
-                                  f"(see {log_path})")
+            raise RayClusterError(
+                f"could not join the Ray head after {attempt} attempts in {timeout_s:.0f} s (see {log_path})"
+            )
         progress(f"the Ray head is not reachable yet (attempt {attempt}); retrying")

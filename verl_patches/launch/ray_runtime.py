@@ -15,20 +15,29 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_HOOK = "verl_patches.prelude_patch.activate"
 
 # What verl v0.4.0's own run_ppo passes to ray.init; kept so our start of Ray changes nothing else.
-UPSTREAM_ENV_VARS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "VLLM_LOGGING_LEVEL": "WARN",
-                     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
+UPSTREAM_ENV_VARS = {
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_LOGGING_LEVEL": "WARN",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+}
 
 # Switches read inside the workers (not by the driver): a worker joining a cluster started by someone else
 # inherits that raylet's environment, not ours, so they travel in the runtime env explicitly.
 FORWARDED_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VLLM_", "HCCL_", "ASCEND_", "PYTORCH_NPU_")
-FORWARDED_NAMES = frozenset({
-    "D2D_DATA_TRANSFER",       # verl_patches.trainer.step_plan / reshard.tensor_cache (A2/C2)
-    "PRINT_MEMORY",            # verl_patches.tools (C8)
-    "PROFILE_UPDATE",          # verl_patches.profiler (C9)
-    "NO_ALL_TO_ALL_RESHARD",   # verl_patches.sync.path (E2/E3 vs the all-gather path)
-    "TASK_QUEUE_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "LCAL_COMM_ID", "MALLOC_MMAP_THRESHOLD_",
-    "TENSORBOARD_DIR",
-})
+FORWARDED_NAMES = frozenset(
+    {
+        "D2D_DATA_TRANSFER",  # verl_patches.trainer.step_plan / reshard.tensor_cache (A2/C2)
+        "PRINT_MEMORY",  # verl_patches.tools (C8)
+        "PROFILE_UPDATE",  # verl_patches.profiler (C9)
+        "NO_ALL_TO_ALL_RESHARD",  # verl_patches.sync.path (E2/E3 vs the all-gather path)
+        "TASK_QUEUE_ENABLE",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "LCAL_COMM_ID",
+        "MALLOC_MMAP_THRESHOLD_",
+        "TENSORBOARD_DIR",
+    }
+)
 
 
 def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -39,6 +48,7 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def worker_pythonpath() -> str:
     from verl_patches.sources.dist_info import path_entry  # vllm/vllm_ascend metadata and entry points
+
     ours = [str(REPO_ROOT), path_entry(REPO_ROOT)]
     current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return os.pathsep.join(ours + [p for p in current if p not in ours])

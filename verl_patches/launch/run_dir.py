@@ -24,13 +24,17 @@ def check_log_root(root: Path) -> str:
     folder others can write into without the sticky bit is refused: they could swap the run folder."""
     st = os.stat(root)
     if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-        raise LogDirError(f"LOG_DIR {root}: writable by every user and not sticky (mode {st.st_mode & 0o7777:o}); "
-                          "choose a folder only you can write into")
+        raise LogDirError(
+            f"LOG_DIR {root}: writable by every user and not sticky (mode {st.st_mode & 0o7777:o}); "
+            "choose a folder only you can write into"
+        )
     if st.st_uid not in (os.getuid(), 0):
         raise LogDirError(f"LOG_DIR {root}: owned by another user (uid {st.st_uid}); choose a folder of yours")
     if st.st_mode & 0o022:
-        return (f"LOG_DIR {root} is writable by others (mode {st.st_mode & 0o7777:o}); this launch writes only "
-                "into its own new run folder there")
+        return (
+            f"LOG_DIR {root} is writable by others (mode {st.st_mode & 0o7777:o}); this launch writes only "
+            "into its own new run folder there"
+        )
     return ""
 
 
@@ -52,5 +56,7 @@ def new_run_dir(root: Path, name: str) -> Path:
 
 def open_new(path: Path, mode: str = "ab") -> IO[Any]:
     """A file of the run folder, created by this call and never through a link (O_EXCL | O_NOFOLLOW)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    )
     return os.fdopen(os.open(path, flags, 0o644), mode, **({} if "b" in mode else {"encoding": "utf-8"}))

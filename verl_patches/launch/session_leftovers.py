@@ -71,9 +71,14 @@ def _wait_gone(idents: list[ProcessId], timeout_s: float) -> list[ProcessId]:
         time.sleep(0.2)
 
 
-def end_session_leftovers(sid: int, say: Callable[[str], None], grace_s: float | None = None,
-                          term_s: float = TERM_S, adopted_from: int | None = None,
-                          keep: Iterable[int] = ()) -> list[str]:
+def end_session_leftovers(
+    sid: int,
+    say: Callable[[str], None],
+    grace_s: float | None = None,
+    term_s: float = TERM_S,
+    adopted_from: int | None = None,
+    keep: Iterable[int] = (),
+) -> list[str]:
     """Wait up to `grace_s` for the leftovers (`leftovers`) to exit, then SIGTERM the rest, then SIGKILL what is
     still there after `term_s`; says one line when it had to end any, and returns their descriptions."""
     keep = tuple(keep)
@@ -93,6 +98,9 @@ def end_session_leftovers(sid: int, say: Callable[[str], None], grace_s: float |
         left = _wait_gone(left, wait_s)
         if not left:
             break
-    say(f"ended {len(names)} process(es) of the trainer's session still running {grace_s:.0f} s after it exited: "
-        + ", ".join(names) + (f"; still alive: {', '.join(_describe(i) for i in left)}" if left else ""))
+    say(
+        f"ended {len(names)} process(es) of the trainer's session still running {grace_s:.0f} s after it exited: "
+        + ", ".join(names)
+        + (f"; still alive: {', '.join(_describe(i) for i in left)}" if left else "")
+    )
     return names

@@ -23,6 +23,7 @@ PASS_THROUGH_PREFIXES = ("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")
 # A Linux interface name (IFNAMSIZ 16 with the NUL): what `ip link` lists, never a list or a pattern
 _IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
 
+
 class SettingsError(ValueError):
     pass
 
@@ -40,18 +41,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MASTER_PORT", "29444", "Ray head (GCS) port; also the base of vLLM's DP master ports"),
     Setting("NNODES", "16", "number of nodes in the job"),
     Setting("NPUS_PER_NODE", "16", "NPU dies per node (an A3 node has 8 cards = 16 dies)"),
-    Setting("SOCKET_IFNAME", None, "network interface for HCCL/Gloo sockets, e.g. enp189s0f0; its IPv4 "
-            "address is this node's address"),
+    Setting(
+        "SOCKET_IFNAME",
+        None,
+        "network interface for HCCL/Gloo sockets, e.g. enp189s0f0; its IPv4 address is this node's address",
+    ),
     Setting("NODE_ROLE", "auto", "head | worker | auto (head when this node owns MASTER_ADDR)"),
-    Setting("DIST_CKPT_PATH", None, "Megatron checkpoint directory made by convert_ckpt_deepseek3.py "
-            "(true-weight runs only)"),
+    Setting(
+        "DIST_CKPT_PATH",
+        None,
+        "Megatron checkpoint directory made by convert_ckpt_deepseek3.py (true-weight runs only)",
+    ),
     Setting("MODEL_PATH", "DeepSeek-V3", "directory with config.json and the tokenizer (make_config.py output)"),
     Setting("DATA_DIR", "data/deepscaler", "directory with train.parquet and test.parquet (json_to_parquet.py output)"),
     Setting("CANN_TOOLKIT_ENV", "/usr/local/Ascend/ascend-toolkit/set_env.sh", "CANN toolkit environment script"),
     Setting("CANN_NNAL_ENV", "/usr/local/Ascend/nnal/atb/set_env.sh", "CANN NNAL/ATB environment script"),
     Setting("JEMALLOC_LIB", "auto", "libjemalloc.so.2 to preload; auto searches the usual places, none disables"),
-    Setting("RAY_DASHBOARD_HOST", "127.0.0.1", "address the Ray dashboard binds to (loopback; any other address "
-            "also needs --allow-remote-dashboard)"),
+    Setting(
+        "RAY_DASHBOARD_HOST",
+        "127.0.0.1",
+        "address the Ray dashboard binds to (loopback; any other address also needs --allow-remote-dashboard)",
+    ),
     Setting("RAY_DASHBOARD_PORT", "8260", "Ray dashboard port"),
     Setting("HCCL_IF_BASE_PORT", "64247", "first port HCCL uses on the host NIC (set once)"),
     Setting("WAIT_TIMEOUT_S", "1800", "how long the head waits for every node's NPUs, and workers for the head"),
@@ -131,8 +141,10 @@ def read_env_file(path: Path) -> dict[str, tuple[str, int]]:
             raise SettingsError(f"{path}:{n}: expected KEY=VALUE, got {_shown(line.strip())}")
         key, raw = m.groups()
         if key not in SETTING_NAMES and not key.startswith(PASS_THROUGH_PREFIXES):
-            raise SettingsError(f"{path}:{n}: unknown setting {key!r} (known: {', '.join(SETTING_NAMES)}; "
-                                f"HCCL_*, ASCEND_*, VLLM_*, RAY_*, PYTORCH_* pass through to the job)")
+            raise SettingsError(
+                f"{path}:{n}: unknown setting {key!r} (known: {', '.join(SETTING_NAMES)}; "
+                f"HCCL_*, ASCEND_*, VLLM_*, RAY_*, PYTORCH_* pass through to the job)"
+            )
         try:
             parts = shlex.split(raw, comments=True)
         except ValueError as e:
@@ -141,8 +153,9 @@ def read_env_file(path: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
-def load_settings(flags: dict[str, str] | None = None, env_file: Path | None = None,
-                  environ: dict[str, str] | None = None) -> ClusterSettings:
+def load_settings(
+    flags: dict[str, str] | None = None, env_file: Path | None = None, environ: dict[str, str] | None = None
+) -> ClusterSettings:
     """Flags win over the env file, which wins over the environment, which wins over the defaults."""
     environ = dict(os.environ if environ is None else environ)
     from_file = read_env_file(env_file) if env_file else {}
@@ -164,14 +177,18 @@ def load_settings(flags: dict[str, str] | None = None, env_file: Path | None = N
 
 def validate_address(name: str, value: str | None, where: str) -> str:
     if not value:
-        raise SettingsError(f"{name} is not set: pass --{name.lower().replace('_', '-')} or put {name}=... in "
-                            f"the --env-file ({_help(name)})")
+        raise SettingsError(
+            f"{name} is not set: pass --{name.lower().replace('_', '-')} or put {name}=... in "
+            f"the --env-file ({_help(name)})"
+        )
     try:
         ipaddress.ip_address(value)
         return value
     except ValueError:
         pass
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value):
+    if not re.fullmatch(
+        r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value
+    ):
         raise SettingsError(f"{name}={_shown(value)} ({where}) is neither an IP address nor a host name")
     return value
 
@@ -190,17 +207,23 @@ def dashboard_exposure(settings: ClusterSettings, allow_remote: bool) -> str | N
     try:
         addr = ipaddress.ip_address(raw)
     except ValueError:
-        raise SettingsError(f"RAY_DASHBOARD_HOST={_shown(raw)} ({where}): expected an IP address such as 127.0.0.1") from None
+        raise SettingsError(
+            f"RAY_DASHBOARD_HOST={_shown(raw)} ({where}): expected an IP address such as 127.0.0.1"
+        ) from None
     if addr.is_loopback:
         return None
     scope = "every interface" if addr.is_unspecified else f"{raw}"
     if not allow_remote:
-        raise SettingsError(f"RAY_DASHBOARD_HOST={raw} ({where}): the Ray dashboard would listen on {scope}, and "
-                            f"anyone who reaches it can run code on every node; use 127.0.0.1 (and an SSH tunnel), "
-                            f"or pass {ALLOW_REMOTE_DASHBOARD_FLAG} to accept that")
-    return (f"WARNING: the Ray dashboard listens on {scope}:{settings.get('RAY_DASHBOARD_PORT')} "
-            f"({ALLOW_REMOTE_DASHBOARD_FLAG}); anyone who reaches that port can submit jobs that run on every node: "
-            f"firewall it")
+        raise SettingsError(
+            f"RAY_DASHBOARD_HOST={raw} ({where}): the Ray dashboard would listen on {scope}, and "
+            f"anyone who reaches it can run code on every node; use 127.0.0.1 (and an SSH tunnel), "
+            f"or pass {ALLOW_REMOTE_DASHBOARD_FLAG} to accept that"
+        )
+    return (
+        f"WARNING: the Ray dashboard listens on {scope}:{settings.get('RAY_DASHBOARD_PORT')} "
+        f"({ALLOW_REMOTE_DASHBOARD_FLAG}); anyone who reaches that port can submit jobs that run on every node: "
+        f"firewall it"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,13 +242,16 @@ class SettingProblem:
 
 def validate_socket_ifname(value: str, where: str) -> str:
     if not _IFNAME.fullmatch(value) or value in (".", ".."):
-        raise SettingsError(f"SOCKET_IFNAME={_shown(value)} ({where}): expected one network interface name such as "
-                            f"eth0 or enp189s0f0 (letters, digits, '_', '.', ':', '-'; at most 15 characters)")
+        raise SettingsError(
+            f"SOCKET_IFNAME={_shown(value)} ({where}): expected one network interface name such as "
+            f"eth0 or enp189s0f0 (letters, digits, '_', '.', ':', '-'; at most 15 characters)"
+        )
     return value
 
 
-def cluster_setting_problems(settings: ClusterSettings, needs_checkpoint: bool,
-                             allow_remote_dashboard: bool = False) -> list[SettingProblem]:
+def cluster_setting_problems(
+    settings: ClusterSettings, needs_checkpoint: bool, allow_remote_dashboard: bool = False
+) -> list[SettingProblem]:
     """The one check of cluster settings: the launch refuses to start on any problem, and the dry run
     (the preflight) reports every one that is not `missing` as a failure on any host."""
     problems: list[SettingProblem] = []
@@ -238,11 +264,19 @@ def cluster_setting_problems(settings: ClusterSettings, needs_checkpoint: bool,
 
     check("RAY_DASHBOARD_HOST", lambda: dashboard_exposure(settings, allow_remote_dashboard))
     if settings.get("MASTER_ADDR"):
-        check("MASTER_ADDR", lambda: validate_address("MASTER_ADDR", settings.get("MASTER_ADDR"),
-                                                      settings.where("MASTER_ADDR")))
+        check(
+            "MASTER_ADDR",
+            lambda: validate_address("MASTER_ADDR", settings.get("MASTER_ADDR"), settings.where("MASTER_ADDR")),
+        )
     else:
-        problems.append(SettingProblem("MASTER_ADDR", f"MASTER_ADDR is not set: pass --master-addr or put "
-                                                      f"MASTER_ADDR=... in the --env-file ({_help('MASTER_ADDR')})", True))
+        problems.append(
+            SettingProblem(
+                "MASTER_ADDR",
+                f"MASTER_ADDR is not set: pass --master-addr or put "
+                f"MASTER_ADDR=... in the --env-file ({_help('MASTER_ADDR')})",
+                True,
+            )
+        )
     for name in ("NNODES", "NPUS_PER_NODE", "MASTER_PORT", "RAY_DASHBOARD_PORT", "HCCL_IF_BASE_PORT", "WAIT_TIMEOUT_S"):
         try:
             v = settings.int(name)
@@ -257,18 +291,28 @@ def cluster_setting_problems(settings: ClusterSettings, needs_checkpoint: bool,
         problems.append(SettingProblem("SOCKET_IFNAME", f"SOCKET_IFNAME is not set: {_help('SOCKET_IFNAME')}", True))
     role = settings.get("NODE_ROLE")
     if role not in ("head", "worker", "auto"):
-        problems.append(SettingProblem("NODE_ROLE", f"NODE_ROLE={_shown(str(role))} ({settings.where('NODE_ROLE')}): "
-                                                    f"expected head, worker or auto"))
+        problems.append(
+            SettingProblem(
+                "NODE_ROLE",
+                f"NODE_ROLE={_shown(str(role))} ({settings.where('NODE_ROLE')}): expected head, worker or auto",
+            )
+        )
     for name in CONFIG_PATH_SETTINGS:
         check(name, lambda name=name: config_path_value(settings, name))
     if needs_checkpoint and not settings.get("DIST_CKPT_PATH"):
-        problems.append(SettingProblem("DIST_CKPT_PATH", f"DIST_CKPT_PATH is not set: the true-weight run loads "
-                                                         f"{_help('DIST_CKPT_PATH')}", True))
+        problems.append(
+            SettingProblem(
+                "DIST_CKPT_PATH",
+                f"DIST_CKPT_PATH is not set: the true-weight run loads {_help('DIST_CKPT_PATH')}",
+                True,
+            )
+        )
     return problems
 
 
-def validate_for_cluster(settings: ClusterSettings, needs_checkpoint: bool,
-                         allow_remote_dashboard: bool = False) -> list[str]:
+def validate_for_cluster(
+    settings: ClusterSettings, needs_checkpoint: bool, allow_remote_dashboard: bool = False
+) -> list[str]:
     """Errors that make a cluster launch impossible, each naming the variable (`cluster_setting_problems`)."""
     return [p.message for p in cluster_setting_problems(settings, needs_checkpoint, allow_remote_dashboard)]
 
@@ -282,9 +326,11 @@ def config_path_value(settings: ClusterSettings, name: str) -> str | None:
     """
     value = settings.get(name)
     if value is not None and "${" in value:
-        raise SettingsError(f"{name}={_shown(value)} ({settings.where(name)}): contains '${{', which the trainer's "
-                            f"config (OmegaConf) would read as an interpolation; rename the path or link it "
-                            f"from a path without '${{'")
+        raise SettingsError(
+            f"{name}={_shown(value)} ({settings.where(name)}): contains '${{', which the trainer's "
+            f"config (OmegaConf) would read as an interpolation; rename the path or link it "
+            f"from a path without '${{'"
+        )
     return value
 
 
@@ -295,11 +341,30 @@ def _help(name: str) -> str:
 def describe_settings() -> str:
     """The settings table for --help."""
     width = max(len(s.name) for s in SETTINGS)
-    return "\n".join(f"  {s.name:<{width}}  {s.help}" + (f" [default: {s.default}]" if s.default else " [required]"
-                                                            if s.name in ("MASTER_ADDR", "SOCKET_IFNAME") else "")
-                     for s in SETTINGS)
+    return "\n".join(
+        f"  {s.name:<{width}}  {s.help}"
+        + (
+            f" [default: {s.default}]"
+            if s.default
+            else " [required]"
+            if s.name in ("MASTER_ADDR", "SOCKET_IFNAME")
+            else ""
+        )
+        for s in SETTINGS
+    )
 
 
-__all__ = ["ClusterSettings", "SETTINGS", "SettingsError", "SettingProblem", "load_settings", "read_env_file",
-           "validate_for_cluster", "cluster_setting_problems", "config_path_value", "describe_settings",
-           "dashboard_exposure", "ALLOW_REMOTE_DASHBOARD_FLAG"]
+__all__ = [
+    "ClusterSettings",
+    "SETTINGS",
+    "SettingsError",
+    "SettingProblem",
+    "load_settings",
+    "read_env_file",
+    "validate_for_cluster",
+    "cluster_setting_problems",
+    "config_path_value",
+    "describe_settings",
+    "dashboard_exposure",
+    "ALLOW_REMOTE_DASHBOARD_FLAG",
+]

@@ -94,8 +94,12 @@ def emulation_report() -> dict:
 def emulation_report_text(report: dict | None = None) -> str:
     """The audit's text section for `emulation_report()`."""
     rep = report or emulation_report()
-    out = ["", f"== torch_npu CPU emulation ({rep['applies_when']}; active in this process: "
-               f"{'yes' if rep['active_in_this_process'] else 'no'})", f"site: {rep['site']}"]
+    out = [
+        "",
+        f"== torch_npu CPU emulation ({rep['applies_when']}; active in this process: "
+        f"{'yes' if rep['active_in_this_process'] else 'no'})",
+        f"site: {rep['site']}",
+    ]
     for op in rep["emulated_ops"]:
         out.append(f"EMULATED  {op['name']:<44} {op['reference']}")
     for lim in rep["cpu_limits"]:

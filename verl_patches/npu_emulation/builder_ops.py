@@ -13,18 +13,26 @@ import types
 OPS = "verl_patches.npu_emulation.ops"
 # builder OP_NAME -> {attribute: "module:function"}
 BUILDER_OPS: dict[str, dict[str, str]] = {
-    "grouped_matmul": {"npu_gmm": f"{OPS}.gmm:npu_gmm", "npu_gmm_backward": f"{OPS}.gmm:npu_gmm_backward",
-                       "npu_gmm_backward_fusion": f"{OPS}.gmm:npu_gmm_backward_fusion"},
-    "grouped_matmul_v2": {"npu_gmm": f"{OPS}.gmm:npu_gmm", "npu_gmm_backward": f"{OPS}.gmm:npu_gmm_backward",
-                          "npu_gmm_backward_fusion": f"{OPS}.gmm:npu_gmm_backward_fusion"},
+    "grouped_matmul": {
+        "npu_gmm": f"{OPS}.gmm:npu_gmm",
+        "npu_gmm_backward": f"{OPS}.gmm:npu_gmm_backward",
+        "npu_gmm_backward_fusion": f"{OPS}.gmm:npu_gmm_backward_fusion",
+    },
+    "grouped_matmul_v2": {
+        "npu_gmm": f"{OPS}.gmm:npu_gmm",
+        "npu_gmm_backward": f"{OPS}.gmm:npu_gmm_backward",
+        "npu_gmm_backward_fusion": f"{OPS}.gmm:npu_gmm_backward_fusion",
+    },
     "npu_groupmatmul_add_fp32": {"npu_groupmatmul_add_fp32": f"{OPS}.gmm:npu_groupmatmul_add_fp32"},
     "npu_matmul_add_fp32": {"npu_matmul_add_fp32": f"{OPS}.gmm:npu_matmul_add_fp32"},
     "npu_moe_token_permute": {"npu_moe_token_permute": f"{OPS}.moe:npu_moe_token_permute"},
     "npu_moe_token_unpermute": {"npu_moe_token_unpermute": f"{OPS}.moe:npu_moe_token_unpermute"},
     "npu_rotary_position_embedding": {"npu_rotary_position_embedding": f"{OPS}.rotary:npu_rotary_position_embedding"},
     "npu_apply_fused_adamw_v2": {"npu_apply_fused_adamw_v2": f"{OPS}.optim:npu_apply_fused_adamw_v2"},
-    "fusion_attention_v2": {"npu_fusion_attention_v2": f"{OPS}.attention:npu_fusion_attention_v2",
-                            "npu_fusion_attention_grad_v2": f"{OPS}.attention:npu_fusion_attention_grad_v2"},
+    "fusion_attention_v2": {
+        "npu_fusion_attention_v2": f"{OPS}.attention:npu_fusion_attention_v2",
+        "npu_fusion_attention_grad_v2": f"{OPS}.attention:npu_fusion_attention_grad_v2",
+    },
 }
 
 
@@ -43,5 +51,6 @@ def emulated_ops(builder_name: str) -> types.SimpleNamespace:
     if table is None:
         raise UnemulatedBuilderError(
             f"MindSpeed op builder {builder_name!r} has no CPU emulation (it needs CANN and an NPU); emulated: "
-            f"{sorted(BUILDER_OPS)}")
+            f"{sorted(BUILDER_OPS)}"
+        )
     return types.SimpleNamespace(**{attr: _resolve(path) for attr, path in table.items()})

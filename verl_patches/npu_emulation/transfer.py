@@ -17,9 +17,32 @@ import torch
 ACCELERATOR_TYPES = ("cuda", "npu")
 # torch functions that take a `device` argument and are called with "cuda" by Megatron/MindSpeed.
 FACTORY_FUNCTIONS = (
-    "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "range", "linspace", "logspace", "rand",
-    "randn", "randint", "randperm", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
-    "randn_like", "randint_like", "empty_strided", "eye", "tril_indices", "triu_indices", "normal",
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "tensor",
+    "as_tensor",
+    "arange",
+    "range",
+    "linspace",
+    "logspace",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "empty_strided",
+    "eye",
+    "tril_indices",
+    "triu_indices",
+    "normal",
     "scalar_tensor",
 )
 TENSOR_METHODS = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided")
@@ -61,8 +84,11 @@ def _pinned_is_plain(self, *args, **kwargs):
 
 
 def _is_device_like(a: Any) -> bool:
-    return isinstance(a, torch.device) or (isinstance(a, str) and a.split(":", 1)[0] in ACCELERATOR_TYPES + ("cpu",)) \
+    return (
+        isinstance(a, torch.device)
+        or (isinstance(a, str) and a.split(":", 1)[0] in ACCELERATOR_TYPES + ("cpu",))
         or (isinstance(a, int) and not isinstance(a, bool))
+    )
 
 
 def _map_to(fn):
@@ -91,9 +117,14 @@ def _device_type_name(fn):
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         name = fn(self, *args, **kwargs)
-        if not args and not kwargs and isinstance(name, str) and name.startswith("torch.") \
-                and not name.startswith("torch.cuda."):
-            return "torch.cuda." + name[len("torch."):]
+        if (
+            not args
+            and not kwargs
+            and isinstance(name, str)
+            and name.startswith("torch.")
+            and not name.startswith("torch.cuda.")
+        ):
+            return "torch.cuda." + name[len("torch.") :]
         return name
 
     wrapper.__verl_patches_transfer__ = fn
@@ -135,16 +166,54 @@ def _cuda_names_to_npu() -> None:
     import torch_npu  # noqa: F401  (the emulated one: registers torch.npu)
 
     npu = torch.npu
-    for name in ("current_device", "device_count", "set_device", "synchronize", "is_initialized", "get_rng_state",
-                 "set_rng_state", "get_rng_state_all", "set_rng_state_all", "manual_seed", "manual_seed_all",
-                 "seed", "initial_seed", "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
-                 "max_memory_reserved", "memory_stats", "mem_get_info", "reset_max_memory_allocated",
-                 "reset_peak_memory_stats", "get_device_name", "get_device_capability", "get_device_properties",
-                 "Stream", "Event", "current_stream", "default_stream", "stream", "device", "_lazy_call",
-                 "_lazy_init", "default_generators", "set_per_process_memory_fraction"):
+    for name in (
+        "current_device",
+        "device_count",
+        "set_device",
+        "synchronize",
+        "is_initialized",
+        "get_rng_state",
+        "set_rng_state",
+        "get_rng_state_all",
+        "set_rng_state_all",
+        "manual_seed",
+        "manual_seed_all",
+        "seed",
+        "initial_seed",
+        "empty_cache",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+        "memory_stats",
+        "mem_get_info",
+        "reset_max_memory_allocated",
+        "reset_peak_memory_stats",
+        "get_device_name",
+        "get_device_capability",
+        "get_device_properties",
+        "Stream",
+        "Event",
+        "current_stream",
+        "default_stream",
+        "stream",
+        "device",
+        "_lazy_call",
+        "_lazy_init",
+        "default_generators",
+        "set_per_process_memory_fraction",
+    ):
         setattr(torch.cuda, name, getattr(npu, name))
-    for name in ("FloatTensor", "HalfTensor", "BFloat16Tensor", "DoubleTensor", "IntTensor", "LongTensor",
-                 "ByteTensor", "BoolTensor"):
+    for name in (
+        "FloatTensor",
+        "HalfTensor",
+        "BFloat16Tensor",
+        "DoubleTensor",
+        "IntTensor",
+        "LongTensor",
+        "ByteTensor",
+        "BoolTensor",
+    ):
         setattr(torch.cuda, name, getattr(torch, name))  # legacy typed constructors and isinstance checks
 
 

@@ -24,8 +24,13 @@ def write_record(summary: str, patches: dict[str, str]) -> Path | None:
     if not folder:
         return None
     host, pid = socket.gethostname(), os.getpid()
-    record = {"host": host, "pid": pid, "argv0": sys.argv[0] if sys.argv else "", "summary": summary,
-              "patches": patches}
+    record = {
+        "host": host,
+        "pid": pid,
+        "argv0": sys.argv[0] if sys.argv else "",
+        "summary": summary,
+        "patches": patches,
+    }
     try:
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)

@@ -131,8 +131,12 @@ def _nested_defs(node: ast.stmt, name: str) -> list[ast.AST]:
     if not found:
         return []
     # the guard is a list of expressions (or withitems); wrapped so canonical() sees one node per guard
-    return [ast.Expr(value=g) if isinstance(g, ast.expr) else ast.Expr(value=ast.Tuple(
-        elts=[i.context_expr for i in g], ctx=ast.Load())) for g in guards] + found
+    return [
+        ast.Expr(value=g)
+        if isinstance(g, ast.expr)
+        else ast.Expr(value=ast.Tuple(elts=[i.context_expr for i in g], ctx=ast.Load()))
+        for g in guards
+    ] + found
 
 
 def _defs_in(body: list[ast.stmt], name: str) -> list[ast.AST]:
@@ -262,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m verl_patches.patching.fingerprint module:qualname ...`: print pinned fingerprints."""
     import argparse
 
-    p = argparse.ArgumentParser(description="Fingerprint upstream definitions in the vendored trees "
-                                            "(what a Patch declaration's `fingerprint` must say).")
+    p = argparse.ArgumentParser(
+        description="Fingerprint upstream definitions in the vendored trees "
+        "(what a Patch declaration's `fingerprint` must say)."
+    )
     p.add_argument("targets", nargs="+", metavar="module:qualname")
     p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
     args = p.parse_args(argv)

@@ -35,7 +35,9 @@ _MISSING = object()
 @dataclass
 class Record:
     patch: Patch
-    status: str = "declared"  # applied | applied-with-drift | pending | skipped | not-needed | unavailable | drift | reverted
+    status: str = (
+        "declared"  # applied | applied-with-drift | pending | skipped | not-needed | unavailable | drift | reverted
+    )
     detail: str = ""
     found_fingerprint: str = ""
     original: Any = _MISSING
@@ -47,10 +49,21 @@ class Record:
 
     def as_dict(self) -> dict:
         p = self.patch
-        return {"name": p.name, "target": p.target, "kind": p.kind.value, "vendor_item": p.vendor_item,
-                "reason": p.reason, "devices": list(p.devices), "condition": p.condition_text(),
-                "status": self.status, "detail": self.detail, "declared_fingerprint": p.fingerprint,
-                "found_fingerprint": self.found_fingerprint, "rebound": len(self.rebound), "pid": os.getpid()}
+        return {
+            "name": p.name,
+            "target": p.target,
+            "kind": p.kind.value,
+            "vendor_item": p.vendor_item,
+            "reason": p.reason,
+            "devices": list(p.devices),
+            "condition": p.condition_text(),
+            "status": self.status,
+            "detail": self.detail,
+            "declared_fingerprint": p.fingerprint,
+            "found_fingerprint": self.found_fingerprint,
+            "rebound": len(self.rebound),
+            "pid": os.getpid(),
+        }
 
 
 def _drift_allowed(name: str) -> bool:
@@ -59,12 +72,13 @@ def _drift_allowed(name: str) -> bool:
 
 
 def lock_pin(module: str) -> str:
-    """"verl refs/tags/v0.4.0 @ 0758489422e8" for the component that owns a module, for messages."""
+    """ "verl refs/tags/v0.4.0 @ 0758489422e8" for the component that owns a module, for messages."""
     top = module.partition(".")[0]
     try:
         from pathlib import Path
 
         from verl_patches.sources.lock import load_lock
+
         lock = load_lock(Path(__file__).resolve().parents[2] / "sources.lock")
         for c in lock.components.values():
             if c.package == top:
@@ -217,7 +231,11 @@ class Registry:
             slot = p.registry_key[-1]
             return owner, slot, owner.get(slot, _MISSING) if hasattr(owner, "get") else owner[slot]
         if isinstance(owner, type):
-            return owner, slot, owner.__dict__.get(slot, _MISSING) if slot in owner.__dict__ else getattr(owner, slot, _MISSING)
+            return (
+                owner,
+                slot,
+                owner.__dict__.get(slot, _MISSING) if slot in owner.__dict__ else getattr(owner, slot, _MISSING),
+            )
         return owner, slot, getattr(owner, slot, _MISSING)
 
     def _apply(self, rec: Record) -> None:
@@ -296,7 +314,7 @@ class Registry:
                 sys.modules[name] = pkg
                 rec.created_modules.append(name)
                 if i > 1:
-                    setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], pkg)
+                    setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], pkg)
         setattr(module, MARKER, p.name)
         sys.modules[p.target] = module
         rec.created_modules.append(p.target)
@@ -307,9 +325,13 @@ class Registry:
     @staticmethod
     def _rebinds(rec: Record) -> bool:
         # A registry entry is looked up through the mapping; the function it held stays valid elsewhere.
-        return (rec.status in ("applied", "applied-with-drift") and rec.original is not _MISSING
-                and rec.new is not _MISSING and rec.patch.kind not in (Kind.REGISTRY, Kind.MODULE_ALIAS)
-                and rec.patch.rebind)
+        return (
+            rec.status in ("applied", "applied-with-drift")
+            and rec.original is not _MISSING
+            and rec.new is not _MISSING
+            and rec.patch.kind not in (Kind.REGISTRY, Kind.MODULE_ALIAS)
+            and rec.patch.rebind
+        )
 
     def _rebind_everywhere(self, recs: list[Record]) -> None:
         """Rebind stale references to the replaced objects in the upstream trees and in each target's own
@@ -335,8 +357,11 @@ class Registry:
                 value = ns[key]
                 rec = by_old.get(id(value))
                 # Follow stacked patches (a later one wrapping an earlier one's result) to the newest object.
-                while rec is not None and value is _unwrap(rec.original) and (
-                        top in UPSTREAM_ROOTS or top == rec.patch.module.partition(".")[0]):
+                while (
+                    rec is not None
+                    and value is _unwrap(rec.original)
+                    and (top in UPSTREAM_ROOTS or top == rec.patch.module.partition(".")[0])
+                ):
                     value = _unwrap(rec.new)
                     ns[key] = value
                     rec.rebound.append((ns, key))
@@ -345,9 +370,14 @@ class Registry:
 
     def _rebind_in(self, module: types.ModuleType) -> None:
         ns = getattr(module, "__dict__", {})
-        stale = {id(_unwrap(r.original)): r for r in self.records
-                 if r.status in ("applied", "applied-with-drift") and r.original is not _MISSING
-                 and r.patch.kind is not Kind.REGISTRY and r.patch.rebind}
+        stale = {
+            id(_unwrap(r.original)): r
+            for r in self.records
+            if r.status in ("applied", "applied-with-drift")
+            and r.original is not _MISSING
+            and r.patch.kind is not Kind.REGISTRY
+            and r.patch.rebind
+        }
         if not stale:
             return
         for key, value in list(ns.items()):
@@ -434,6 +464,7 @@ def activate(device: str | None = None) -> Registry:
         if _REGISTRY is None:
             from verl_patches.device import device_kind
             from verl_patches.patches.catalog import all_patches
+
             _REGISTRY = Registry(all_patches(), device or device_kind())
         if not _REGISTRY.active:
             _REGISTRY.activate()

@@ -77,8 +77,19 @@ def static_patch_report(root: Path, device: str | None = None) -> list[dict]:
     out = []
     for p in all_patches():
         status, found, detail = _status(p, Path(root), device)
-        out.append({"name": p.name, "target": p.target, "kind": p.kind.value, "vendor_item": p.vendor_item,
-                    "reason": p.reason, "devices": list(p.devices), "condition": p.condition_text(),
-                    "declared_fingerprint": p.fingerprint, "pin_fingerprint": found, "status": status,
-                    "detail": detail})
+        out.append(
+            {
+                "name": p.name,
+                "target": p.target,
+                "kind": p.kind.value,
+                "vendor_item": p.vendor_item,
+                "reason": p.reason,
+                "devices": list(p.devices),
+                "condition": p.condition_text(),
+                "declared_fingerprint": p.fingerprint,
+                "pin_fingerprint": found,
+                "status": status,
+                "detail": detail,
+            }
+        )
     return out

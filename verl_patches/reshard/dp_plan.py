@@ -11,6 +11,7 @@ requires).
 Units are rows. Every rank routes its own overlap through the collective (``always_route_self``) so the
 ``all_to_all_single`` output, in group-rank order, *is* the destination slice with no extra copy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,8 @@ class DpRankMap:
             raise InvalidLayoutError(
                 "dp_rank_map_balanced",
                 f"global Megatron DP rank map {list(ranks)}: every DP rank 0..{dp - 1} must appear on the same "
-                f"number of ranks (counts {counts})")
+                f"number of ranks (counts {counts})",
+            )
 
     @property
     def world_size(self) -> int:
@@ -71,14 +73,16 @@ class DpRelayoutPlan:
             raise InvalidLayoutError(
                 "one_rollout_chunk_per_rank",
                 f"{len(self.chunk_rows)} rollout chunks for world size {self.training.world_size}: the "
-                f"rollout must leave exactly one chunk on every global rank")
+                f"rollout must leave exactly one chunk on every global rank",
+            )
         if any(n < 0 for n in self.chunk_rows):
             raise InvalidLayoutError("chunk_rows_non_negative", f"negative chunk size in {self.chunk_rows}")
         if self.total_rows % self.training.dp:
             raise InvalidLayoutError(
                 "batch_divisible_by_megatron_dp",
                 f"global batch of {self.total_rows} rows is not divisible by the Megatron "
-                f"data-parallel size {self.training.dp}")
+                f"data-parallel size {self.training.dp}",
+            )
 
     @cached_property
     def chunk_starts(self) -> tuple[int, ...]:
@@ -124,8 +128,7 @@ class DpRelayoutPlan:
                 sends.append(Slot(peer, out.start - mine.start, len(out)))
             if inc:
                 recvs.append(Slot(peer, inc.start - want.start, len(inc)))
-        return RankExchange(rank, tuple(sends), tuple(recvs), self_src, self_dst, self_count,
-                            always_route_self=True)
+        return RankExchange(rank, tuple(sends), tuple(recvs), self_src, self_dst, self_count, always_route_self=True)
 
     def all_exchanges(self) -> list[RankExchange]:
         return [self.rank_exchange(r) for r in range(self.training.world_size)]
@@ -145,5 +148,6 @@ def equal_chunk_rows(global_rows: int, world_size: int) -> tuple[int, ...]:
     if global_rows % world_size:
         raise InvalidLayoutError(
             "batch_divisible_by_world",
-            f"global batch of {global_rows} rows is not divisible by world size {world_size}")
+            f"global batch of {global_rows} rows is not divisible by world size {world_size}",
+        )
     return (global_rows // world_size,) * world_size

@@ -41,6 +41,7 @@ Unlike the vendor's routing, nothing here requires rollout EP to be a multiple o
 training groups to be consecutive global ranks; `check_vendor_alltoallv_constraints` states the vendor's
 conditions for the cost model's comparison row.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -58,8 +59,8 @@ RoundPolicy = Literal["per_instance", "single"]
 
 
 class ExpertWeight(str, Enum):
-    WEIGHT1 = "weight1"   # gate‖up, [hidden, 2*ffn] per expert
-    WEIGHT2 = "weight2"   # down, [ffn, hidden] per expert
+    WEIGHT1 = "weight1"  # gate‖up, [hidden, 2*ffn] per expert
+    WEIGHT2 = "weight2"  # down, [ffn, hidden] per expert
 
 
 @dataclass(frozen=True)
@@ -130,15 +131,18 @@ class ExpertReshardPlan:
         """This rank's sends/receives in collective ``round`` (units: experts)."""
         outgoing, incoming = self._by_round_rank.get((round, rank), ([], []))
         held, need = self.held(rank), self.needed(rank)
-        sends = sorted((Slot(t.dst, t.first_expert - held.start, t.count)
-                        for t in outgoing if t.dst != rank), key=lambda s: s.peer)
-        recvs = sorted((Slot(t.src, t.first_expert - need.start, t.count)
-                        for t in incoming if t.src != rank), key=lambda s: s.peer)
+        sends = sorted(
+            (Slot(t.dst, t.first_expert - held.start, t.count) for t in outgoing if t.dst != rank), key=lambda s: s.peer
+        )
+        recvs = sorted(
+            (Slot(t.src, t.first_expert - need.start, t.count) for t in incoming if t.src != rank), key=lambda s: s.peer
+        )
         own = [t for t in outgoing if t.dst == rank]
         if own:
             (t,) = own
-            return RankExchange(rank, tuple(sends), tuple(recvs), t.first_expert - held.start,
-                                t.first_expert - need.start, t.count)
+            return RankExchange(
+                rank, tuple(sends), tuple(recvs), t.first_expert - held.start, t.first_expert - need.start, t.count
+            )
         return RankExchange(rank, tuple(sends), tuple(recvs))
 
     def exchanges(self, round: int) -> list[RankExchange]:
@@ -168,7 +172,8 @@ def plan_expert_reshard(
         raise InvalidLayoutError(
             "same_world_size",
             f"training world size {training.world_size} differs from rollout world size "
-            f"{rollout.world_size}: both phases must run on the same ranks")
+            f"{rollout.world_size}: both phases must run on the same ranks",
+        )
     if source_policy not in ("balanced", "tp_ep_group"):
         raise InvalidLayoutError("source_policy", f"unknown source policy {source_policy!r}")
     if round_policy not in ("per_instance", "single"):
@@ -177,9 +182,10 @@ def plan_expert_reshard(
         raise InvalidLayoutError(
             "tp_ep_group_needs_every_stage",
             "source policy 'tp_ep_group' needs every stage to hold the layer (holder_stage=None, i.e. "
-            "after a PP broadcast): a receiver's own TP×EP group on another stage does not hold it")
+            "after a PP broadcast): a receiver's own TP×EP group on another stage does not hold it",
+        )
     n_local = training.local_experts(num_experts)
-    rollout.owned_experts(rollout.ep_size - 1, num_experts)   # validates rollout EP against E
+    rollout.owned_experts(rollout.ep_size - 1, num_experts)  # validates rollout EP against E
 
     holders_by_block: dict[int, list[int]] = defaultdict(list)
     for r in _holders(training, holder_stage):
@@ -210,25 +216,26 @@ def plan_expert_reshard(
                     load[src] += stop - e
                 transfers.append(ExpertTransfer(src, g, e, stop - e, rnd))
                 e = stop
-    return ExpertReshardPlan(training, rollout, num_experts, holder_stage, source_policy, round_policy,
-                             tuple(transfers), len(rounds))
+    return ExpertReshardPlan(
+        training, rollout, num_experts, holder_stage, source_policy, round_policy, tuple(transfers), len(rounds)
+    )
 
 
-def check_vendor_alltoallv_constraints(training: MegatronLayout, rollout: RolloutLayout,
-                                       num_experts: int) -> None:
+def check_vendor_alltoallv_constraints(training: MegatronLayout, rollout: RolloutLayout, num_experts: int) -> None:
     """The conditions the vendor's all-to-all-v routing needs (ours does not); raises if one fails."""
     t, r = training.tp_ep_size, rollout.ep_size
     training.local_experts(num_experts)
     if num_experts % r:
-        raise InvalidLayoutError("experts_divisible_by_rollout_ep",
-                                 f"num_experts {num_experts} is not divisible by rollout EP {r}")
+        raise InvalidLayoutError(
+            "experts_divisible_by_rollout_ep", f"num_experts {num_experts} is not divisible by rollout EP {r}"
+        )
     if r % t:
         raise InvalidLayoutError(
-            "rollout_ep_multiple_of_training_ep",
-            f"rollout EP {r} is not a multiple of training TP×EP {t}")
+            "rollout_ep_multiple_of_training_ep", f"rollout EP {r} is not a multiple of training TP×EP {t}"
+        )
     for group in training.rank_groups("tp-ep", independent_ep=True):
         if group != list(range(group[0], group[0] + len(group))):
             raise InvalidLayoutError(
                 "training_tp_ep_groups_consecutive",
-                f"training TP×EP group {group} is not a run of consecutive global ranks "
-                f"(order {training.order!r})")
+                f"training TP×EP group {group} is not a run of consecutive global ranks (order {training.order!r})",
+            )

@@ -3,6 +3,7 @@
 Every error names the condition that was violated, so a layout mistake is caught by the preflight
 (or the first reshard) with a message that says which number is wrong, not by a hang inside a collective.
 """
+
 from __future__ import annotations
 
 
@@ -38,8 +39,10 @@ class TensorCacheKeyExistsError(TensorCacheError, KeyError):
         self.key = key
 
     def __str__(self) -> str:
-        return (f"tensor cache already holds {self.key!r}; pass overwrite=True to replace it "
-                f"or clear() the cache at the end of the step")
+        return (
+            f"tensor cache already holds {self.key!r}; pass overwrite=True to replace it "
+            f"or clear() the cache at the end of the step"
+        )
 
 
 class TensorCacheMissingKeyError(TensorCacheError, KeyError):

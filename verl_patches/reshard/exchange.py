@@ -13,6 +13,7 @@ equal to the bytes sent). A rank's own units (peer == rank) normally never enter
 caller keeps a view of its own data); they are routed through it only when that is what makes the send
 side a view, which costs their size once in the receive buffer instead of a larger pack.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,9 +35,9 @@ class Slot:
 
 
 class SendStaging(str, Enum):
-    VIEW = "view"                          # sends to peers tile the source: input is a narrow view
-    VIEW_WITH_SELF = "view_with_self"      # tiles only if the self slot is routed through the collective
-    PACK = "pack"                          # ranges are gathered into a temporary buffer
+    VIEW = "view"  # sends to peers tile the source: input is a narrow view
+    VIEW_WITH_SELF = "view_with_self"  # tiles only if the self slot is routed through the collective
+    PACK = "pack"  # ranges are gathered into a temporary buffer
 
 
 @dataclass(frozen=True)

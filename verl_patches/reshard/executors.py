@@ -12,6 +12,7 @@ transfer stays inside one TP×EP group, that group. Group ranks must be ascendin
 A ``recorder`` callable, when given, receives a `CollectiveRecord` for every call with the exact split
 sizes passed, so a benchmark can count the bytes the executor really moves.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,7 @@ class CollectiveRecord:
     op: str
     rank: int
     group_ranks: tuple[int, ...]
-    send_bytes: tuple[int, ...]     # bytes this rank sends to each group rank (self included)
+    send_bytes: tuple[int, ...]  # bytes this rank sends to each group rank (self included)
     recv_bytes: tuple[int, ...]
 
     @property
@@ -49,15 +50,15 @@ Recorder = Callable[[CollectiveRecord], None]
 
 
 def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
-    ranks = (list(range(dist.get_world_size())) if group is None
-             else list(dist.get_process_group_ranks(group)))
+    ranks = list(range(dist.get_world_size())) if group is None else list(dist.get_process_group_ranks(group))
     if ranks != sorted(ranks):
         raise PlanMismatchError(f"process group ranks {ranks} are not ascending global ranks")
     return ranks
 
 
-def exchange_units(ex: RankExchange, source: torch.Tensor, group: dist.ProcessGroup | None = None,
-                   recorder: Recorder | None = None) -> torch.Tensor:
+def exchange_units(
+    ex: RankExchange, source: torch.Tensor, group: dist.ProcessGroup | None = None, recorder: Recorder | None = None
+) -> torch.Tensor:
     """Run one rank's part of an all-to-all-v; units live on dim 0 of ``source``.
 
     Returns the receive buffer: the collective's receive slots concatenated in group-rank order.
@@ -67,8 +68,10 @@ def exchange_units(ex: RankExchange, source: torch.Tensor, group: dist.ProcessGr
     sends, recvs = ex.collective_sends(), ex.collective_recvs()
     for slot in sends + recvs:
         if slot.peer not in where:
-            raise PlanMismatchError(f"rank {ex.rank}: plan peer {slot.peer} is not in the process group "
-                                    f"{ranks}; pass a group that contains every peer (e.g. the world)")
+            raise PlanMismatchError(
+                f"rank {ex.rank}: plan peer {slot.peer} is not in the process group "
+                f"{ranks}; pass a group that contains every peer (e.g. the world)"
+            )
     in_splits, out_splits = [0] * len(ranks), [0] * len(ranks)
     for s in sends:
         in_splits[where[s.peer]] = s.count
@@ -82,8 +85,15 @@ def exchange_units(ex: RankExchange, source: torch.Tensor, group: dist.ProcessGr
     out = source.new_empty((sum(out_splits), *source.shape[1:]))
     if recorder is not None:
         unit = source.element_size() * math.prod(source.shape[1:])
-        recorder(CollectiveRecord("all_to_all_single", ex.rank, tuple(ranks),
-                                  tuple(n * unit for n in in_splits), tuple(n * unit for n in out_splits)))
+        recorder(
+            CollectiveRecord(
+                "all_to_all_single",
+                ex.rank,
+                tuple(ranks),
+                tuple(n * unit for n in in_splits),
+                tuple(n * unit for n in out_splits),
+            )
+        )
     dist.all_to_all_single(out, inp.contiguous(), out_splits, in_splits, group=group)
     return out
 
@@ -91,12 +101,18 @@ def exchange_units(ex: RankExchange, source: torch.Tensor, group: dist.ProcessGr
 # ----------------------------------------------------------------------------------------- batch
 
 
-def relayout_rows(plan: DpRelayoutPlan, rank: int, local_chunk: torch.Tensor,
-                  group: dist.ProcessGroup | None = None, recorder: Recorder | None = None) -> torch.Tensor:
+def relayout_rows(
+    plan: DpRelayoutPlan,
+    rank: int,
+    local_chunk: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    recorder: Recorder | None = None,
+) -> torch.Tensor:
     """This rank's rollout chunk in, its Megatron data-parallel slice out (rows on dim 0)."""
     if local_chunk.shape[0] != plan.chunk_rows[rank]:
-        raise PlanMismatchError(f"rank {rank}: local chunk has {local_chunk.shape[0]} rows, the plan "
-                                f"expects {plan.chunk_rows[rank]}")
+        raise PlanMismatchError(
+            f"rank {rank}: local chunk has {local_chunk.shape[0]} rows, the plan expects {plan.chunk_rows[rank]}"
+        )
     ex = plan.rank_exchange(rank)
     out = exchange_units(ex, local_chunk, group, recorder)
     offsets = [s.offset for s in ex.collective_recvs()]
@@ -106,7 +122,7 @@ def relayout_rows(plan: DpRelayoutPlan, rank: int, local_chunk: torch.Tensor,
         result = torch.empty_like(out)
         cursor = 0
         for off, n in zip(offsets, counts):
-            result[off:off + n] = out[cursor:cursor + n]
+            result[off : off + n] = out[cursor : cursor + n]
             cursor += n
         return result
     return out
@@ -143,11 +159,13 @@ def _check_group_holds_plan(plan: ExpertReshardPlan, rank: int, group: dist.Proc
                 if s.peer not in members:
                     raise PlanMismatchError(
                         f"rank {rank}: plan peer {s.peer} of group member {m} is not in the process group "
-                        f"{ranks}; pass a group that contains every peer (e.g. the world)")
+                        f"{ranks}; pass a group that contains every peer (e.g. the world)"
+                    )
 
 
-def collect_experts(ex: RankExchange, need: range, received: torch.Tensor, units: torch.Tensor,
-                    into: dict[int, torch.Tensor]) -> None:
+def collect_experts(
+    ex: RankExchange, need: range, received: torch.Tensor, units: torch.Tensor, into: dict[int, torch.Tensor]
+) -> None:
     """Index one round's receive buffer (and the rank's own kept experts) by global expert id."""
     cursor = 0
     for s in ex.collective_recvs():
@@ -159,10 +177,16 @@ def collect_experts(ex: RankExchange, need: range, received: torch.Tensor, units
             into[need.start + ex.self_dst_offset + i] = units[ex.self_src_offset + i]
 
 
-def reshard_expert_weight(plan: ExpertReshardPlan, rank: int, kind: ExpertWeight, dims: ExpertDims,
-                          weight: torch.Tensor | None, dtype: torch.dtype | None = None,
-                          group: dist.ProcessGroup | None = None,
-                          recorder: Recorder | None = None) -> ReceivedExperts:
+def reshard_expert_weight(
+    plan: ExpertReshardPlan,
+    rank: int,
+    kind: ExpertWeight,
+    dims: ExpertDims,
+    weight: torch.Tensor | None,
+    dtype: torch.dtype | None = None,
+    group: dist.ProcessGroup | None = None,
+    recorder: Recorder | None = None,
+) -> ReceivedExperts:
     """Move one grouped-GEMM expert weight of one MoE layer into the rollout's expert ownership.
 
     ``weight`` is this rank's Megatron parameter (``None`` on a rank that does not hold the layer, then
@@ -175,14 +199,16 @@ def reshard_expert_weight(plan: ExpertReshardPlan, rank: int, kind: ExpertWeight
         expect = dims.training_param_shape(kind, len(held))
         if weight is None or tuple(weight.shape) != expect:
             got = None if weight is None else tuple(weight.shape)
-            raise PlanMismatchError(f"rank {rank}: {kind.value} has shape {got}, the plan expects {expect} "
-                                    f"({len(held)} local experts)")
+            raise PlanMismatchError(
+                f"rank {rank}: {kind.value} has shape {got}, the plan expects {expect} ({len(held)} local experts)"
+            )
         units = weight.view(len(held), *shape)
     else:
         if dtype is None and weight is None:
             raise PlanMismatchError(f"rank {rank} holds no expert of this layer: pass dtype")
-        units = torch.empty((0, *shape), dtype=dtype or weight.dtype,
-                            device=weight.device if weight is not None else "cpu")
+        units = torch.empty(
+            (0, *shape), dtype=dtype or weight.dtype, device=weight.device if weight is not None else "cpu"
+        )
     _check_group_holds_plan(plan, rank, group)
     experts: dict[int, torch.Tensor] = {}
     buffers = []
@@ -205,10 +231,15 @@ def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGr
     gather(out, inp, group=group)
 
 
-def gather_pipeline_params(plan: PpGatherPlan, stage: int, tensors: Mapping[str, torch.Tensor],
-                           group: dist.ProcessGroup | None, rank: int | None = None,
-                           recorder: Recorder | None = None, buckets: Sequence[int] | None = None
-                           ) -> Iterator[tuple[str, torch.Tensor]]:
+def gather_pipeline_params(
+    plan: PpGatherPlan,
+    stage: int,
+    tensors: Mapping[str, torch.Tensor],
+    group: dist.ProcessGroup | None,
+    rank: int | None = None,
+    recorder: Recorder | None = None,
+    buckets: Sequence[int] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(global_name, tensor)`` of every eligible parameter of every stage, bucket by bucket.
 
     ``group`` is the pipeline group (group rank == stage); ``tensors`` maps this stage's local names to
@@ -226,8 +257,10 @@ def gather_pipeline_params(plan: PpGatherPlan, stage: int, tensors: Mapping[str,
         if t is None:
             raise PlanMismatchError(f"stage {stage}: eligible parameter {name!r} was not passed")
         if tuple(t.shape) != plan.shapes[i] or dtype_bytes(str(t.dtype)) != dtype_bytes(plan.dtypes[i]):
-            raise PlanMismatchError(f"stage {stage}: {name!r} is {tuple(t.shape)} {t.dtype}, the plan "
-                                    f"expects {plan.shapes[i]} {plan.dtypes[i]}")
+            raise PlanMismatchError(
+                f"stage {stage}: {name!r} is {tuple(t.shape)} {t.dtype}, the plan "
+                f"expects {plan.shapes[i]} {plan.dtypes[i]}"
+            )
     ranks = group_ranks(group)
     if len(ranks) != plan.pp:
         raise PlanMismatchError(f"pipeline group {ranks} has {len(ranks)} ranks for {plan.pp} stages")
@@ -246,5 +279,5 @@ def gather_pipeline_params(plan: PpGatherPlan, stage: int, tensors: Mapping[str,
             cursor = s * n
             for i in range(start, stop):
                 size = plan.numel(i)
-                yield global_names[s][i], out[cursor:cursor + size].view(plan.shapes[i])
+                yield global_names[s][i], out[cursor : cursor + size].view(plan.shapes[i])
                 cursor += size

@@ -23,6 +23,7 @@ Rollout (vLLM 0.9.1 with ``enable_expert_parallel``, verl's colocated layout):
   * Expert ownership follows vLLM's ``determine_expert_map``: rank ``r`` owns ``[r*n, (r+1)*n)`` with
     ``n = E // ep``, the last rank also takes the remainder.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -96,28 +97,27 @@ class MegatronLayout:
         if self.world_size % model:
             raise InvalidLayoutError(
                 "world_divisible_by_tp_pp_cp",
-                f"world size {self.world_size} is not divisible by tp*pp*cp = "
-                f"{self.tp}*{self.pp}*{self.cp} = {model}")
+                f"world size {self.world_size} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {model}",
+            )
         dp = self.world_size // model
         if dp % self.ep:
             raise InvalidLayoutError(
-                "dp_divisible_by_ep",
-                f"data-parallel size {dp} is not divisible by expert-parallel size {self.ep}")
+                "dp_divisible_by_ep", f"data-parallel size {dp} is not divisible by expert-parallel size {self.ep}"
+            )
         tokens = [t for t in self.order.lower().split("-") if t]
         unknown = [t for t in tokens if t not in AXES]
         if unknown or len(set(tokens)) != len(tokens):
-            raise InvalidLayoutError(
-                "order_tokens", f"order {self.order!r} must list distinct axes among {AXES}")
+            raise InvalidLayoutError("order_tokens", f"order {self.order!r} must list distinct axes among {AXES}")
         if "ep" in tokens and ("dp" not in tokens or abs(tokens.index("ep") - tokens.index("dp")) != 1):
-            raise InvalidLayoutError("ep_adjacent_to_dp",
-                                     f"ep and dp must be adjacent in order {self.order!r}")
+            raise InvalidLayoutError("ep_adjacent_to_dp", f"ep and dp must be adjacent in order {self.order!r}")
         sizes = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": dp, "pp": self.pp}
         for name in AXES:
             if name not in tokens:
                 if sizes[name] != 1:
                     raise InvalidLayoutError(
                         "order_names_every_axis",
-                        f"{name} has size {sizes[name]} but order {self.order!r} does not name it")
+                        f"{name} has size {sizes[name]} but order {self.order!r} does not name it",
+                    )
                 tokens.append(name)
         object.__setattr__(self, "_tokens", tuple(tokens))
 
@@ -144,8 +144,9 @@ class MegatronLayout:
         wanted = token.lower().split("-")
         missing = [w for w in wanted if w not in names]
         if missing:
-            raise InvalidLayoutError("group_token", f"token {token!r} names axes {missing} absent from "
-                                                    f"{'-'.join(names)}")
+            raise InvalidLayoutError(
+                "group_token", f"token {token!r} names axes {missing} absent from {'-'.join(names)}"
+            )
         return masked_rank_groups([s for _, s in axes], [n in wanted for n in names])
 
     @cached_property
@@ -161,8 +162,16 @@ class MegatronLayout:
         for r in range(self.world_size):
             with_ep = decompose(self._axes(True), r)
             without_ep = decompose(self._axes(False), r)
-            out.append(RankCoords(rank=r, tp=without_ep["tp"], cp=without_ep["cp"], ep=with_ep["ep"],
-                                  dp=without_ep["dp"], pp=without_ep["pp"]))
+            out.append(
+                RankCoords(
+                    rank=r,
+                    tp=without_ep["tp"],
+                    cp=without_ep["cp"],
+                    ep=with_ep["ep"],
+                    dp=without_ep["dp"],
+                    pp=without_ep["pp"],
+                )
+            )
         return tuple(out)
 
     def coords(self, rank: int) -> RankCoords:
@@ -189,7 +198,8 @@ class MegatronLayout:
         if num_experts % self.tp_ep_size:
             raise InvalidLayoutError(
                 "experts_divisible_by_training_tp_ep",
-                f"num_experts {num_experts} is not divisible by training tp*ep = {self.tp_ep_size}")
+                f"num_experts {num_experts} is not divisible by training tp*ep = {self.tp_ep_size}",
+            )
         return num_experts // self.tp_ep_size
 
     def experts_of_rank(self, rank: int, num_experts: int) -> range:
@@ -233,7 +243,8 @@ class RolloutLayout:
             raise InvalidLayoutError(
                 "world_divisible_by_rollout_instance",
                 f"world size {self.world_size} is not divisible by the rollout instance size "
-                f"tp*dp = {self.tp}*{self.dp_per_instance} = {self.instance_size}")
+                f"tp*dp = {self.tp}*{self.dp_per_instance} = {self.instance_size}",
+            )
 
     @property
     def instance_size(self) -> int:
@@ -263,7 +274,8 @@ class RolloutLayout:
             raise InvalidLayoutError(
                 "rollout_ep_at_most_num_experts",
                 f"rollout expert-parallel size {ep} exceeds num_experts {num_experts}: some rollout "
-                f"ranks would own no expert")
+                f"ranks would own no expert",
+            )
         n = num_experts // ep
         if r < ep - 1:
             return range(r * n, (r + 1) * n)

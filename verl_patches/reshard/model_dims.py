@@ -7,6 +7,7 @@ rank's shard and take the expert reshard). Names follow Megatron's ``decoder.lay
 the weight converter in ``verl_patches/weights`` owns the exact checkpoint names, and nothing here depends
 on a name beyond its ``decoder.layers.<i>.`` prefix and its shape.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,7 @@ from typing import Any, Mapping
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.pp_plan import ParamSpec, dtype_bytes, validate_layer_list
 
-_REQUIRED = ("hidden_size", "moe_intermediate_size", "n_routed_experts", "num_hidden_layers",
-             "first_k_dense_replace")
+_REQUIRED = ("hidden_size", "moe_intermediate_size", "n_routed_experts", "num_hidden_layers", "first_k_dense_replace")
 
 
 @dataclass(frozen=True)
@@ -96,39 +96,59 @@ def deepseek_v3_stage_params(dims: ModelDims, num_layer_list: list[int], stage: 
             ParamSpec(p + "self_attention.linear_qkv.weight", (qkv_rows, h), dt),
         ]
         if dims.q_lora_rank:
-            out += [ParamSpec(p + "self_attention.q_layernorm.weight", (dims.q_lora_rank,), dt),
-                    ParamSpec(p + "self_attention.linear_qb.weight",
-                              (dims.num_heads * q_head, dims.q_lora_rank), dt)]
+            out += [
+                ParamSpec(p + "self_attention.q_layernorm.weight", (dims.q_lora_rank,), dt),
+                ParamSpec(p + "self_attention.linear_qb.weight", (dims.num_heads * q_head, dims.q_lora_rank), dt),
+            ]
         out += [
             ParamSpec(p + "self_attention.k_layernorm.weight", (dims.kv_lora_rank,), dt),
-            ParamSpec(p + "self_attention.linear_kvb.weight",
-                      (dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank), dt),
+            ParamSpec(
+                p + "self_attention.linear_kvb.weight",
+                (dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank),
+                dt,
+            ),
             ParamSpec(p + "self_attention.linear_proj.weight", (h, dims.num_heads * dims.v_head_dim), dt),
             ParamSpec(p + "pre_mlp_layernorm.weight", (h,), dt),
         ]
         if dims.is_dense(first + local):
-            out += [ParamSpec(p + "mlp.linear_fc1.weight", (2 * dims.dense_ffn, h), dt),
-                    ParamSpec(p + "mlp.linear_fc2.weight", (h, dims.dense_ffn), dt)]
+            out += [
+                ParamSpec(p + "mlp.linear_fc1.weight", (2 * dims.dense_ffn, h), dt),
+                ParamSpec(p + "mlp.linear_fc2.weight", (h, dims.dense_ffn), dt),
+            ]
         else:
             shared = dims.n_shared_experts * dims.moe_ffn
-            out += [ParamSpec(p + "mlp.router.weight", (dims.num_experts, h), dt),
-                    ParamSpec(p + "mlp.router.expert_bias", (dims.num_experts,), "float32"),
-                    ParamSpec(p + "mlp.shared_experts.linear_fc1.weight", (2 * shared, h), dt),
-                    ParamSpec(p + "mlp.shared_experts.linear_fc2.weight", (h, shared), dt),
-                    ParamSpec(p + "mlp.experts.weight1", (h, dims.num_experts * 2 * dims.moe_ffn), dt),
-                    ParamSpec(p + "mlp.experts.weight2", (dims.num_experts * dims.moe_ffn, h), dt)]
+            out += [
+                ParamSpec(p + "mlp.router.weight", (dims.num_experts, h), dt),
+                ParamSpec(p + "mlp.router.expert_bias", (dims.num_experts,), "float32"),
+                ParamSpec(p + "mlp.shared_experts.linear_fc1.weight", (2 * shared, h), dt),
+                ParamSpec(p + "mlp.shared_experts.linear_fc2.weight", (h, shared), dt),
+                ParamSpec(p + "mlp.experts.weight1", (h, dims.num_experts * 2 * dims.moe_ffn), dt),
+                ParamSpec(p + "mlp.experts.weight2", (dims.num_experts * dims.moe_ffn, h), dt),
+            ]
     if stage == len(num_layer_list) - 1:
-        out += [ParamSpec("decoder.final_layernorm.weight", (h,), dt),
-                ParamSpec("output_layer.weight", (dims.vocab_size, h), dt)]
+        out += [
+            ParamSpec("decoder.final_layernorm.weight", (h,), dt),
+            ParamSpec("output_layer.weight", (dims.vocab_size, h), dt),
+        ]
     return out
 
 
 DEEPSEEK_V3_CONFIG: dict[str, Any] = {
     # The keys of DeepSeek-V3's published config.json that the reshard cost model reads.
-    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "n_routed_experts": 256, "n_shared_experts": 1, "num_hidden_layers": 61,
-    "first_k_dense_replace": 3, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
     "torch_dtype": "bfloat16",
 }
 PRODUCTION_LAYER_LIST = [7, 7, 8, 8, 8, 8, 8, 7]

@@ -19,6 +19,7 @@ Eligible parameters are grouped into buckets (consecutive, same dtype, at most `
 unless a single parameter is larger) so one collective carries many parameters; ``bucket_bytes=None``
 gives one parameter per call, the vendor's granularity.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,18 @@ from verl_patches.reshard.errors import InvalidLayoutError
 
 LAYER_NAME = re.compile(r"^(?P<head>(?:.*\.)?decoder\.layers\.)(?P<index>\d+)\.(?P<suffix>.+)$")
 DEFAULT_EXCLUDED = (".mlp.experts.",)
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int64": 8, "int32": 4,
-               "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1}
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+}
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -61,16 +72,19 @@ class ParamSpec:
 
 def validate_layer_list(num_layer_list: Sequence[int], pp: int, num_layers: int | None = None) -> None:
     if len(num_layer_list) != pp:
-        raise InvalidLayoutError("layer_list_length_is_pp",
-                                 f"num_layer_list {list(num_layer_list)} has {len(num_layer_list)} "
-                                 f"entries for {pp} pipeline stages")
+        raise InvalidLayoutError(
+            "layer_list_length_is_pp",
+            f"num_layer_list {list(num_layer_list)} has {len(num_layer_list)} entries for {pp} pipeline stages",
+        )
     if any(n < 1 for n in num_layer_list):
-        raise InvalidLayoutError("layer_list_positive", f"num_layer_list {list(num_layer_list)} has a "
-                                                        f"stage without layers")
+        raise InvalidLayoutError(
+            "layer_list_positive", f"num_layer_list {list(num_layer_list)} has a stage without layers"
+        )
     if num_layers is not None and sum(num_layer_list) != num_layers:
-        raise InvalidLayoutError("layer_list_sums_to_num_layers",
-                                 f"num_layer_list {list(num_layer_list)} sums to {sum(num_layer_list)}, "
-                                 f"not num_layers {num_layers}")
+        raise InvalidLayoutError(
+            "layer_list_sums_to_num_layers",
+            f"num_layer_list {list(num_layer_list)} sums to {sum(num_layer_list)}, not num_layers {num_layers}",
+        )
 
 
 def layer_offsets(num_layer_list: Sequence[int]) -> tuple[int, ...]:
@@ -101,11 +115,11 @@ def global_name(name: str, offset: int) -> str:
 @dataclass(frozen=True)
 class PpGatherPlan:
     num_layer_list: tuple[int, ...]
-    eligible: tuple[tuple[str, ...], ...]      # per stage, local names, aligned index by index
-    shapes: tuple[tuple[int, ...], ...]        # per eligible index (equal on every stage)
+    eligible: tuple[tuple[str, ...], ...]  # per stage, local names, aligned index by index
+    shapes: tuple[tuple[int, ...], ...]  # per eligible index (equal on every stage)
     dtypes: tuple[str, ...]
-    ineligible: tuple[tuple[str, ...], ...]    # per stage, in the stage's own order
-    buckets: tuple[tuple[int, int], ...]       # [start, stop) ranges of eligible indices
+    ineligible: tuple[tuple[str, ...], ...]  # per stage, in the stage's own order
+    buckets: tuple[tuple[int, int], ...]  # [start, stop) ranges of eligible indices
 
     @property
     def pp(self) -> int:
@@ -153,7 +167,8 @@ def plan_pp_gather(
             if key[0] >= num_layer_list[stage]:
                 raise InvalidLayoutError(
                     "local_layer_index_in_stage",
-                    f"stage {stage} lists {p.name} but owns only {num_layer_list[stage]} layers")
+                    f"stage {stage} lists {p.name} but owns only {num_layer_list[stage]} layers",
+                )
             table[key] = p
         keyed.append(table)
 
@@ -161,14 +176,14 @@ def plan_pp_gather(
         first = keyed[0][key]
         if any(x in first.name for x in exclude):
             return False
-        return all(key in t and t[key].shape == first.shape and t[key].dtype == first.dtype
-                   for t in keyed[1:])
+        return all(key in t and t[key].shape == first.shape and t[key].dtype == first.dtype for t in keyed[1:])
 
     order = [k for k in (split_layer_name(p.name) for p in stage_params[0]) if k and aligned(k)]
     eligible = tuple(tuple(t[k].name for k in order) for t in keyed)
     chosen = [set(names) for names in eligible]
-    ineligible = tuple(tuple(p.name for p in params if p.name not in chosen[s])
-                       for s, params in enumerate(stage_params))
+    ineligible = tuple(
+        tuple(p.name for p in params if p.name not in chosen[s]) for s, params in enumerate(stage_params)
+    )
     shapes = tuple(tuple(keyed[0][k].shape) for k in order)
     dtypes = tuple(keyed[0][k].dtype for k in order)
 

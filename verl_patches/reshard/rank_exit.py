@@ -8,6 +8,7 @@ holds that lock and waits for the GIL. Seen in the full suite, in a test's rank 
 ``THPVariable_clear`` waiting for the GIL (gdb). The process's exit releases the group's sockets; its peers
 have already synchronised with it through the collectives that produced the result.
 """
+
 from __future__ import annotations
 
 import os

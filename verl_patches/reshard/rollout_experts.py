@@ -7,6 +7,7 @@ expert order: ``weight1`` → ``(e, "gate_proj", t), (e, "up_proj", t)`` for eve
 transposed *views* of the received blocks) and a zero-size tensor for every other expert; vLLM's
 expert-parallel loader skips experts not in its expert map, so those are never read.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -23,9 +24,13 @@ def rollout_expert_slots(kind: ExpertWeight, num_experts: int, owned: range) -> 
     return [(e, proj, e in owned) for e in range(num_experts) for proj in PROJECTIONS[ExpertWeight(kind)]]
 
 
-def rollout_expert_tensors(kind: ExpertWeight, blocks: Mapping[int, torch.Tensor], num_experts: int,
-                           ffn: int, empty_like: torch.Tensor | None = None
-                           ) -> list[tuple[int, str, torch.Tensor]]:
+def rollout_expert_tensors(
+    kind: ExpertWeight,
+    blocks: Mapping[int, torch.Tensor],
+    num_experts: int,
+    ffn: int,
+    empty_like: torch.Tensor | None = None,
+) -> list[tuple[int, str, torch.Tensor]]:
     """Turn training-orientation expert blocks into the rollout's per-projection tensors.
 
     ``blocks[e]`` is ``[hidden, 2*ffn]`` (gate‖up) for ``weight1`` or ``[ffn, hidden]`` for ``weight2``.
@@ -51,7 +56,8 @@ def expert_param_name(layer: int, expert: int, projection: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
 
 
-def named_rollout_expert_tensors(layer: int, entries: list[tuple[int, str, torch.Tensor]]
-                                 ) -> list[tuple[str, torch.Tensor]]:
+def named_rollout_expert_tensors(
+    layer: int, entries: list[tuple[int, str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` pairs for vLLM's ``load_weights`` from `rollout_expert_tensors` entries."""
     return [(expert_param_name(layer, e, proj), t) for e, proj, t in entries]

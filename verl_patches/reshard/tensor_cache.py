@@ -20,6 +20,7 @@ Differences from the vendor's cache, on purpose: putting a key that is already c
 The preconditions (`check_tensor_cache_preconditions`) are checked on the verl config before the cache
 is enabled, because with the cache on the driver never sees ``ref_log_prob`` or ``old_log_probs``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,12 @@ import torch
 from omegaconf import OmegaConf
 
 from verl_patches.reshard.dp_plan import DpRankMap, DpRelayoutPlan, equal_chunk_rows, plan_dp_relayout
-from verl_patches.reshard.errors import (PlanMismatchError, TensorCacheKeyExistsError,
-                                         TensorCacheMissingKeyError, TensorCachePreconditionError)
+from verl_patches.reshard.errors import (
+    PlanMismatchError,
+    TensorCacheKeyExistsError,
+    TensorCacheMissingKeyError,
+    TensorCachePreconditionError,
+)
 from verl_patches.reshard.executors import relayout_rows
 from verl_patches.reshard.layout import MegatronLayout
 
@@ -42,13 +47,18 @@ _MISSING = object()
 # key → (required value, why); checked in this order.
 PRECONDITIONS: dict[str, tuple[Any, str]] = {
     "actor_rollout_ref.actor.use_kl_loss": (
-        True, "must be true: the update reads ref_log_prob from the cache, so the KL must be a loss term"),
+        True,
+        "must be true: the update reads ref_log_prob from the cache, so the KL must be a loss term",
+    ),
     "algorithm.use_kl_in_reward": (
-        False, "must be false: an in-reward KL needs ref_log_prob on the driver, which never gets it"),
-    "algorithm.adv_estimator": (
-        "grpo", "must be 'grpo': other estimators need a critic or log-probs on the driver"),
+        False,
+        "must be false: an in-reward KL needs ref_log_prob on the driver, which never gets it",
+    ),
+    "algorithm.adv_estimator": ("grpo", "must be 'grpo': other estimators need a critic or log-probs on the driver"),
     "trainer.balance_batch": (
-        False, "must be false: reordering rows on the driver breaks the row order the cache relies on"),
+        False,
+        "must be false: reordering rows on the driver breaks the row order the cache relies on",
+    ),
 }
 
 
@@ -68,7 +78,8 @@ def check_tensor_cache_preconditions(config: Any) -> None:
 def global_rollout_rows(config: Any) -> int:
     """Rows of one step's rollout batch: ``data.train_batch_size * actor_rollout_ref.rollout.n``."""
     return int(OmegaConf.select(config, "data.train_batch_size")) * int(
-        OmegaConf.select(config, "actor_rollout_ref.rollout.n", default=1))
+        OmegaConf.select(config, "actor_rollout_ref.rollout.n", default=1)
+    )
 
 
 @dataclass(frozen=True)
@@ -88,20 +99,26 @@ class CacheSizeReport:
 class TensorCache:
     """Per-worker cache of batch tensors keyed by name (see the module docstring)."""
 
-    def __init__(self, training: MegatronLayout | DpRankMap, rank: int, global_rows: int,
-                 group: Any = None, relayout: Relayout = relayout_rows) -> None:
+    def __init__(
+        self,
+        training: MegatronLayout | DpRankMap,
+        rank: int,
+        global_rows: int,
+        group: Any = None,
+        relayout: Relayout = relayout_rows,
+    ) -> None:
         self.training = training
         self.rank = rank
         self.global_rows = global_rows
         self.group = group
         self._relayout = relayout
-        self._plan: DpRelayoutPlan = plan_dp_relayout(training,
-                                                      equal_chunk_rows(global_rows, training.world_size))
+        self._plan: DpRelayoutPlan = plan_dp_relayout(training, equal_chunk_rows(global_rows, training.world_size))
         self._entries: dict[str, tuple[torch.Tensor, RowLayout]] = {}
 
     @classmethod
-    def from_config(cls, config: Any, training: MegatronLayout, rank: int, group: Any = None,
-                    relayout: Relayout = relayout_rows) -> "TensorCache":
+    def from_config(
+        cls, config: Any, training: MegatronLayout, rank: int, group: Any = None, relayout: Relayout = relayout_rows
+    ) -> "TensorCache":
         """Check the preconditions, then size the cache for one step's rollout batch."""
         check_tensor_cache_preconditions(config)
         return cls(training, rank, global_rollout_rows(config), group, relayout)
@@ -135,12 +152,16 @@ class TensorCache:
             return
         new = DpRankMap(ranks)
         if new.world_size != self.training.world_size:
-            raise PlanMismatchError(f"rank {self.rank}: the Megatron DP rank map has {new.world_size} entries, the "
-                                    f"tensor cache was built for world size {self.training.world_size}")
+            raise PlanMismatchError(
+                f"rank {self.rank}: the Megatron DP rank map has {new.world_size} entries, the "
+                f"tensor cache was built for world size {self.training.world_size}"
+            )
         moved = [k for k, (_, lay) in self._entries.items() if lay == "megatron_dp"]
         if moved:
-            raise PlanMismatchError(f"rank {self.rank}: the Megatron DP rank map changed to {list(ranks)} (was "
-                                    f"{list(self.dp_ranks())}) while {moved} are held in the old DP layout")
+            raise PlanMismatchError(
+                f"rank {self.rank}: the Megatron DP rank map changed to {list(ranks)} (was "
+                f"{list(self.dp_ranks())}) while {moved} are held in the old DP layout"
+            )
         self.training = new
         self._plan = plan_dp_relayout(new, self._plan.chunk_rows)
 
@@ -149,19 +170,26 @@ class TensorCache:
         """Rows of an entry in the Megatron DP layout."""
         return self._plan.rows_per_dp_rank
 
-    def put(self, key: str, tensor: torch.Tensor, *, overwrite: bool = False,
-            layout: RowLayout = "rollout") -> None:
+    def put(self, key: str, tensor: torch.Tensor, *, overwrite: bool = False, layout: RowLayout = "rollout") -> None:
         if key in self._entries and not overwrite:
             raise TensorCacheKeyExistsError(key)
         expect = self._expected_rows(layout)
         if tensor.shape[0] != expect:
-            raise PlanMismatchError(f"rank {self.rank}: {key!r} has {tensor.shape[0]} rows, a "
-                                    f"{layout} entry must have {expect}")
+            raise PlanMismatchError(
+                f"rank {self.rank}: {key!r} has {tensor.shape[0]} rows, a {layout} entry must have {expect}"
+            )
         self._entries[key] = (tensor, layout)
 
-    def cache_tensors(self, data: Any, keys: Iterable[str] | None = None, *,
-                      keys_to_reserve: Sequence[str] = (), keys_no_cache: Sequence[str] = (),
-                      overwrite: bool = False, device: Any = None) -> Any:
+    def cache_tensors(
+        self,
+        data: Any,
+        keys: Iterable[str] | None = None,
+        *,
+        keys_to_reserve: Sequence[str] = (),
+        keys_no_cache: Sequence[str] = (),
+        overwrite: bool = False,
+        device: Any = None,
+    ) -> Any:
         """Cache batch tensors of a verl ``DataProto`` (rollout layout) and pop them from it.
 
         ``keys`` defaults to every batch key; ``keys_no_cache`` are left alone; ``keys_to_reserve`` are
@@ -177,8 +205,9 @@ class TensorCache:
                 raise TensorCacheKeyExistsError(key)
             rows, expect = data.batch[key].shape[0], self._expected_rows("rollout")
             if rows != expect:
-                raise PlanMismatchError(f"rank {self.rank}: {key!r} has {rows} rows, a rollout entry must have "
-                                        f"{expect}")
+                raise PlanMismatchError(
+                    f"rank {self.rank}: {key!r} has {rows} rows, a rollout entry must have {expect}"
+                )
         for key in names:
             tensor = data.batch[key]
             self.put(key, tensor if device is None else tensor.to(device), overwrite=overwrite)
@@ -195,7 +224,7 @@ class TensorCache:
         """The entry in Megatron DP layout, resharding (once, in place) a rollout-layout entry."""
         tensor, layout = self._entry(key)
         if layout == "rollout":
-            if not self._plan.is_identity:     # every rank takes the same branch: the plan is global
+            if not self._plan.is_identity:  # every rank takes the same branch: the plan is global
                 tensor = self._relayout(self._plan, self.rank, tensor, group=self.group)
             self._entries[key] = (tensor, "megatron_dp")
         return tensor
@@ -216,8 +245,10 @@ class TensorCache:
         self._entries.clear()
 
     def size_report(self) -> CacheSizeReport:
-        return CacheSizeReport({k: t.numel() * t.element_size() for k, (t, _) in self._entries.items()},
-                               {k: lay for k, (_, lay) in self._entries.items()})
+        return CacheSizeReport(
+            {k: t.numel() * t.element_size() for k, (t, _) in self._entries.items()},
+            {k: lay for k, (_, lay) in self._entries.items()},
+        )
 
     # ------------------------------------------------------------------------------------ helpers
 

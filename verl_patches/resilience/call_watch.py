@@ -41,14 +41,27 @@ class _Seen:
 
 
 class CallWatch:
-    def __init__(self, call: str, step: int | None, members: dict[str, str], timeout_s: float, board: Board,
-                 clock: Callable[[], float] = time.monotonic,
-                 lookup: Callable[[list[str]], dict[str, dict]] | None = None) -> None:
+    def __init__(
+        self,
+        call: str,
+        step: int | None,
+        members: dict[str, str],
+        timeout_s: float,
+        board: Board,
+        clock: Callable[[], float] = time.monotonic,
+        lookup: Callable[[list[str]], dict[str, dict]] | None = None,
+    ) -> None:
         """`members`: board key -> how to name the member without a heartbeat. `lookup`: for members that
         never published, what the scheduler knows ({"state", "node", "pid"}; Ray's actor table): one that
         is still being created counts as moving, up to `startup_allowance`."""
-        self.call, self.step, self.members, self.timeout_s, self.board, self.clock = \
-            call, step, members, timeout_s, board, clock
+        self.call, self.step, self.members, self.timeout_s, self.board, self.clock = (
+            call,
+            step,
+            members,
+            timeout_s,
+            board,
+            clock,
+        )
         self.lookup = lookup
         self.stale_s = stale_after(timeout_s)
         self.started = clock()
@@ -99,8 +112,10 @@ class CallWatch:
 
     def observed(self, keys: list[str], now: float | None = None) -> list[Observed]:
         now = self.clock() if now is None else now
-        return [Observed(self._label(k), self.seen[k].record, now - self.seen[k].beat_at,
-                         now - self.seen[k].progress_at) for k in keys]
+        return [
+            Observed(self._label(k), self.seen[k].record, now - self.seen[k].beat_at, now - self.seen[k].progress_at)
+            for k in keys
+        ]
 
     def _label(self, key: str) -> str:
         seen = self.seen[key]
@@ -108,5 +123,7 @@ class CallWatch:
         info = seen.starting
         if not info or not isinstance(info, dict):
             return self.members[key] + bad
-        return (f"{self.members[key]} (node {info.get('node', '?')}, pid {info.get('pid', '?')}, scheduler state "
-                f"{info.get('state', '?')}){bad}")
+        return (
+            f"{self.members[key]} (node {info.get('node', '?')}, pid {info.get('pid', '?')}, scheduler state "
+            f"{info.get('state', '?')}){bad}"
+        )

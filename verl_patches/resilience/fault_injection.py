@@ -40,8 +40,9 @@ def parse(raw: str) -> StopAt:
         raise ValueError(f"{INJECT_ENV}={raw!r}: rank and step must be integers") from None
 
 
-def arm(rank: int, environ: Mapping[str, str] | None = None,
-        before_stop: Callable[[], object] | None = None) -> StopAt | None:
+def arm(
+    rank: int, environ: Mapping[str, str] | None = None, before_stop: Callable[[], object] | None = None
+) -> StopAt | None:
     """Install the stop for this process when the variable names it; returns what was armed.
     `before_stop` (the heartbeat's beat) publishes the position first, as a process stopped from outside
     seconds into a phase would have."""
@@ -54,8 +55,11 @@ def arm(rank: int, environ: Mapping[str, str] | None = None,
 
     def stop_here(pos: progress.Position) -> None:
         if plan.matches(rank, pos):
-            print(f"verl_patches fault injection: rank {rank} stops itself (SIGSTOP, pid {os.getpid()}) entering "
-                  f"{pos.describe()}", flush=True)
+            print(
+                f"verl_patches fault injection: rank {rank} stops itself (SIGSTOP, pid {os.getpid()}) entering "
+                f"{pos.describe()}",
+                flush=True,
+            )
             if before_stop is not None:
                 before_stop()
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -52,13 +52,13 @@ class Diagnosis:
     same_place: bool = False  # every outstanding rank alive at one position: none is behind
 
 
-def diagnose(call: str, step: int | None, outstanding: list[Observed], timeout_s: float,
-             stale_s: float) -> Diagnosis:
+def diagnose(call: str, step: int | None, outstanding: list[Observed], timeout_s: float, stale_s: float) -> Diagnosis:
     never = [o for o in outstanding if o.record is None]
     frozen = [o for o in outstanding if o.record is not None and o.silent_s >= stale_s]
     alive = [o for o in outstanding if o.record is not None and o.silent_s < stale_s]
-    culprits = [f"{o.label} never reported a heartbeat (it did not start, or froze before its first report)"
-                for o in never]
+    culprits = [
+        f"{o.label} never reported a heartbeat (it did not start, or froze before its first report)" for o in never
+    ]
     culprits += [_frozen(o, call) for o in frozen]
     ranks = [o.rank for o in frozen if o.rank is not None]
     waiting: list[Observed] = []
@@ -81,14 +81,24 @@ def diagnose(call: str, step: int | None, outstanding: list[Observed], timeout_s
     if step is None:  # the watcher did not know it: the step the outstanding ranks are in
         steps = [o.position.step for o in outstanding if o.record is not None and o.position.step is not None]
         step = max(steps) if steps else None
-    return Diagnosis(call, step, timeout_s, stalled, culprits, sorted(r for r in ranks if r is not None),
-                     _grouped(waiting), same_place)
+    return Diagnosis(
+        call,
+        step,
+        timeout_s,
+        stalled,
+        culprits,
+        sorted(r for r in ranks if r is not None),
+        _grouped(waiting),
+        same_place,
+    )
 
 
 def hang_message(d: Diagnosis, extra: str = "") -> str:
     step = "?" if d.step is None else d.step
-    head = (f"{REPORT_PREFIX} {d.call} (step {step}) made no progress for {d.stalled_s:.0f} s "
-            f"({TIMEOUT_ENV}={d.timeout_s:g}); stuck: " + "; ".join(d.culprits))
+    head = (
+        f"{REPORT_PREFIX} {d.call} (step {step}) made no progress for {d.stalled_s:.0f} s "
+        f"({TIMEOUT_ENV}={d.timeout_s:g}); stuck: " + "; ".join(d.culprits)
+    )
     if d.waiting:
         head += f"; waiting on {'it' if len(d.culprit_ranks) <= 1 else 'them'}: " + "; ".join(d.waiting)
     return head + (f"; {extra}" if extra else "")
@@ -124,8 +134,10 @@ def _where(o: Observed) -> str:
 
 
 def _frozen(o: Observed, call: str = "") -> str:
-    return (f"{_who(o)} stopped reporting {o.silent_s:.0f} s ago (process frozen or dead), last in "
-            f"{o.position.describe()}{_not_started(o, call)}{_log(o)}")
+    return (
+        f"{_who(o)} stopped reporting {o.silent_s:.0f} s ago (process frozen or dead), last in "
+        f"{o.position.describe()}{_not_started(o, call)}{_log(o)}"
+    )
 
 
 def _not_started(o: Observed, call: str) -> str:
@@ -138,12 +150,14 @@ def _not_started(o: Observed, call: str) -> str:
 
 
 def _behind(o: Observed, call: str = "") -> str:
-    return (f"{_who(o)} is alive but made no progress for {o.stalled_s:.0f} s in {o.position.describe()} while "
-            f"its peers moved past it{_not_started(o, call)}{_where(o)}{_log(o)}")
+    return (
+        f"{_who(o)} is alive but made no progress for {o.stalled_s:.0f} s in {o.position.describe()} while "
+        f"its peers moved past it{_not_started(o, call)}{_where(o)}{_log(o)}"
+    )
 
 
 def rank_list(ranks: list[int]) -> str:
-    """"0,1,4-9,12": runs of three or more as a range, so 255 waiting ranks stay short."""
+    """ "0,1,4-9,12": runs of three or more as a range, so 255 waiting ranks stay short."""
     out: list[str] = []
     ordered = sorted(set(ranks))
     i = 0
@@ -151,7 +165,7 @@ def rank_list(ranks: list[int]) -> str:
         j = i
         while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
             j += 1
-        out += [f"{ordered[i]}-{ordered[j]}"] if j - i >= 2 else [str(r) for r in ordered[i:j + 1]]
+        out += [f"{ordered[i]}-{ordered[j]}"] if j - i >= 2 else [str(r) for r in ordered[i : j + 1]]
         i = j + 1
     return ",".join(out)
 
@@ -159,8 +173,10 @@ def rank_list(ranks: list[int]) -> str:
 def _same_place(alive: list[Observed]) -> str:
     ranks = rank_list([o.rank for o in alive if o.rank is not None])
     first = alive[0]
-    return (f"no rank is behind another: ranks {ranks} are all alive and stopped in {first.position.describe()}"
-            f"{_where(first)} (a device, transport or collective fault; see each rank's log)")
+    return (
+        f"no rank is behind another: ranks {ranks} are all alive and stopped in {first.position.describe()}"
+        f"{_where(first)} (a device, transport or collective fault; see each rank's log)"
+    )
 
 
 def _grouped(observed: list[Observed]) -> list[str]:

@@ -33,8 +33,9 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + "/"
 
 
 class Heartbeat:
-    def __init__(self, board: Board, key: str, identity: dict[str, Any], interval_s: float,
-                 main_ident: int | None = None) -> None:
+    def __init__(
+        self, board: Board, key: str, identity: dict[str, Any], interval_s: float, main_ident: int | None = None
+    ) -> None:
         self.board, self.key, self.identity, self.interval_s = board, key, dict(identity), interval_s
         self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
         self.beats = 0
@@ -70,8 +71,14 @@ class Heartbeat:
         else:
             self._last_stack = None
         self.beats += 1
-        payload = {**self.identity, "beat": self.beats, "activity": self.activity, "age_s": round(age, 3),
-                   "pos": pos.to_dict(), "where": where}
+        payload = {
+            **self.identity,
+            "beat": self.beats,
+            "activity": self.activity,
+            "age_s": round(age, 3),
+            "pos": pos.to_dict(),
+            "where": where,
+        }
         self.board.publish(self.key, json.dumps(payload))
         return payload
 
@@ -110,8 +117,14 @@ def process_identity(rank: int, environ: dict[str, str] | None = None) -> dict[s
     from verl_patches.resilience.reap import start_ticks
 
     env = os.environ if environ is None else environ
-    ident: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "node": _node_ip(),
-                             "log": _log_file(), "started": start_ticks()}
+    ident: dict[str, Any] = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "node": _node_ip(),
+        "log": _log_file(),
+        "started": start_ticks(),
+    }
     node_id = _node_id()
     if node_id:
         ident["node_id"] = node_id
@@ -193,8 +206,9 @@ def start_with_store(store: Any, rank: int, timeout_s: float | None = None) -> H
         return None
     with _START_LOCK:
         if _ACTIVE is None:
-            _ACTIVE = Heartbeat(StoreBoard(store), f"rank{rank}", process_identity(rank),
-                                publish_interval(timeout)).start()
+            _ACTIVE = Heartbeat(
+                StoreBoard(store), f"rank{rank}", process_identity(rank), publish_interval(timeout)
+            ).start()
             fault_injection.arm(rank, before_stop=_ACTIVE.beat)
     return _ACTIVE
 

@@ -20,19 +20,32 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and -(1 << 62) < v < (1 << 62)
 
 
-_TOP = {"beat": (_is_int, _INT, True), "activity": (_is_int, _INT, False), "rank": (_is_int, _INT, False),
-        "pid": (_is_int, _INT, False), "started": (lambda v: v is None or _is_int(v), "an integer or null", False),
-        "node": (lambda v: isinstance(v, str), _STR, False), "host": (lambda v: isinstance(v, str), _STR, False),
-        "log": (lambda v: isinstance(v, str), _STR, False), "where": (lambda v: isinstance(v, str), _STR, False),
-        "node_id": (lambda v: isinstance(v, str), _STR, False), "store": (lambda v: isinstance(v, str), _STR, False),
-        "flight_recorder": (lambda v: isinstance(v, str), _STR, False),
-        "age_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number", False)}
-_POS = {"marks": (_is_int, _INT, True), "call": (lambda v: isinstance(v, str), _STR, True),
-        "step": (lambda v: v is None or _is_int(v), "an integer or null", True),
-        "phase": (lambda v: isinstance(v, str), _STR, True), "unit": (lambda v: isinstance(v, str), _STR, False),
-        "index": (lambda v: v is None or _is_int(v), "an integer or null", False),
-        "total": (lambda v: v is None or _is_int(v), "an integer or null", False),
-        "group": (_is_int, _INT, False), "coarse": (lambda v: isinstance(v, bool), "true or false", False)}
+_TOP = {
+    "beat": (_is_int, _INT, True),
+    "activity": (_is_int, _INT, False),
+    "rank": (_is_int, _INT, False),
+    "pid": (_is_int, _INT, False),
+    "started": (lambda v: v is None or _is_int(v), "an integer or null", False),
+    "node": (lambda v: isinstance(v, str), _STR, False),
+    "host": (lambda v: isinstance(v, str), _STR, False),
+    "log": (lambda v: isinstance(v, str), _STR, False),
+    "where": (lambda v: isinstance(v, str), _STR, False),
+    "node_id": (lambda v: isinstance(v, str), _STR, False),
+    "store": (lambda v: isinstance(v, str), _STR, False),
+    "flight_recorder": (lambda v: isinstance(v, str), _STR, False),
+    "age_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number", False),
+}
+_POS = {
+    "marks": (_is_int, _INT, True),
+    "call": (lambda v: isinstance(v, str), _STR, True),
+    "step": (lambda v: v is None or _is_int(v), "an integer or null", True),
+    "phase": (lambda v: isinstance(v, str), _STR, True),
+    "unit": (lambda v: isinstance(v, str), _STR, False),
+    "index": (lambda v: v is None or _is_int(v), "an integer or null", False),
+    "total": (lambda v: v is None or _is_int(v), "an integer or null", False),
+    "group": (_is_int, _INT, False),
+    "coarse": (lambda v: isinstance(v, bool), "true or false", False),
+}
 
 
 def _check(obj: dict, fields: dict, prefix: str) -> str:

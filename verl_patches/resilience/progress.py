@@ -20,14 +20,31 @@ from dataclasses import dataclass
 from typing import Callable
 
 # In the order a training step goes through them; a rank earlier in this order (same step) is behind.
-PHASE_ORDER = ("init", "load_checkpoint", "weight_sync", "generate", "rollout_offload", "old_log_prob",
-               "d2d_reshard", "ref", "update", "save_checkpoint", "idle")
+PHASE_ORDER = (
+    "init",
+    "load_checkpoint",
+    "weight_sync",
+    "generate",
+    "rollout_offload",
+    "old_log_prob",
+    "d2d_reshard",
+    "ref",
+    "update",
+    "save_checkpoint",
+    "idle",
+)
 COARSE_PHASES = frozenset({"init", "load_checkpoint", "generate", "rollout_offload", "save_checkpoint"})
 # The phase each worker call starts in (generate_sequences starts with the weight sync: our sharding manager
 # marks it and, after it, "generate").
-CALL_PHASES = {"generate_sequences": "weight_sync", "compute_ref_log_prob": "ref", "compute_log_prob": "old_log_prob",
-               "update_actor": "update", "init_model": "init", "save_checkpoint": "save_checkpoint",
-               "load_checkpoint": "load_checkpoint"}
+CALL_PHASES = {
+    "generate_sequences": "weight_sync",
+    "compute_ref_log_prob": "ref",
+    "compute_log_prob": "old_log_prob",
+    "update_actor": "update",
+    "init_model": "init",
+    "save_checkpoint": "save_checkpoint",
+    "load_checkpoint": "load_checkpoint",
+}
 
 
 def phase_of_call(call: str) -> str | None:
@@ -36,6 +53,7 @@ def phase_of_call(call: str) -> str | None:
         if call == name or call.endswith("_" + name):
             return first
     return None
+
 
 # marks, call, step, phase, unit, index, total, group, coarse, monotonic time of the mark
 _Pos = tuple
@@ -62,7 +80,7 @@ class Position:
         return (-1 if self.step is None else self.step, phase, self.group, -1 if self.index is None else self.index)
 
     def describe(self) -> str:
-        """"phase 'update' (micro-batch 2/4 of batch 1) of step 3 in update_actor" and the like."""
+        """ "phase 'update' (micro-batch 2/4 of batch 1) of step 3 in update_actor" and the like."""
         inner = ""
         if self.unit and self.index is not None:
             inner = f"{self.unit} {self.index}" + (f"/{self.total}" if self.total else "")
@@ -75,13 +93,31 @@ class Position:
         return where + (f" after {self.call}" if self.phase == "idle" else f" in {self.call}")
 
     def to_dict(self) -> dict:
-        return {"marks": self.marks, "call": self.call, "step": self.step, "phase": self.phase, "unit": self.unit,
-                "index": self.index, "total": self.total, "group": self.group, "coarse": self.coarse}
+        return {
+            "marks": self.marks,
+            "call": self.call,
+            "step": self.step,
+            "phase": self.phase,
+            "unit": self.unit,
+            "index": self.index,
+            "total": self.total,
+            "group": self.group,
+            "coarse": self.coarse,
+        }
 
     @staticmethod
     def from_dict(d: dict) -> "Position":
-        return Position(int(d["marks"]), str(d["call"]), d["step"], str(d["phase"]), str(d.get("unit", "")),
-                        d.get("index"), d.get("total"), int(d.get("group", 0)), bool(d.get("coarse", False)))
+        return Position(
+            int(d["marks"]),
+            str(d["call"]),
+            d["step"],
+            str(d["phase"]),
+            str(d.get("unit", "")),
+            d.get("index"),
+            d.get("total"),
+            int(d.get("group", 0)),
+            bool(d.get("coarse", False)),
+        )
 
 
 def current() -> tuple[Position, float]:
@@ -94,8 +130,18 @@ def enter_call(call: str, step: int | None, phase: str) -> None:
     """A worker call starts; `step` None keeps the last one (validation and setup calls carry none)."""
     global _pos
     p = _pos
-    _pos = (p[0] + 1, call, p[2] if step is None else int(step), phase, "", None, None, 0, phase in COARSE_PHASES,
-            time.monotonic())
+    _pos = (
+        p[0] + 1,
+        call,
+        p[2] if step is None else int(step),
+        phase,
+        "",
+        None,
+        None,
+        0,
+        phase in COARSE_PHASES,
+        time.monotonic(),
+    )
     if _on_phase is not None:
         _on_phase(current()[0])
 

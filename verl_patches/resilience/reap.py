@@ -35,7 +35,8 @@ def kill_processes(records: list[dict[str, Any]], timeout_s: float = 30.0) -> in
             done += kill_if_same(int(r["pid"]), int(r["started"]))
         else:
             task = ray.remote(kill_if_same).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(r["node_id"], soft=False))
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(r["node_id"], soft=False)
+            )
             remote.append(task.remote(int(r["pid"]), int(r["started"])))
     if remote:
         ready, _ = ray.wait(remote, num_returns=len(remote), timeout=timeout_s)

@@ -49,8 +49,9 @@ def set_step(step: int | None) -> None:
     _driver_step = step
 
 
-def func_generator(self: Any, method_name: str, dispatch_fn: Any, collect_fn: Any, execute_fn: Any,
-                   blocking: bool) -> Any:
+def func_generator(
+    self: Any, method_name: str, dispatch_fn: Any, collect_fn: Any, execute_fn: Any, blocking: bool
+) -> Any:
     """verl v0.4.0's ``func_generator`` with a bounded wait for the workers' results."""
     from verl.protocol import DataProto, _padding_size_key
 
@@ -102,9 +103,14 @@ def wait_for_workers(group: Any, method: str, refs: Any, step: int | None = None
     else:  # not one result per worker: no way to tell whose is missing
         return ray.get(refs)
     keys = [h._actor_id.hex() for h in handles]
-    watch = CallWatch(method, step if step is not None else _driver_step,
-                      {k: f"worker {i} of the group" for i, k in enumerate(keys)}, timeout, RayKVBoard(),
-                      lookup=ray_actor_states)
+    watch = CallWatch(
+        method,
+        step if step is not None else _driver_step,
+        {k: f"worker {i} of the group" for i, k in enumerate(keys)},
+        timeout,
+        RayKVBoard(),
+        lookup=ray_actor_states,
+    )
     results: dict[str, Any] = {}
     pending = dict(zip(keys, ref_list))
     by_ref = {r: k for k, r in pending.items()}
@@ -121,14 +127,14 @@ def wait_for_workers(group: Any, method: str, refs: Any, step: int | None = None
                 died.append((key, e))
         if died:
             watch.observe([k for k, _ in died])  # their last heartbeats
-            message = death_message(watch.call, watch.step, watch.observed([k for k, _ in died]),
-                                    f"{type(died[0][1]).__name__}")
+            message = death_message(
+                watch.call, watch.step, watch.observed([k for k, _ in died]), f"{type(died[0][1]).__name__}"
+            )
             end_job(workers, message, None, watch)
         if pending:
             diagnosis = watch.observe(list(pending))
             if diagnosis is not None:
-                end_job(workers, hang_message(diagnosis, flight_recorder_note(watch, list(pending))), diagnosis,
-                        watch)
+                end_job(workers, hang_message(diagnosis, flight_recorder_note(watch, list(pending))), diagnosis, watch)
     return results[keys[0]] if single else [results[k] for k in keys]
 
 
@@ -140,8 +146,11 @@ def ray_actor_states(actor_ids: list[str]) -> dict[str, dict]:
     for actor_id in actor_ids:
         info = state.actors(actor_id=actor_id) or {}
         if info:
-            out[actor_id] = {"state": info.get("State", "?"), "node": info.get("Address", {}).get("IPAddress", "?"),
-                             "pid": info.get("Pid", "?")}
+            out[actor_id] = {
+                "state": info.get("State", "?"),
+                "node": info.get("Address", {}).get("IPAddress", "?"),
+                "pid": info.get("Pid", "?"),
+            }
     return out
 
 
@@ -152,8 +161,10 @@ def flight_recorder_note(watch: CallWatch, keys: list[str]) -> str:
     if not paths:
         return ""
     prefix = paths[0].rstrip("0123456789")
-    return (f"HCCL flight recorder dump requested from every live rank: {prefix}<rank> on each node, Python "
-            f"stacks in {prefix}<rank>_py_traceback (read them with {FLIGHT_RECORDER_TOOL})")
+    return (
+        f"HCCL flight recorder dump requested from every live rank: {prefix}<rank> on each node, Python "
+        f"stacks in {prefix}<rank>_py_traceback (read them with {FLIGHT_RECORDER_TOOL})"
+    )
 
 
 def end_job(workers: list[Any], message: str, diagnosis: Diagnosis | None, watch: CallWatch) -> None:

@@ -312,4 +312,6 @@ def compute_score_batch(
     """verl `BatchRewardManager` signature: one 0.0/1.0 score per response."""
     rule = parse_format_rule(format_rule)
     pool = _pool(num_workers, memory_limit_mb)
-    return [g.score for g in grade_batch(solution_strs, ground_truths, timeout_s=timeout_s, pool=pool, format_rule=rule)]
+    return [
+        g.score for g in grade_batch(solution_strs, ground_truths, timeout_s=timeout_s, pool=pool, format_rule=rule)
+    ]

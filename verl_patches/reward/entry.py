@@ -82,5 +82,7 @@ def compute_score_batch(
         from verl.utils.reward_score import default_compute_score
 
         for i in others:
-            scores[i] = default_compute_score(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i], **theirs)
+            scores[i] = default_compute_score(
+                data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i], **theirs
+            )
     return scores

@@ -210,7 +210,9 @@ class GuardedPool:
             return Verdict.ERROR
         deadline = started + timeout_s + (time.monotonic() - startup_began)
         try:
-            worker.send(next(self._job_ids), pred, truth, (deadline - time.monotonic()) * self.config.soft_deadline_fraction)
+            worker.send(
+                next(self._job_ids), pred, truth, (deadline - time.monotonic()) * self.config.soft_deadline_fraction
+            )
             if worker.responses.poll(max(0.0, deadline - time.monotonic())):
                 _, verdict = worker.responses.recv()
                 self._give_back(worker)
@@ -272,7 +274,9 @@ class GuardedPool:
                     break
                 if not (busy or starting):
                     continue
-                deadlines = [deadline for _, _, deadline in busy.values()] + [w.start_deadline for w in starting.values()]
+                deadlines = [deadline for _, _, deadline in busy.values()] + [
+                    w.start_deadline for w in starting.values()
+                ]
                 for conn in wait(list(busy) + list(starting), timeout=max(0.0, min(deadlines) - time.monotonic())):
                     if conn in starting:
                         worker = starting.pop(conn)

@@ -45,11 +45,24 @@ _ROOTS = {"\u221a": "\\sqrt", "\u221b": "\\sqrt[3]", "\u221c": "\\sqrt[4]"}
 _SUPERSCRIPTS = dict(zip("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207a\u207b", "0123456789+-"))
 _SUBSCRIPTS = dict(zip("\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089", "0123456789"))
 _VULGAR = {
-    "\u00bd": Fraction(1, 2), "\u2153": Fraction(1, 3), "\u2154": Fraction(2, 3), "\u00bc": Fraction(1, 4),
-    "\u00be": Fraction(3, 4), "\u2155": Fraction(1, 5), "\u2156": Fraction(2, 5), "\u2157": Fraction(3, 5),
-    "\u2158": Fraction(4, 5), "\u2159": Fraction(1, 6), "\u215a": Fraction(5, 6), "\u2150": Fraction(1, 7),
-    "\u215b": Fraction(1, 8), "\u215c": Fraction(3, 8), "\u215d": Fraction(5, 8), "\u215e": Fraction(7, 8),
-    "\u2151": Fraction(1, 9), "\u2152": Fraction(1, 10),
+    "\u00bd": Fraction(1, 2),
+    "\u2153": Fraction(1, 3),
+    "\u2154": Fraction(2, 3),
+    "\u00bc": Fraction(1, 4),
+    "\u00be": Fraction(3, 4),
+    "\u2155": Fraction(1, 5),
+    "\u2156": Fraction(2, 5),
+    "\u2157": Fraction(3, 5),
+    "\u2158": Fraction(4, 5),
+    "\u2159": Fraction(1, 6),
+    "\u215a": Fraction(5, 6),
+    "\u2150": Fraction(1, 7),
+    "\u215b": Fraction(1, 8),
+    "\u215c": Fraction(3, 8),
+    "\u215d": Fraction(5, 8),
+    "\u215e": Fraction(7, 8),
+    "\u2151": Fraction(1, 9),
+    "\u2152": Fraction(1, 10),
 }
 _OPEN_CLOSE = {"(": ")", "{": "}"}
 

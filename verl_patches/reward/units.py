@@ -109,7 +109,9 @@ def _skip_separators(text: str, end: int) -> int:
             end -= 1
             continue
         for command in _SEPARATOR_COMMANDS:
-            if text.endswith(command, 0, end) and not (command[-1].isalpha() and end < len(text) and text[end].isalpha()):
+            if text.endswith(command, 0, end) and not (
+                command[-1].isalpha() and end < len(text) and text[end].isalpha()
+            ):
                 end -= len(command)
                 break
         else:
@@ -122,7 +124,9 @@ def _word_start(text: str, end: int) -> int:
     i = end
     if i > 0 and text[i - 1] == ".":
         i -= 1
-    while i > 0 and (text[i - 1].isalpha() and text[i - 1].isascii() or (text[i - 1] == "/" and i - 1 > 0 and text[i - 2].isalpha())):
+    while i > 0 and (
+        text[i - 1].isalpha() and text[i - 1].isascii() or (text[i - 1] == "/" and i - 1 > 0 and text[i - 2].isalpha())
+    ):
         i -= 1
     while i < end and text[i] == "/":
         i += 1

@@ -44,9 +44,13 @@ class DpAssignment:
     port: int
 
     def env(self, master_ip: str) -> dict[str, str]:
-        return {"VLLM_DP_SIZE": str(self.dp_size), "VLLM_DP_RANK": str(self.dp_rank),
-                "VLLM_DP_RANK_LOCAL": str(self.dp_rank), "VLLM_DP_MASTER_IP": master_ip,
-                "VLLM_DP_MASTER_PORT": str(self.port)}
+        return {
+            "VLLM_DP_SIZE": str(self.dp_size),
+            "VLLM_DP_RANK": str(self.dp_rank),
+            "VLLM_DP_RANK_LOCAL": str(self.dp_rank),
+            "VLLM_DP_MASTER_IP": master_ip,
+            "VLLM_DP_MASTER_PORT": str(self.port),
+        }
 
 
 def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignment:
@@ -59,10 +63,19 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
     group_index = instance * tp + tp_rank
     port = base_port + 1 + group_index
     if port > 65535 or base_port + 1 < 1024:
-        raise DpEnvError(f"rank {rank}: DP master port {port} (MASTER_PORT {base_port} + 1 + {group_index}) "
-                         f"outside 1024..65535")
-    return DpAssignment(rank=rank, instance=instance, dp_rank=dp_rank, dp_size=dp, tp_rank=tp_rank,
-                        group_index=group_index, master_rank=instance * tp * dp + tp_rank, port=port)
+        raise DpEnvError(
+            f"rank {rank}: DP master port {port} (MASTER_PORT {base_port} + 1 + {group_index}) outside 1024..65535"
+        )
+    return DpAssignment(
+        rank=rank,
+        instance=instance,
+        dp_rank=dp_rank,
+        dp_size=dp,
+        tp_rank=tp_rank,
+        group_index=group_index,
+        master_rank=instance * tp * dp + tp_rank,
+        port=port,
+    )
 
 
 def all_group_ports(layout: RolloutLayout, base_port: int) -> dict[int, int]:
@@ -93,8 +106,10 @@ def host_address(environ: MutableMapping[str, str] | None = None) -> str:
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError as e:
-        raise DpEnvError(f"host name {socket.gethostname()!r} does not resolve ({e}); set HCCL_SOCKET_IFNAME "
-                         f"to the NIC the DP groups should use") from None
+        raise DpEnvError(
+            f"host name {socket.gethostname()!r} does not resolve ({e}); set HCCL_SOCKET_IFNAME "
+            f"to the NIC the DP groups should use"
+        ) from None
 
 
 def check_port_free(host: str, port: int, rank: int) -> None:
@@ -103,19 +118,23 @@ def check_port_free(host: str, port: int, rank: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise DpEnvError(f"rank {rank}: vLLM DP master port {port} on {host} is not free ({e.strerror}); "
-                             f"choose another MASTER_PORT (DP ports are MASTER_PORT+1 onwards)") from None
+            raise DpEnvError(
+                f"rank {rank}: vLLM DP master port {port} on {host} is not free ({e.strerror}); "
+                f"choose another MASTER_PORT (DP ports are MASTER_PORT+1 onwards)"
+            ) from None
 
 
-def export_env(assignment: DpAssignment, master_ip: str,
-               environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+def export_env(
+    assignment: DpAssignment, master_ip: str, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
     values = assignment.env(master_ip)
     (os.environ if environ is None else environ).update(values)
     return values
 
 
-def init_vllm_dp_env(tp: int, dp: int, base_port: int, group=None,
-                     environ: MutableMapping[str, str] | None = None) -> DpAssignment:
+def init_vllm_dp_env(
+    tp: int, dp: int, base_port: int, group=None, environ: MutableMapping[str, str] | None = None
+) -> DpAssignment:
     """Every rank of the job calls this once before building its engine (collective over `group`)."""
     import torch.distributed as dist
 

@@ -53,14 +53,20 @@ def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | N
         if seqs is None or list(graph.get("graph_batch_sizes") or []) != [int(seqs)]:
             raise EngineArgumentError(
                 f"{_ENGINE_KEYS}.additional_config.torchair_graph_config.graph_batch_sizes="
-                f"{graph.get('graph_batch_sizes')} must be [{_ENGINE_KEYS}.max_num_seqs] = [{seqs}]")
+                f"{graph.get('graph_batch_sizes')} must be [{_ENGINE_KEYS}.max_num_seqs] = [{seqs}]"
+            )
     scheduler = dict(extra.get("ascend_scheduler_config") or {})
     chunked = out.get("enable_chunked_prefill")
-    if scheduler.get("enabled") and chunked is not None and bool(scheduler.get("enable_chunked_prefill")) != bool(chunked):
+    if (
+        scheduler.get("enabled")
+        and chunked is not None
+        and bool(scheduler.get("enable_chunked_prefill")) != bool(chunked)
+    ):
         raise EngineArgumentError(
             f"{_ENGINE_KEYS}.additional_config.ascend_scheduler_config.enable_chunked_prefill="
             f"{scheduler.get('enable_chunked_prefill')} contradicts actor_rollout_ref.rollout.enable_chunked_prefill="
-            f"{chunked}: vllm-ascend's scheduler would use its own value")
+            f"{chunked}: vllm-ascend's scheduler would use its own value"
+        )
     check_kv_nz_patch(graph, env)
     extra.setdefault("refresh", True)  # vllm-ascend keeps its first parsed config process-wide otherwise
     out["additional_config"] = extra
@@ -87,7 +93,8 @@ def check_kv_nz_patch(graph: Mapping[str, Any], environ: Mapping[str, str]) -> N
             f"{_ENGINE_KEYS}.additional_config.torchair_graph_config: enabled={graph.get('enabled')}, "
             f"enable_kv_nz={graph.get('enable_kv_nz')} {'needs' if want else 'contradicts'} the F4 patch, "
             f"but {KV_NZ_FLAG}={environ.get(KV_NZ_FLAG, '(unset)')}: start the job with the launcher "
-            f"(it sets {KV_NZ_FLAG} from this config) or set {KV_NZ_FLAG}={int(want)} in every process")
+            f"(it sets {KV_NZ_FLAG} from this config) or set {KV_NZ_FLAG}={int(want)} in every process"
+        )
 
 
 _OVERLAY_CLASS: type | None = None

@@ -37,7 +37,9 @@ def weight_addresses(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
 
 
 def has_graphs(runner: Any) -> bool:
-    return bool(getattr(runner, "torchair_compiled_model", None)) or bool(getattr(runner, "torchair_compiled_models", None))
+    return bool(getattr(runner, "torchair_compiled_model", None)) or bool(
+        getattr(runner, "torchair_compiled_models", None)
+    )
 
 
 def record(runner: Any) -> None:

@@ -41,9 +41,12 @@ def default_kernel_dir() -> Path:
     return Path(sysconfig.get_paths()["purelib"]) / KERNEL_DIR_NAME
 
 
-def missing_prerequisites(environ: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which,
-                          module_exists: Callable[[str], bool] | None = None,
-                          path_exists: Callable[[Path], bool] = Path.exists) -> list[str]:
+def missing_prerequisites(
+    environ: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    module_exists: Callable[[str], bool] | None = None,
+    path_exists: Callable[[Path], bool] = Path.exists,
+) -> list[str]:
     """Every prerequisite of the build that this host lacks, each with how to provide it ([] = ready)."""
     import importlib.util
 
@@ -55,12 +58,18 @@ def missing_prerequisites(environ: Mapping[str, str] | None = None, which: Calla
         out.append("CANN toolkit: ASCEND_HOME_PATH is not set (source /usr/local/Ascend/ascend-toolkit/set_env.sh)")
     elif not path_exists(Path(cann)):
         out.append(f"CANN toolkit: ASCEND_HOME_PATH={cann} does not exist")
-    for tool, why in (("cmake", "cmake >= 3.26 (pip install cmake)"), ("g++", "a C++17 compiler (gcc-c++)"),
-                      ("gcc", "a C compiler (gcc)")):
+    for tool, why in (
+        ("cmake", "cmake >= 3.26 (pip install cmake)"),
+        ("g++", "a C++17 compiler (gcc-c++)"),
+        ("gcc", "a C compiler (gcc)"),
+    ):
         if which(tool) is None:
             out.append(f"{tool}: not on PATH; install {why}")
-    for module, why in (("torch_npu", "torch-npu==2.5.1.post1 (requirements.txt)"),
-                        ("pybind11", "pybind11 (requirements.txt)"), ("setuptools_scm", "setuptools-scm>=8")):
+    for module, why in (
+        ("torch_npu", "torch-npu==2.5.1.post1 (requirements.txt)"),
+        ("pybind11", "pybind11 (requirements.txt)"),
+        ("setuptools_scm", "setuptools-scm>=8"),
+    ):
         if not has_module(module):
             out.append(f"{module}: not importable; install {why}")
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
@@ -109,11 +118,13 @@ def pinned_sdist() -> Path:
     if not path.is_file():  # set up from git or an exported cache: fetch the sdist (sha256-checked)
         from verl_patches.sources.errors import SourceError
         from verl_patches.sources.pypi_route import fetch_artifact
+
         try:
             path, _ = fetch_artifact(comp.pypi, user_cache_dir())
         except SourceError as e:
-            raise KernelBuildError(f"{comp.pypi.file} is neither in the download cache nor downloadable ({e}); "
-                                   f"copy it into {path.parent}") from None
+            raise KernelBuildError(
+                f"{comp.pypi.file} is neither in the download cache nor downloadable ({e}); copy it into {path.parent}"
+            ) from None
     if sha256_file(path) != comp.pypi.sha256:
         raise KernelBuildError(f"{path}: sha256 differs from sources.lock's {comp.pypi.sha256}")
     return path
@@ -129,11 +140,22 @@ def build(into: Path, soc_version: str = DEFAULT_SOC) -> list[Path]:
         (src,) = [p for p in Path(work).iterdir() if p.is_dir()]
         env = dict(os.environ, COMPILE_CUSTOM_KERNELS="1", SOC_VERSION=soc_version)
         wheel_dir = Path(work) / "wheel"
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(src)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheel_dir),
+            str(src),
+        ]
         p = subprocess.run(cmd, env=env, cwd=work)
         if p.returncode != 0:
-            raise KernelBuildError(f"building vllm-ascend's kernels failed (pip wheel exit {p.returncode}); "
-                                   f"the compiler output is above")
+            raise KernelBuildError(
+                f"building vllm-ascend's kernels failed (pip wheel exit {p.returncode}); the compiler output is above"
+            )
         (wheel,) = wheel_dir.glob("vllm_ascend-*.whl")
         return install_members(wheel, compiled_members(wheel), into)
 
@@ -141,7 +163,9 @@ def build(into: Path, soc_version: str = DEFAULT_SOC) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_patches.rollout.kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("check", "build"))
-    ap.add_argument("--into", type=Path, default=None, help=f"install folder (default: site-packages/{KERNEL_DIR_NAME})")
+    ap.add_argument(
+        "--into", type=Path, default=None, help=f"install folder (default: site-packages/{KERNEL_DIR_NAME})"
+    )
     ap.add_argument("--soc-version", default=DEFAULT_SOC)
     args = ap.parse_args(argv)
     if args.command == "check":

@@ -29,8 +29,9 @@ def initialize_kv_caches_keeping_configs(self: Any, vllm_config: Any) -> tuple[i
     specs = executor.get_kv_cache_specs()
     available = executor.determine_available_memory()
     if len(specs) != len(available):
-        raise KVCacheConfigError(f"{len(specs)} workers reported KV cache specs but {len(available)} reported "
-                                 f"available memory")
+        raise KVCacheConfigError(
+            f"{len(specs)} workers reported KV cache specs but {len(available)} reported available memory"
+        )
     configs = [core.get_kv_cache_config(vllm_config, spec, mem) for spec, mem in zip(specs, available)]
     core.unify_kv_cache_configs(configs)
     counts = sorted({c.num_blocks for c in configs})
@@ -44,9 +45,11 @@ def initialize_kv_caches_keeping_configs(self: Any, vllm_config: Any) -> tuple[i
 def saved_configs(engine_core: Any) -> list[Any]:
     configs = getattr(engine_core, SAVED_ATTR, None)
     if not configs:
-        raise KVCacheConfigError("the engine core has no saved KV cache configs: the F3 patch "
-                                 "(vllm.v1.engine.core.EngineCore._initialize_kv_caches) was not active "
-                                 "when the engine was built")
+        raise KVCacheConfigError(
+            "the engine core has no saved KV cache configs: the F3 patch "
+            "(vllm.v1.engine.core.EngineCore._initialize_kv_caches) was not active "
+            "when the engine was built"
+        )
     return configs
 
 

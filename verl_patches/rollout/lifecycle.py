@@ -65,8 +65,7 @@ def _is_decoder_attention(layer: Any) -> bool:
         from vllm.attention import AttentionType
     except ImportError:  # stand-in without vLLM attention types: every layer with a kv_cache counts
         return hasattr(layer, "kv_cache")
-    return getattr(layer, "attn_type", AttentionType.DECODER) in (AttentionType.DECODER,
-                                                                  AttentionType.ENCODER_DECODER)
+    return getattr(layer, "attn_type", AttentionType.DECODER) in (AttentionType.DECODER, AttentionType.ENCODER_DECODER)
 
 
 def _empty_cache() -> None:

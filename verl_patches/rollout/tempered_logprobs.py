@@ -8,6 +8,7 @@ asked for) comes from ``log_softmax(logits / T)`` per request, before top-k/top-
 distribution the actor computes. Greedy requests (T below vLLM's epsilon) keep the raw log-probs. Which
 token is sampled does not change: sampling runs unchanged on the original logits.
 """
+
 from __future__ import annotations
 
 import dataclasses

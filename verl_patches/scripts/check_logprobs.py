@@ -10,6 +10,7 @@ Prints max and mean |log-prob difference| per engine (megatron, rollout) against
 (flags, model folder, tokenizer, tensors, checkpoint) or any failure on the way, one line.
 See `python verl_patches/scripts/check_logprobs.py --help` and `verl_patches/checks`.
 """
+
 from __future__ import annotations
 
 import sys

@@ -16,6 +16,7 @@ time from memory-mapped sources, so memory stays near one rank's share. Re-runni
 resumes. --verify compares the result with its source tensor by tensor; --dry-run prints the plan
 (per-rank sizes, disk, memory) without reading any weight.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,48 +68,85 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-expert-parallel-size", type=int_arg(1), default=None, help="EP size (default 1)")
     p.add_argument("--num-layer-list", default=None, help="layers per PP stage, e.g. 7,7,8,8,8,8,8,7")
     p.add_argument("--num-layers", type=int_arg(1), default=None, help="must equal num_hidden_layers of config.json")
-    p.add_argument("--first-k-dense-replace", type=int_arg(0), default=None,
-                   help="must equal first_k_dense_replace of config.json")
-    p.add_argument("--moe-grouped-gemm", action="store_true", default=None,
-                   help="grouped-GEMM expert weights (experts.weight1/weight2)")
-    p.add_argument("--moe-tp-extend-ep", action="store_true", default=None,
-                   help="split experts over EP x TP ranks instead of slicing them over TP")
+    p.add_argument(
+        "--first-k-dense-replace", type=int_arg(0), default=None, help="must equal first_k_dense_replace of config.json"
+    )
+    p.add_argument(
+        "--moe-grouped-gemm",
+        action="store_true",
+        default=None,
+        help="grouped-GEMM expert weights (experts.weight1/weight2)",
+    )
+    p.add_argument(
+        "--moe-tp-extend-ep",
+        action="store_true",
+        default=None,
+        help="split experts over EP x TP ranks instead of slicing them over TP",
+    )
     p.add_argument("--reverse", action="store_true", help="Megatron -> HF instead of HF -> Megatron")
-    p.add_argument("--config", default=None,
-                   help="--reverse: config.json (or dir) of the model, needed when the checkpoint has no manifest")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="--reverse: config.json (or dir) of the model, needed when the checkpoint has no manifest",
+    )
     p.add_argument("--tokenizer-dir", default=None, help="--reverse: copy tokenizer files from this directory")
     p.add_argument("--iteration", default=None, help="--reverse: iteration to export (default: the tracker's)")
     p.add_argument("--max-shard-size-gb", type=_shard_gb, default=5.0, help="--reverse: output shard size (default 5)")
-    p.add_argument("--workers", type=int_arg(1, 4096), default=1,
-                   help="ranks converted in parallel (memory: one rank's share each; default 1)")
+    p.add_argument(
+        "--workers",
+        type=int_arg(1, 4096),
+        default=1,
+        help="ranks converted in parallel (memory: one rank's share each; default 1)",
+    )
     p.add_argument("--verify", action="store_true", help="after converting, compare every tensor with the source")
     p.add_argument("--verify-only", action="store_true", help="only verify an existing result")
     p.add_argument("--dry-run", action="store_true", help="print the plan (sizes, disk, memory) and exit")
     p.add_argument("--overwrite", action="store_true", help="ignore an existing result instead of resuming it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     for flag, why in _UNSUPPORTED.items():
-        p.add_argument(flag, dest="unsupported_" + flag[2:].replace("-", "_"), nargs="?", const=True,
-                       default=None, help=argparse.SUPPRESS)
+        p.add_argument(
+            flag,
+            dest="unsupported_" + flag[2:].replace("-", "_"),
+            nargs="?",
+            const=True,
+            default=None,
+            help=argparse.SUPPRESS,
+        )
     return p
 
 
 def layout_from_args(args: argparse.Namespace, required: bool) -> ParallelLayout | None:
-    given = [args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
-             args.target_expert_parallel_size, args.num_layer_list, args.moe_grouped_gemm, args.moe_tp_extend_ep]
+    given = [
+        args.target_tensor_parallel_size,
+        args.target_pipeline_parallel_size,
+        args.target_expert_parallel_size,
+        args.num_layer_list,
+        args.moe_grouped_gemm,
+        args.moe_tp_extend_ep,
+    ]
     if not required and all(v is None for v in given):
         return None
-    return ParallelLayout(tp=args.target_tensor_parallel_size or 1, pp=args.target_pipeline_parallel_size or 1,
-                          ep=args.target_expert_parallel_size or 1, num_layer_list=parse_layer_list(args.num_layer_list),
-                          moe_grouped_gemm=bool(args.moe_grouped_gemm), moe_tp_extend_ep=bool(args.moe_tp_extend_ep))
+    return ParallelLayout(
+        tp=args.target_tensor_parallel_size or 1,
+        pp=args.target_pipeline_parallel_size or 1,
+        ep=args.target_expert_parallel_size or 1,
+        num_layer_list=parse_layer_list(args.num_layer_list),
+        moe_grouped_gemm=bool(args.moe_grouped_gemm),
+        moe_tp_extend_ep=bool(args.moe_tp_extend_ep),
+    )
 
 
 def print_plan(cfg: dict, layout: ParallelLayout, workers: int) -> None:
     s = summarize_plan(cfg, layout)
     gb = 1e9
-    print(f"layout: TP{layout.tp} PP{layout.pp} EP{layout.ep}, layers per stage {list(s.stage_layer_counts)}, "
-          f"grouped GEMM {layout.moe_grouped_gemm}, TP-extend-EP {layout.moe_tp_extend_ep}")
-    print(f"ranks: {s.num_ranks}; largest rank {s.largest_rank} {s.max_rank_bytes / gb:.2f} GB; "
-          f"smallest {s.min_rank_bytes / gb:.2f} GB")
+    print(
+        f"layout: TP{layout.tp} PP{layout.pp} EP{layout.ep}, layers per stage {list(s.stage_layer_counts)}, "
+        f"grouped GEMM {layout.moe_grouped_gemm}, TP-extend-EP {layout.moe_tp_extend_ep}"
+    )
+    print(
+        f"ranks: {s.num_ranks}; largest rank {s.largest_rank} {s.max_rank_bytes / gb:.2f} GB; "
+        f"smallest {s.min_rank_bytes / gb:.2f} GB"
+    )
     print(f"disk: {s.total_bytes / gb:.1f} GB of Megatron checkpoint (source: {s.source_bytes / gb:.1f} GB)")
     print(f"memory: about {s.peak_rss_bytes(workers) / gb:.1f} GB peak RSS with --workers {workers}")
 
@@ -137,12 +175,21 @@ def main(argv: list[str] | None = None) -> int:
                     except StepNumberError as err:
                         raise LayoutError(f"{err} or 'release'") from None
                 t0 = time.perf_counter()
-                r = convert_mcore_to_hf(args.load_dir, args.save_dir, layout=layout, config=cfg, iteration=it,
-                                        max_shard_bytes=int(args.max_shard_size_gb * 1024 ** 3),
-                                        tokenizer_dir=args.tokenizer_dir, overwrite=args.overwrite,
-                                        progress=progress)
-                print(f"mcore->hf: {len(r.shards_written)} shard(s) written, {len(r.shards_skipped)} already done; "
-                      f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)")
+                r = convert_mcore_to_hf(
+                    args.load_dir,
+                    args.save_dir,
+                    layout=layout,
+                    config=cfg,
+                    iteration=it,
+                    max_shard_bytes=int(args.max_shard_size_gb * 1024**3),
+                    tokenizer_dir=args.tokenizer_dir,
+                    overwrite=args.overwrite,
+                    progress=progress,
+                )
+                print(
+                    f"mcore->hf: {len(r.shards_written)} shard(s) written, {len(r.shards_skipped)} already done; "
+                    f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)"
+                )
             hf_dir, mcore_dir = args.save_dir, args.load_dir
         else:
             cfg = load_config(args.load_dir)
@@ -153,18 +200,29 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if not args.verify_only:
                 t0 = time.perf_counter()
-                r = convert_hf_to_mcore(args.load_dir, args.save_dir, layout, num_layers=args.num_layers,
-                                        first_k_dense_replace=args.first_k_dense_replace, overwrite=args.overwrite,
-                                        workers=args.workers, progress=progress)
-                print(f"hf->mcore: {len(r.ranks_written)} rank(s) written, {len(r.ranks_skipped)} already done; "
-                      f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)")
+                r = convert_hf_to_mcore(
+                    args.load_dir,
+                    args.save_dir,
+                    layout,
+                    num_layers=args.num_layers,
+                    first_k_dense_replace=args.first_k_dense_replace,
+                    overwrite=args.overwrite,
+                    workers=args.workers,
+                    progress=progress,
+                )
+                print(
+                    f"hf->mcore: {len(r.ranks_written)} rank(s) written, {len(r.ranks_skipped)} already done; "
+                    f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)"
+                )
             hf_dir, mcore_dir = args.load_dir, args.save_dir
         if args.verify or args.verify_only:
             if args.reverse:
                 check_index_consistent(Path(hf_dir))
             v = verify_hf_mcore_pair(hf_dir, mcore_dir, layout, cfg, progress=progress)
-            print(f"verify: OK, all {v.hf_tensors} tensor(s) of the HF checkpoint reassembled from the ranks and "
-                  f"{v.rank_tensors} rank tensor(s) derived from HF, bit-identical")
+            print(
+                f"verify: OK, all {v.hf_tensors} tensor(s) of the HF checkpoint reassembled from the ranks and "
+                f"{v.rank_tensors} rank tensor(s) derived from HF, bit-identical"
+            )
         return 0
 
     return run_cli(body)

@@ -10,6 +10,7 @@ as written (do not copy the FP8 index or config over it). Each worker holds abou
 ~1.9 GB for 671B). Re-running the same command resumes: finished shards whose size and sha256 match the
 manifest are skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input-fp8-hf-path", required=True, metavar="DIR", help="FP8 checkpoint directory")
     p.add_argument("--output-bf16-hf-path", required=True, metavar="DIR", help="BF16 output directory")
-    p.add_argument("--workers", type=int_arg(1, 4096), default=min(8, os.cpu_count() or 1),
-                   help="shards converted in parallel (memory: about 2 GB each for 671B; default min(8, CPUs))")
-    p.add_argument("--drop-mtp", action="store_true",
-                   help="leave out the MTP layer (model.layers.N for N >= num_hidden_layers) and set "
-                        "num_nextn_predict_layers to 0")
+    p.add_argument(
+        "--workers",
+        type=int_arg(1, 4096),
+        default=min(8, os.cpu_count() or 1),
+        help="shards converted in parallel (memory: about 2 GB each for 671B; default min(8, CPUs))",
+    )
+    p.add_argument(
+        "--drop-mtp",
+        action="store_true",
+        help="leave out the MTP layer (model.layers.N for N >= num_hidden_layers) and set "
+        "num_nextn_predict_layers to 0",
+    )
     p.add_argument("--overwrite", action="store_true", help="ignore an existing output instead of resuming it")
-    p.add_argument("--verify", action="store_true",
-                   help="after converting, compare every tensor with the float32 reference (reads both checkpoints)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="after converting, compare every tensor with the float32 reference (reads both checkpoints)",
+    )
     p.add_argument("--verify-only", action="store_true", help="only verify an existing output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -51,18 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         if not args.verify_only:
             t0 = time.perf_counter()
-            r = run_fp8_cast(args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers,
-                             drop_mtp=args.drop_mtp, overwrite=args.overwrite, progress=progress)
+            r = run_fp8_cast(
+                args.input_fp8_hf_path,
+                args.output_bf16_hf_path,
+                workers=args.workers,
+                drop_mtp=args.drop_mtp,
+                overwrite=args.overwrite,
+                progress=progress,
+            )
             dt = time.perf_counter() - t0
-            print(f"fp8->bf16: {len(r.shards_converted)} shard(s) written, {len(r.shards_skipped)} already done, "
-                  f"{r.tensors_dequantized} tensor(s) dequantised, {r.tensors_dropped} dropped; "
-                  f"{r.out_bytes / 1e9:.2f} GB in {args.output_bf16_hf_path} ({dt:.1f} s)")
+            print(
+                f"fp8->bf16: {len(r.shards_converted)} shard(s) written, {len(r.shards_skipped)} already done, "
+                f"{r.tensors_dequantized} tensor(s) dequantised, {r.tensors_dropped} dropped; "
+                f"{r.out_bytes / 1e9:.2f} GB in {args.output_bf16_hf_path} ({dt:.1f} s)"
+            )
         if args.verify or args.verify_only:
-            v = verify_fp8_cast(args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers,
-                                progress=progress)
-            print(f"verify: OK, all {v.input_tensors} input tensor(s) accounted for: {v.tensors_dequantized} "
-                  f"dequantised within BF16 rounding (max rel err {v.max_rel_err:.2e}), {v.tensors_exact} "
-                  f"bit-identical, {v.scales_consumed} scale(s) folded in, {v.dropped} dropped (MTP)")
+            v = verify_fp8_cast(
+                args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers, progress=progress
+            )
+            print(
+                f"verify: OK, all {v.input_tensors} input tensor(s) accounted for: {v.tensors_dequantized} "
+                f"dequantised within BF16 rounding (max rel err {v.max_rel_err:.2e}), {v.tensors_exact} "
+                f"bit-identical, {v.scales_consumed} scale(s) folded in, {v.dropped} dropped (MTP)"
+            )
         return 0
 
     return run_cli(body)

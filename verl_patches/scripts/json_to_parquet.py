@@ -33,20 +33,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="deepscaler JSON/JSONL -> verl RL parquet (train.parquet, test.parquet).",
     )
-    parser.add_argument("--json_path", required=True, help="input: a JSON array of {problem, answer, solution} objects, or JSON Lines")
-    parser.add_argument("--output_dir", required=True, help="directory for train.parquet and test.parquet (created if missing)")
-    parser.add_argument("--train_data_ratio", type=_ratio, default=DEFAULT_TRAIN_RATIO, help=f"share of rows for train, in (0, 1) (default {DEFAULT_TRAIN_RATIO})")
-    parser.add_argument("--seed", type=int_arg(0), default=DEFAULT_SEED, help=f"seed of the shuffled split (default {DEFAULT_SEED})")
+    parser.add_argument(
+        "--json_path", required=True, help="input: a JSON array of {problem, answer, solution} objects, or JSON Lines"
+    )
+    parser.add_argument(
+        "--output_dir", required=True, help="directory for train.parquet and test.parquet (created if missing)"
+    )
+    parser.add_argument(
+        "--train_data_ratio",
+        type=_ratio,
+        default=DEFAULT_TRAIN_RATIO,
+        help=f"share of rows for train, in (0, 1) (default {DEFAULT_TRAIN_RATIO})",
+    )
+    parser.add_argument(
+        "--seed", type=int_arg(0), default=DEFAULT_SEED, help=f"seed of the shuffled split (default {DEFAULT_SEED})"
+    )
     parser.add_argument(
         "--template",
         default=DEFAULT_TEMPLATE,
         help=f"prompt template: one of {sorted(TEMPLATES)} ('none' keeps the bare problem) or a text containing {{problem}} (default {DEFAULT_TEMPLATE})",
     )
-    parser.add_argument(MAX_FIELD_FLAG, type=int_arg(1), default=DEFAULT_MAX_FIELD_CHARS, metavar="N",
-                        help=f"a row whose problem, answer or solution is longer than N characters is invalid "
-                             f"(default {DEFAULT_MAX_FIELD_CHARS})")
-    parser.add_argument("--skip-invalid", "--skip_invalid", dest="skip_invalid", action="store_true", help="convert the valid rows and report the invalid ones (default: write nothing if any row is invalid)")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing train.parquet/test.parquet in --output_dir (default: refuse)")
+    parser.add_argument(
+        MAX_FIELD_FLAG,
+        type=int_arg(1),
+        default=DEFAULT_MAX_FIELD_CHARS,
+        metavar="N",
+        help=f"a row whose problem, answer or solution is longer than N characters is invalid "
+        f"(default {DEFAULT_MAX_FIELD_CHARS})",
+    )
+    parser.add_argument(
+        "--skip-invalid",
+        "--skip_invalid",
+        dest="skip_invalid",
+        action="store_true",
+        help="convert the valid rows and report the invalid ones (default: write nothing if any row is invalid)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing train.parquet/test.parquet in --output_dir (default: refuse)",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return parser
 
@@ -74,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
         if len(exc.errors) > MAX_ERRORS_SHOWN:
             print(f"error: ... and {len(exc.errors) - MAX_ERRORS_SHOWN} more invalid rows", file=sys.stderr)
-        print(f"error: {len(exc.errors)} of {exc.rows_in} rows are invalid; nothing written (use --skip-invalid to convert the valid rows)", file=sys.stderr)
+        print(
+            f"error: {len(exc.errors)} of {exc.rows_in} rows are invalid; nothing written (use --skip-invalid to convert the valid rows)",
+            file=sys.stderr,
+        )
         return 1
     except (DeepscalerInputError, TemplateError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Write the DeepSeek-V3 training config.json (no quantization_config, no MTP), or its tiny variant.
 
-  python verl_patches/scripts/make_config.py --out ./DeepSeek-V3                      # built-in 671B values
-  python verl_patches/scripts/make_config.py --from /data/DeepSeek-V3 --out ./DeepSeek-V3  # + tokenizer files
-  python verl_patches/scripts/make_config.py --tiny --vocab-size 512 --out ./tiny-dsv3
+python verl_patches/scripts/make_config.py --out ./DeepSeek-V3                      # built-in 671B values
+python verl_patches/scripts/make_config.py --from /data/DeepSeek-V3 --out ./DeepSeek-V3  # + tokenizer files
+python verl_patches/scripts/make_config.py --tiny --vocab-size 512 --out ./tiny-dsv3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,22 +34,34 @@ def parse_set(items: list[str]) -> dict:
         except json.JSONDecodeError:
             out[key] = raw
         except (ValueError, RecursionError):  # a number beyond Python's digit limit, or nesting beyond the stack
-            raise ConfigError(f"--set {key}: the value is not a config value (a number or a nesting beyond any "
-                              f"config)") from None
+            raise ConfigError(
+                f"--set {key}: the value is not a config value (a number or a nesting beyond any config)"
+            ) from None
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--from", dest="source", metavar="DIR_OR_FILE",
-                     help="start from this config.json (or model directory): quantisation and MTP are removed, "
-                          "every other key kept; tokenizer and remote-code files of a directory are copied")
+    src.add_argument(
+        "--from",
+        dest="source",
+        metavar="DIR_OR_FILE",
+        help="start from this config.json (or model directory): quantisation and MTP are removed, "
+        "every other key kept; tokenizer and remote-code files of a directory are copied",
+    )
     src.add_argument("--tiny", action="store_true", help="the tiny variant (same keys, small sizes)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (config.json is written there)")
-    p.add_argument("--vocab-size", type=int_arg(1), default=512, help="vocabulary size of the tiny variant (default 512)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key (VALUE parsed as JSON, else a string); repeatable")
+    p.add_argument(
+        "--vocab-size", type=int_arg(1), default=512, help="vocabulary size of the tiny variant (default 512)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (VALUE parsed as JSON, else a string); repeatable",
+    )
     return p
 
 
@@ -78,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             carry = None  # rewriting a model directory's own config in place
         for note in write_model_dir(cfg, out, carry):
             print(note, file=sys.stderr)
-        print(f"wrote {out / 'config.json'} ({cfg['num_hidden_layers']} layers, {cfg['n_routed_experts']} experts, "
-              f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']})")
+        print(
+            f"wrote {out / 'config.json'} ({cfg['num_hidden_layers']} layers, {cfg['n_routed_experts']} experts, "
+            f"hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']})"
+        )
         return 0
 
     return run_cli(body)

@@ -33,23 +33,45 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="setup_sources.sh",
         description="Populate verl/ vllm/ vllm_ascend/ megatron/ mindspeed/ mindspeed_llm/ exactly as "
-                    "sources.lock pins them, and insert the one prelude line into verl.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--route", choices=("auto",) + ROUTES, default="auto",
-                   help="where sources come from; auto tries cache, git, then PyPI (default)")
+        "sources.lock pins them, and insert the one prelude line into verl.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--route",
+        choices=("auto",) + ROUTES,
+        default="auto",
+        help="where sources come from; auto tries cache, git, then PyPI (default)",
+    )
     env_cache = os.environ.get("VERL_OVERLAY_SOURCES_CACHE") or None
-    p.add_argument("--cache", metavar="DIR", type=Path, default=Path(env_cache) if env_cache else None,
-                   help="directory made by --export-cache (offline install); default: $VERL_OVERLAY_SOURCES_CACHE")
-    p.add_argument("--export-cache", metavar="DIR", type=Path,
-                   help="write every component's artifact into DIR for an air-gapped cluster, then stop")
-    p.add_argument("--mirror", metavar="NAME=URL", action="append", default=[],
-                   help="git URL tried first for component NAME (repeatable), e.g. mindspeed=https://gitee.com/ascend/MindSpeed.git")
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        type=Path,
+        default=Path(env_cache) if env_cache else None,
+        help="directory made by --export-cache (offline install); default: $VERL_OVERLAY_SOURCES_CACHE",
+    )
+    p.add_argument(
+        "--export-cache",
+        metavar="DIR",
+        type=Path,
+        help="write every component's artifact into DIR for an air-gapped cluster, then stop",
+    )
+    p.add_argument(
+        "--mirror",
+        metavar="NAME=URL",
+        action="append",
+        default=[],
+        help="git URL tried first for component NAME (repeatable), e.g. mindspeed=https://gitee.com/ascend/MindSpeed.git",
+    )
     p.add_argument("--index-url", metavar="URL", help="PyPI simple index (default: pip's own setting)")
     p.add_argument("--only", metavar="NAME", nargs="+", help="components to act on (default: all)")
     p.add_argument("--verify", action="store_true", help="no network: check every folder and the prelude line")
     p.add_argument("--audit", action="store_true", help="print the audit report (same as python -m verl_patches.audit)")
     p.add_argument("--json", action="store_true", help="with --verify/--audit: machine-readable output")
-    p.add_argument("--force", action="store_true", help="replace folders that differ from the lock (local edits are lost)")
+    p.add_argument(
+        "--force", action="store_true", help="replace folders that differ from the lock (local edits are lost)"
+    )
     p.add_argument("--relock", action="store_true", help="recompute the lock's tree hashes after a pin edit")
     p.add_argument("--offline", action="store_true", help="use only the download cache and --cache DIR")
     p.add_argument("--lock", type=Path, help="lock file (default: sources.lock beside this script)")
@@ -97,21 +119,34 @@ def main(argv: list[str] | None = None) -> int:
         report["distributions"] = dist_info.report(root, lock, args.only)  # generated .dist-info folders
         if args.audit:
             from verl_patches.audit import audit_exit_status, full_report, render_text
+
             report = full_report(root, lock, device, args.only, sources=report)
             print(json.dumps(report, indent=2) if args.json else render_text(report))
             return audit_exit_status(report)
         else:
-            print(json.dumps(report, indent=2) if args.json else
-                  render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"]))
+            print(
+                json.dumps(report, indent=2)
+                if args.json
+                else render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"])
+            )
         return exit_status(report["components"]) or dist_info.exit_status(report["distributions"])
 
     routes = ["cache", "git", "pypi"] if args.route == "auto" else [args.route]
     if args.route == "auto" and args.cache is None:
         routes.remove("cache")
     try:
-        opts = SetupOptions(root=root, lock=lock, cache=user_cache_dir(), routes=routes, cache_dir=args.cache,
-                            index_url=args.index_url, mirrors=_mirrors(args.mirror), offline=args.offline,
-                            force=args.force, device=device)
+        opts = SetupOptions(
+            root=root,
+            lock=lock,
+            cache=user_cache_dir(),
+            routes=routes,
+            cache_dir=args.cache,
+            index_url=args.index_url,
+            mirrors=_mirrors(args.mirror),
+            offline=args.offline,
+            force=args.force,
+            device=device,
+        )
         unknown = sorted(set(opts.mirrors) - set(lock.components))
         if unknown:
             raise SourceError(f"--mirror {unknown[0]}=...: no component {unknown[0]!r} in {lock.path.name}")
@@ -125,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             outcomes = export_cache(opts, args.export_cache, args.only)
             _print_outcomes(outcomes)
             missing = [o for o in outcomes if o.status != "exported"]
-            print(f"exported {len(outcomes) - len(missing)} component(s) to {args.export_cache}"
-                  + (f"; not exported: {', '.join(o.component for o in missing)}" if missing else ""))
+            print(
+                f"exported {len(outcomes) - len(missing)} component(s) to {args.export_cache}"
+                + (f"; not exported: {', '.join(o.component for o in missing)}" if missing else "")
+            )
             return EXIT_FAIL if missing else EXIT_OK
         if args.relock:
             outcomes = relock(opts, args.only)
@@ -147,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     if status == EXIT_OK:
         print("setup: COMPLETE — every component matches sources.lock")
     elif status == EXIT_PARTIAL:
-        print(f"setup: COMPLETE EXCEPT OPTIONAL-HERE — {', '.join(optional_missing)} not installed; this "
-              f"{device} host does not need them (the A3 job does: run setup again where git or --cache DIR "
-              f"can supply them)")
+        print(
+            f"setup: COMPLETE EXCEPT OPTIONAL-HERE — {', '.join(optional_missing)} not installed; this "
+            f"{device} host does not need them (the A3 job does: run setup again where git or --cache DIR "
+            f"can supply them)"
+        )
     else:
         print("setup: INCOMPLETE — see the lines above")
     return status

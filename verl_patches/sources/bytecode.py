@@ -89,8 +89,10 @@ def bytecode_problems(folder: Path) -> list[str]:
                     problems.append(f"{rel}: unexpected file in __pycache__")
                     continue
                 if m["tag"] != tag:
-                    problems.append(f"{rel}: byte-code of {m['tag']}, which this {tag} check cannot prove "
-                                    f"equal to its source (run the check with that Python, or delete it)")
+                    problems.append(
+                        f"{rel}: byte-code of {m['tag']}, which this {tag} check cannot prove "
+                        f"equal to its source (run the check with that Python, or delete it)"
+                    )
                     continue
                 source = here.parent / f"{m['stem']}.py"
                 if not source.is_file():

@@ -77,8 +77,9 @@ def entry_for(cache_dir: Path, component: Component) -> tuple[str, Path, dict]:
     if route == "git":
         commit = _field(p, name, entry, "commit")
         if commit != component.commit:
-            raise IntegrityError(f"{p}: components.{name}.commit: exported from commit {commit}, "
-                                 f"the lock pins {component.commit}")
+            raise IntegrityError(
+                f"{p}: components.{name}.commit: exported from commit {commit}, the lock pins {component.commit}"
+            )
         if "subdir" in entry:
             _field(p, name, entry, "subdir", names.relative_path)
     elif component.pypi is None or file != component.pypi.file:

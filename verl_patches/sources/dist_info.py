@@ -136,8 +136,9 @@ def entry_points_from_setup_py(source: bytes, where: str) -> dict[str, dict[str,
                     try:
                         value = ast.literal_eval(kw.value)
                     except ValueError:
-                        raise DistInfoError(f"{where}: entry_points is not a literal; cannot read it without "
-                                            f"running setup.py") from None
+                        raise DistInfoError(
+                            f"{where}: entry_points is not a literal; cannot read it without running setup.py"
+                        ) from None
                     return {g: dict(_split_spec(s, where) for s in specs) for g, specs in value.items()}
     return {}
 
@@ -177,6 +178,7 @@ def _from_artifact(comp: Component, artifact: Path) -> tuple[dict[str, dict[str,
     if comp.pypi is None or comp.pypi.is_wheel:
         raise DistInfoError(f"{comp.name}: {artifact.name} is not the pinned sdist")
     from verl_patches.sources.extract import read_member
+
     member = f"{comp.package}.egg-info/entry_points.txt"
     data = read_member(artifact, _sdist_top(comp), member)
     if data is None:
@@ -187,6 +189,7 @@ def _from_artifact(comp: Component, artifact: Path) -> tuple[dict[str, dict[str,
 
 def _from_git(comp: Component, git_dir: Path) -> tuple[dict[str, dict[str, str]], str]:
     from verl_patches.sources import git_route
+
     found: list[dict[str, dict[str, str]]] = []
     for name, reader in (("pyproject.toml", entry_points_from_pyproject), ("setup.py", entry_points_from_setup_py)):
         blob = git_route.read_blob(git_dir, comp.commit, name)
@@ -201,45 +204,65 @@ def upstream_entry_points(comp: Component, provenance: dict) -> tuple[dict[str, 
     """Entry points the pinned upstream declares, from whatever artifact setup used (no network)."""
     from verl_patches.sources import git_route
     from verl_patches.sources.paths import user_cache_dir
+
     route = provenance.get("route")
     artifact = provenance.get("artifact")
     origin = provenance.get("origin_route") or route
     if origin == "pypi" and artifact and Path(artifact).is_file():
         return _from_artifact(comp, Path(artifact))
     if origin == "git":
-        git_dir = Path(provenance["git_dir"]) if provenance.get("git_dir") else git_route.cache_git_dir(user_cache_dir(), comp)
+        git_dir = (
+            Path(provenance["git_dir"])
+            if provenance.get("git_dir")
+            else git_route.cache_git_dir(user_cache_dir(), comp)
+        )
         if git_route.has_commit(git_dir, comp.commit):
             return _from_git(comp, git_dir)
     if comp.pypi is not None:  # any route: the sdist may still be in the download cache
         from verl_patches.sources.pypi_route import cached_artifact
+
         cached = cached_artifact(user_cache_dir(), comp.pypi)
         if cached.is_file():
             return _from_artifact(comp, cached)
-    raise DistInfoError(f"{comp.name}: no pinned artifact to read its entry points from (route {route or '-'}; "
-                        f"expected the sdist {comp.pypi.file if comp.pypi else '-'} or the git commit "
-                        f"{comp.commit[:12]} in the cache); run setup_sources.sh --only {comp.name} --force")
+    raise DistInfoError(
+        f"{comp.name}: no pinned artifact to read its entry points from (route {route or '-'}; "
+        f"expected the sdist {comp.pypi.file if comp.pypi else '-'} or the git commit "
+        f"{comp.commit[:12]} in the cache); run setup_sources.sh --only {comp.name} --force"
+    )
 
 
 def spec_for(comp: Component, provenance: dict) -> DistSpec:
     if comp.pypi is None:
         raise DistInfoError(f"{comp.name}: the lock names no version for it (no [components.{comp.name}.pypi])")
     groups, source = upstream_entry_points(comp, provenance)
-    return DistSpec(component=comp.name, name=DISTRIBUTIONS[comp.name], version=comp.pypi.version,
-                    top_level=comp.package, entry_points=render_entry_points(groups), source=source)
+    return DistSpec(
+        component=comp.name,
+        name=DISTRIBUTIONS[comp.name],
+        version=comp.pypi.version,
+        top_level=comp.package,
+        entry_points=render_entry_points(groups),
+        source=source,
+    )
 
 
 # ---- writing ------------------------------------------------------------------------------------
 def metadata_files(spec: DistSpec, comp: Component) -> dict[str, str]:
     """The files of one .dist-info folder, as text (RECORD last: it lists the others with hashes)."""
     files = {
-        "METADATA": (f"Metadata-Version: 2.1\nName: {spec.name}\nVersion: {spec.version}\n"
-                     f"Summary: {comp.name} {comp.ref} ({comp.commit[:12]}), vendored source tree "
-                     f"'{comp.package}/' of the verl overlay\n"),
+        "METADATA": (
+            f"Metadata-Version: 2.1\nName: {spec.name}\nVersion: {spec.version}\n"
+            f"Summary: {comp.name} {comp.ref} ({comp.commit[:12]}), vendored source tree "
+            f"'{comp.package}/' of the verl overlay\n"
+        ),
         "entry_points.txt": spec.entry_points,
         "top_level.txt": spec.top_level + "\n",
         "INSTALLER": INSTALLER + "\n",
-        PROVENANCE_FILE: json.dumps({"component": comp.name, "commit": comp.commit, "version": spec.version,
-                                     "entry_points_from": spec.source}, indent=2, sort_keys=True) + "\n",
+        PROVENANCE_FILE: json.dumps(
+            {"component": comp.name, "commit": comp.commit, "version": spec.version, "entry_points_from": spec.source},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n",
     }
     rows = []
     for name, text in files.items():
@@ -283,6 +306,7 @@ class DistOutcome:
 def generate(root: Path, lock: Lock, names: list[str] | None = None) -> list[DistOutcome]:
     """Write (or leave as is) the .dist-info folder of every selected component that needs one."""
     from verl_patches.sources.state import load_state
+
     state = load_state(root)
     out: list[DistOutcome] = []
     parent = dist_dir(root)
@@ -306,8 +330,9 @@ def generate(root: Path, lock: Lock, names: list[str] | None = None) -> list[Dis
             out.append(DistOutcome(comp.name, "unchanged", f"{DIST_DIR_NAME}/{spec.folder_name}"))
             continue
         _write_folder(parent, spec.folder_name, files)
-        out.append(DistOutcome(comp.name, "written", f"{DIST_DIR_NAME}/{spec.folder_name} (entry points from "
-                                                     f"{spec.source})"))
+        out.append(
+            DistOutcome(comp.name, "written", f"{DIST_DIR_NAME}/{spec.folder_name} (entry points from {spec.source})")
+        )
     return out
 
 
@@ -319,19 +344,29 @@ def report(root: Path, lock: Lock, names: list[str] | None = None) -> list[dict]
     the pinned artifact). Without the artifact (cache cleared), the folder is checked against the lock's
     name and version only, and the status says so (`unverified`)."""
     from verl_patches.sources.state import load_state
+
     state = load_state(root)
     rows = []
     for comp in lock.select(names):
         if comp.name not in DISTRIBUTIONS or comp.pypi is None:
             continue
         folder = dist_dir(root) / f"{DISTRIBUTIONS[comp.name]}-{comp.pypi.version}.dist-info"
-        row = {"component": comp.name, "distribution": DISTRIBUTIONS[comp.name], "version": comp.pypi.version,
-               "folder": f"{DIST_DIR_NAME}/{folder.name}", "status": "missing", "entry_points": {}, "problems": []}
+        row = {
+            "component": comp.name,
+            "distribution": DISTRIBUTIONS[comp.name],
+            "version": comp.pypi.version,
+            "folder": f"{DIST_DIR_NAME}/{folder.name}",
+            "status": "missing",
+            "entry_points": {},
+            "problems": [],
+        }
         rows.append(row)
         if not folder.is_dir():
             row["problems"].append(f"{row['folder']} is missing: run setup_sources.sh (it generates it)")
             continue
-        text = (folder / "entry_points.txt").read_text(encoding="utf-8") if (folder / "entry_points.txt").is_file() else ""
+        text = (
+            (folder / "entry_points.txt").read_text(encoding="utf-8") if (folder / "entry_points.txt").is_file() else ""
+        )
         row["entry_points"] = parse_entry_points(text, f"{row['folder']}/entry_points.txt")
         try:
             spec = spec_for(comp, state.get(comp.name, {}))
@@ -345,16 +380,19 @@ def report(root: Path, lock: Lock, names: list[str] | None = None) -> list[dict]
             row["status"] = "match"
         else:
             row["status"] = "mismatch"
-            row["problems"].append(f"{row['folder']} differs from what the pin declares ({spec.source}); "
-                                   f"run setup_sources.sh to regenerate it")
+            row["problems"].append(
+                f"{row['folder']} differs from what the pin declares ({spec.source}); "
+                f"run setup_sources.sh to regenerate it"
+            )
     return rows
 
 
 def render(rows: list[dict]) -> str:
     lines = []
     for r in rows:
-        eps = "; ".join(f"{g}: {', '.join(sorted(v))}" for g, v in sorted(r["entry_points"].items())
-                        if g != "console_scripts")
+        eps = "; ".join(
+            f"{g}: {', '.join(sorted(v))}" for g, v in sorted(r["entry_points"].items()) if g != "console_scripts"
+        )
         lines.append(f"{r['distribution']:<14} {r['status'].upper():<10} {r['folder']}  {eps}")
         lines += [f"    {p}" for p in r["problems"]]
     return "\n".join(lines)

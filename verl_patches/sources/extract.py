@@ -14,8 +14,11 @@ from verl_patches.sources.errors import IntegrityError
 
 # Upstream package folders are tens of MB; these bounds stop an archive bomb long before the tree
 # hash could (it only runs after extraction). Each can be raised for an unusual artifact.
-LIMITS = {"VERL_OVERLAY_MAX_FILE_BYTES": 128 << 20, "VERL_OVERLAY_MAX_TREE_BYTES": 1 << 30,
-          "VERL_OVERLAY_MAX_MEMBERS": 200_000}
+LIMITS = {
+    "VERL_OVERLAY_MAX_FILE_BYTES": 128 << 20,
+    "VERL_OVERLAY_MAX_TREE_BYTES": 1 << 30,
+    "VERL_OVERLAY_MAX_MEMBERS": 200_000,
+}
 _CHUNK = 1 << 20
 
 
@@ -48,20 +51,28 @@ class _Budget:
     def member(self, name: str, declared: int) -> None:
         self.members += 1
         if self.members > self.max_members:
-            raise IntegrityError(f"{self.archive.name}: more than {self.max_members} members "
-                                 f"(VERL_OVERLAY_MAX_MEMBERS); refusing to unpack it")
+            raise IntegrityError(
+                f"{self.archive.name}: more than {self.max_members} members "
+                f"(VERL_OVERLAY_MAX_MEMBERS); refusing to unpack it"
+            )
         if declared > self.max_file:
-            raise IntegrityError(f"{self.archive.name}: member {name} declares {declared} bytes, over the "
-                                 f"{self.max_file}-byte limit per file (VERL_OVERLAY_MAX_FILE_BYTES)")
+            raise IntegrityError(
+                f"{self.archive.name}: member {name} declares {declared} bytes, over the "
+                f"{self.max_file}-byte limit per file (VERL_OVERLAY_MAX_FILE_BYTES)"
+            )
 
     def add(self, name: str, n: int, written: int) -> None:
         self.total += n
         if written > self.max_file:
-            raise IntegrityError(f"{self.archive.name}: member {name} exceeds the {self.max_file}-byte limit "
-                                 f"per file (VERL_OVERLAY_MAX_FILE_BYTES)")
+            raise IntegrityError(
+                f"{self.archive.name}: member {name} exceeds the {self.max_file}-byte limit "
+                f"per file (VERL_OVERLAY_MAX_FILE_BYTES)"
+            )
         if self.total > self.max_tree:
-            raise IntegrityError(f"{self.archive.name}: unpacked size exceeds the {self.max_tree}-byte limit "
-                                 f"(VERL_OVERLAY_MAX_TREE_BYTES) at member {name}")
+            raise IntegrityError(
+                f"{self.archive.name}: unpacked size exceeds the {self.max_tree}-byte limit "
+                f"(VERL_OVERLAY_MAX_TREE_BYTES) at member {name}"
+            )
 
 
 def _write_stream(target: Path, src: IO[bytes], executable: bool, name: str, budget: _Budget) -> None:
@@ -89,7 +100,7 @@ def extract_subdir(archive: Path, subdir: str, dest: Path) -> int:
             for info in z.infolist():
                 if info.is_dir() or not info.filename.startswith(prefix):
                     continue
-                rel = info.filename[len(prefix):]
+                rel = info.filename[len(prefix) :]
                 budget.member(info.filename, info.file_size)
                 mode = info.external_attr >> 16
                 with z.open(info) as src:
@@ -101,7 +112,7 @@ def extract_subdir(archive: Path, subdir: str, dest: Path) -> int:
                 budget.member(m.name, m.size if m.isfile() else 0)
                 if not m.name.startswith(prefix):
                     continue
-                rel = m.name[len(prefix):]
+                rel = m.name[len(prefix) :]
                 if m.isfile():
                     f = t.extractfile(m)
                     assert f is not None

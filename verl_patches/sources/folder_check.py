@@ -15,7 +15,7 @@ from verl_patches.sources.treehash import FileHashes, combine, compare, file_has
 def prelude_relpath(lock: Lock, component: Component) -> str | None:
     """Path of the prelude file inside this component's folder, or None if it is not this component's."""
     prefix = component.package.rstrip("/") + "/"
-    return lock.prelude_file[len(prefix):] if lock.prelude_file.startswith(prefix) else None
+    return lock.prelude_file[len(prefix) :] if lock.prelude_file.startswith(prefix) else None
 
 
 def pristine_filters(lock: Lock, component: Component) -> dict:
@@ -72,7 +72,8 @@ def check_folder(root: Path, lock: Lock, component: Component, preferred_route: 
     if rel is not None:
         target = folder / rel
         rep.prelude_in_place = target.is_file() and prelude_line.is_in_place(
-            target.read_bytes(), lock.prelude_line, str(target))
+            target.read_bytes(), lock.prelude_line, str(target)
+        )
     if rep.matched_route is None:
         best = None
         routes = [preferred_route] if preferred_route else []

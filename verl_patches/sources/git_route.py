@@ -38,11 +38,18 @@ class GitFetch:
     attempts: tuple[str, ...]  # one line per mirror that failed, with the reason
 
 
-def _git(args: list[str], git_dir: Path | None = None, timeout: float = GIT_TIMEOUT_S,
-         input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+def _git(
+    args: list[str], git_dir: Path | None = None, timeout: float = GIT_TIMEOUT_S, input_bytes: bytes | None = None
+) -> subprocess.CompletedProcess:
     cmd = ["git"] + (["--git-dir", str(git_dir)] if git_dir else []) + args
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ASKPASS="true", LC_ALL="C",
-               GIT_ALLOW_PROTOCOL=ALLOWED_PROTOCOLS, GIT_PROTOCOL_FROM_USER="0")
+    env = dict(
+        os.environ,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_ASKPASS="true",
+        LC_ALL="C",
+        GIT_ALLOW_PROTOCOL=ALLOWED_PROTOCOLS,
+        GIT_PROTOCOL_FROM_USER="0",
+    )
     try:
         return subprocess.run(cmd, capture_output=True, timeout=timeout, env=env, input=input_bytes)
     except FileNotFoundError:
@@ -117,7 +124,8 @@ def fetch_commit(component: Component, cache: Path, urls: list[str], offline: bo
         if found != component.commit:
             raise IntegrityError(
                 f"{component.name}: {url} has {component.ref} at {found}, but the lock pins {component.commit} "
-                f"(the ref moved, or the mirror is not the project it claims to be); refusing to use it")
+                f"(the ref moved, or the mirror is not the project it claims to be); refusing to use it"
+            )
         proc = _git(["fetch", "-q", "--no-tags", "--depth=1", url, component.commit], git_dir)
         if proc.returncode:
             proc = _git(["fetch", "-q", "--no-tags", "--depth=1", url, f"+{component.ref}:{component.ref}"], git_dir)
@@ -158,9 +166,9 @@ def export_tree(git_dir: Path, commit: str, subdir: str, dest: Path) -> int:
     for mode, sha, path in entries:
         header_end = out.index(b"\n", pos)
         size = int(out[pos:header_end].split()[2])
-        data = out[header_end + 1: header_end + 1 + size]
+        data = out[header_end + 1 : header_end + 1 + size]
         pos = header_end + 1 + size + 1
-        target = confined_target(dest, path[len(prefix):])
+        target = confined_target(dest, path[len(prefix) :])
         target.parent.mkdir(parents=True, exist_ok=True)
         if mode == "120000":
             os.symlink(data.decode(), target)

@@ -80,19 +80,32 @@ def _materialize(opts: SetupOptions, comp: Component, route: str, dest: Path) ->
         fetched = git_route.fetch_commit(comp, opts.cache, git_urls(opts, comp), opts.offline)
         for line in fetched.attempts:
             log(f"  {comp.name}: {line}")
-        log(f"  {comp.name}: exporting {comp.git_subdir}/ at {comp.commit[:12]}"
-            + (f" (fetched from {fetched.url})" if fetched.url else " (git cache)"))
+        log(
+            f"  {comp.name}: exporting {comp.git_subdir}/ at {comp.commit[:12]}"
+            + (f" (fetched from {fetched.url})" if fetched.url else " (git cache)")
+        )
         git_route.export_tree(fetched.git_dir, comp.commit, comp.git_subdir, dest)
-        return Built("git", "git", dest, {"route": "git", "git_dir": str(fetched.git_dir), "commit": comp.commit,
-                                          "subdir": comp.git_subdir, "source": fetched.url or "cache"})
+        return Built(
+            "git",
+            "git",
+            dest,
+            {
+                "route": "git",
+                "git_dir": str(fetched.git_dir),
+                "commit": comp.commit,
+                "subdir": comp.git_subdir,
+                "source": fetched.url or "cache",
+            },
+        )
     if route == "pypi":
         if comp.pypi is None:
             raise RouteUnavailable("no PyPI artifact exists for this component (git only)")
         path, source = pypi_route.fetch_artifact(comp.pypi, opts.cache, opts.index_url, opts.offline)
         log(f"  {comp.name}: unpacking {comp.pypi.file} ({'cached' if source == 'cache' else 'downloaded'})")
         extract_subdir(path, comp.pypi.subdir, dest)
-        return Built("pypi", "pypi", dest, {"route": "pypi", "artifact": str(path), "subdir": comp.pypi.subdir,
-                                            "source": source})
+        return Built(
+            "pypi", "pypi", dest, {"route": "pypi", "artifact": str(path), "subdir": comp.pypi.subdir, "source": source}
+        )
     if route == "cache":
         if opts.cache_dir is None:
             raise RouteUnavailable("no --cache DIR given")
@@ -104,8 +117,12 @@ def _materialize(opts: SetupOptions, comp: Component, route: str, dest: Path) ->
             subdir = entry.get("subdir", comp.package)
         log(f"  {comp.name}: unpacking {path.name} from {opts.cache_dir}")
         extract_subdir(path, subdir, dest)
-        return Built("cache", origin, dest, {"route": "cache", "origin_route": origin, "artifact": str(path),
-                                             "subdir": subdir, "commit": comp.commit})
+        return Built(
+            "cache",
+            origin,
+            dest,
+            {"route": "cache", "origin_route": origin, "artifact": str(path), "subdir": subdir, "commit": comp.commit},
+        )
     raise ValueError(f"unknown route {route!r}")
 
 
@@ -113,24 +130,30 @@ def _check_tree(opts: SetupOptions, comp: Component, built: Built) -> str:
     found = combine(file_hashes(built.tree_dir))
     expected = comp.tree_sha256.get(built.origin_route, "")
     if not expected:
-        raise IntegrityError(f"{comp.name}: the lock has no {built.origin_route} tree hash; "
-                             f"run setup_sources.sh --relock --route {built.origin_route} --only {comp.name}")
+        raise IntegrityError(
+            f"{comp.name}: the lock has no {built.origin_route} tree hash; "
+            f"run setup_sources.sh --relock --route {built.origin_route} --only {comp.name}"
+        )
     if found != expected:
         from verl_patches.sources.manifests import load_manifest
         from verl_patches.sources.treehash import compare
+
         manifest = load_manifest(opts.lock.path, comp.name, built.origin_route)
         detail = ""
         if manifest is not None:
             diff = compare(manifest, file_hashes(built.tree_dir))
             names = [f"{k}: {p}" for k, v in diff.items() for p in v]
             detail = "; differing files: " + ", ".join(names[:15]) + (" …" if len(names) > 15 else "")
-        raise IntegrityError(f"{comp.name}: {built.route} tree hash {found} differs from the lock's "
-                             f"{built.origin_route} hash {expected}{detail}")
+        raise IntegrityError(
+            f"{comp.name}: {built.route} tree hash {found} differs from the lock's "
+            f"{built.origin_route} hash {expected}{detail}"
+        )
     return found
 
 
-def build_component(opts: SetupOptions, comp: Component, workdir: Path,
-                    check: bool = True) -> tuple[Built | None, list[str]]:
+def build_component(
+    opts: SetupOptions, comp: Component, workdir: Path, check: bool = True
+) -> tuple[Built | None, list[str]]:
     """Try each route in order; return the first verified build and the failed attempts."""
     attempts: list[str] = []
     for route in opts.routes:
@@ -214,14 +237,26 @@ def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome
         inserted = _insert_prelude(opts.lock, comp, root / comp.package)
         entry = state.setdefault(comp.name, {})
         if entry.get("tree_sha256") != rep.tree_sha256:
-            entry.update({"tree_sha256": rep.tree_sha256, "origin_route": rep.matched_route,
-                          "route": entry.get("route", rep.matched_route)})
-        return Outcome(comp.name, "prelude-inserted" if inserted else "unchanged",
-                       entry.get("route"), f"matches the lock ({rep.matched_route} tree)", optional_here=optional)
+            entry.update(
+                {
+                    "tree_sha256": rep.tree_sha256,
+                    "origin_route": rep.matched_route,
+                    "route": entry.get("route", rep.matched_route),
+                }
+            )
+        return Outcome(
+            comp.name,
+            "prelude-inserted" if inserted else "unchanged",
+            entry.get("route"),
+            f"matches the lock ({rep.matched_route} tree)",
+            optional_here=optional,
+        )
     if rep.exists and not rep.pristine and not opts.force:
         lines = rep.difference_lines() or [f"tree hash {rep.tree_sha256} matches no route in the lock"]
-        raise LocalEditsError(f"{comp.package}/ differs from the lock and was left as it is (use --force to "
-                              f"replace it):\n    " + "\n    ".join(lines))
+        raise LocalEditsError(
+            f"{comp.package}/ differs from the lock and was left as it is (use --force to "
+            f"replace it):\n    " + "\n    ".join(lines)
+        )
     build = root / BUILD_DIR_NAME
     build.mkdir(exist_ok=True)
     built, attempts = build_component(opts, comp, build)
@@ -230,10 +265,14 @@ def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome
         return Outcome(comp.name, status, None, "no route could supply it", attempts, optional_here=optional)
     _insert_prelude(opts.lock, comp, built.tree_dir)
     _swap_in(root, comp, built.tree_dir)
-    state[comp.name] = {**built.provenance, "origin_route": built.origin_route,
-                        "tree_sha256": comp.tree_sha256[built.origin_route]}
-    return Outcome(comp.name, "installed", built.route, str(built.provenance.get("source", "")), attempts,
-                   optional_here=optional)
+    state[comp.name] = {
+        **built.provenance,
+        "origin_route": built.origin_route,
+        "tree_sha256": comp.tree_sha256[built.origin_route],
+    }
+    return Outcome(
+        comp.name, "installed", built.route, str(built.provenance.get("source", "")), attempts, optional_here=optional
+    )
 
 
 def setup(opts: SetupOptions, names: list[str] | None = None) -> list[Outcome]:
@@ -247,8 +286,9 @@ def setup(opts: SetupOptions, names: list[str] | None = None) -> list[Outcome]:
             try:
                 outcomes.append(setup_component(opts, comp, state))
             except SourceError as e:
-                outcomes.append(Outcome(comp.name, "failed", None, str(e),
-                                        optional_here=opts.device not in comp.needed_on))
+                outcomes.append(
+                    Outcome(comp.name, "failed", None, str(e), optional_here=opts.device not in comp.needed_on)
+                )
     finally:
         save_state(opts.root, state)
         if build.is_dir():
@@ -272,8 +312,16 @@ def export_cache(opts: SetupOptions, dest: Path, names: list[str] | None = None)
             log(f"{comp.name}: exporting")
             built, attempts = build_component(o2, comp, Path(work))
             if built is None:
-                outcomes.append(Outcome(comp.name, "missing", None, "no route could supply it", attempts,
-                                        optional_here=opts.device not in comp.needed_on))
+                outcomes.append(
+                    Outcome(
+                        comp.name,
+                        "missing",
+                        None,
+                        "no route could supply it",
+                        attempts,
+                        optional_here=opts.device not in comp.needed_on,
+                    )
+                )
                 continue
             if built.route == "pypi":
                 assert comp.pypi is not None
@@ -282,8 +330,13 @@ def export_cache(opts: SetupOptions, dest: Path, names: list[str] | None = None)
             else:
                 name = f"{comp.name}-{comp.commit}.tar"
                 write_tar(built.tree_dir, dest / name, comp.package)
-                entry = {"route": "git", "file": name, "commit": comp.commit, "subdir": comp.package,
-                         "sha256": pypi_route.sha256_file(dest / name)}
+                entry = {
+                    "route": "git",
+                    "file": name,
+                    "commit": comp.commit,
+                    "subdir": comp.package,
+                    "sha256": pypi_route.sha256_file(dest / name),
+                }
             cache_route.write_index(dest, {comp.name: entry})
             outcomes.append(Outcome(comp.name, "exported", built.route, entry["file"], attempts))
     return outcomes
@@ -292,6 +345,7 @@ def export_cache(opts: SetupOptions, dest: Path, names: list[str] | None = None)
 def relock(opts: SetupOptions, names: list[str] | None = None) -> list[Outcome]:
     """Recompute tree hashes and per-file manifests for every route that can be reached, and write them."""
     from verl_patches.sources.lock import rewrite_tree_hash
+
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="relock.") as work:
         for comp in opts.lock.select(names):

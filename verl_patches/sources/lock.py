@@ -66,8 +66,9 @@ class Lock:
             return list(self.components.values())
         unknown = [n for n in names if n not in self.components]
         if unknown:
-            raise LockError(f"{self.path}: unknown component(s) {', '.join(unknown)}; "
-                            f"known: {', '.join(self.components)}")
+            raise LockError(
+                f"{self.path}: unknown component(s) {', '.join(unknown)}; known: {', '.join(self.components)}"
+            )
         return [self.components[n] for n in names]
 
 
@@ -114,11 +115,14 @@ def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
         url = p.get("url", "")
         if url:
             _checked(names.download_url, url, f"{pw}.url")
-        pypi = PypiArtifact(name=_checked(names.plain_name, _req(p, "name", pw, str), f"{pw}.name"),
-                            version=_req(p, "version", pw, str),
-                            file=_checked(names.artifact_file, _req(p, "file", pw, str), f"{pw}.file"), sha256=sha,
-                            subdir=_checked(names.relative_path, _req(p, "subdir", pw, str), f"{pw}.subdir"),
-                            url=url)
+        pypi = PypiArtifact(
+            name=_checked(names.plain_name, _req(p, "name", pw, str), f"{pw}.name"),
+            version=_req(p, "version", pw, str),
+            file=_checked(names.artifact_file, _req(p, "file", pw, str), f"{pw}.file"),
+            sha256=sha,
+            subdir=_checked(names.relative_path, _req(p, "subdir", pw, str), f"{pw}.subdir"),
+            url=url,
+        )
     hashes = table.get("tree_sha256", {})
     if not isinstance(hashes, dict):
         raise LockError(f"{where}.tree_sha256: expected a table, got {type(hashes).__name__}")
@@ -136,14 +140,18 @@ def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
     for d in needed:
         if d not in ("npu", "cuda", "cpu"):
             raise LockError(f"{where}.needed_on: unknown device '{d}'")
-    return Component(name=name, package=_checked(names.package_folder, _req(table, "package", where, str),
-                                                  f"{where}.package"),
-                     git_urls=tuple(urls), ref=_checked(names.git_ref, _req(table, "ref", where, str), f"{where}.ref"),
-                     commit=commit,
-                     git_subdir=_checked(names.relative_path, _req(table, "git_subdir", where, str),
-                                         f"{where}.git_subdir"),
-                     needed_on=needed, pypi=pypi,
-                     tree_sha256=dict(hashes), notes=table.get("notes", ""))
+    return Component(
+        name=name,
+        package=_checked(names.package_folder, _req(table, "package", where, str), f"{where}.package"),
+        git_urls=tuple(urls),
+        ref=_checked(names.git_ref, _req(table, "ref", where, str), f"{where}.ref"),
+        commit=commit,
+        git_subdir=_checked(names.relative_path, _req(table, "git_subdir", where, str), f"{where}.git_subdir"),
+        needed_on=needed,
+        pypi=pypi,
+        tree_sha256=dict(hashes),
+        notes=table.get("notes", ""),
+    )
 
 
 def load_lock(path: Path) -> Lock:
@@ -170,10 +178,14 @@ def load_lock(path: Path) -> Lock:
     prelude = data.get("prelude", {})
     if not isinstance(prelude, dict):
         raise LockError(f"{path.name}: prelude: expected a table")
-    return Lock(path=path, components=parsed,
-                prelude_file=_checked(names.relative_path, _req(prelude, "file", f"{path.name}: prelude", str),
-                                      f"{path.name}: prelude.file"),
-                prelude_line=_req(prelude, "line", f"{path.name}: prelude", str))
+    return Lock(
+        path=path,
+        components=parsed,
+        prelude_file=_checked(
+            names.relative_path, _req(prelude, "file", f"{path.name}: prelude", str), f"{path.name}: prelude.file"
+        ),
+        prelude_line=_req(prelude, "line", f"{path.name}: prelude", str),
+    )
 
 
 def rewrite_tree_hash(path: Path, component: str, route: str, new_hash: str) -> bool:
@@ -188,7 +200,7 @@ def rewrite_tree_hash(path: Path, component: str, route: str, new_hash: str) -> 
         raise LockError(f"{path}: no [components.{component}.tree_sha256] table to update")
     nxt = re.compile(r"^\[", re.M).search(text, m.end())
     end = nxt.start() if nxt else len(text)
-    body = text[m.end():end]
+    body = text[m.end() : end]
     line = re.compile(rf'^{route}\s*=\s*"[0-9a-f]*".*$', re.M)
     new_line = f'{route} = "{new_hash}"'
     if line.search(body):
@@ -197,7 +209,7 @@ def rewrite_tree_hash(path: Path, component: str, route: str, new_hash: str) -> 
         body2 = body.rstrip("\n") + f"\n{new_line}\n" + ("\n" if nxt else "")
     if body2 == body:
         return False
-    _atomic_write(path, text[:m.end()] + body2 + text[end:])
+    _atomic_write(path, text[: m.end()] + body2 + text[end:])
     return True
 
 

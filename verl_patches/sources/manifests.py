@@ -29,8 +29,7 @@ def load_manifest(lock_path: Path, component: str, route: str) -> FileHashes | N
 def save_manifest(lock_path: Path, component: str, route: str, files: FileHashes) -> Path:
     p = manifest_path(lock_path, component, route)
     p.parent.mkdir(parents=True, exist_ok=True)
-    body = {"component": component, "route": route, "tree_sha256": combine(files),
-            "files": dict(sorted(files.items()))}
+    body = {"component": component, "route": route, "tree_sha256": combine(files), "files": dict(sorted(files.items()))}
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(body, indent=0, sort_keys=False) + "\n", encoding="utf-8")
     tmp.replace(p)

@@ -26,8 +26,9 @@ ARTIFACT_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz")
 def plain_name(value: object) -> str:
     """A single path component (a component name, a package folder, an artifact file name)."""
     if not isinstance(value, str) or not _PLAIN.match(value):
-        raise ValueError(f"{value!r} is not a plain name (letters, digits, '_', '.', '+', '-'; "
-                         f"no '/', no leading '.' or '-')")
+        raise ValueError(
+            f"{value!r} is not a plain name (letters, digits, '_', '.', '+', '-'; no '/', no leading '.' or '-')"
+        )
     return value
 
 
@@ -40,8 +41,10 @@ def package_folder(value: object) -> str:
     """A package folder at the repo root: an importable top-level name that is not one of ours."""
     name = plain_name(value)
     if not name.isidentifier() or name in RESERVED_PACKAGES:
-        raise ValueError(f"{value!r} is not an upstream package folder name (a Python identifier other than "
-                         f"{', '.join(sorted(RESERVED_PACKAGES))})")
+        raise ValueError(
+            f"{value!r} is not an upstream package folder name (a Python identifier other than "
+            f"{', '.join(sorted(RESERVED_PACKAGES))})"
+        )
     return name
 
 
@@ -55,8 +58,9 @@ def relative_path(value: object) -> str:
         try:
             plain_name(part)
         except ValueError:
-            raise ValueError(f"{value!r}: component {part!r} is not allowed (no '', '.', '..', "
-                             f"leading '-' or '.')") from None
+            raise ValueError(
+                f"{value!r}: component {part!r} is not allowed (no '', '.', '..', leading '-' or '.')"
+            ) from None
     return value
 
 
@@ -72,8 +76,12 @@ def git_ref(value: object) -> str:
     if not isinstance(value, str) or not value.startswith(("refs/tags/", "refs/heads/")):
         raise ValueError(f"{value!r} is not a full ref (refs/tags/NAME or refs/heads/NAME)")
     parts = value.split("/")[2:]
-    if not parts or not all(_REF_PART.match(p) and not p.endswith((".lock", ".")) for p in parts) \
-            or ".." in value or "@{" in value:
+    if (
+        not parts
+        or not all(_REF_PART.match(p) and not p.endswith((".lock", ".")) for p in parts)
+        or ".." in value
+        or "@{" in value
+    ):
         raise ValueError(f"{value!r} is not a valid ref name")
     return value
 
@@ -105,8 +113,10 @@ def git_url(value: object) -> str:
         parsed = urllib.parse.urlsplit(value)
         scheme = parsed.scheme.lower()
         if scheme not in GIT_SCHEMES:
-            raise ValueError(f"{value!r}: scheme {scheme!r} is not allowed (allowed: {', '.join(GIT_SCHEMES)}, "
-                             f"user@host:path, or an absolute path)")
+            raise ValueError(
+                f"{value!r}: scheme {scheme!r} is not allowed (allowed: {', '.join(GIT_SCHEMES)}, "
+                f"user@host:path, or an absolute path)"
+            )
         if scheme == "file":
             if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
                 raise ValueError(f"{value!r}: a file URL must be file:///absolute/path")
@@ -128,12 +138,16 @@ def git_url(value: object) -> str:
         if path.startswith("-"):
             raise ValueError(f"{value!r}: the path starts with '-'")
         return value
-    raise ValueError(f"{value!r} is not an allowed git URL (https/http/ssh/git/file URL, user@host:path, "
-                     f"or an absolute path)")
+    raise ValueError(
+        f"{value!r} is not an allowed git URL (https/http/ssh/git/file URL, user@host:path, or an absolute path)"
+    )
 
 
 def download_url(value: object) -> str:
-    if not isinstance(value, str) or urllib.parse.urlsplit(value).scheme.lower() not in DOWNLOAD_SCHEMES \
-            or _CONTROL.search(value):
+    if (
+        not isinstance(value, str)
+        or urllib.parse.urlsplit(value).scheme.lower() not in DOWNLOAD_SCHEMES
+        or _CONTROL.search(value)
+    ):
         raise ValueError(f"{value!r} is not an https, http or file URL")
     return value

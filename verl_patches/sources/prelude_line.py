@@ -21,8 +21,12 @@ def insertion_lineno(source: str, filename: str = "<module>") -> int:
         raise PreludeError(f"{filename}:{e.lineno}: cannot parse to place the prelude line: {e.msg}") from None
     body = list(tree.body)
     idx = 0
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         idx = 1
     while idx < len(body) and isinstance(body[idx], ast.ImportFrom) and body[idx].module == "__future__":
         idx += 1

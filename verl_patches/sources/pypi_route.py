@@ -32,8 +32,12 @@ def configured_index_url(explicit: str | None = None) -> str:
     if os.environ.get("PIP_INDEX_URL"):
         return os.environ["PIP_INDEX_URL"]
     try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if proc.returncode == 0 and proc.stdout.strip():
             return proc.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -76,7 +80,7 @@ def find_on_index(index_url: str, artifact: PypiArtifact) -> tuple[str, str | No
     for href in parser.hrefs:
         url, _, frag = href.partition("#")
         if urllib.parse.unquote(url.rsplit("/", 1)[-1]) == artifact.file:
-            sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
+            sha = frag[len("sha256=") :] if frag.startswith("sha256=") else None
             full = urllib.parse.urljoin(page, url)
             scheme = urllib.parse.urlsplit(full).scheme.lower()
             # an index page may only send us to the web, or to local files when it is local itself
@@ -108,8 +112,9 @@ def cached_artifact(cache: Path, artifact: PypiArtifact) -> Path:
     return cache / "pypi" / names.artifact_file(artifact.file)
 
 
-def fetch_artifact(artifact: PypiArtifact, cache: Path, index_url: str | None = None,
-                   offline: bool = False) -> tuple[Path, str]:
+def fetch_artifact(
+    artifact: PypiArtifact, cache: Path, index_url: str | None = None, offline: bool = False
+) -> tuple[Path, str]:
     """Path of the verified artifact in the cache and where it came from ("cache" or a URL)."""
     if not artifact.sha256:
         raise IntegrityError(f"{artifact.file}: the lock has no sha256 for it; run setup_sources.sh --relock")

@@ -20,8 +20,9 @@ from verl_patches.sources.state import load_state
 AUDIT_SCHEMA = "verl-overlay-audit/1"
 
 
-def _pristine_bytes(lock: Lock, comp: Component, prov: dict, rel: str, current: bytes | None,
-                    rep: FolderReport) -> bytes | None:
+def _pristine_bytes(
+    lock: Lock, comp: Component, prov: dict, rel: str, current: bytes | None, rep: FolderReport
+) -> bytes | None:
     if rep.pristine and rel == prelude_relpath(lock, comp) and current is not None:
         return prelude_line.strip(current, lock.prelude_line)
     route = prov.get("route")
@@ -58,12 +59,17 @@ def _sha256_cached(path: str, mtime_ns: int) -> str:
 def _udiff(pkg: str, rel: str, old: bytes | None, new: bytes | None) -> str:
     a = old.decode("utf-8", errors="replace").splitlines(keepends=True) if old is not None else []
     b = new.decode("utf-8", errors="replace").splitlines(keepends=True) if new is not None else []
-    return "".join(difflib.unified_diff(a, b, f"a/{pkg}/{rel}" if old is not None else "/dev/null",
-                                        f"b/{pkg}/{rel}" if new is not None else "/dev/null"))
+    return "".join(
+        difflib.unified_diff(
+            a,
+            b,
+            f"a/{pkg}/{rel}" if old is not None else "/dev/null",
+            f"b/{pkg}/{rel}" if new is not None else "/dev/null",
+        )
+    )
 
 
-def component_report(root: Path, lock: Lock, comp: Component, state: dict, device: str,
-                     with_diff: bool = True) -> dict:
+def component_report(root: Path, lock: Lock, comp: Component, state: dict, device: str, with_diff: bool = True) -> dict:
     prov = state.get(comp.name, {})
     rep = check_folder(root, lock, comp, prov.get("origin_route"))
     status = "missing" if not rep.exists else ("match" if rep.ok else "mismatch")
@@ -73,21 +79,33 @@ def component_report(root: Path, lock: Lock, comp: Component, state: dict, devic
     if rep.exists and rep.prelude_expected and not rep.prelude_in_place:
         problems.append(f"prelude line missing or misplaced in {lock.prelude_file}: '{lock.prelude_line}'")
     out = {
-        "name": comp.name, "package": comp.package, "ref": comp.ref, "commit": comp.commit,
+        "name": comp.name,
+        "package": comp.package,
+        "ref": comp.ref,
+        "commit": comp.commit,
         "pypi_file": comp.pypi.file if comp.pypi else None,
-        "needed_on": list(comp.needed_on), "optional_here": device not in comp.needed_on,
-        "route": prov.get("route"), "origin_route": rep.matched_route or prov.get("origin_route"),
+        "needed_on": list(comp.needed_on),
+        "optional_here": device not in comp.needed_on,
+        "route": prov.get("route"),
+        "origin_route": rep.matched_route or prov.get("origin_route"),
         "status": status,
-        "expected_tree_sha256": comp.expected_hashes(), "found_tree_sha256": rep.tree_sha256 or None,
-        "differences": rep.differences, "problems": problems,
-        "prelude": {"file": lock.prelude_file, "expected": rep.prelude_expected,
-                    "in_place": rep.prelude_in_place} if rep.prelude_expected else None,
-        "diff": "", "diff_unavailable": [],
+        "expected_tree_sha256": comp.expected_hashes(),
+        "found_tree_sha256": rep.tree_sha256 or None,
+        "differences": rep.differences,
+        "problems": problems,
+        "prelude": {"file": lock.prelude_file, "expected": rep.prelude_expected, "in_place": rep.prelude_in_place}
+        if rep.prelude_expected
+        else None,
+        "diff": "",
+        "diff_unavailable": [],
     }
     if with_diff and rep.exists:
         folder = Path(root) / comp.package
-        rels = sorted(set(rep.differences.get("changed", [])) | set(rep.differences.get("added", []))
-                      | set(rep.differences.get("removed", [])))
+        rels = sorted(
+            set(rep.differences.get("changed", []))
+            | set(rep.differences.get("added", []))
+            | set(rep.differences.get("removed", []))
+        )
         pre = prelude_relpath(lock, comp)
         if pre and pre not in rels and (folder / pre).exists():
             rels.insert(0, pre)
@@ -95,8 +113,11 @@ def component_report(root: Path, lock: Lock, comp: Component, state: dict, devic
         for rel in rels:
             path = folder / rel
             current = path.read_bytes() if path.is_file() else None
-            pristine = None if rel in rep.differences.get("added", []) else \
-                _pristine_bytes(lock, comp, prov, rel, current, rep)
+            pristine = (
+                None
+                if rel in rep.differences.get("added", [])
+                else _pristine_bytes(lock, comp, prov, rel, current, rep)
+            )
             if pristine is None and rel not in rep.differences.get("added", []):
                 out["diff_unavailable"].append(rel)
                 continue
@@ -105,8 +126,7 @@ def component_report(root: Path, lock: Lock, comp: Component, state: dict, devic
     return out
 
 
-def sources_report(root: Path, lock: Lock, device: str, names: list[str] | None = None,
-                   with_diff: bool = True) -> dict:
+def sources_report(root: Path, lock: Lock, device: str, names: list[str] | None = None, with_diff: bool = True) -> dict:
     state = load_state(root)
     comps = [component_report(root, lock, c, state, device, with_diff) for c in lock.select(names)]
     return {"lock": str(lock.path), "device": device, "components": comps}

@@ -6,6 +6,7 @@
 ``q_a_proj`` and ``kv_a_proj_with_mqa``, ``linear_fc1`` into ``gate_proj`` and ``up_proj``; every other
 tensor maps one to one. Splits are views: vLLM's loader copies into its own parameters.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -36,8 +37,9 @@ def split_sizes(kind: str, full: torch.Tensor, cfg: Mapping[str, Any]) -> list[i
     return None
 
 
-def to_hf(kind: str, full: torch.Tensor, hf_names: Sequence[str], cfg: Mapping[str, Any]
-          ) -> list[tuple[str, torch.Tensor]]:
+def to_hf(
+    kind: str, full: torch.Tensor, hf_names: Sequence[str], cfg: Mapping[str, Any]
+) -> list[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` pairs of one merged Megatron tensor."""
     sizes = split_sizes(kind, full, cfg)
     if sizes is None:
@@ -45,6 +47,7 @@ def to_hf(kind: str, full: torch.Tensor, hf_names: Sequence[str], cfg: Mapping[s
             raise ValueError(f"a {kind} tensor maps to one HF name, got {list(hf_names)}")
         return [(hf_names[0], full)]
     if len(hf_names) != len(sizes) or sum(sizes) != full.shape[0]:
-        raise ValueError(f"a {kind} tensor of shape {tuple(full.shape)} cannot be split into {list(hf_names)} "
-                         f"with row sizes {sizes}")
+        raise ValueError(
+            f"a {kind} tensor of shape {tuple(full.shape)} cannot be split into {list(hf_names)} with row sizes {sizes}"
+        )
     return list(zip(hf_names, torch.split(full, sizes, dim=0)))

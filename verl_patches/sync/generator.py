@@ -15,6 +15,7 @@ Megatron) is part of the table like any other replicated tensor.
 largest number of bytes the sync held at once in buffers it allocated itself (receive buffers, TP merges,
 staging), counted by storage so views are free and the training shards never count.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,7 +44,7 @@ class SyncGroups:
 
     tp: dist.ProcessGroup | None
     pp: dist.ProcessGroup | None
-    tp_ep: dist.ProcessGroup | None   # used by the all-gather path only
+    tp_ep: dist.ProcessGroup | None  # used by the all-gather path only
 
 
 @dataclass
@@ -89,8 +90,9 @@ def _check_local(plan: SyncPlan, stage: int, local: Mapping[str, torch.Tensor]) 
         if t is None:
             raise PlanMismatchError(f"stage {stage}: parameter {p.local_name!r} is missing from the model")
         if tuple(t.shape) != p.local_shape:
-            raise PlanMismatchError(f"stage {stage}: {p.local_name!r} has shape {tuple(t.shape)}, the plan "
-                                    f"expects {p.local_shape}")
+            raise PlanMismatchError(
+                f"stage {stage}: {p.local_name!r} has shape {tuple(t.shape)}, the plan expects {p.local_shape}"
+            )
         if t.dtype != p.dtype:
             raise PlanMismatchError(f"stage {stage}: {p.local_name!r} is {t.dtype}, the plan expects {p.dtype}")
 
@@ -100,8 +102,9 @@ def _record(meter: SyncMeter | None, op: str, rank: int, ranks: list[int], send:
         meter.record(CollectiveRecord(op, rank, tuple(ranks), tuple(send), tuple(recv)))
 
 
-def _tp_merge(p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None, rank: int,
-              meter: SyncMeter | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _tp_merge(
+    p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None, rank: int, meter: SyncMeter | None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The TP-merged tensor and the buffers allocated for it."""
     ranks = group_ranks(group)
     if not p.is_tp_split or len(ranks) == 1:
@@ -113,11 +116,11 @@ def _tp_merge(p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None
             _record(meter, "all_gather", rank, ranks, [n // 2] * len(ranks), [n // 2] * len(ranks))
     else:
         _record(meter, "all_gather", rank, ranks, [n] * len(ranks), [n] * len(ranks))
-    if p.kind == "tp_rows":   # row shards tile the merged tensor: gather straight into it, no merge copy
+    if p.kind == "tp_rows":  # row shards tile the merged tensor: gather straight into it, no merge copy
         full = shard.new_empty(p.full_shape)
         dist.all_gather_into_tensor(full, shard, group=group)
         return full, [full]
-    if p.kind == "gate_up":   # [gate_t; up_t]: gather the gate halves, then the up halves, into their places
+    if p.kind == "gate_up":  # [gate_t; up_t]: gather the gate halves, then the up halves, into their places
         full = shard.new_empty(p.full_shape)
         half, rows = full.shape[0] // 2, shard.shape[0] // 2
         dist.all_gather_into_tensor(full.narrow(0, 0, half), shard.narrow(0, 0, rows), group=group)
@@ -125,13 +128,20 @@ def _tp_merge(p: SyncParam, shard: torch.Tensor, group: dist.ProcessGroup | None
         return full, [full]
     parts = [torch.empty_like(shard) for _ in ranks]
     dist.all_gather(parts, shard, group=group)
-    parts[ranks.index(rank)] = shard   # our own slot stays a view of the training shard
+    parts[ranks.index(rank)] = shard  # our own slot stays a view of the training shard
     full = merge_tp(p.kind, parts)
     return full, parts + [full]
 
 
-def _broadcast(p_shape: tuple[int, ...], dtype: torch.dtype, tensor: torch.Tensor | None, owner_stage: int,
-               group: dist.ProcessGroup | None, rank: int, meter: SyncMeter | None) -> torch.Tensor:
+def _broadcast(
+    p_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    tensor: torch.Tensor | None,
+    owner_stage: int,
+    group: dist.ProcessGroup | None,
+    rank: int,
+    meter: SyncMeter | None,
+) -> torch.Tensor:
     """The owning stage's tensor on every stage of the pipeline group (a new buffer off the owner)."""
     ranks = group_ranks(group)
     if len(ranks) == 1:
@@ -151,16 +161,23 @@ def _broadcast(p_shape: tuple[int, ...], dtype: torch.dtype, tensor: torch.Tenso
 def _row_pieces(plan: SyncPlan, p: SyncParam) -> list[tuple[str, int, int]]:
     """``(hf_name, first_row, rows)`` of each HF tensor inside one rank's shard (rows of the local shard)."""
     rows = p.local_shape[0]
-    if p.kind == "gate_up":            # [gate_t; up_t]: each half TP-merges by rows into one HF tensor
+    if p.kind == "gate_up":  # [gate_t; up_t]: each half TP-merges by rows into one HF tensor
         return [(p.hf_names[0], 0, rows // 2), (p.hf_names[1], rows // 2, rows // 2)]
-    if p.kind == "concat_rows":        # replicated [q_a; kv_a]
+    if p.kind == "concat_rows":  # replicated [q_a; kv_a]
         q = int(plan.cfg["q_lora_rank"])
         return [(p.hf_names[0], 0, q), (p.hf_names[1], q, rows - q)]
     return [(p.hf_names[0], 0, rows)]
 
 
-def _piece_steps(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Mapping[str, torch.Tensor],
-                 groups: SyncGroups, meter: SyncMeter | None) -> Iterator[tuple[Named, list[torch.Tensor]]]:
+def _piece_steps(
+    plan: SyncPlan,
+    p: SyncParam,
+    stage: int,
+    rank: int,
+    local: Mapping[str, torch.Tensor],
+    groups: SyncGroups,
+    meter: SyncMeter | None,
+) -> Iterator[tuple[Named, list[torch.Tensor]]]:
     """One non-expert parameter of another route's leftovers, one HF tensor per step, each allocated once.
 
     Every HF tensor of the parameter is assembled straight in its final buffer: the owning stage's TP
@@ -180,7 +197,7 @@ def _piece_steps(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Map
     for hf_name, first, rows in _row_pieces(plan, p):
         piece = shard.narrow(0, first, rows) if owner else None
         if cols:
-            piece = piece.t().contiguous() if owner else None      # the shard as rows of the transposed tensor
+            piece = piece.t().contiguous() if owner else None  # the shard as rows of the transposed tensor
             shape = (p.local_shape[1], rows)
         else:
             shape = (rows, *p.local_shape[1:])
@@ -203,8 +220,9 @@ def _piece_steps(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Map
                 if slot is None:
                     slot = torch.empty(shape, dtype=p.dtype)
                     allocated.append(slot)
-                _record(meter, "broadcast", rank, pp_ranks, [0] * len(pp_ranks),
-                        [n if g == src else 0 for g in pp_ranks])
+                _record(
+                    meter, "broadcast", rank, pp_ranks, [0] * len(pp_ranks), [n if g == src else 0 for g in pp_ranks]
+                )
                 dist.broadcast(slot, src=src, group=groups.pp)
                 piece = slot
         elif cols and owner:
@@ -218,17 +236,29 @@ def _piece_steps(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Map
         yield [(hf_name, tensor)], allocated
 
 
-def _legacy_step(plan: SyncPlan, p: SyncParam, stage: int, rank: int, local: Mapping[str, torch.Tensor],
-                 groups: SyncGroups, meter: SyncMeter | None) -> tuple[Named, list[torch.Tensor]]:
+def _legacy_step(
+    plan: SyncPlan,
+    p: SyncParam,
+    stage: int,
+    rank: int,
+    local: Mapping[str, torch.Tensor],
+    groups: SyncGroups,
+    meter: SyncMeter | None,
+) -> tuple[Named, list[torch.Tensor]]:
     shard = local[p.local_name] if p.stage == stage else None
     shard = _broadcast(p.local_shape, p.dtype, shard, p.stage, groups.pp, rank, meter)
     full, bufs = _tp_merge(p, shard, groups.tp, rank, meter)
     return to_hf(p.kind, full, p.hf_names, plan.cfg), bufs + [shard]
 
 
-def _lockstep_steps(plan: SyncPlan, stage: int, rank: int, local: Mapping[str, torch.Tensor],
-                    groups: SyncGroups, meter: SyncMeter | None
-                    ) -> Iterator[tuple[Named, list[torch.Tensor], int]]:
+def _lockstep_steps(
+    plan: SyncPlan,
+    stage: int,
+    rank: int,
+    local: Mapping[str, torch.Tensor],
+    groups: SyncGroups,
+    meter: SyncMeter | None,
+) -> Iterator[tuple[Named, list[torch.Tensor], int]]:
     pp_plan = plan.pp_plan
     by_global = {p.global_name: p for params in plan.stages for p in params}
     mine = plan.lockstep_params(stage)
@@ -249,21 +279,39 @@ def _lockstep_steps(plan: SyncPlan, stage: int, rank: int, local: Mapping[str, t
         yield out, bufs + [t for _, t in gathered] + list(fulls.values()), internal
 
 
-def _expert_step_a2a(plan: SyncPlan, layer: int, layer_stage: int, local_layer: int, kind: ExpertWeight,
-                     stage: int, rank: int, local: Mapping[str, torch.Tensor], meter: SyncMeter | None
-                     ) -> tuple[Named, list[torch.Tensor]]:
+def _expert_step_a2a(
+    plan: SyncPlan,
+    layer: int,
+    layer_stage: int,
+    local_layer: int,
+    kind: ExpertWeight,
+    stage: int,
+    rank: int,
+    local: Mapping[str, torch.Tensor],
+    meter: SyncMeter | None,
+) -> tuple[Named, list[torch.Tensor]]:
     weight = local[f"decoder.layers.{local_layer}.mlp.experts.{kind.value}"] if stage == layer_stage else None
     recorder = meter.record if meter is not None else None
-    got = reshard_expert_weight(plan.expert_plans[layer_stage], rank, kind, plan.dims, weight,
-                                dtype=plan.dtype, recorder=recorder)
+    got = reshard_expert_weight(
+        plan.expert_plans[layer_stage], rank, kind, plan.dims, weight, dtype=plan.dtype, recorder=recorder
+    )
     entries = rollout_expert_tensors(kind, got.experts, plan.num_experts, plan.dims.ffn)
     named = [(expert_param_name(layer, e, proj), t) for e, proj, t in entries if t.numel()]
     return named, list(got.buffers)
 
 
-def _expert_step_allgather(plan: SyncPlan, layer: int, layer_stage: int, local_layer: int, kind: ExpertWeight,
-                           stage: int, rank: int, local: Mapping[str, torch.Tensor], groups: SyncGroups,
-                           meter: SyncMeter | None) -> tuple[Named, list[torch.Tensor]]:
+def _expert_step_allgather(
+    plan: SyncPlan,
+    layer: int,
+    layer_stage: int,
+    local_layer: int,
+    kind: ExpertWeight,
+    stage: int,
+    rank: int,
+    local: Mapping[str, torch.Tensor],
+    groups: SyncGroups,
+    meter: SyncMeter | None,
+) -> tuple[Named, list[torch.Tensor]]:
     """The vendor's fallback: PP broadcast of the shard, all-gather over TP×EP, keep the served experts."""
     training = plan.training
     n_local = training.local_experts(plan.num_experts)
@@ -284,8 +332,9 @@ def _expert_step_allgather(plan: SyncPlan, layer: int, layer_stage: int, local_l
     return named, parts + ([shard] if weight is None else [])
 
 
-def iter_rollout_weights(plan: SyncPlan, rank: int, local: Mapping[str, torch.Tensor], groups: SyncGroups,
-                         meter: SyncMeter | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_rollout_weights(
+    plan: SyncPlan, rank: int, local: Mapping[str, torch.Tensor], groups: SyncGroups, meter: SyncMeter | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream this rank's rollout weights (see the module docstring); a collective on every rank."""
     stage = plan.training.pp_rank(rank)
     _check_local(plan, stage, local)
@@ -307,7 +356,7 @@ def iter_rollout_weights(plan: SyncPlan, rank: int, local: Mapping[str, torch.Te
             for named, bufs in _piece_steps(plan, p, stage, rank, local, groups, meter):
                 yield from emit(named, bufs)
                 del named, bufs
-        else:   # the vendor's order: PP broadcast of the shard, then TP all-gather and concatenation
+        else:  # the vendor's order: PP broadcast of the shard, then TP all-gather and concatenation
             named, bufs = _legacy_step(plan, p, stage, rank, local, groups, meter)
             yield from emit(named, bufs)
             del named, bufs
@@ -316,7 +365,8 @@ def iter_rollout_weights(plan: SyncPlan, rank: int, local: Mapping[str, torch.Te
             if plan.path is SyncPath.ALL_TO_ALL:
                 named, bufs = _expert_step_a2a(plan, layer, layer_stage, local_layer, kind, stage, rank, local, meter)
             else:
-                named, bufs = _expert_step_allgather(plan, layer, layer_stage, local_layer, kind, stage, rank,
-                                                     local, groups, meter)
+                named, bufs = _expert_step_allgather(
+                    plan, layer, layer_stage, local_layer, kind, stage, rank, local, groups, meter
+                )
             yield from emit(named, bufs)
             del named, bufs

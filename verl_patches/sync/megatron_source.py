@@ -3,6 +3,7 @@
 Thin adapters around ``megatron.core.parallel_state`` (passed in as ``mpu``, so tests can hand a fake) and
 the rollout's parallel settings. The plan is cached per (config, layouts, path): it depends on nothing else.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def layer_list_from(value: Any) -> tuple[int, ...] | None:
 
 def strip_module_prefix(name: str) -> str:
     while name.startswith("module."):
-        name = name[len("module."):]
+        name = name[len("module.") :]
     return name
 
 
@@ -45,8 +46,9 @@ def local_state(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
     ``models`` are unwrapped Megatron model chunks; only one chunk (no virtual pipeline) is supported.
     """
     if len(models) != 1:
-        raise InvalidLayoutError("no_virtual_pipeline",
-                                 f"weight sync supports one model chunk per rank, got {len(models)} (VPP)")
+        raise InvalidLayoutError(
+            "no_virtual_pipeline", f"weight sync supports one model chunk per rank, got {len(models)} (VPP)"
+        )
     model = models[0]
     out = {strip_module_prefix(n): p.data for n, p in model.named_parameters()}
     for name, t in model.state_dict(keep_vars=True).items():
@@ -58,18 +60,25 @@ def local_state(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
 
 def megatron_layout(mpu: Any, rank: int, world_size: int) -> MegatronLayout:
     """The training layout, checked against the ranks Megatron actually assigned to this process."""
-    layout = MegatronLayout(world_size=world_size, tp=mpu.get_tensor_model_parallel_world_size(),
-                            pp=mpu.get_pipeline_model_parallel_world_size(),
-                            ep=mpu.get_expert_model_parallel_world_size(),
-                            cp=mpu.get_context_parallel_world_size())
+    layout = MegatronLayout(
+        world_size=world_size,
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        pp=mpu.get_pipeline_model_parallel_world_size(),
+        ep=mpu.get_expert_model_parallel_world_size(),
+        cp=mpu.get_context_parallel_world_size(),
+    )
     c = layout.coords(rank)
-    found = (mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
-             mpu.get_expert_model_parallel_rank())
+    found = (
+        mpu.get_tensor_model_parallel_rank(),
+        mpu.get_pipeline_model_parallel_rank(),
+        mpu.get_expert_model_parallel_rank(),
+    )
     if (c.tp, c.pp, c.ep) != found:
         raise InvalidLayoutError(
             "megatron_order_tp_cp_ep_dp_pp",
             f"rank {rank}: Megatron reports (tp, pp, ep) = {found}, the order tp-cp-ep-dp-pp gives "
-            f"{(c.tp, c.pp, c.ep)}; the weight sync needs Megatron's default rank order")
+            f"{(c.tp, c.pp, c.ep)}; the weight sync needs Megatron's default rank order",
+        )
     return layout
 
 
@@ -85,21 +94,36 @@ def rollout_layout(world_size: int, rollout_tp: int, environ: Mapping[str, str] 
 
 
 def megatron_groups(mpu: Any) -> SyncGroups:
-    return SyncGroups(tp=mpu.get_tensor_model_parallel_group(), pp=mpu.get_pipeline_model_parallel_group(),
-                      tp_ep=mpu.get_tensor_and_expert_parallel_group())
+    return SyncGroups(
+        tp=mpu.get_tensor_model_parallel_group(),
+        pp=mpu.get_pipeline_model_parallel_group(),
+        tp_ep=mpu.get_tensor_and_expert_parallel_group(),
+    )
 
 
 @lru_cache(maxsize=4)
-def _cached_plan(cfg_json: str, training: MegatronLayout, rollout: RolloutLayout,
-                 layer_list: tuple[int, ...] | None, path: str, dtype: torch.dtype) -> SyncPlan:
+def _cached_plan(
+    cfg_json: str,
+    training: MegatronLayout,
+    rollout: RolloutLayout,
+    layer_list: tuple[int, ...] | None,
+    path: str,
+    dtype: torch.dtype,
+) -> SyncPlan:
     return build_sync_plan(json.loads(cfg_json), training, rollout, layer_list, SyncPath(path), dtype=dtype)
 
 
-def sync_plan(hf_config: Mapping[str, Any], training: MegatronLayout, rollout: RolloutLayout,
-              layer_list: tuple[int, ...] | None, dtype: torch.dtype = torch.bfloat16,
-              path: str | None = None) -> SyncPlan:
-    keys = json.dumps({k: v for k, v in hf_config.items() if isinstance(v, (int, float, str, bool, type(None)))},
-                      sort_keys=True)
+def sync_plan(
+    hf_config: Mapping[str, Any],
+    training: MegatronLayout,
+    rollout: RolloutLayout,
+    layer_list: tuple[int, ...] | None,
+    dtype: torch.dtype = torch.bfloat16,
+    path: str | None = None,
+) -> SyncPlan:
+    keys = json.dumps(
+        {k: v for k, v in hf_config.items() if isinstance(v, (int, float, str, bool, type(None)))}, sort_keys=True
+    )
     return _cached_plan(keys, training, rollout, layer_list, path or active_sync_path(), dtype)
 
 

@@ -9,6 +9,7 @@ layout kind of `verl_patches.weights.names` (how TP splits it), its per-rank and
 and the Hugging Face names vLLM's DeepSeek loader accepts for it. Routed experts (``mlp.experts.weight1/2``)
 are not listed here; they take the expert reshard (`verl_patches.reshard.ep_plan`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,12 +73,19 @@ def full_shape(kind: str, local_shape: tuple[int, ...], tp: int) -> tuple[int, .
 
 def weights_layout(tp: int, pp: int, ep: int, num_layer_list: tuple[int, ...] | None) -> ParallelLayout:
     """The checkpoint layout the training run uses: grouped GEMM with TP-extend-EP (the A3 profile)."""
-    return ParallelLayout(tp=tp, pp=pp, ep=ep, num_layer_list=tuple(num_layer_list) if num_layer_list else None,
-                          moe_grouped_gemm=True, moe_tp_extend_ep=True)
+    return ParallelLayout(
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        num_layer_list=tuple(num_layer_list) if num_layer_list else None,
+        moe_grouped_gemm=True,
+        moe_tp_extend_ep=True,
+    )
 
 
-def stage_tables(cfg: Mapping[str, Any], layout: ParallelLayout, dtype: torch.dtype = torch.bfloat16
-                 ) -> tuple[tuple[SyncParam, ...], ...]:
+def stage_tables(
+    cfg: Mapping[str, Any], layout: ParallelLayout, dtype: torch.dtype = torch.bfloat16
+) -> tuple[tuple[SyncParam, ...], ...]:
     """Per pipeline stage, its non-expert parameters in Megatron's order."""
     meta = meta_source(cfg, dtype)
     counts = layout.num_layer_list or (cfg["num_hidden_layers"] // layout.pp,) * layout.pp
@@ -91,8 +99,18 @@ def stage_tables(cfg: Mapping[str, Any], layout: ParallelLayout, dtype: torch.dt
             if kind in EXPERT_KINDS:
                 continue
             gname = global_name(name, offsets[stage])
-            params.append(SyncParam(stage, name, gname, kind, tuple(shape), full_shape(kind, tuple(shape), layout.tp),
-                                    dtype, tuple(mcore_to_hf_names(gname))))
+            params.append(
+                SyncParam(
+                    stage,
+                    name,
+                    gname,
+                    kind,
+                    tuple(shape),
+                    full_shape(kind, tuple(shape), layout.tp),
+                    dtype,
+                    tuple(mcore_to_hf_names(gname)),
+                )
+            )
         out.append(tuple(params))
     return tuple(out)
 

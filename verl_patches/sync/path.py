@@ -4,6 +4,7 @@
 all-gathered over the training TP×EP group) for comparison; anything else runs the all-to-all path
 (lockstep PP exchange, experts routed straight to the rollout rank that serves them).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,9 +34,11 @@ def describe_sync_path(environ: Mapping[str, str] | None = None) -> dict[str, st
         path = active_sync_path(env)
     except ValueError as err:
         return {"path": "invalid", "flag": f"{ENV_FLAG}={env.get(ENV_FLAG)!r}", "detail": str(err)}
-    detail = ("lockstep PP all-gather of aligned parameters, PP broadcast of the rest, experts routed by "
-              "all-to-all-v to the rollout rank that serves them (vendor items E2, E3)" if path == ALL_TO_ALL else
-              "vendor fallback: PP broadcast of every parameter, experts all-gathered over training TP×EP")
+    detail = (
+        "lockstep PP all-gather of aligned parameters, PP broadcast of the rest, experts routed by "
+        "all-to-all-v to the rollout rank that serves them (vendor items E2, E3)"
+        if path == ALL_TO_ALL
+        else "vendor fallback: PP broadcast of every parameter, experts all-gathered over training TP×EP"
+    )
     flag = env.get(ENV_FLAG)
-    return {"path": path, "flag": f"{ENV_FLAG}={flag}" if flag is not None else f"{ENV_FLAG} unset",
-            "detail": detail}
+    return {"path": path, "flag": f"{ENV_FLAG}={flag}" if flag is not None else f"{ENV_FLAG} unset", "detail": detail}

@@ -20,6 +20,7 @@ non-expert parameter takes route 2, and experts are broadcast over PP then all-g
 must do: receive every byte of every tensor it loads that it does not already hold, and materialise at
 least the largest such tensor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,9 +51,9 @@ class SyncPlan:
     counts: tuple[int, ...]
     path: SyncPath
     stages: tuple[tuple[SyncParam, ...], ...]
-    pp_plan: PpGatherPlan | None                 # None on the all-gather path
-    legacy: tuple[SyncParam, ...]                # route 2, in global order
-    moe: tuple[tuple[int, int, int], ...]        # (global layer, stage, local layer)
+    pp_plan: PpGatherPlan | None  # None on the all-gather path
+    legacy: tuple[SyncParam, ...]  # route 2, in global order
+    moe: tuple[tuple[int, int, int], ...]  # (global layer, stage, local layer)
     expert_plans: tuple[ExpertReshardPlan, ...]  # per stage (holder = that stage)
     dims: ExpertDims
     dtype: torch.dtype
@@ -73,15 +74,22 @@ class SyncPlan:
         return tuple(self.param(stage, n) for n in self.pp_plan.eligible[stage])
 
 
-def build_sync_plan(cfg: Mapping[str, Any], training: MegatronLayout, rollout: RolloutLayout,
-                    num_layer_list: tuple[int, ...] | None = None, path: SyncPath = SyncPath.ALL_TO_ALL,
-                    bucket_bytes: int | None = None, dtype: torch.dtype = torch.bfloat16) -> SyncPlan:
+def build_sync_plan(
+    cfg: Mapping[str, Any],
+    training: MegatronLayout,
+    rollout: RolloutLayout,
+    num_layer_list: tuple[int, ...] | None = None,
+    path: SyncPath = SyncPath.ALL_TO_ALL,
+    bucket_bytes: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> SyncPlan:
     """Plan the sync of a DeepSeek-V3 model; every layout error names the number at fault."""
     if training.cp != 1:
         raise InvalidLayoutError("no_context_parallel", f"weight sync supports cp=1, got cp={training.cp}")
     if training.world_size != rollout.world_size:
-        raise InvalidLayoutError("same_world_size", f"training world {training.world_size} != rollout world "
-                                                    f"{rollout.world_size}")
+        raise InvalidLayoutError(
+            "same_world_size", f"training world {training.world_size} != rollout world {rollout.world_size}"
+        )
     counts = tuple(num_layer_list) if num_layer_list else None
     if counts is not None:
         validate_layer_list(counts, training.pp, int(cfg["num_hidden_layers"]))
@@ -99,17 +107,31 @@ def build_sync_plan(cfg: Mapping[str, Any], training: MegatronLayout, rollout: R
         pp_plan = None
         legacy = tuple(p for params in stages for p in params)
     num_experts = int(cfg["n_routed_experts"])
-    expert_plans = tuple(plan_expert_reshard(training, rollout, num_experts, holder_stage=s)
-                         for s in range(training.pp))
+    expert_plans = tuple(
+        plan_expert_reshard(training, rollout, num_experts, holder_stage=s) for s in range(training.pp)
+    )
     dims = ExpertDims(hidden=int(cfg["hidden_size"]), ffn=int(cfg["moe_intermediate_size"]))
-    return SyncPlan(dict(cfg), training, rollout, layout, counts, path, stages, pp_plan, legacy,
-                    moe_layers(cfg, counts), expert_plans, dims, dtype)
+    return SyncPlan(
+        dict(cfg),
+        training,
+        rollout,
+        layout,
+        counts,
+        path,
+        stages,
+        pp_plan,
+        legacy,
+        moe_layers(cfg, counts),
+        expert_plans,
+        dims,
+        dtype,
+    )
 
 
 @dataclass(frozen=True)
 class LowerBound:
-    received: int       # bytes this rank must receive
-    peak_extra: int     # bytes of the largest tensor it must materialise
+    received: int  # bytes this rank must receive
+    peak_extra: int  # bytes of the largest tensor it must materialise
 
 
 def lower_bound(plan: SyncPlan, rank: int) -> LowerBound:

@@ -20,6 +20,7 @@ chunk afterwards. The constructor accepts upstream's keyword arguments plus ``ro
 object, whose lifecycle methods come from the rollout engine); the collaborators that need vLLM or Megatron
 are resolved lazily, and can be injected (tests).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,7 @@ import torch
 from verl_patches.resilience import progress
 
 logger = logging.getLogger(__name__)
-SWITCH_TIME_ATTR = "_verl_patches_enter_s"   # read by verl_patches.patches.verl.workers.step_timing
+SWITCH_TIME_ATTR = "_verl_patches_enter_s"  # read by verl_patches.patches.verl.workers.step_timing
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 
@@ -43,8 +44,13 @@ def _engine_model(inference_engine: Any) -> Any:
 def _default_weights(manager: "MegatronRolloutShardingManager") -> Weights:
     from verl.utils.megatron_utils import per_tensor_generator  # our patched generator once patches apply
 
-    return per_tensor_generator(manager.actor_module, manager.model_config, manager.weight_converter,
-                                manager.transformer_config, manager.layer_name_mapping)
+    return per_tensor_generator(
+        manager.actor_module,
+        manager.model_config,
+        manager.weight_converter,
+        manager.transformer_config,
+        manager.layer_name_mapping,
+    )
 
 
 def _default_prepare(model: Any) -> None:
@@ -60,17 +66,27 @@ def _default_empty_cache() -> None:
 
 
 class MegatronRolloutShardingManager:
-    def __init__(self, actor_module: Any, inference_engine: Any = None, model_config: Any = None,
-                 transformer_config: Any = None, layer_name_mapping: Any = None, weight_converter: Any = None,
-                 module: Any = None, *, rollout: Any = None,
-                 weights_fn: Callable[["MegatronRolloutShardingManager"], Weights] = _default_weights,
-                 prepare_model: Callable[[Any], None] = _default_prepare,
-                 empty_cache: Callable[[], None] = _default_empty_cache,
-                 infer_tp: tuple[int, int, Any] | None = None) -> None:
+    def __init__(
+        self,
+        actor_module: Any,
+        inference_engine: Any = None,
+        model_config: Any = None,
+        transformer_config: Any = None,
+        layer_name_mapping: Any = None,
+        weight_converter: Any = None,
+        module: Any = None,
+        *,
+        rollout: Any = None,
+        weights_fn: Callable[["MegatronRolloutShardingManager"], Weights] = _default_weights,
+        prepare_model: Callable[[Any], None] = _default_prepare,
+        empty_cache: Callable[[], None] = _default_empty_cache,
+        infer_tp: tuple[int, int, Any] | None = None,
+    ) -> None:
         self.actor_module = actor_module
         self.rollout = rollout
-        self.inference_engine = inference_engine if inference_engine is not None else getattr(
-            rollout, "inference_engine", None)
+        self.inference_engine = (
+            inference_engine if inference_engine is not None else getattr(rollout, "inference_engine", None)
+        )
         self.model_config = model_config
         self.transformer_config = transformer_config
         self.layer_name_mapping = layer_name_mapping
@@ -135,8 +151,11 @@ class MegatronRolloutShardingManager:
             loaded, rebuilt = self._load(model, weights)
             self.loaded_params = len(loaded) if loaded is not None else 0
             self.mla_layers_rebuilt = rebuilt
-            logger.info("weight sync: %d parameters loaded, MLA rebuilt (%s layers)", self.loaded_params,
-                        "by the rollout" if rebuilt is None else rebuilt)
+            logger.info(
+                "weight sync: %d parameters loaded, MLA rebuilt (%s layers)",
+                self.loaded_params,
+                "by the rollout" if rebuilt is None else rebuilt,
+            )
         finally:
             setattr(self, SWITCH_TIME_ATTR, time.perf_counter() - start)
         progress.phase("generate")
@@ -156,8 +175,11 @@ class MegatronRolloutShardingManager:
             from vllm.distributed import parallel_state as vllm_ps
 
             group = vllm_ps.get_tensor_model_parallel_group()
-            self._infer_tp = (vllm_ps.get_tensor_model_parallel_world_size(),
-                              vllm_ps.get_tensor_model_parallel_rank(), getattr(group, "device_group", group))
+            self._infer_tp = (
+                vllm_ps.get_tensor_model_parallel_world_size(),
+                vllm_ps.get_tensor_model_parallel_rank(),
+                getattr(group, "device_group", group),
+            )
         return self._infer_tp
 
     def preprocess_data(self, data: Any) -> Any:

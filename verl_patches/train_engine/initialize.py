@@ -55,12 +55,14 @@ def apply_mindspeed_adaptor(argv: list[str]) -> None:
         if differing:
             raise TrainEngineInitError(
                 "MindSpeed's adaptor already ran in this process with other feature switches; it patches Megatron "
-                f"once per process, so the actor and reference must share them: {differing}")
+                f"once per process, so the actor and reference must share them: {differing}"
+            )
         return
     if ADAPTOR_MODULE in sys.modules:
         raise TrainEngineInitError(
             f"{ADAPTOR_MODULE} was imported before initialize_megatron: it configured MindSpeed from this process's "
-            "own command line instead of the job's config; import mindspeed_llm only through initialize_megatron")
+            "own command line instead of the job's config; import mindspeed_llm only through initialize_megatron"
+        )
     capture_real_compile()
     try:
         with _argv(argv):
@@ -135,9 +137,17 @@ def _reset_global_args() -> None:
     a test after a test) replaces the previous values."""
     from megatron.training import global_vars
 
-    for name in ("_GLOBAL_ARGS", "_GLOBAL_TIMERS", "_GLOBAL_SIGNAL_HANDLER", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
-                 "_GLOBAL_TOKENIZER", "_GLOBAL_TENSORBOARD_WRITER", "_GLOBAL_WANDB_WRITER", "_GLOBAL_ONE_LOGGER",
-                 "_GLOBAL_ADLR_AUTORESUME"):
+    for name in (
+        "_GLOBAL_ARGS",
+        "_GLOBAL_TIMERS",
+        "_GLOBAL_SIGNAL_HANDLER",
+        "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
+        "_GLOBAL_TOKENIZER",
+        "_GLOBAL_TENSORBOARD_WRITER",
+        "_GLOBAL_WANDB_WRITER",
+        "_GLOBAL_ONE_LOGGER",
+        "_GLOBAL_ADLR_AUTORESUME",
+    ):
         if hasattr(global_vars, name):
             setattr(global_vars, name, None)
     try:

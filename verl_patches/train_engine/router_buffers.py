@@ -8,6 +8,7 @@ and the weight sync refused the model (its plan carries the bias as float32, as 
 Called on the model chunks right after ``get_model`` and before any weights are loaded, so the checkpoint's
 float32 values land unrounded.
 """
+
 from __future__ import annotations
 
 from typing import Iterable

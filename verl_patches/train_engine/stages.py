@@ -26,9 +26,13 @@ def dense_only_stages(counts: list[int], first_k_dense_replace: int, n_routed_ex
 
 
 def dense_only_message(counts: list[int], first_k_dense_replace: int, stages: list[int]) -> str:
-    where = ", ".join(f"stage {s} (layers {r.start}..{r.stop - 1})"
-                      for s, r in zip(stages, (stage_layer_ranges(counts)[s] for s in stages)))
-    return (f"layer list {counts}: {where} hold only dense layers (first_k_dense_replace="
-            f"{first_k_dense_replace}); every pipeline stage of a MoE model needs at least one MoE layer, or the "
-            f"distributed optimizer's expert gradient reduction waits for that stage forever: move layers so "
-            f"that each stage reaches past layer {first_k_dense_replace - 1}")
+    where = ", ".join(
+        f"stage {s} (layers {r.start}..{r.stop - 1})"
+        for s, r in zip(stages, (stage_layer_ranges(counts)[s] for s in stages))
+    )
+    return (
+        f"layer list {counts}: {where} hold only dense layers (first_k_dense_replace="
+        f"{first_k_dense_replace}); every pipeline stage of a MoE model needs at least one MoE layer, or the "
+        f"distributed optimizer's expert gradient reduction waits for that stage forever: move layers so "
+        f"that each stage reaches past layer {first_k_dense_replace - 1}"
+    )

@@ -86,8 +86,10 @@ def layer_list(config: Any, num_layers: int, pp: int) -> list[int] | None:
     raw = _get(config, key, None)
     if raw is None:
         if num_layers % pp:
-            raise TranslationError(f"{num_layers} layers do not divide over pipeline_model_parallel_size={pp}: "
-                                   f"set {key} (one layer count per stage)")
+            raise TranslationError(
+                f"{num_layers} layers do not divide over pipeline_model_parallel_size={pp}: "
+                f"set {key} (one layer count per stage)"
+            )
         return None
     if isinstance(raw, str):
         raw = [p for p in raw.strip("[]").replace(" ", "").split(",") if p]
@@ -105,8 +107,12 @@ def layer_list(config: Any, num_layers: int, pp: int) -> list[int] | None:
 
 
 ROLES = ("actor", "ref")
-PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "context_parallel_size")
+PARALLEL_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "context_parallel_size",
+)
 
 
 def check_ref_layout(config: Any) -> None:
@@ -116,12 +122,15 @@ def check_ref_layout(config: Any) -> None:
         ref = _get(config, f"actor_rollout_ref.ref.megatron.{key}", None)
         actor = _get(config, f"{ACTOR}.megatron.{key}", 1)
         if ref is not None and ref != actor:
-            raise TranslationError(f"actor_rollout_ref.ref.megatron.{key}={ref} differs from the actor's {actor}: "
-                                   "actor and reference share one parallel state per process")
+            raise TranslationError(
+                f"actor_rollout_ref.ref.megatron.{key}={ref} differs from the actor's {actor}: "
+                "actor and reference share one parallel state per process"
+            )
 
 
-def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str, Any] | None = None,
-                                             role: str = "actor") -> MegatronConfig:
+def translate_verl_train_configs_to_megatron(
+    config: Any, hf_config: Mapping[str, Any] | None = None, role: str = "actor"
+) -> MegatronConfig:
     """The MindSpeed-LLM arguments for the actor (role="actor") or reference (role="ref") of a GRPO job
     on DeepSeek-V3. Both give the same MindSpeed feature flags; the reference's micro-batch is its
     log-prob micro-batch.
@@ -147,10 +156,14 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
     heads = int(_hf(hf, "num_attention_heads"))
     kv_heads = int(_hf(hf, "num_key_value_heads", heads))
     if heads % kv_heads:
-        raise TranslationError(f"HF config: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        raise TranslationError(
+            f"HF config: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+        )
     if tp > 1 and not _bool(config, f"{mg}.sequence_parallel", False):
-        raise TranslationError(f"{mg}.sequence_parallel must be true with tensor_model_parallel_size={tp}: "
-                               "MindSpeed's TP-extend-EP MoE path (moe_tp_extend_ep) splits tokens by sequence")
+        raise TranslationError(
+            f"{mg}.sequence_parallel must be true with tensor_model_parallel_size={tp}: "
+            "MindSpeed's TP-extend-EP MoE path (moe_tp_extend_ep) splits tokens by sequence"
+        )
     warmup = _get(config, f"{ACTOR}.optim.lr_warmup_steps", -1)
     warmup = -1 if warmup is None else int(warmup)
     counts = layer_list(config, num_layers, pp)
@@ -160,9 +173,13 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
         "seed": _int(config, f"{mg}.seed", 42),
         "bf16": True,
         "global_batch_size": _int(config, "data.train_batch_size", minimum=1) * n,
-        "micro_batch_size": (_int(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, 1) if role == "actor" else
-                             _int(config, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, 1)),
-        "seq_length": _int(config, "data.max_prompt_length", minimum=1) + _int(config, "data.max_response_length", minimum=1),
+        "micro_batch_size": (
+            _int(config, f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, 1)
+            if role == "actor"
+            else _int(config, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1, 1)
+        ),
+        "seq_length": _int(config, "data.max_prompt_length", minimum=1)
+        + _int(config, "data.max_response_length", minimum=1),
         "variable_seq_lengths": True,
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,
@@ -172,7 +189,9 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
         "min_lr": 0.0,
         "weight_decay": float(_get(config, f"{ACTOR}.optim.weight_decay", 0.01)),
         "lr_warmup_iters": max(0, warmup),
-        "lr_warmup_fraction": float(_get(config, f"{ACTOR}.optim.lr_warmup_steps_ratio", 0.0) or 0.0) if warmup < 0 else None,
+        "lr_warmup_fraction": float(_get(config, f"{ACTOR}.optim.lr_warmup_steps_ratio", 0.0) or 0.0)
+        if warmup < 0
+        else None,
         "clip_grad": float(_get(config, f"{ACTOR}.optim.clip_grad", 1.0)),
         "adam_beta1": 0.9,
         "adam_beta2": 0.95,
@@ -265,35 +284,49 @@ def translate_verl_train_configs_to_megatron(config: Any, hf_config: Mapping[str
     if not scaling and int(_hf(hf, "qk_rope_head_dim")) != head:
         # MindSpeed-LLM sizes the rotary embedding from kv_channels (hidden_size / heads) and only its yarn path
         # recomputes it from qk_rope_head_dim: such a model would fail in the first forward pass
-        raise TranslationError(f"HF config has no rope_scaling: MindSpeed-LLM would size RoPE as hidden_size / "
-                               f"num_attention_heads = {head}, not qk_rope_head_dim = {_hf(hf, 'qk_rope_head_dim')}; "
-                               f"give the checkpoint DeepSeek-V3's yarn rope_scaling (as make_config.py writes it)")
+        raise TranslationError(
+            f"HF config has no rope_scaling: MindSpeed-LLM would size RoPE as hidden_size / "
+            f"num_attention_heads = {head}, not qk_rope_head_dim = {_hf(hf, 'qk_rope_head_dim')}; "
+            f"give the checkpoint DeepSeek-V3's yarn rope_scaling (as make_config.py writes it)"
+        )
     if scaling:
         kind = scaling.get("type", scaling.get("rope_type"))
         if kind != "yarn":
             raise TranslationError(f"HF config rope_scaling.type={kind!r}: DeepSeek-V3 uses yarn")
-        args.update({
-            "rope_scaling_type": "yarn",
-            "rope_scaling_beta_fast": int(scaling.get("beta_fast", 32)),
-            "rope_scaling_beta_slow": int(scaling.get("beta_slow", 1)),
-            "rope_scaling_mscale": float(scaling.get("mscale", 1.0)),
-            "rope_scaling_mscale_all_dim": float(scaling.get("mscale_all_dim", 0.0)),
-            "rope_scaling_original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
-            "rope_scaling_factor": float(scaling["factor"]),
-        })
+        args.update(
+            {
+                "rope_scaling_type": "yarn",
+                "rope_scaling_beta_fast": int(scaling.get("beta_fast", 32)),
+                "rope_scaling_beta_slow": int(scaling.get("beta_slow", 1)),
+                "rope_scaling_mscale": float(scaling.get("mscale", 1.0)),
+                "rope_scaling_mscale_all_dim": float(scaling.get("mscale_all_dim", 0.0)),
+                "rope_scaling_original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
+                "rope_scaling_factor": float(scaling["factor"]),
+            }
+        )
     if cp > 1:
-        args.update({"use_cp_send_recv_overlap": True, "context_parallel_algo": "megatron_cp_algo",
-                     "use_fused_ring_attention_update": True, "cp_window_size": 1})
+        args.update(
+            {
+                "use_cp_send_recv_overlap": True,
+                "context_parallel_algo": "megatron_cp_algo",
+                "use_fused_ring_attention_update": True,
+                "cp_window_size": 1,
+            }
+        )
     if _bool(config, "actor_rollout_ref.model.enable_gradient_checkpointing", False):
-        kw = f"actor_rollout_ref.model.gradient_checkpointing_kwargs"
-        args.update({
-            "recompute_granularity": _get(config, f"{kw}.activations_checkpoint_granularity", "full"),
-            "recompute_method": _get(config, f"{kw}.activations_checkpoint_method", "block"),
-            "recompute_num_layers": _int(config, f"{kw}.activations_checkpoint_num_layers", 1, 1),
-        })
+        kw = "actor_rollout_ref.model.gradient_checkpointing_kwargs"
+        args.update(
+            {
+                "recompute_granularity": _get(config, f"{kw}.activations_checkpoint_granularity", "full"),
+                "recompute_method": _get(config, f"{kw}.activations_checkpoint_method", "block"),
+                "recompute_num_layers": _int(config, f"{kw}.activations_checkpoint_num_layers", 1, 1),
+            }
+        )
     if _bool(config, f"{mg}.swap_optimizer", False):
         if _bool(config, f"{mg}.optimizer_offload", False):
-            raise TranslationError(f"{mg}.swap_optimizer and {mg}.optimizer_offload exclude each other: "
-                                   "the swap already keeps optimizer state on the host between steps")
+            raise TranslationError(
+                f"{mg}.swap_optimizer and {mg}.optimizer_offload exclude each other: "
+                "the swap already keeps optimizer state on the host between steps"
+            )
         args["swap_optimizer"] = True
     return MegatronConfig(args)

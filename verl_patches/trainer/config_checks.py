@@ -23,23 +23,33 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     if get(cfg, f"{a}.recompute_old_log_prob") is False:
         # Skipping old_log_prob uses old = current policy (detached): exact only on-policy.
         if get(cfg, "algorithm.adv_estimator") != "grpo":
-            problems.append(f"{a}.recompute_old_log_prob=False needs algorithm.adv_estimator=grpo "
-                            f"(found {get(cfg, 'algorithm.adv_estimator')})")
+            problems.append(
+                f"{a}.recompute_old_log_prob=False needs algorithm.adv_estimator=grpo "
+                f"(found {get(cfg, 'algorithm.adv_estimator')})"
+            )
         if get(cfg, f"{a}.ppo_epochs") != 1:
-            problems.append(f"{a}.recompute_old_log_prob=False needs {a}.ppo_epochs=1 "
-                            f"(found {get(cfg, f'{a}.ppo_epochs')}): a second epoch is off-policy")
+            problems.append(
+                f"{a}.recompute_old_log_prob=False needs {a}.ppo_epochs=1 "
+                f"(found {get(cfg, f'{a}.ppo_epochs')}): a second epoch is off-policy"
+            )
         if get(cfg, "data.train_batch_size") != get(cfg, f"{a}.ppo_mini_batch_size"):
-            problems.append(f"{a}.recompute_old_log_prob=False needs data.train_batch_size "
-                            f"({get(cfg, 'data.train_batch_size')}) == {a}.ppo_mini_batch_size "
-                            f"({get(cfg, f'{a}.ppo_mini_batch_size')}): one optimizer step per rollout")
+            problems.append(
+                f"{a}.recompute_old_log_prob=False needs data.train_batch_size "
+                f"({get(cfg, 'data.train_batch_size')}) == {a}.ppo_mini_batch_size "
+                f"({get(cfg, f'{a}.ppo_mini_batch_size')}): one optimizer step per rollout"
+            )
         if get(cfg, f"{a}.strategy") != "megatron":
             # verl's FSDP actor reads old_log_probs from the batch; only our Megatron actor (C3) reuses
             # its own detached log-probs.
-            problems.append(f"{a}.recompute_old_log_prob=False needs {a}.strategy=megatron "
-                            f"(found {get(cfg, f'{a}.strategy')}): verl's FSDP actor needs old_log_probs")
+            problems.append(
+                f"{a}.recompute_old_log_prob=False needs {a}.strategy=megatron "
+                f"(found {get(cfg, f'{a}.strategy')}): verl's FSDP actor needs old_log_probs"
+            )
         if get(cfg, "actor_rollout_ref.rollout.mode", "sync") != "sync":
-            problems.append(f"{a}.recompute_old_log_prob=False needs actor_rollout_ref.rollout.mode=sync "
-                            f"(found {get(cfg, 'actor_rollout_ref.rollout.mode')})")
+            problems.append(
+                f"{a}.recompute_old_log_prob=False needs actor_rollout_ref.rollout.mode=sync "
+                f"(found {get(cfg, 'actor_rollout_ref.rollout.mode')})"
+            )
     problems += d2d_problems(cfg, environ)
     m = f"{a}.megatron"
     if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.optimizer_offload"):
@@ -47,20 +57,26 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     if get(cfg, f"{m}.swap_optimizer") and get(cfg, f"{m}.params_dtype") in ("float32", "fp32"):
         # MindSpeed v2.0.0 creates the swapped Adam states only for the fp32 main copies of bf16/fp16
         # parameters; with fp32 parameters its step finds none (KeyError 'exp_avg' at the first update)
-        problems.append(f"{m}.swap_optimizer=True needs bf16 parameters: MindSpeed's swap optimizer keeps no Adam "
-                        f"state for {m}.params_dtype=float32; set one of them off")
+        problems.append(
+            f"{m}.swap_optimizer=True needs bf16 parameters: MindSpeed's swap optimizer keeps no Adam "
+            f"state for {m}.params_dtype=float32; set one of them off"
+        )
     layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
     if layers is not None:
         pp = get(cfg, f"{m}.pipeline_model_parallel_size")
         if len(layers) != pp:
-            problems.append(f"{m}.pipeline_parallel_num_layer_list has {len(layers)} entries but "
-                            f"{m}.pipeline_model_parallel_size={pp}")
+            problems.append(
+                f"{m}.pipeline_parallel_num_layer_list has {len(layers)} entries but "
+                f"{m}.pipeline_model_parallel_size={pp}"
+            )
         if any((not isinstance(n, int)) or n < 1 for n in layers):
             problems.append(f"{m}.pipeline_parallel_num_layer_list entries must be positive integers: {list(layers)}")
         vpp = get(cfg, f"{m}.virtual_pipeline_model_parallel_size")
         if vpp not in (None, 1):
-            problems.append(f"{m}.pipeline_parallel_num_layer_list cannot be combined with "
-                            f"{m}.virtual_pipeline_model_parallel_size={vpp}")
+            problems.append(
+                f"{m}.pipeline_parallel_num_layer_list cannot be combined with "
+                f"{m}.virtual_pipeline_model_parallel_size={vpp}"
+            )
     if get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and get(cfg, f"{a}.strategy") == "megatron":
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
     problems += rollout_problems(cfg)
@@ -83,11 +99,16 @@ def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
         found = get(cfg, key)
         if found != want:
             problems.append(f"{key}={found!r} {why}: {reason}")
-    rules = (("actor_rollout_ref.actor.recompute_old_log_prob", False,
-              "the old-log-prob pass would need input_ids on the driver"),
-             (FUSED_ROLE_KEY, True, "generate, ref and update must run in one worker group to share the cache"),
-             ("reward_model.enable", False, "a reward model worker reads input_ids from the driver's batch"),
-             ("actor_rollout_ref.rollout.mode", "sync", "the async rollout server does not fill the cache"))
+    rules = (
+        (
+            "actor_rollout_ref.actor.recompute_old_log_prob",
+            False,
+            "the old-log-prob pass would need input_ids on the driver",
+        ),
+        (FUSED_ROLE_KEY, True, "generate, ref and update must run in one worker group to share the cache"),
+        ("reward_model.enable", False, "a reward model worker reads input_ids from the driver's batch"),
+        ("actor_rollout_ref.rollout.mode", "sync", "the async rollout server does not fill the cache"),
+    )
     for key, want, reason in rules:
         found = get(cfg, key)
         if found != want:

@@ -51,8 +51,9 @@ def compose_config(config_name: str = "ppo_mindspeed_trainer", overrides: list[s
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            return compose(config_name=config_name,
-                           overrides=[f"hydra.searchpath=[file://{VERL_CONFIG_DIR}]", *(overrides or [])])
+            return compose(
+                config_name=config_name, overrides=[f"hydra.searchpath=[file://{VERL_CONFIG_DIR}]", *(overrides or [])]
+            )
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigCompositionError(f"config {config_name!r}: {_one_line(e)}") from None
     finally:
@@ -86,8 +87,10 @@ def resolved(cfg: DictConfig) -> DictConfig:
     for key, value in _leaves(data):
         if isinstance(value, str) and "${" in value:
             shown = repr(value[:80]) + ("..." if len(value) > 80 else "")
-            raise ConfigCompositionError(f"{key}={shown}: a value that contains '${{' after resolution would be read "
-                                         f"as an OmegaConf interpolation by the trainer; remove the '${{'")
+            raise ConfigCompositionError(
+                f"{key}={shown}: a value that contains '${{' after resolution would be read "
+                f"as an OmegaConf interpolation by the trainer; remove the '${{'"
+            )
     return OmegaConf.create(data)
 
 
@@ -109,8 +112,9 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     groups = [o.input_line for o in parsed if _is_group_override(o.key_or_group)]
-    values = {o.key_or_group: o.input_line for o in parsed
-              if not _is_group_override(o.key_or_group) and not o.is_delete()}
+    values = {
+        o.key_or_group: o.input_line for o in parsed if not _is_group_override(o.key_or_group) and not o.is_delete()
+    }
     if not values:
         return
     base = OmegaConf.to_container(compose_config(config_name, groups), resolve=False)
@@ -135,5 +139,7 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
         if isinstance(value, str) and "${" in value:
             continue
         origin = next((line for k, line in values.items() if key == k or key.startswith(k + ".")), None)
-        raise ConfigCompositionError(f"{key}={repr(value)[:80]}: expected an integer (the {config_name} config has "
-                                     f"{default})" + (f"; from the override {origin!r}" if origin else ""))
+        raise ConfigCompositionError(
+            f"{key}={repr(value)[:80]}: expected an integer (the {config_name} config has "
+            f"{default})" + (f"; from the override {origin!r}" if origin else "")
+        )

@@ -64,12 +64,16 @@ def worker_summary(trainer: Any, plan: StepPlan) -> str:
     names = []
     for role, cls in getattr(trainer, "role_worker_mapping", {}).items():
         inner = getattr(cls, "__ray_actor_class__", None) or getattr(cls, "cls", None) or cls
-        names.append(f"{getattr(role, 'name', role)}={getattr(inner, '__module__', '?')}."
-                     f"{getattr(inner, '__qualname__', getattr(inner, '__name__', repr(inner)))}")
+        names.append(
+            f"{getattr(role, 'name', role)}={getattr(inner, '__module__', '?')}."
+            f"{getattr(inner, '__qualname__', getattr(inner, '__name__', repr(inner)))}"
+        )
     fused = getattr(trainer, "ref_policy_wg", None) is getattr(trainer, "actor_rollout_wg", None)
-    return (f"verl_patches fit: workers [{', '.join(names)}]; ref runs in the actor/rollout worker group: "
-            f"{fused and getattr(trainer, 'use_reference_policy', False)}; {plan.describe()}; "
-            f"weight sync: {sync_summary(trainer.config)}")
+    return (
+        f"verl_patches fit: workers [{', '.join(names)}]; ref runs in the actor/rollout worker group: "
+        f"{fused and getattr(trainer, 'use_reference_policy', False)}; {plan.describe()}; "
+        f"weight sync: {sync_summary(trainer.config)}"
+    )
 
 
 def sync_summary(cfg: Any) -> str:
@@ -104,14 +108,16 @@ def _old_log_prob(trainer: Any, batch: Any, metrics: dict[str, Any]) -> Any:
 
     old = trainer.actor_rollout_wg.compute_log_prob(stamp(batch, trainer.global_steps, False))
     entropys = old.batch.pop("entropys")
-    entropy = rt.agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
-                          loss_agg_mode=trainer.config.actor_rollout_ref.actor.loss_agg_mode)
+    entropy = rt.agg_loss(
+        loss_mat=entropys,
+        loss_mask=batch.batch["response_mask"],
+        loss_agg_mode=trainer.config.actor_rollout_ref.actor.loss_agg_mode,
+    )
     metrics["actor/entropy_loss"] = entropy.detach().item()
     return batch.union(old)
 
 
-def _advantages(trainer: Any, batch: Any, reward_tensor: Any, extra: dict[str, list],
-                metrics: dict[str, Any]) -> Any:
+def _advantages(trainer: Any, batch: Any, reward_tensor: Any, extra: dict[str, list], metrics: dict[str, Any]) -> Any:
     from verl.trainer.ppo import ray_trainer as rt
 
     cfg = trainer.config
@@ -119,22 +125,29 @@ def _advantages(trainer: Any, batch: Any, reward_tensor: Any, extra: dict[str, l
     if extra:
         batch.non_tensor_batch.update({k: np.array(v) for k, v in extra.items()})
     if cfg.algorithm.use_kl_in_reward:
-        batch, kl_metrics = rt.apply_kl_penalty(batch, kl_ctrl=trainer.kl_ctrl_in_reward,
-                                                kl_penalty=cfg.algorithm.kl_penalty)
+        batch, kl_metrics = rt.apply_kl_penalty(
+            batch, kl_ctrl=trainer.kl_ctrl_in_reward, kl_penalty=cfg.algorithm.kl_penalty
+        )
         metrics.update(kl_metrics)
     else:
         batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
     return rt.compute_advantage(
-        batch, adv_estimator=cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+        batch,
+        adv_estimator=cfg.algorithm.adv_estimator,
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
         num_repeat=cfg.actor_rollout_ref.rollout.n,
         norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
-        multi_turn=cfg.actor_rollout_ref.rollout.multi_turn.enable, use_pf_ppo=cfg.algorithm.use_pf_ppo,
+        multi_turn=cfg.actor_rollout_ref.rollout.multi_turn.enable,
+        use_pf_ppo=cfg.algorithm.use_pf_ppo,
         pf_ppo_reweight_method=cfg.algorithm.pf_ppo.reweight_method,
-        pf_ppo_weight_pow=cfg.algorithm.pf_ppo.weight_pow)
+        pf_ppo_weight_pow=cfg.algorithm.pf_ppo.weight_pow,
+    )
 
 
-def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], timing_raw: dict[str, float],
-             is_last_step: bool) -> tuple[Any, Any]:
+def run_step(
+    trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], timing_raw: dict[str, float], is_last_step: bool
+) -> tuple[Any, Any]:
     """One step on `batch` (a fresh DataProto of prompts); returns (final batch, validation metrics or None)."""
     import ray
     from verl.trainer.ppo import ray_trainer as rt
@@ -190,7 +203,9 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
         if cfg.trainer.critic_warmup <= trainer.global_steps:
             with timer("update_actor", timing_raw):
                 batch.meta_info["multi_turn"] = cfg.actor_rollout_ref.rollout.multi_turn.enable
-                actor_out = trainer.actor_rollout_wg.update_actor(stamp(update_payload(batch, plan.d2d), step, plan.d2d))
+                actor_out = trainer.actor_rollout_wg.update_actor(
+                    stamp(update_payload(batch, plan.d2d), step, plan.d2d)
+                )
             metrics.update(rt.reduce_metrics(actor_out.meta_info["metrics"]))
 
         metrics.update(logprob_mismatch.batch_mismatch_metrics(batch))
@@ -202,10 +217,15 @@ def run_step(trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], 
                     inputs=trainer.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True),
                     outputs=trainer.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True),
                     scores=batch.batch["token_level_scores"].sum(-1).cpu().tolist(),
-                    reward_extra_infos_dict=reward_extra, dump_path=dump_dir)
+                    reward_extra_infos_dict=reward_extra,
+                    dump_path=dump_dir,
+                )
 
-        if trainer.val_reward_fn is not None and cfg.trainer.test_freq > 0 and \
-                (is_last_step or trainer.global_steps % cfg.trainer.test_freq == 0):
+        if (
+            trainer.val_reward_fn is not None
+            and cfg.trainer.test_freq > 0
+            and (is_last_step or trainer.global_steps % cfg.trainer.test_freq == 0)
+        ):
             with timer("testing", timing_raw):
                 val_metrics = trainer._validate()
             metrics.update(val_metrics)
@@ -225,8 +245,12 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
     from verl.utils.tracking import Tracking
 
     cfg = trainer.config
-    tracker = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-                       default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True))
+    tracker = Tracking(
+        project_name=cfg.trainer.project_name,
+        experiment_name=cfg.trainer.experiment_name,
+        default_backend=cfg.trainer.logger,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
     summary = worker_summary(trainer, plan)
     logger.warning(summary)
     print(summary, flush=True)
@@ -248,19 +272,27 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
             is_last_step = trainer.global_steps >= trainer.total_training_steps
-            batch, last_val = run_step(trainer, DataProto.from_single_dict(batch_dict), plan, metrics, timing_raw,
-                                       is_last_step)
+            batch, last_val = run_step(
+                trainer, DataProto.from_single_dict(batch_dict), plan, metrics, timing_raw, is_last_step
+            )
             if logprob_mismatch.ABS_DIFF not in metrics and not missing_mismatch_reported:
                 missing_mismatch_reported = True
-                logger.warning("no rollout/training log-prob mismatch this step: the batch lacks %s or %s and "
-                               "update_actor reported no %s", logprob_mismatch.ROLLOUT_KEY, logprob_mismatch.TRAIN_KEY,
-                               logprob_mismatch.ABS_DIFF)
+                logger.warning(
+                    "no rollout/training log-prob mismatch this step: the batch lacks %s or %s and "
+                    "update_actor reported no %s",
+                    logprob_mismatch.ROLLOUT_KEY,
+                    logprob_mismatch.TRAIN_KEY,
+                    logprob_mismatch.ABS_DIFF,
+                )
             metrics.update(step_memory(trainer.actor_rollout_wg, trainer.global_steps))
             metrics.update({"training/global_step": trainer.global_steps, "training/epoch": epoch})
             metrics.update(rt.compute_data_metrics(batch=batch, use_critic=trainer.use_critic))
             metrics.update(rt.compute_timing_metrics(batch=batch, timing_raw=timing_raw))
-            metrics.update(rt.compute_throughout_metrics(batch=batch, timing_raw=timing_raw,
-                                                         n_gpus=trainer.resource_pool_manager.get_n_gpus()))
+            metrics.update(
+                rt.compute_throughout_metrics(
+                    batch=batch, timing_raw=timing_raw, n_gpus=trainer.resource_pool_manager.get_n_gpus()
+                )
+            )
             tracker.log(data=metrics, step=trainer.global_steps)
             progress.update(1)
             trainer.global_steps += 1

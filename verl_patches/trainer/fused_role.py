@@ -27,13 +27,17 @@ def register_fused_role(role_worker_mapping: dict[Any, Any], pool_mapping: dict[
     from verl.trainer.ppo.ray_trainer import Role
 
     if Role.ActorRollout not in role_worker_mapping or Role.ActorRollout not in pool_mapping:
-        raise ValueError("the fused actor/rollout/ref role needs Role.ActorRollout in the role-worker mapping "
-                         "and the resource-pool mapping")
+        raise ValueError(
+            "the fused actor/rollout/ref role needs Role.ActorRollout in the role-worker mapping "
+            "and the resource-pool mapping"
+        )
     role_worker_mapping.setdefault(Role.ActorRolloutRef, role_worker_mapping[Role.ActorRollout])
     pool_mapping.setdefault(Role.ActorRolloutRef, pool_mapping[Role.ActorRollout])
     if pool_mapping[Role.ActorRolloutRef] != pool_mapping[Role.ActorRollout]:
-        raise ValueError(f"Role.ActorRolloutRef is mapped to pool {pool_mapping[Role.ActorRolloutRef]!r} but "
-                         f"Role.ActorRollout to {pool_mapping[Role.ActorRollout]!r}: the fused role needs one pool")
+        raise ValueError(
+            f"Role.ActorRolloutRef is mapped to pool {pool_mapping[Role.ActorRolloutRef]!r} but "
+            f"Role.ActorRollout to {pool_mapping[Role.ActorRollout]!r}: the fused role needs one pool"
+        )
 
 
 def planned_groups(use_critic: bool, use_rm: bool) -> list[str]:
@@ -67,7 +71,8 @@ def init_fused_workers(trainer: Any) -> None:
     def add(which: Any, prefix: str, **kwargs: Any) -> None:
         pool = trainer.resource_pool_manager.get_resource_pool(which)
         trainer.resource_pool_to_cls[pool][prefix] = rt.RayClassWithInitArgs(
-            cls=trainer.role_worker_mapping[which], **kwargs)
+            cls=trainer.role_worker_mapping[which], **kwargs
+        )
 
     add(Role.ActorRolloutRef, FUSED_PREFIX, config=trainer.config.actor_rollout_ref, role=FUSED_PREFIX)
     if trainer.use_critic:
@@ -84,8 +89,9 @@ def init_fused_workers(trainer: Any) -> None:
         if not class_dict:
             continue
         worker_dict_cls = rt.create_colocated_worker_cls(class_dict=class_dict)
-        wg_dict = trainer.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=worker_dict_cls,
-                                               device_name=trainer.device_name, **wg_kwargs)
+        wg_dict = trainer.ray_worker_group_cls(
+            resource_pool=pool, ray_cls_with_init=worker_dict_cls, device_name=trainer.device_name, **wg_kwargs
+        )
         all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
 
     for prefix in planned_groups(trainer.use_critic, trainer.use_rm):
@@ -98,5 +104,6 @@ def init_fused_workers(trainer: Any) -> None:
 
     trainer.async_rollout_mode = trainer.config.actor_rollout_ref.rollout.mode == "async"
     if trainer.async_rollout_mode:
-        trainer.async_rollout_manager = rt.AsyncLLMServerManager(config=trainer.config.actor_rollout_ref,
-                                                                 worker_group=trainer.actor_rollout_wg)
+        trainer.async_rollout_manager = rt.AsyncLLMServerManager(
+            config=trainer.config.actor_rollout_ref, worker_group=trainer.actor_rollout_wg
+        )

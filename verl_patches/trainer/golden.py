@@ -61,19 +61,34 @@ REWARD_KEY = "critic/score/mean"
 VAL_KEY = "val-core/deepscaler/reward/mean@1"
 STEP_TIME_KEY = "timing_s/step"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
-DEFAULT_TOLERANCES = {"reward_window": 10, "reward_abs": 0.1, "memory_rel": 0.10, "memory_abs_gib": 0.05,
-                      "mismatch_factor": 2.0, "mismatch_abs": 1e-5, "step_time_rel": 0.25, "val_abs": 0.1}
+DEFAULT_TOLERANCES = {
+    "reward_window": 10,
+    "reward_abs": 0.1,
+    "memory_rel": 0.10,
+    "memory_abs_gib": 0.05,
+    "mismatch_factor": 2.0,
+    "mismatch_abs": 1e-5,
+    "step_time_rel": 0.25,
+    "val_abs": 0.1,
+}
 ADDED_TOLERANCES = ("val_abs",)  # keys added after schema 2's first baselines: defaulted when absent
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 COMPARED_KEYS = (REWARD_KEY, VAL_KEY, STEP_TIME_KEY, *MISMATCH_KEYS)
 # What a tolerance may be: outside these a baseline could pass anything (a reward slack of 10, a factor of 1e9)
-TOLERANCE_RANGES = {"reward_window": (1, 10_000), "reward_abs": (0.0, 1.0), "memory_rel": (0.0, 1.0),
-                    "memory_abs_gib": (0.0, 64.0), "mismatch_factor": (1.0, 100.0), "mismatch_abs": (0.0, 1.0),
-                    "step_time_rel": (0.0, 10.0), "val_abs": (0.0, 1.0)}
+TOLERANCE_RANGES = {
+    "reward_window": (1, 10_000),
+    "reward_abs": (0.0, 1.0),
+    "memory_rel": (0.0, 1.0),
+    "memory_abs_gib": (0.0, 64.0),
+    "mismatch_factor": (1.0, 100.0),
+    "mismatch_abs": (0.0, 1.0),
+    "step_time_rel": (0.0, 10.0),
+    "val_abs": (0.0, 1.0),
+}
 MAX_LOG_BYTES = 1 << 30  # trainer.log, rank_memory.jsonl
 MAX_BASELINE_BYTES = 64 << 20
-MAX_STEP = 10 ** 9
+MAX_STEP = 10**9
 
 
 class GoldenInputError(ValueError):
@@ -102,6 +117,7 @@ class Check:
 
 
 # ---- reading a run -------------------------------------------------------------------------------
+
 
 def _regular(path: Path) -> None:
     """Run files are read only when they are regular files (a FIFO would block the reader for ever)."""
@@ -166,8 +182,9 @@ def read_rank_memory(path: Path) -> dict[int, float]:
                 r, v = int(row["rank"]), float(row["peak_gib"])
                 peaks[r] = max(peaks.get(r, 0.0), v) if math.isfinite(v) else v  # a NaN peak is kept, and flagged
         except (ValueError, KeyError, TypeError, OverflowError) as e:
-            raise GoldenInputError(f"{path}:{n}: not a rank-memory record ({type(e).__name__}: "
-                                   f"{str(e)[:80]})") from None
+            raise GoldenInputError(
+                f"{path}:{n}: not a rank-memory record ({type(e).__name__}: {str(e)[:80]})"
+            ) from None
     return peaks
 
 
@@ -185,24 +202,34 @@ def read_run(run_dir: Path) -> RunMetrics:
     if not steps and (log.exists() or log.is_symlink()):
         steps, source = parse_console(_read_text(log)), str(log)
     if not steps:
-        raise GoldenInputError(f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)")
+        raise GoldenInputError(
+            f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)"
+        )
     mem = run_dir / FILE_NAME
-    return RunMetrics(steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.exists() or mem.is_symlink() else {},
-                      source=source)
+    return RunMetrics(
+        steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.exists() or mem.is_symlink() else {}, source=source
+    )
 
 
 def non_finite(run: RunMetrics) -> list[Check]:
     """Every non-finite value of a compared metric (by step) and every non-finite memory peak (by rank): each
     is a regression, since a comparison with NaN is always false and would pass."""
-    out = [Check(key, f"step {step}", "regression", f"non-finite value {value!r}")
-           for step, row in sorted(run.steps.items()) for key, value in sorted(row.items())
-           if key in COMPARED_KEYS and not math.isfinite(value)]
-    out += [Check("memory", f"rank {r}", "regression", f"non-finite peak {v!r} GiB")
-            for r, v in sorted(run.rank_peak_gib.items()) if not math.isfinite(v)]
+    out = [
+        Check(key, f"step {step}", "regression", f"non-finite value {value!r}")
+        for step, row in sorted(run.steps.items())
+        for key, value in sorted(row.items())
+        if key in COMPARED_KEYS and not math.isfinite(value)
+    ]
+    out += [
+        Check("memory", f"rank {r}", "regression", f"non-finite peak {v!r} GiB")
+        for r, v in sorted(run.rank_peak_gib.items())
+        if not math.isfinite(v)
+    ]
     return out
 
 
 # ---- baseline ------------------------------------------------------------------------------------
+
 
 def _median_step_time(run: RunMetrics) -> float | None:
     times = [v for _, v in run.series(STEP_TIME_KEY)][1:]  # the first step includes warm-up
@@ -210,22 +237,27 @@ def _median_step_time(run: RunMetrics) -> float | None:
 
 
 def _window_means(series: dict[int, float], steps: list[int], w: int) -> list[float]:
-    return [sum(series[s] for s in steps[i:i + w]) / len(steps[i:i + w]) for i in range(0, len(steps), w)]
+    return [sum(series[s] for s in steps[i : i + w]) / len(steps[i : i + w]) for i in range(0, len(steps), w)]
 
 
-def make_baseline(runs: list[RunMetrics], tolerances: dict[str, float] | None = None, note: str = "",
-                  min_runs: int = MIN_RUNS) -> dict[str, Any]:
+def make_baseline(
+    runs: list[RunMetrics], tolerances: dict[str, float] | None = None, note: str = "", min_runs: int = MIN_RUNS
+) -> dict[str, Any]:
     """The baseline document of finished runs of one command (pure): bands that hold over all of them."""
     tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
     if len(runs) < min_runs:
-        raise GoldenInputError(f"a baseline needs at least {min_runs} runs (seeds or reruns) to know the "
-                               f"run-to-run spread; got {len(runs)}")
+        raise GoldenInputError(
+            f"a baseline needs at least {min_runs} runs (seeds or reruns) to know the "
+            f"run-to-run spread; got {len(runs)}"
+        )
     curves = []
     for run in runs:
         bad = non_finite(run)
         if bad:
-            raise GoldenInputError(f"the run ({run.source}) has {len(bad)} non-finite value(s), first {bad[0].metric} "
-                                   f"[{bad[0].where}]: a baseline is recorded from healthy runs only")
+            raise GoldenInputError(
+                f"the run ({run.source}) has {len(bad)} non-finite value(s), first {bad[0].metric} "
+                f"[{bad[0].where}]: a baseline is recorded from healthy runs only"
+            )
         reward = dict(run.series(REWARD_KEY))
         if not reward:
             raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
@@ -233,21 +265,36 @@ def make_baseline(runs: list[RunMetrics], tolerances: dict[str, float] | None = 
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     w = int(tol["reward_window"])
     per_run = [_window_means(c, steps, w) for c in curves]
-    windows = [{"steps": [steps[i], steps[min(i + w, len(steps)) - 1]],
-                "means": [m[k] for m in per_run], "floor": min(m[k] for m in per_run)}
-               for k, i in enumerate(range(0, len(steps), w))]
+    windows = [
+        {
+            "steps": [steps[i], steps[min(i + w, len(steps)) - 1]],
+            "means": [m[k] for m in per_run],
+            "floor": min(m[k] for m in per_run),
+        }
+        for k, i in enumerate(range(0, len(steps), w))
+    ]
     ranks = sorted(set().union(*(r.rank_peak_gib for r in runs)))
-    mismatch = {k: max(v for r in runs for _, v in r.series(k)) for k in MISMATCH_KEYS
-                if any(r.series(k) for r in runs)}
+    mismatch = {
+        k: max(v for r in runs for _, v in r.series(k)) for k in MISMATCH_KEYS if any(r.series(k) for r in runs)
+    }
     medians = [m for m in (_median_step_time(r) for r in runs) if m is not None]
     validation = _validation_bands([dict(r.series(VAL_KEY)) for r in runs])
-    return {"schema": SCHEMA, "note": note, "sources": [r.source for r in runs], "tolerances": tol,
-            "reward": {"key": REWARD_KEY, "steps": steps,
-                       "values": [sum(c[s] for c in curves) / len(curves) for s in steps], "windows": windows},
-            "rank_peak_gib": {str(k): max(r.rank_peak_gib.get(k, 0.0) for r in runs) for k in ranks},
-            "mismatch_max": mismatch,
-            "step_time_median_s": statistics.median(medians) if medians else None,
-            "validation": validation}
+    return {
+        "schema": SCHEMA,
+        "note": note,
+        "sources": [r.source for r in runs],
+        "tolerances": tol,
+        "reward": {
+            "key": REWARD_KEY,
+            "steps": steps,
+            "values": [sum(c[s] for c in curves) / len(curves) for s in steps],
+            "windows": windows,
+        },
+        "rank_peak_gib": {str(k): max(r.rank_peak_gib.get(k, 0.0) for r in runs) for k in ranks},
+        "mismatch_max": mismatch,
+        "step_time_median_s": statistics.median(medians) if medians else None,
+        "validation": validation,
+    }
 
 
 def _validation_bands(curves: list[dict[int, float]]) -> dict[str, Any] | None:
@@ -256,8 +303,14 @@ def _validation_bands(curves: list[dict[int, float]]) -> dict[str, Any] | None:
     if not steps:
         return None
     rises = [c[steps[-1]] - c[steps[0]] for c in curves]
-    return {"key": VAL_KEY, "steps": steps, "values": [[c[s] for s in steps] for c in curves],
-            "floors": [min(c[s] for c in curves) for s in steps], "rises": rises, "rise_floor": min(rises)}
+    return {
+        "key": VAL_KEY,
+        "steps": steps,
+        "values": [[c[s] for s in steps] for c in curves],
+        "floors": [min(c[s] for c in curves) for s in steps],
+        "rises": rises,
+        "rise_floor": min(rises),
+    }
 
 
 def _number(x: Any) -> bool:
@@ -271,6 +324,7 @@ def _step(x: Any) -> bool:
 def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
     """The baseline, or GoldenInputError naming the key: finite numbers, tolerances in their ranges, steps
     as integers in order, every list as long as its partner."""
+
     def bad(key: str, why: str) -> GoldenInputError:
         return GoldenInputError(f"{where}: key {key!r} {why}")
 
@@ -290,24 +344,41 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
     if int(tol["reward_window"]) != tol["reward_window"]:
         raise bad("tolerances.reward_window", "must be a whole number of steps")
     rw = doc.get("reward")
-    if not isinstance(rw, dict) or not isinstance(rw.get("values"), list) or not isinstance(rw.get("steps"), list) \
-            or len(rw["values"]) != len(rw["steps"]) or not rw["values"]:
+    if (
+        not isinstance(rw, dict)
+        or not isinstance(rw.get("values"), list)
+        or not isinstance(rw.get("steps"), list)
+        or len(rw["values"]) != len(rw["steps"])
+        or not rw["values"]
+    ):
         raise bad("reward", "must hold equally long, non-empty 'steps' and 'values' lists")
     if not all(_step(x) for x in rw["steps"]) or rw["steps"] != sorted(set(rw["steps"])):
         raise bad("reward.steps", "must be increasing step numbers")
     if not all(_number(x) for x in rw["values"]):
         raise bad("reward.values", "must be finite numbers")
     windows = rw.get("windows")
-    if not isinstance(windows, list) or not windows or any(
-            not isinstance(x, dict) or not _number(x.get("floor"))
-            or not (isinstance(x.get("steps"), list) and len(x["steps"]) == 2 and all(_step(v) for v in x["steps"])
-                    and x["steps"][0] <= x["steps"][1]) for x in windows):
+    if (
+        not isinstance(windows, list)
+        or not windows
+        or any(
+            not isinstance(x, dict)
+            or not _number(x.get("floor"))
+            or not (
+                isinstance(x.get("steps"), list)
+                and len(x["steps"]) == 2
+                and all(_step(v) for v in x["steps"])
+                and x["steps"][0] <= x["steps"][1]
+            )
+            for x in windows
+        )
+    ):
         raise bad("reward.windows", "must be a non-empty list of {'steps': [first, last], 'floor': finite number}")
     if any(not any(w["steps"][0] <= s <= w["steps"][1] for s in rw["steps"]) for w in windows):
         raise bad("reward.windows", "has a window with none of reward.steps in it")
     peaks = doc.get("rank_peak_gib")
-    if not isinstance(peaks, dict) or any(not re.fullmatch(r"[0-9]{1,7}", str(k)) or not _number(v) or v < 0
-                                          for k, v in peaks.items()):
+    if not isinstance(peaks, dict) or any(
+        not re.fullmatch(r"[0-9]{1,7}", str(k)) or not _number(v) or v < 0 for k, v in peaks.items()
+    ):
         raise bad("rank_peak_gib", "must be an object {rank: GiB} of ranks and finite, non-negative numbers")
     mismatch = doc.get("mismatch_max")
     if not isinstance(mismatch, dict) or any(not _number(v) or v < 0 for v in mismatch.values()):
@@ -316,13 +387,22 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
     if step_time is not None and (not _number(step_time) or step_time <= 0):
         raise bad("step_time_median_s", "must be null or a positive finite number")
     val = doc.get("validation")
-    if val is not None and (not isinstance(val, dict) or not isinstance(val.get("steps"), list)
-                            or not isinstance(val.get("floors"), list) or len(val["steps"]) != len(val["floors"])
-                            or not val["steps"] or not all(_step(x) for x in val["steps"])
-                            or val["steps"] != sorted(set(val["steps"]))
-                            or not all(_number(x) for x in val["floors"]) or not _number(val.get("rise_floor"))):
-        raise bad("validation", "must be null or {'steps': [increasing ints], 'floors': [finite numbers] as long, "
-                                "'rise_floor': finite number}")
+    if val is not None and (
+        not isinstance(val, dict)
+        or not isinstance(val.get("steps"), list)
+        or not isinstance(val.get("floors"), list)
+        or len(val["steps"]) != len(val["floors"])
+        or not val["steps"]
+        or not all(_step(x) for x in val["steps"])
+        or val["steps"] != sorted(set(val["steps"]))
+        or not all(_number(x) for x in val["floors"])
+        or not _number(val.get("rise_floor"))
+    ):
+        raise bad(
+            "validation",
+            "must be null or {'steps': [increasing ints], 'floors': [finite numbers] as long, "
+            "'rise_floor': finite number}",
+        )
     return doc
 
 
@@ -346,18 +426,31 @@ def write_baseline(doc: dict[str, Any], path: Path) -> None:
 
 # ---- comparison (pure) ---------------------------------------------------------------------------
 
+
 def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
     slack = float(base["tolerances"]["reward_abs"])
     windows = [x for x in base["reward"]["windows"] if up_to_step is None or x["steps"][1] <= up_to_step]
     if not windows:
-        return [Check(REWARD_KEY, f"steps up to {up_to_step}", "regression",
-                      f"no baseline window ends by step {up_to_step}: nothing to compare")]
+        return [
+            Check(
+                REWARD_KEY,
+                f"steps up to {up_to_step}",
+                "regression",
+                f"no baseline window ends by step {up_to_step}: nothing to compare",
+            )
+        ]
     want = [s for s in base["reward"]["steps"] if s <= windows[-1]["steps"][1]]
     have = dict(run.series(REWARD_KEY))
     missing = [s for s in want if s not in have]
     if missing:
-        return [Check(REWARD_KEY, f"steps {missing[0]}-{missing[-1]}", "regression",
-                      f"the run has no reward for {len(missing)} of the baseline's {len(want)} steps")]
+        return [
+            Check(
+                REWARD_KEY,
+                f"steps {missing[0]}-{missing[-1]}",
+                "regression",
+                f"the run has no reward for {len(missing)} of the baseline's {len(want)} steps",
+            )
+        ]
     out = []
     for x in windows:
         first, last = x["steps"]
@@ -366,10 +459,11 @@ def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None
         floor = float(x["floor"])
         where = f"steps {first}-{last}"
         if c < floor - slack:
-            out.append(Check(REWARD_KEY, where, "regression",
-                             f"mean {c:.4f} < lowest recorded {floor:.4f} - {slack}"))
+            out.append(Check(REWARD_KEY, where, "regression", f"mean {c:.4f} < lowest recorded {floor:.4f} - {slack}"))
         else:
-            out.append(Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})"))
+            out.append(
+                Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})")
+            )
     return out
 
 
@@ -385,11 +479,17 @@ def compare_validation(run: RunMetrics, base: dict[str, Any], up_to_step: int | 
         if step not in have:
             out.append(Check(VAL_KEY, f"step {step}", "regression", "the run did not validate here (the baseline did)"))
         elif have[step] < floor - slack:
-            out.append(Check(VAL_KEY, f"step {step}", "regression",
-                             f"{have[step]:.4f} < lowest recorded {floor:.4f} - {slack}"))
+            out.append(
+                Check(
+                    VAL_KEY, f"step {step}", "regression", f"{have[step]:.4f} < lowest recorded {floor:.4f} - {slack}"
+                )
+            )
         else:
-            out.append(Check(VAL_KEY, f"step {step}", "ok", f"{have[step]:.4f} (lowest recorded {floor:.4f}, "
-                                                            f"tolerance -{slack})"))
+            out.append(
+                Check(
+                    VAL_KEY, f"step {step}", "ok", f"{have[step]:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})"
+                )
+            )
     first, last = (pairs[0][0], pairs[-1][0]) if pairs else (None, None)
     if first is not None and last != first and first in have and last in have:
         rise, floor = have[last] - have[first], float(val["rise_floor"])
@@ -397,8 +497,14 @@ def compare_validation(run: RunMetrics, base: dict[str, Any], up_to_step: int | 
         if up_to_step is not None and last != val["steps"][-1]:
             floor = min(floor, 0.0)  # a partial run is only held to not falling: the recorded rise is over all steps
         status = "regression" if rise < floor - slack else "ok"
-        out.append(Check(VAL_KEY, where, status, f"{rise:+.4f} ({'<' if status != 'ok' else '>='} smallest recorded "
-                                                 f"{floor:+.4f} - {slack})"))
+        out.append(
+            Check(
+                VAL_KEY,
+                where,
+                status,
+                f"{rise:+.4f} ({'<' if status != 'ok' else '>='} smallest recorded {floor:+.4f} - {slack})",
+            )
+        )
     return out
 
 
@@ -412,18 +518,32 @@ def compare_memory(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
         return [Check("memory", "all ranks", "regression", "the run wrote no per-rank memory (rank_memory.jsonl)")]
     out = []
     if set(have) != set(want):
-        out.append(Check("memory", "ranks", "regression", f"ranks {sorted(have)} differ from the baseline's {sorted(want)}"))
+        out.append(
+            Check("memory", "ranks", "regression", f"ranks {sorted(have)} differ from the baseline's {sorted(want)}")
+        )
     common = sorted(set(have) & set(want))
     for r in common:
         limit = want[r] * (1 + float(tol["memory_rel"])) + float(tol["memory_abs_gib"])
         if have[r] > limit:
-            out.append(Check("memory", f"rank {r}", "regression",
-                             f"peak {have[r]:.3f} GiB > {limit:.3f} (baseline {want[r]:.3f} GiB + "
-                             f"{tol['memory_rel']:.0%} + {tol['memory_abs_gib']} GiB)"))
+            out.append(
+                Check(
+                    "memory",
+                    f"rank {r}",
+                    "regression",
+                    f"peak {have[r]:.3f} GiB > {limit:.3f} (baseline {want[r]:.3f} GiB + "
+                    f"{tol['memory_rel']:.0%} + {tol['memory_abs_gib']} GiB)",
+                )
+            )
     if common and not any(c.status == "regression" for c in out):
         worst = max(common, key=lambda r: have[r] - want[r])
-        out.append(Check("memory", f"{len(want)} ranks", "ok",
-                         f"largest growth on rank {worst}: {have[worst]:.3f} GiB vs baseline {want[worst]:.3f} GiB"))
+        out.append(
+            Check(
+                "memory",
+                f"{len(want)} ranks",
+                "ok",
+                f"largest growth on rank {worst}: {have[worst]:.3f} GiB vs baseline {want[worst]:.3f} GiB",
+            )
+        )
     return out
 
 
@@ -438,8 +558,14 @@ def compare_mismatch(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
         step, worst = max(series, key=lambda sv: sv[1])
         limit = float(b) * float(tol["mismatch_factor"]) + float(tol["mismatch_abs"])
         status = "regression" if worst > limit else "ok"
-        out.append(Check(key, f"step {step}", status, f"max {worst:.3g} {'>' if status != 'ok' else '<='} {limit:.3g} "
-                                                       f"(baseline max {float(b):.3g})"))
+        out.append(
+            Check(
+                key,
+                f"step {step}",
+                status,
+                f"max {worst:.3g} {'>' if status != 'ok' else '<='} {limit:.3g} (baseline max {float(b):.3g})",
+            )
+        )
     return out
 
 
@@ -450,31 +576,56 @@ def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list
     ratio = c / float(b)
     limit = 1 + float(base["tolerances"]["step_time_rel"])
     status = "regression" if gate and ratio > limit else ("ok" if gate else "info")
-    return [Check(STEP_TIME_KEY, "median", status, f"{c:.3f} s vs baseline {float(b):.3f} s ({ratio:.2f}x; "
-                                                   f"{'gated at' if gate else 'not gated, limit would be'} {limit:.2f}x)")]
+    return [
+        Check(
+            STEP_TIME_KEY,
+            "median",
+            status,
+            f"{c:.3f} s vs baseline {float(b):.3f} s ({ratio:.2f}x; "
+            f"{'gated at' if gate else 'not gated, limit would be'} {limit:.2f}x)",
+        )
+    ]
 
 
-def compare(run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False,
-            up_to_step: int | None = None) -> list[Check]:
-    return (non_finite(run) + compare_reward(run, base, up_to_step) + compare_validation(run, base, up_to_step)
-            + compare_memory(run, base) + compare_mismatch(run, base) + compare_step_time(run, base, gate_step_time))
+def compare(
+    run: RunMetrics, base: dict[str, Any], gate_step_time: bool = False, up_to_step: int | None = None
+) -> list[Check]:
+    return (
+        non_finite(run)
+        + compare_reward(run, base, up_to_step)
+        + compare_validation(run, base, up_to_step)
+        + compare_memory(run, base)
+        + compare_mismatch(run, base)
+        + compare_step_time(run, base, gate_step_time)
+    )
 
 
 # ---- command line --------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.golden",
-                                description="Compare a finished run with a stored baseline, or write one.")
-    p.add_argument("run_dir", type=Path, nargs="+",
-                   help="the run's log folder (tensorboard/, trainer.log, rank_memory.jsonl); to write a baseline, "
-                        f"at least {MIN_RUNS} runs of the same command")
+    p = argparse.ArgumentParser(
+        prog="python -m verl_patches.trainer.golden",
+        description="Compare a finished run with a stored baseline, or write one.",
+    )
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        nargs="+",
+        help="the run's log folder (tensorboard/, trainer.log, rank_memory.jsonl); to write a baseline, "
+        f"at least {MIN_RUNS} runs of the same command",
+    )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--check-against", type=Path, metavar="BASELINE.json")
     g.add_argument("--write-baseline", type=Path, metavar="BASELINE.json")
     p.add_argument("--gate-step-time", action="store_true", help="a slower median step is a regression")
     p.add_argument("--note", default="", help="free text stored in a written baseline")
-    p.add_argument("--up-to-step", type=int, metavar="N", help="compare the reward only over the baseline's windows "
-                                                                 "that end by step N (a shorter run)")
+    p.add_argument(
+        "--up-to-step",
+        type=int,
+        metavar="N",
+        help="compare the reward only over the baseline's windows that end by step N (a shorter run)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -482,8 +633,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_baseline:
             doc = make_baseline(runs, note=args.note)
             write_baseline(doc, args.write_baseline)
-            print(f"golden: wrote {args.write_baseline} from {len(runs)} runs ({len(doc['reward']['values'])} steps, "
-                  f"{len(doc['rank_peak_gib'])} ranks)")
+            print(
+                f"golden: wrote {args.write_baseline} from {len(runs)} runs ({len(doc['reward']['values'])} steps, "
+                f"{len(doc['rank_peak_gib'])} ranks)"
+            )
             return EXIT_OK
         if len(runs) != 1:
             raise GoldenInputError(f"--check-against compares one run; got {len(runs)} run folders")

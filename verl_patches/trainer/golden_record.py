@@ -45,7 +45,9 @@ def _run_dir(log_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.golden_record", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verl_patches.trainer.golden_record", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--runs", type=int, default=MIN_RUNS, help=f"how many runs (at least {MIN_RUNS})")
     p.add_argument("--log-root", type=Path, default=REPO_ROOT / "logs" / "golden-record")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -60,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.runs):
         log_dir = args.log_root / f"run{i}"
         overrides = ([] if args.same_command else seed_overrides(i)) + list(args.overrides)
-        print(f"golden_record: run {i + 1}/{args.runs} ({' '.join(overrides) or 'README command 1'}), logs in {log_dir}",
-              flush=True)
+        print(
+            f"golden_record: run {i + 1}/{args.runs} ({' '.join(overrides) or 'README command 1'}), logs in {log_dir}",
+            flush=True,
+        )
         start = time.monotonic()
         rc = subprocess.run(run_command(log_dir, overrides), cwd=REPO_ROOT).returncode
         if rc != 0:
@@ -72,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = [read_run(d) for d in run_dirs]
         extra = f"; every run also {' '.join(args.overrides)}" if args.overrides else ""
-        note = args.note or (f"{args.runs} runs of README command 1 as is{extra}" if args.same_command else
-                             f"{args.runs} runs of README command 1; run i: data.seed=1+i and "
-                             f"actor_rollout_ref.rollout.seed=i (run 0 as README gives it){extra}")
+        note = args.note or (
+            f"{args.runs} runs of README command 1 as is{extra}"
+            if args.same_command
+            else f"{args.runs} runs of README command 1; run i: data.seed=1+i and "
+            f"actor_rollout_ref.rollout.seed=i (run 0 as README gives it){extra}"
+        )
         doc = make_baseline(runs, note=note)
         write_baseline(doc, args.out)
     except GoldenInputError as e:

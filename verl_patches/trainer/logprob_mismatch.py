@@ -37,23 +37,32 @@ ROLLOUT_KEY = "rollout_log_probs"
 TRAIN_KEY = "old_log_probs"
 
 
-def mismatch_metrics(rollout_log_probs: torch.Tensor, train_log_probs: torch.Tensor,
-                     response_mask: torch.Tensor) -> dict[str, float]:
+def mismatch_metrics(
+    rollout_log_probs: torch.Tensor, train_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
     """The metrics above over the tokens where `response_mask` is non-zero."""
     if rollout_log_probs.shape != train_log_probs.shape or train_log_probs.shape != response_mask.shape:
-        raise ValueError(f"log-prob mismatch: shapes differ: rollout {tuple(rollout_log_probs.shape)}, "
-                         f"train {tuple(train_log_probs.shape)}, response mask {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"log-prob mismatch: shapes differ: rollout {tuple(rollout_log_probs.shape)}, "
+            f"train {tuple(train_log_probs.shape)}, response mask {tuple(response_mask.shape)}"
+        )
     mask = response_mask.bool()
     n = int(mask.sum())
     if n == 0:
         raise ValueError("log-prob mismatch: the response mask selects no token")
     delta = (train_log_probs.detach().double() - rollout_log_probs.detach().double())[mask]
     if not bool(torch.isfinite(delta).all()):
-        raise ValueError(f"log-prob mismatch: {int((~torch.isfinite(delta)).sum())} of {n} response tokens have a "
-                         f"non-finite log-prob (rollout or train)")
+        raise ValueError(
+            f"log-prob mismatch: {int((~torch.isfinite(delta)).sum())} of {n} response tokens have a "
+            f"non-finite log-prob (rollout or train)"
+        )
     abs_delta = delta.abs()
-    return {ABS_DIFF: float(abs_delta.mean()), RATIO_DEV: float(torch.expm1(delta).abs().mean()),
-            ABS_DIFF_MAX: float(abs_delta.max()), TOKENS: float(n)}
+    return {
+        ABS_DIFF: float(abs_delta.mean()),
+        RATIO_DEV: float(torch.expm1(delta).abs().mean()),
+        ABS_DIFF_MAX: float(abs_delta.max()),
+        TOKENS: float(n),
+    }
 
 
 def batch_mismatch_metrics(batch: Any) -> dict[str, float]:
@@ -66,5 +75,5 @@ def batch_mismatch_metrics(batch: Any) -> dict[str, float]:
     if "response_mask" in keys:
         mask = tensors["response_mask"]
     else:
-        mask = tensors["attention_mask"][:, -tensors["responses"].shape[-1]:]
+        mask = tensors["attention_mask"][:, -tensors["responses"].shape[-1] :]
     return mismatch_metrics(tensors[ROLLOUT_KEY], tensors[TRAIN_KEY], mask)

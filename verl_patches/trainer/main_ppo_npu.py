@@ -15,9 +15,11 @@ from verl_patches.trainer.config_compose import CONFIG_NAMES
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m verl_patches.trainer.main_ppo_npu",
-                                description="GRPO with verl v0.4.0 plus the NPU overlay. Remaining arguments "
-                                            "are Hydra overrides (key=value, profile=NAME).")
+    p = argparse.ArgumentParser(
+        prog="python -m verl_patches.trainer.main_ppo_npu",
+        description="GRPO with verl v0.4.0 plus the NPU overlay. Remaining arguments "
+        "are Hydra overrides (key=value, profile=NAME).",
+    )
     p.add_argument("--config-name", default="ppo_mindspeed_trainer", choices=CONFIG_NAMES)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     return p.parse_known_args(argv)

@@ -31,13 +31,23 @@ def probe(_worker: Any = None) -> dict[str, Any]:
     mod = device.accelerator_module()
     rank = int(os.environ.get("RANK", "-1") or -1)
     if mod is not None:
-        return {"rank": rank, "pid": os.getpid(), "kind": "device",
-                "peak_gib": mod.max_memory_allocated() / GIB, "current_gib": mod.memory_allocated() / GIB}
+        return {
+            "rank": rank,
+            "pid": os.getpid(),
+            "kind": "device",
+            "peak_gib": mod.max_memory_allocated() / GIB,
+            "current_gib": mod.memory_allocated() / GIB,
+        }
     import psutil
 
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
-    return {"rank": rank, "pid": os.getpid(), "kind": "host", "peak_gib": peak_kib * 1024 / GIB,
-            "current_gib": psutil.Process().memory_info().rss / GIB}
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "kind": "host",
+        "peak_gib": peak_kib * 1024 / GIB,
+        "current_gib": psutil.Process().memory_info().rss / GIB,
+    }
 
 
 def collect(worker_group: Any, timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
@@ -60,8 +70,12 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
         return {}
     peaks = [float(r["peak_gib"]) for r in rows]
     top = max(range(len(rows)), key=lambda i: peaks[i])
-    return {"memory/peak_gib_max": max(peaks), "memory/peak_gib_min": min(peaks),
-            "memory/peak_gib_mean": sum(peaks) / len(peaks), "memory/peak_rank": float(rows[top]["rank"])}
+    return {
+        "memory/peak_gib_max": max(peaks),
+        "memory/peak_gib_min": min(peaks),
+        "memory/peak_gib_mean": sum(peaks) / len(peaks),
+        "memory/peak_rank": float(rows[top]["rank"]),
+    }
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path | None:

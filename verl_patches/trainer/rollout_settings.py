@@ -32,12 +32,19 @@ EXTRA = f"{ENGINE}.additional_config"
 GRAPH = f"{EXTRA}.torchair_graph_config"
 SCHEDULER = f"{EXTRA}.ascend_scheduler_config"
 # vllm-ascend's TorchairGraphConfig raises RuntimeError for each of these when graph mode is off
-GRAPH_ONLY = ("use_cached_graph", "use_cached_kv_cache_bytes", "graph_batch_sizes", "graph_batch_sizes_init",
-              "enable_multistream_mla", "enable_multistream_moe", "enable_kv_nz", "enable_super_kernel")
+GRAPH_ONLY = (
+    "use_cached_graph",
+    "use_cached_kv_cache_bytes",
+    "graph_batch_sizes",
+    "graph_batch_sizes_init",
+    "enable_multistream_mla",
+    "enable_multistream_moe",
+    "enable_kv_nz",
+    "enable_super_kernel",
+)
 
 
-def seqs_per_rollout_engine(train_batch_size: int, n: int, nnodes: int, n_gpus_per_node: int,
-                            rollout_tp: int) -> int:
+def seqs_per_rollout_engine(train_batch_size: int, n: int, nnodes: int, n_gpus_per_node: int, rollout_tp: int) -> int:
     """Sequences one rollout engine (one TP group) generates per step: verl splits the prompts equally
     over every rank and each TP group generates its ranks' prompts x n. Rounded up, so an uneven split
     (refused elsewhere: layout.rollout_batch) still fits."""
@@ -52,8 +59,9 @@ def rollout_dp(cfg: Any) -> int:
 
 
 def max_model_len(cfg: Any) -> int:
-    return int(get(cfg, f"{R}.max_model_len") or 0) or \
-        int(get(cfg, "data.max_prompt_length", 0)) + int(get(cfg, "data.max_response_length", 0))
+    return int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length", 0)) + int(
+        get(cfg, "data.max_response_length", 0)
+    )
 
 
 def engine_max_num_seqs(cfg: Any) -> int | None:
@@ -75,13 +83,17 @@ def rollout_problems(cfg: Any) -> list[str]:
     seqs = engine_max_num_seqs(cfg)
     verl_seqs = get(cfg, f"{R}.max_num_seqs")
     if seqs is not None and verl_seqs is not None and int(verl_seqs) != seqs:
-        out.append(f"{ENGINE}.max_num_seqs={seqs} but {R}.max_num_seqs={verl_seqs}: the engine receives the first; "
-                   f"set one value (the profiles interpolate one from the other)")
+        out.append(
+            f"{ENGINE}.max_num_seqs={seqs} but {R}.max_num_seqs={verl_seqs}: the engine receives the first; "
+            f"set one value (the profiles interpolate one from the other)"
+        )
     if seqs is not None and seqs < 1:
         out.append(f"{ENGINE}.max_num_seqs={seqs} must be >= 1")
     if not get(cfg, f"{R}.free_cache_engine", True):
-        out.append(f"{R}.free_cache_engine=False: the rollout's KV cache is freed after every generate and rebuilt "
-                   f"before the next (the lifecycle that replaces vLLM's sleep mode); nothing keeps it, set True")
+        out.append(
+            f"{R}.free_cache_engine=False: the rollout's KV cache is freed after every generate and rebuilt "
+            f"before the next (the lifecycle that replaces vLLM's sleep mode); nothing keeps it, set True"
+        )
     out += _graph_problems(cfg, eager, seqs)
     out += _prefill_problems(cfg, seqs)
     return out
@@ -92,20 +104,29 @@ def _graph_problems(cfg: Any, eager: bool, seqs: int | None) -> list[str]:
     if graph_enabled(cfg):
         out = []
         if eager:
-            out.append(f"{GRAPH}.enabled=True with {R}.enforce_eager=True: vllm-ascend refuses graph mode in eager "
-                       f"mode; set enforce_eager=False")
+            out.append(
+                f"{GRAPH}.enabled=True with {R}.enforce_eager=True: vllm-ascend refuses graph mode in eager "
+                f"mode; set enforce_eager=False"
+            )
         sizes = list(graph.get("graph_batch_sizes") or [])
         if seqs is None:
             out.append(f"{GRAPH}.enabled=True needs {ENGINE}.max_num_seqs (the graph batch size)")
         elif sizes != [seqs]:
-            out.append(f"{GRAPH}.graph_batch_sizes={sizes} must be [{ENGINE}.max_num_seqs] = [{seqs}]: one graph "
-                       f"for the batch every engine holds (train_batch_size x n / rollout DP)")
+            out.append(
+                f"{GRAPH}.graph_batch_sizes={sizes} must be [{ENGINE}.max_num_seqs] = [{seqs}]: one graph "
+                f"for the batch every engine holds (train_batch_size x n / rollout DP)"
+            )
         return out
-    out = [f"{GRAPH}.{k}={graph.get(k)!r} needs {GRAPH}.enabled=True (vllm-ascend refuses it with graph mode off)"
-           for k in GRAPH_ONLY if graph.get(k)]
+    out = [
+        f"{GRAPH}.{k}={graph.get(k)!r} needs {GRAPH}.enabled=True (vllm-ascend refuses it with graph mode off)"
+        for k in GRAPH_ONLY
+        if graph.get(k)
+    ]
     if not eager:
-        out.append(f"{R}.enforce_eager=False with {GRAPH}.enabled off: vllm-ascend's other graph mode (ACL graph) "
-                   f"does not support DeepSeek models; turn TorchAir graph mode on or set enforce_eager=True")
+        out.append(
+            f"{R}.enforce_eager=False with {GRAPH}.enabled off: vllm-ascend's other graph mode (ACL graph) "
+            f"does not support DeepSeek models; turn TorchAir graph mode on or set enforce_eager=True"
+        )
     return out
 
 
@@ -115,19 +136,25 @@ def _prefill_problems(cfg: Any, seqs: int | None) -> list[str]:
     batched = int(get(cfg, f"{R}.max_num_batched_tokens") or 0)
     length = max_model_len(cfg)
     if batched and batched < length and not chunked:
-        out.append(f"{R}.max_num_batched_tokens={batched} < max_model_len {length} needs "
-                   f"{R}.enable_chunked_prefill=True (vLLM refuses it without chunked prefill)")
+        out.append(
+            f"{R}.max_num_batched_tokens={batched} < max_model_len {length} needs "
+            f"{R}.enable_chunked_prefill=True (vLLM refuses it without chunked prefill)"
+        )
     if batched and seqs is not None and batched < seqs:
         out.append(f"{R}.max_num_batched_tokens={batched} must be >= {ENGINE}.max_num_seqs={seqs} (vLLM's scheduler)")
     scheduler = get(cfg, SCHEDULER) or {}
     if scheduler.get("enabled") and chunked and bool(scheduler.get("enable_chunked_prefill", False)):
-        out.append(f"{SCHEDULER}.enabled=True has no effect with chunked prefill on: vllm-ascend 0.9.1's "
-                   f"AscendScheduler.schedule() returns vLLM's schedule then; set {SCHEDULER}.enabled=False, or turn "
-                   f"chunked prefill off with {R}.max_num_batched_tokens >= max_model_len {length}")
+        out.append(
+            f"{SCHEDULER}.enabled=True has no effect with chunked prefill on: vllm-ascend 0.9.1's "
+            f"AscendScheduler.schedule() returns vLLM's schedule then; set {SCHEDULER}.enabled=False, or turn "
+            f"chunked prefill off with {R}.max_num_batched_tokens >= max_model_len {length}"
+        )
     elif scheduler.get("enabled") and bool(scheduler.get("enable_chunked_prefill", False)) != chunked:
-        out.append(f"{SCHEDULER}.enable_chunked_prefill={scheduler.get('enable_chunked_prefill', False)} but "
-                   f"{R}.enable_chunked_prefill={chunked}: vllm-ascend's scheduler replaces vLLM's and uses its own "
-                   f"value; make them agree")
+        out.append(
+            f"{SCHEDULER}.enable_chunked_prefill={scheduler.get('enable_chunked_prefill', False)} but "
+            f"{R}.enable_chunked_prefill={chunked}: vllm-ascend's scheduler replaces vLLM's and uses its own "
+            f"value; make them agree"
+        )
     return out
 
 
@@ -135,18 +162,28 @@ def describe(cfg: Any) -> str:
     """One line: what the engine is built with (for the preflight and the fit line)."""
     seqs = engine_max_num_seqs(cfg)
     tbs, n = get(cfg, "data.train_batch_size"), get(cfg, f"{R}.n")
-    seqs_text = (f"max_num_seqs {seqs} (train_batch_size {tbs} x n {n} / rollout DP {rollout_dp(cfg)} = "
-                 f"{seqs_per_rollout_engine(tbs, n, get(cfg, 'trainer.nnodes', 1), get(cfg, 'trainer.n_gpus_per_node', 1), get(cfg, f'{R}.tensor_model_parallel_size', 1))})"
-                 if seqs is not None else "max_num_seqs: vLLM's default")
+    seqs_text = (
+        f"max_num_seqs {seqs} (train_batch_size {tbs} x n {n} / rollout DP {rollout_dp(cfg)} = "
+        f"{seqs_per_rollout_engine(tbs, n, get(cfg, 'trainer.nnodes', 1), get(cfg, 'trainer.n_gpus_per_node', 1), get(cfg, f'{R}.tensor_model_parallel_size', 1))})"
+        if seqs is not None
+        else "max_num_seqs: vLLM's default"
+    )
     graph = get(cfg, GRAPH) or {}
     if graph_enabled(cfg):
-        streams = [k.replace("enable_multistream_", "") for k in ("enable_multistream_mla", "enable_multistream_moe")
-                   if graph.get(k)]
-        mode = (f"TorchAir graph mode on, graph batch size {list(graph.get('graph_batch_sizes') or [])}, "
-                f"multistream {'/'.join(streams) or 'off'}, KV-NZ {'on' if graph.get('enable_kv_nz') else 'off'}")
+        streams = [
+            k.replace("enable_multistream_", "")
+            for k in ("enable_multistream_mla", "enable_multistream_moe")
+            if graph.get(k)
+        ]
+        mode = (
+            f"TorchAir graph mode on, graph batch size {list(graph.get('graph_batch_sizes') or [])}, "
+            f"multistream {'/'.join(streams) or 'off'}, KV-NZ {'on' if graph.get('enable_kv_nz') else 'off'}"
+        )
     else:
         mode = "eager" if get(cfg, f"{R}.enforce_eager", True) else "graph mode off"
     batched, length = int(get(cfg, f"{R}.max_num_batched_tokens") or 0), max_model_len(cfg)
-    prefill = (f"chunked prefill {'on' if get(cfg, f'{R}.enable_chunked_prefill') else 'off'} "
-               f"(max_num_batched_tokens {batched}, max_model_len {length})")
+    prefill = (
+        f"chunked prefill {'on' if get(cfg, f'{R}.enable_chunked_prefill') else 'off'} "
+        f"(max_num_batched_tokens {batched}, max_model_len {length})"
+    )
     return f"{mode}; {seqs_text}; {prefill}"

@@ -54,13 +54,17 @@ class StepPlan:
     fused_role: bool
 
     def describe(self) -> str:
-        return (f"old-log-prob pass {'skipped' if self.skip_old_log_prob else 'computed'}, "
-                f"D2D tensor cache {'on' if self.d2d else 'off'}, "
-                f"actor/rollout/ref {'fused in one worker group' if self.fused_role else 'as upstream'}")
+        return (
+            f"old-log-prob pass {'skipped' if self.skip_old_log_prob else 'computed'}, "
+            f"D2D tensor cache {'on' if self.d2d else 'off'}, "
+            f"actor/rollout/ref {'fused in one worker group' if self.fused_role else 'as upstream'}"
+        )
 
 
 def plan_steps(cfg: Any, environ: Mapping[str, str] | None = None) -> StepPlan:
     """The plan for `cfg`; consistency is `config_checks.check_config`'s job, not this function's."""
-    return StepPlan(skip_old_log_prob=get(cfg, RECOMPUTE_KEY, True) is False,
-                    d2d=d2d_setting(cfg, environ)[0],
-                    fused_role=bool(get(cfg, FUSED_ROLE_KEY, False)))
+    return StepPlan(
+        skip_old_log_prob=get(cfg, RECOMPUTE_KEY, True) is False,
+        d2d=d2d_setting(cfg, environ)[0],
+        fused_role=bool(get(cfg, FUSED_ROLE_KEY, False)),
+    )

@@ -17,7 +17,9 @@ from verl_patches.trainer.config_checks import get
 from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
 
 MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
-    "n_group": 1, "topk_group": 1, "max_position_embeddings": 256,
+    "n_group": 1,
+    "topk_group": 1,
+    "max_position_embeddings": 256,
 }
 VOCAB_MULTIPLE = 8
 MCORE_DIR = "mcore"
@@ -31,17 +33,28 @@ def tiny_spec(cfg: Any) -> TinySpec:
     """The asset spec for this config (pure)."""
     o = cfg.overlay
     # a fifth of the distinct problems held out, each once (tiny_assets: what validation can measure)
-    spec = TinySpec(seed=int(o.tiny_seed), max_operand=int(o.tiny_max_operand), train_ratio=0.8, unique_held_out=True,
-                    base_steps=int(o.get("tiny_base_steps", 0)))
+    spec = TinySpec(
+        seed=int(o.tiny_seed),
+        max_operand=int(o.tiny_max_operand),
+        train_ratio=0.8,
+        unique_held_out=True,
+        base_steps=int(o.get("tiny_base_steps", 0)),
+    )
     if not is_megatron(cfg):
         return spec
     from verl_patches.weights.config import official_config
 
     rope = dict(official_config()["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
     overrides = dict(MEGATRON_MODEL_OVERRIDES, rope_scaling=rope)
-    return TinySpec(seed=spec.seed, max_operand=spec.max_operand, train_ratio=spec.train_ratio,
-                    unique_held_out=spec.unique_held_out, base_steps=spec.base_steps, vocab_multiple=VOCAB_MULTIPLE,
-                    model_overrides=tuple(sorted(overrides.items())))
+    return TinySpec(
+        seed=spec.seed,
+        max_operand=spec.max_operand,
+        train_ratio=spec.train_ratio,
+        unique_held_out=spec.unique_held_out,
+        base_steps=spec.base_steps,
+        vocab_multiple=VOCAB_MULTIPLE,
+        model_overrides=tuple(sorted(overrides.items())),
+    )
 
 
 def megatron_layout(cfg: Any) -> Any:
@@ -52,13 +65,18 @@ def megatron_layout(cfg: Any) -> Any:
     layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
         if get(cfg, f"{m}.{key}") != get(cfg, f"actor_rollout_ref.ref.megatron.{key}"):
-            raise ValueError(f"tiny profile: actor_rollout_ref.ref.megatron.{key} must equal {m}.{key} "
-                             "(the reference loads the actor's checkpoint)")
-    return ParallelLayout(tp=int(get(cfg, f"{m}.tensor_model_parallel_size")),
-                          pp=int(get(cfg, f"{m}.pipeline_model_parallel_size")),
-                          ep=int(get(cfg, f"{m}.expert_model_parallel_size")),
-                          num_layer_list=tuple(int(n) for n in layers) if layers else None,
-                          moe_grouped_gemm=True, moe_tp_extend_ep=True)
+            raise ValueError(
+                f"tiny profile: actor_rollout_ref.ref.megatron.{key} must equal {m}.{key} "
+                "(the reference loads the actor's checkpoint)"
+            )
+    return ParallelLayout(
+        tp=int(get(cfg, f"{m}.tensor_model_parallel_size")),
+        pp=int(get(cfg, f"{m}.pipeline_model_parallel_size")),
+        ep=int(get(cfg, f"{m}.expert_model_parallel_size")),
+        num_layer_list=tuple(int(n) for n in layers) if layers else None,
+        moe_grouped_gemm=True,
+        moe_tp_extend_ep=True,
+    )
 
 
 def checkpoint_dir(cfg: Any) -> Path:
@@ -73,8 +91,10 @@ def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
         for role in ("actor", "ref"):
             target = get(cfg, f"actor_rollout_ref.{role}.megatron.dist_checkpointing_path")
             if target is None or Path(target) != checkpoint_dir(cfg):
-                raise ValueError(f"tiny profile: actor_rollout_ref.{role}.megatron.dist_checkpointing_path must be "
-                                 f"{checkpoint_dir(cfg)} (built here), found {target!r}")
+                raise ValueError(
+                    f"tiny profile: actor_rollout_ref.{role}.megatron.dist_checkpointing_path must be "
+                    f"{checkpoint_dir(cfg)} (built here), found {target!r}"
+                )
         layout = megatron_layout(cfg)
     spec = tiny_spec(cfg)
     assets = prepare(Path(cfg.overlay.tiny_assets_dir), spec, progress=progress)

@@ -29,12 +29,43 @@ THINK_TOKENS = ["<think>", "</think>"]
 # same sum only where a 0.3 M-parameter model can learn to look past (the digits sit at the same distance from
 # the answer in every phrasing); every word is in the training split (see the module docstring). Thirty
 # openings: with sums up to 2 + 2 that is 270 texts, and a fifth held out gives validation 54 problems
-OPENINGS = ("What is", "Tell me", "Quick :", "Now ,", "Please compute", "Find", "Compute", "Give", "Solve",
-            "Calculate", "Add", "Work out", "Evaluate", "Say", "Answer", "Try", "Do", "Determine", "Figure out",
-            "Get", "Show", "Sum", "Total of", "Result of", "Value of", "Hey ,", "Okay ,", "So ,", "Next ,", "Then ,")
+OPENINGS = (
+    "What is",
+    "Tell me",
+    "Quick :",
+    "Now ,",
+    "Please compute",
+    "Find",
+    "Compute",
+    "Give",
+    "Solve",
+    "Calculate",
+    "Add",
+    "Work out",
+    "Evaluate",
+    "Say",
+    "Answer",
+    "Try",
+    "Do",
+    "Determine",
+    "Figure out",
+    "Get",
+    "Show",
+    "Sum",
+    "Total of",
+    "Result of",
+    "Value of",
+    "Hey ,",
+    "Okay ,",
+    "So ,",
+    "Next ,",
+    "Then ,",
+)
 PHRASINGS = tuple(f"{opening} {{a}} + {{b}} ?" for opening in OPENINGS)
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 STAMP = "tiny_assets.json"
 
 
@@ -88,8 +119,13 @@ def write_arithmetic_json(path: Path, spec: TinySpec) -> Path:
     for _ in range(spec.num_problems):
         a, b = rng.randint(0, spec.max_operand), rng.randint(0, spec.max_operand)
         phrasing = spec.phrasings[rng.randrange(len(spec.phrasings))]
-        rows.append({"problem": problem_text(phrasing, a, b), "answer": str(a + b),
-                     "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}."})
+        rows.append(
+            {
+                "problem": problem_text(phrasing, a, b),
+                "answer": str(a + b),
+                "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}.",
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rows), encoding="utf-8")
@@ -102,25 +138,36 @@ def build_tokenizer(out_dir: Path, texts: list[str], max_operand: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    pre = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("isolated"),
-                                   pre_tokenizers.Digits(individual_digits=True)])
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Punctuation("isolated"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(t)} | set("0123456789"))
     added = THINK_TOKENS + answer_tokens(max_operand)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + added + [w for w in words if w not in added])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                  bos_token="<bos>", unk_token="<unk>",
-                                  additional_special_tokens=SPECIAL_TOKENS[4:])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+    )
     tok.add_tokens(added)  # matched before pre-tokenization, so `\boxed{7}` stays one token
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out_dir)
     return tok
 
 
-def build_model(out_dir: Path, vocab_size: int, seed: int, tokenizer: Any,
-                overrides: dict[str, Any] | None = None) -> Path:
+def build_model(
+    out_dir: Path, vocab_size: int, seed: int, tokenizer: Any, overrides: dict[str, Any] | None = None
+) -> Path:
     """A randomly initialised DeepSeek-V3-shaped model (MLA + MoE) from our tiny config generator."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig
@@ -128,13 +175,14 @@ def build_model(out_dir: Path, vocab_size: int, seed: int, tokenizer: Any,
     from verl_patches.weights.config import make_tiny_config
 
     cfg = make_tiny_config(vocab_size=vocab_size, **(overrides or {}))
-    cfg.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    cfg.update(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg))
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
@@ -160,8 +208,11 @@ def check_learnable_split(assets: TinyAssets, spec: TinySpec) -> None:
     """`check_held_out` on the built parquet files."""
     import pandas as pd
 
-    check_held_out(spec, [row["problem"] for row in pd.read_parquet(assets.train_parquet)["extra_info"]],
-                   [row["problem"] for row in pd.read_parquet(assets.val_parquet)["extra_info"]])
+    check_held_out(
+        spec,
+        [row["problem"] for row in pd.read_parquet(assets.train_parquet)["extra_info"]],
+        [row["problem"] for row in pd.read_parquet(assets.val_parquet)["extra_info"]],
+    )
 
 
 def parse_problem(spec: TinySpec, text: str) -> tuple[str, int, int]:
@@ -183,9 +234,11 @@ def check_held_out(spec: TinySpec, train: list[str], held_out: list[str]) -> Non
     for text in dict.fromkeys(held_out):
         phrasing, a, b = parse_problem(spec, text)
         if text in seen or (a, b) not in sums or phrasing not in phrasings:
-            raise ValueError(f"tiny assets (seed {spec.seed}): held-out problem {text!r} is "
-                             f"{'in the training split' if text in seen else 'not learnable from the training split'}"
-                             f"; choose another overlay.tiny_seed")
+            raise ValueError(
+                f"tiny assets (seed {spec.seed}): held-out problem {text!r} is "
+                f"{'in the training split' if text in seen else 'not learnable from the training split'}"
+                f"; choose another overlay.tiny_seed"
+            )
 
 
 def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> TinyAssets:
@@ -195,25 +248,45 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     from verl_patches.data.convert import convert
 
     root = Path(root)
-    assets = TinyAssets(root=root, model_dir=root / "model", train_parquet=root / "data" / "train.parquet",
-                        val_parquet=root / "data" / "test.parquet", raw_json=root / "raw" / "arithmetic.json")
+    assets = TinyAssets(
+        root=root,
+        model_dir=root / "model",
+        train_parquet=root / "data" / "train.parquet",
+        val_parquet=root / "data" / "test.parquet",
+        raw_json=root / "raw" / "arithmetic.json",
+    )
     stamp = root / STAMP
     from verl_patches.trainer import cpu_numerics
 
     recorded = {**spec.as_dict(), "cpu_numerics": cpu_numerics.current()}  # the base model depends on both
-    if stamp.exists() and json.loads(stamp.read_text()) == recorded and assets.train_parquet.exists() \
-            and (assets.model_dir / "config.json").exists():
+    if (
+        stamp.exists()
+        and json.loads(stamp.read_text()) == recorded
+        and assets.train_parquet.exists()
+        and (assets.model_dir / "config.json").exists()
+    ):
         return assets
     # The stamp goes first: a rebuild that fails half-way must not leave the old spec's stamp beside a mix
     # of new and old files (a later call with the old spec would take them as complete).
     stamp.unlink(missing_ok=True)
     write_arithmetic_json(assets.raw_json, spec)
-    convert(assets.raw_json, assets.train_parquet.parent, train_ratio=spec.train_ratio, seed=spec.seed,
-            template=spec.template, progress=progress, overwrite=True)  # rebuilding its own assets
+    convert(
+        assets.raw_json,
+        assets.train_parquet.parent,
+        train_ratio=spec.train_ratio,
+        seed=spec.seed,
+        template=spec.template,
+        progress=progress,
+        overwrite=True,
+    )  # rebuilding its own assets
     if spec.unique_held_out:
         keep_one_row_per_problem(assets.val_parquet)
-    prompts = [m["content"] for p in (assets.train_parquet, assets.val_parquet)
-               for msgs in pd.read_parquet(p)["prompt"] for m in msgs]
+    prompts = [
+        m["content"]
+        for p in (assets.train_parquet, assets.val_parquet)
+        for msgs in pd.read_parquet(p)["prompt"]
+        for m in msgs
+    ]
     assets.model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(assets.model_dir, prompts, spec.max_operand)
     vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple

@@ -63,9 +63,9 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, A
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     labels = torch.full((len(seqs), width), -100)
     for i, ((p, r), s) in enumerate(zip(rows, seqs)):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
-        labels[i, width - len(r):] = torch.tensor(r)
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
+        labels[i, width - len(r) :] = torch.tensor(r)
     return ids, mask, labels
 
 
@@ -84,8 +84,7 @@ def train_base(model_dir: Path, train_parquet: Path, steps: int, seed: int) -> f
     optim = torch.optim.AdamW(model.parameters(), lr=BASE_LR)
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        ids, mask, labels = _batch([rows[rng.randrange(len(rows))] for _ in range(BASE_BATCH)],
-                                   tokenizer.pad_token_id)
+        ids, mask, labels = _batch([rows[rng.randrange(len(rows))] for _ in range(BASE_BATCH)], tokenizer.pad_token_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, labels=labels).loss
         optim.zero_grad()

@@ -3,6 +3,7 @@
 Every output file is first written under a temporary name in its target directory and then moved into
 place with ``os.replace``, so an interrupted run never leaves a half-written file under a final name.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,6 +22,8 @@ _TMP_NAME = re.compile(r"\.verl_patches-tmp-[0-9a-f]{16}\..+", re.DOTALL)
 def is_temp_name(name: str) -> bool:
     """Whether ``name`` is one of our temp files (`temp_path_for`): the only names a tool removes unasked."""
     return bool(_TMP_NAME.fullmatch(name))
+
+
 _HASH_CHUNK = 8 << 20
 
 

@@ -6,6 +6,7 @@ The training config is the official DeepSeek-V3 config with two changes (vendor 
 with small sizes, built by the same code, so that the local CPU profile and the tests exercise the same
 architecture (MLA + dense first layers + grouped MoE with a shared expert).
 """
+
 from __future__ import annotations
 
 import math
@@ -97,10 +98,25 @@ _TINY_SIZES: dict[str, Any] = {
 }
 
 _POS_INT_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "n_routed_experts", "n_shared_experts", "n_group",
-    "topk_group", "num_experts_per_tok", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-    "qk_rope_head_dim", "v_head_dim", "max_position_embeddings", "moe_layer_freq",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "n_routed_experts",
+    "n_shared_experts",
+    "n_group",
+    "topk_group",
+    "num_experts_per_tok",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "max_position_embeddings",
+    "moe_layer_freq",
 )
 _NONNEG_INT_KEYS = ("first_k_dense_replace", "num_nextn_predict_layers", "bos_token_id", "eos_token_id")
 _FLOAT_KEYS = ("rms_norm_eps", "routed_scaling_factor", "rope_theta", "aux_loss_alpha")
@@ -114,13 +130,31 @@ _STR_KEYS = {
 # Upper bounds far beyond any model these tools handle (DeepSeek-V3: hidden 7168, 61 layers, 256 experts,
 # vocabulary 129280): a config past them is a typo or an attack, and its shapes would overflow int64 sizes or
 # make planning loops over layers x experts run for hours before anything is read.
-_MAX_INT = {"hidden_size": 1 << 17, "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
-            "num_hidden_layers": 1 << 12, "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12,
-            "n_routed_experts": 1 << 12, "n_shared_experts": 1 << 8, "n_group": 1 << 12, "topk_group": 1 << 12,
-            "num_experts_per_tok": 1 << 12, "q_lora_rank": 1 << 17, "kv_lora_rank": 1 << 17,
-            "qk_nope_head_dim": 1 << 12, "qk_rope_head_dim": 1 << 12, "v_head_dim": 1 << 12, "vocab_size": 1 << 24,
-            "max_position_embeddings": 1 << 30, "moe_layer_freq": 1 << 12, "first_k_dense_replace": 1 << 12,
-            "num_nextn_predict_layers": 1 << 8, "bos_token_id": 1 << 31, "eos_token_id": 1 << 31}
+_MAX_INT = {
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "n_routed_experts": 1 << 12,
+    "n_shared_experts": 1 << 8,
+    "n_group": 1 << 12,
+    "topk_group": 1 << 12,
+    "num_experts_per_tok": 1 << 12,
+    "q_lora_rank": 1 << 17,
+    "kv_lora_rank": 1 << 17,
+    "qk_nope_head_dim": 1 << 12,
+    "qk_rope_head_dim": 1 << 12,
+    "v_head_dim": 1 << 12,
+    "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 30,
+    "moe_layer_freq": 1 << 12,
+    "first_k_dense_replace": 1 << 12,
+    "num_nextn_predict_layers": 1 << 8,
+    "bos_token_id": 1 << 31,
+    "eos_token_id": 1 << 31,
+}
 _MAX_EXPERT_TENSORS = 1 << 16  # num_hidden_layers x n_routed_experts (DeepSeek-V3: 15616)
 MAX_CONFIG_BYTES = 16 << 20
 _YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
@@ -205,9 +239,13 @@ def validate_config(cfg: Mapping[str, Any], where: str = "config", training: boo
         if key in cfg and cfg[key] > bound:
             _fail(where, key, f"{cfg[key]} is beyond any model these tools handle (at most {bound})")
     if cfg["num_hidden_layers"] * cfg["n_routed_experts"] > _MAX_EXPERT_TENSORS:
-        _fail(where, "n_routed_experts", f"num_hidden_layers x n_routed_experts = "
-                                         f"{cfg['num_hidden_layers'] * cfg['n_routed_experts']} experts, beyond any "
-                                         f"model these tools handle (at most {_MAX_EXPERT_TENSORS})")
+        _fail(
+            where,
+            "n_routed_experts",
+            f"num_hidden_layers x n_routed_experts = "
+            f"{cfg['num_hidden_layers'] * cfg['n_routed_experts']} experts, beyond any "
+            f"model these tools handle (at most {_MAX_EXPERT_TENSORS})",
+        )
     for key in _FLOAT_KEYS:
         if key not in cfg:
             _fail(where, key, "missing")
@@ -222,8 +260,11 @@ def validate_config(cfg: Mapping[str, Any], where: str = "config", training: boo
         if key not in cfg:
             _fail(where, key, "missing")
         if not isinstance(cfg[key], str) or (allowed is not None and cfg[key] not in allowed):
-            _fail(where, key, f"must be one of {allowed}, got {cfg[key]!r}" if allowed
-                  else f"must be a string, got {cfg[key]!r}")
+            _fail(
+                where,
+                key,
+                f"must be one of {allowed}, got {cfg[key]!r}" if allowed else f"must be a string, got {cfg[key]!r}",
+            )
     bad = _non_finite_key(cfg)
     if bad is not None:  # json.dumps writes NaN/Infinity, which transformers and vLLM then compute with
         _fail(where, bad, "must be a finite number, got a non-finite value")
@@ -249,26 +290,43 @@ def validate_config(cfg: Mapping[str, Any], where: str = "config", training: boo
     if cfg["topk_group"] > g:
         _fail(where, "topk_group", f"topk_group={cfg['topk_group']} exceeds n_group={g}")
     if cfg["num_experts_per_tok"] > cfg["topk_group"] * (e // g):
-        _fail(where, "num_experts_per_tok",
-              f"{cfg['num_experts_per_tok']} exceeds the experts reachable in topk_group groups "
-              f"({cfg['topk_group']} x {e // g})")
+        _fail(
+            where,
+            "num_experts_per_tok",
+            f"{cfg['num_experts_per_tok']} exceeds the experts reachable in topk_group groups "
+            f"({cfg['topk_group']} x {e // g})",
+        )
     if cfg["topk_method"] == "noaux_tc" and e // g < 2:
         _fail(where, "n_group", "noaux_tc scores a group by its top-2 experts: need >= 2 experts per group")
     if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
-        _fail(where, "num_key_value_heads",
-              f"num_attention_heads={cfg['num_attention_heads']} is not a multiple of it ({cfg['num_key_value_heads']})")
+        _fail(
+            where,
+            "num_key_value_heads",
+            f"num_attention_heads={cfg['num_attention_heads']} is not a multiple of it ({cfg['num_key_value_heads']})",
+        )
     if cfg["qk_rope_head_dim"] % 2:
         _fail(where, "qk_rope_head_dim", f"must be even for rotary embedding, got {cfg['qk_rope_head_dim']}")
     if cfg["first_k_dense_replace"] > cfg["num_hidden_layers"]:
-        _fail(where, "first_k_dense_replace",
-              f"{cfg['first_k_dense_replace']} exceeds num_hidden_layers={cfg['num_hidden_layers']}")
+        _fail(
+            where,
+            "first_k_dense_replace",
+            f"{cfg['first_k_dense_replace']} exceeds num_hidden_layers={cfg['num_hidden_layers']}",
+        )
     if cfg["moe_layer_freq"] != 1:
-        _fail(where, "moe_layer_freq", f"only 1 (every layer after the dense ones is MoE) is supported, got {cfg['moe_layer_freq']}")
+        _fail(
+            where,
+            "moe_layer_freq",
+            f"only 1 (every layer after the dense ones is MoE) is supported, got {cfg['moe_layer_freq']}",
+        )
     if training:
         if "quantization_config" in cfg:
             _fail(where, "quantization_config", "must be absent in the training config (weights are BF16)")
         if cfg["num_nextn_predict_layers"] != 0:
-            _fail(where, "num_nextn_predict_layers", f"must be 0 in the training config (no MTP), got {cfg['num_nextn_predict_layers']}")
+            _fail(
+                where,
+                "num_nextn_predict_layers",
+                f"must be 0 in the training config (no MTP), got {cfg['num_nextn_predict_layers']}",
+            )
 
 
 def resolve_config_path(path: str | Path) -> Path:

@@ -24,6 +24,7 @@ non-finite scale (NaN or inf; every weight of its block would be NaN or inf), a 
 negative (its block would silently become zeros or flip sign) and a result that overflows the
 output dtype: a checkpoint never silently becomes non-finite weights, ``--verify`` or not.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +34,9 @@ import torch
 
 DEFAULT_BLOCK = (128, 128)
 FP8_DTYPES = (torch.float8_e4m3fn,)
-_REBIAS = 2.0 ** 120          # float32 exponent bias (127) minus e4m3 bias (7)
+_REBIAS = 2.0**120  # float32 exponent bias (127) minus e4m3 bias (7)
 _MASK_SIGN_EXP_MANT = -0x78100000  # int32 view of 0x87F00000: sign bit + 4 exponent + 3 mantissa bits
-_STRIPE_ELEMS = 1 << 22       # about 16 MB of float32 temporaries per stripe
+_STRIPE_ELEMS = 1 << 22  # about 16 MB of float32 temporaries per stripe
 
 
 def scale_grid_shape(shape: tuple[int, int] | torch.Size, block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[int, int]:
@@ -66,29 +67,33 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
     if tuple(scale_inv.shape) != want:
         raise ValueError(
             f"scale shape {tuple(scale_inv.shape)} does not match weight {tuple(weight.shape)} "
-            f"with block {block}: expected {want}")
+            f"with block {block}: expected {want}"
+        )
     bad = first_non_finite(scale_inv)
     if bad is not None:
         raise ValueError(f"its scale holds a non-finite value ({bad[1]}) at block {bad[0]}")
     if scale_inv.numel() and bool((scale_inv <= 0).any()):  # DeepSeek's weight_scale_inv is always positive:
         flat = int((scale_inv <= 0).reshape(-1).to(torch.uint8).argmax())  # zero would zero a block, < 0 negate it
         index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(scale_inv.shape)))
-        raise ValueError(f"its scale holds a non-positive value ({float(scale_inv.reshape(-1)[flat])}) at block "
-                         f"{index}; a scale must be finite and positive")
+        raise ValueError(
+            f"its scale holds a non-positive value ({float(scale_inv.reshape(-1)[flat])}) at block "
+            f"{index}; a scale must be finite and positive"
+        )
 
 
 def _check_result(out: torch.Tensor) -> torch.Tensor:
     bad = first_non_finite(out)
     if bad is not None:
-        raise ValueError(f"the dequantised weight is not finite ({bad[1]}) at {bad[0]}: weight x scale overflows "
-                         f"{out.dtype}")
+        raise ValueError(
+            f"the dequantised weight is not finite ({bad[1]}) at {bad[0]}: weight x scale overflows {out.dtype}"
+        )
     return out
 
 
 @contextlib.contextmanager
 def _denormals_preserved() -> Iterator[None]:
     """Subnormal fp8 values become float32 subnormals on the way; flush-to-zero would zero them."""
-    flushed = bool((torch.tensor([2.0 ** -140]) * 2.0).item() == 0.0)
+    flushed = bool((torch.tensor([2.0**-140]) * 2.0).item() == 0.0)
     if flushed:
         torch.set_flush_denormal(False)
     try:
@@ -98,8 +103,9 @@ def _denormals_preserved() -> Iterator[None]:
             torch.set_flush_denormal(True)
 
 
-def dequantize_fp8_reference(weight: torch.Tensor, scale_inv: torch.Tensor,
-                             block: tuple[int, int] = DEFAULT_BLOCK) -> torch.Tensor:
+def dequantize_fp8_reference(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK
+) -> torch.Tensor:
     """The naive float32 result: ``W.float() * repeat_interleave(scale)`` (used to verify and as baseline)."""
     _check(weight, scale_inv, block)
     m, n = weight.shape
@@ -134,10 +140,13 @@ class Workspace:
         return self._scratch[:n].view(shape)
 
 
-def dequantize_fp8_blockwise(weight: torch.Tensor, scale_inv: torch.Tensor,
-                             block: tuple[int, int] = DEFAULT_BLOCK,
-                             out_dtype: torch.dtype = torch.bfloat16,
-                             workspace: Workspace | None = None) -> torch.Tensor:
+def dequantize_fp8_blockwise(
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    block: tuple[int, int] = DEFAULT_BLOCK,
+    out_dtype: torch.dtype = torch.bfloat16,
+    workspace: Workspace | None = None,
+) -> torch.Tensor:
     """``round(W * scale_inv)`` over (bm, bn) blocks, equal bit for bit to the reference cast to ``out_dtype``."""
     _check(weight, scale_inv, block)
     m, n = weight.shape
@@ -165,13 +174,13 @@ def dequantize_fp8_blockwise(weight: torch.Tensor, scale_inv: torch.Tensor,
     def convert(r0: int, r1: int) -> None:
         rows = r1 - r0
         b = buf[:rows]
-        b.copy_(raw[r0:r1])                                  # sign-extending int8 -> int32
+        b.copy_(raw[r0:r1])  # sign-extending int8 -> int32
         b.bitwise_left_shift_(20).bitwise_and_(_MASK_SIGN_EXP_MANT)
         f = b.view(torch.float32)
         b0 = r0 // bm
         if rows % bm == 0:
-            f.view(rows // bm, bm, n).mul_(col_scale[b0:b0 + rows // bm, None, :])
-        else:                                                # the ragged last row block
+            f.view(rows // bm, bm, n).mul_(col_scale[b0 : b0 + rows // bm, None, :])
+        else:  # the ragged last row block
             f.mul_(col_scale[b0][None, :])
         out[r0:r1].copy_(f)
 

@@ -5,6 +5,7 @@ by ``bench/bench_convert_memory.py`` on synthetic DeepSeek-V3-shaped checkpoints
 process: interpreter + fixed costs (``PROCESS_RSS``) + the rank's tensors + source pages still mapped
 (at most the remap interval). With ``--workers N`` the parent adds one more ``PROCESS_RSS``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from verl_patches.weights.hf_to_mcore import rank_sizes
 from verl_patches.weights.layout import ParallelLayout, rank_dir_name, stage_layer_counts
 from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES
 
-PROCESS_RSS = 350 * 1024 ** 2   # python, torch, safetensors, meta planning, torch.save: measured 227 + 114 MiB
+PROCESS_RSS = 350 * 1024**2  # python, torch, safetensors, meta planning, torch.save: measured 227 + 114 MiB
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,12 @@ class PlanSummary:
 def summarize_plan(cfg: Mapping[str, Any], layout: ParallelLayout) -> PlanSummary:
     sizes = {rank_dir_name(layout, r): n for r, n in rank_sizes(cfg, layout).items()}
     largest = max(sizes, key=sizes.__getitem__)
-    return PlanSummary(num_ranks=len(sizes), stage_layer_counts=stage_layer_counts(layout, cfg["num_hidden_layers"]),
-                       largest_rank=largest, max_rank_bytes=sizes[largest], min_rank_bytes=min(sizes.values()),
-                       total_bytes=sum(sizes.values()), source_bytes=sum(s.nbytes for s in hf_tensor_specs(cfg)))
+    return PlanSummary(
+        num_ranks=len(sizes),
+        stage_layer_counts=stage_layer_counts(layout, cfg["num_hidden_layers"]),
+        largest_rank=largest,
+        max_rank_bytes=sizes[largest],
+        min_rank_bytes=min(sizes.values()),
+        total_bytes=sum(sizes.values()),
+        source_bytes=sum(s.nbytes for s in hf_tensor_specs(cfg)),
+    )

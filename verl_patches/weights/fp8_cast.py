@@ -9,6 +9,7 @@ skips shards whose file still matches. The index, the config (without ``quantiza
 tokenizer/remote-code files are written last, so a half-finished output is never mistaken for a
 complete checkpoint. Peak memory per worker is about one tensor (the embedding, 1.8 GB for 671B).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,11 +20,22 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from verl_patches.weights.atomic_io import (copy_file_atomically, file_sha256, remove_stale_temps,
-                                            temp_path_for, write_json_atomically)
+from verl_patches.weights.atomic_io import (
+    copy_file_atomically,
+    file_sha256,
+    remove_stale_temps,
+    temp_path_for,
+    write_json_atomically,
+)
 from verl_patches.weights.config import CONFIG_FILE, read_config_json
-from verl_patches.weights.dequant import (DEFAULT_BLOCK, FP8_DTYPES, Workspace, dequantize_fp8_blockwise,
-                                          first_non_finite, scale_grid_shape)
+from verl_patches.weights.dequant import (
+    DEFAULT_BLOCK,
+    FP8_DTYPES,
+    Workspace,
+    dequantize_fp8_blockwise,
+    first_non_finite,
+    scale_grid_shape,
+)
 from verl_patches.weights.errors import CheckpointError, ConfigError, MissingTensorError, ResumeError
 from verl_patches.weights.hf_dir import FP8_CAST_MANIFEST, carried_over_files
 from verl_patches.weights.parallel import run_tasks
@@ -35,7 +47,9 @@ from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 SCALE_SUFFIX = "_scale_inv"
 MANIFEST_FILE = FP8_CAST_MANIFEST
 # other 8-bit float formats: copied as they are they would reach training as FP8, so they are refused by name
-_OTHER_FP8 = tuple(getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
+_OTHER_FP8 = tuple(
+    getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)
+)
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -43,6 +57,7 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 @dataclass(frozen=True)
 class CastItem:
     """One output tensor: its source, output dtype/shape, and where its scale lives (FP8 only)."""
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -72,9 +87,14 @@ def block_size_from_config(cfg: Mapping[str, Any], where: str = CONFIG_FILE) -> 
     if not q:
         return DEFAULT_BLOCK
     blk = q.get("weight_block_size", list(DEFAULT_BLOCK))
-    if (not isinstance(blk, list) or len(blk) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in blk)):
-        raise ConfigError(f"{where}: key 'quantization_config.weight_block_size' must be two positive integers, got {blk!r}")
+    if (
+        not isinstance(blk, list)
+        or len(blk) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in blk)
+    ):
+        raise ConfigError(
+            f"{where}: key 'quantization_config.weight_block_size' must be two positive integers, got {blk!r}"
+        )
     return (blk[0], blk[1])
 
 
@@ -82,8 +102,12 @@ def _nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
     return TensorSpec("", dtype, tuple(shape)).nbytes
 
 
-def plan_fp8_cast(index: CheckpointIndex, headers: Mapping[str, Mapping[str, tuple[torch.dtype, tuple[int, ...]]]],
-                  block: tuple[int, int] = DEFAULT_BLOCK, keep_layers_below: int | None = None) -> list[ShardTask]:
+def plan_fp8_cast(
+    index: CheckpointIndex,
+    headers: Mapping[str, Mapping[str, tuple[torch.dtype, tuple[int, ...]]]],
+    block: tuple[int, int] = DEFAULT_BLOCK,
+    keep_layers_below: int | None = None,
+) -> list[ShardTask]:
     """Per input shard, the tensors to write and the scale of each FP8 one. Raises on any inconsistency.
 
     ``keep_layers_below`` drops ``model.layers.N.*`` with ``N >=`` it (the MTP layer of DeepSeek-V3).
@@ -109,21 +133,31 @@ def plan_fp8_cast(index: CheckpointIndex, headers: Mapping[str, Mapping[str, tup
             if keep_layers_below is not None and m and int(m.group(1)) >= keep_layers_below:
                 continue
             if dtype in _OTHER_FP8:
-                raise CheckpointError(f"{index.root / fname}: tensor {name!r} is {dtype}; this tool converts "
-                                      f"DeepSeek-V3's block-quantised float8_e4m3fn weights only")
+                raise CheckpointError(
+                    f"{index.root / fname}: tensor {name!r} is {dtype}; this tool converts "
+                    f"DeepSeek-V3's block-quantised float8_e4m3fn weights only"
+                )
             if dtype in FP8_DTYPES:
                 sname = name + SCALE_SUFFIX
                 if sname not in index.weight_map:
-                    raise MissingTensorError(f"{index.root / fname}: FP8 tensor {name!r} has no {sname!r} in the checkpoint")
+                    raise MissingTensorError(
+                        f"{index.root / fname}: FP8 tensor {name!r} has no {sname!r} in the checkpoint"
+                    )
                 if len(shape) != 2:
-                    raise CheckpointError(f"{index.root / fname}: FP8 tensor {name!r} has shape {shape}; only 2-D weights are block-quantised")
+                    raise CheckpointError(
+                        f"{index.root / fname}: FP8 tensor {name!r} has shape {shape}; only 2-D weights are block-quantised"
+                    )
                 if not info[sname][0].is_floating_point or info[sname][0] in FP8_DTYPES + _OTHER_FP8:
-                    raise CheckpointError(f"{index.root / index.weight_map[sname]}: scale {sname!r} is "
-                                          f"{info[sname][0]}; expected a float32 (or float16/bfloat16) scale")
+                    raise CheckpointError(
+                        f"{index.root / index.weight_map[sname]}: scale {sname!r} is "
+                        f"{info[sname][0]}; expected a float32 (or float16/bfloat16) scale"
+                    )
                 want = scale_grid_shape(shape, block)
                 if tuple(info[sname][1]) != want:
-                    raise CheckpointError(f"{index.root / index.weight_map[sname]}: scale {sname!r} has shape "
-                                          f"{info[sname][1]}, expected {want} for {name!r} {shape} with block {block}")
+                    raise CheckpointError(
+                        f"{index.root / index.weight_map[sname]}: scale {sname!r} has shape "
+                        f"{info[sname][1]}, expected {want} for {name!r} {shape} with block {block}"
+                    )
                 scales_used.add(sname)
                 items.append(CastItem(name, torch.bfloat16, tuple(shape), sname, index.weight_map[sname]))
             else:
@@ -158,8 +192,9 @@ def cast_shard(job: tuple[str, str, ShardTask, tuple[int, int]]) -> dict[str, An
         if it.scale_name is None:
             bad = first_non_finite(t)  # copied as is, so a NaN or inf here would reach training unnoticed
             if bad is not None:
-                raise CheckpointError(f"{Path(in_root) / task.file}: tensor {it.name!r} holds a non-finite value "
-                                      f"({bad[1]}) at {bad[0]}")
+                raise CheckpointError(
+                    f"{Path(in_root) / task.file}: tensor {it.name!r} holds a non-finite value ({bad[1]}) at {bad[0]}"
+                )
             return t
         try:
             return dequantize_fp8_blockwise(t, src.get(it.scale_name), block, workspace=workspace)
@@ -176,13 +211,23 @@ def cast_shard(job: tuple[str, str, ShardTask, tuple[int, int]]) -> dict[str, An
         raise
     finally:
         src.close()
-    return {"file": task.file, "size": size, "sha256": sha, "tensors": len(specs),
-            "dequantized": sum(1 for it in task.items if it.scale_name)}
+    return {
+        "file": task.file,
+        "size": size,
+        "sha256": sha,
+        "tensors": len(specs),
+        "dequantized": sum(1 for it in task.items if it.scale_name),
+    }
 
 
 def _manifest_key(index: CheckpointIndex, block: tuple[int, int], keep_layers_below: int | None) -> dict[str, Any]:
-    return {"tool": "verl_patches.weights.fp8_cast", "version": 1, "source": index.fingerprint(),
-            "block": list(block), "keep_layers_below": keep_layers_below}
+    return {
+        "tool": "verl_patches.weights.fp8_cast",
+        "version": 1,
+        "source": index.fingerprint(),
+        "block": list(block),
+        "keep_layers_below": keep_layers_below,
+    }
 
 
 def _shard_is_done(out: Path, fname: str, entry: Mapping[str, Any] | None) -> bool:
@@ -192,8 +237,15 @@ def _shard_is_done(out: Path, fname: str, entry: Mapping[str, Any] | None) -> bo
     return file_sha256(path) == entry.get("sha256")
 
 
-def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int = 1, drop_mtp: bool = False,
-                 overwrite: bool = False, progress: bool = True) -> CastReport:
+def run_fp8_cast(
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    workers: int = 1,
+    drop_mtp: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> CastReport:
     """Convert ``input_dir`` (FP8 HF checkpoint) into ``output_dir`` (BF16). See the module docstring."""
     inp, out = Path(input_dir), Path(output_dir)
     if inp.resolve() == out.resolve():
@@ -227,7 +279,9 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
     write_json_atomically(out / MANIFEST_FILE, manifest)
 
     report = CastReport(shards_total=len(tasks))
-    report.tensors_dropped = sum(1 for n in index.weight_map if not n.endswith(SCALE_SUFFIX)) - sum(len(t.items) for t in tasks)
+    report.tensors_dropped = sum(1 for n in index.weight_map if not n.endswith(SCALE_SUFFIX)) - sum(
+        len(t.items) for t in tasks
+    )
     todo = []
     for t in tasks:
         if _shard_is_done(out, t.file, manifest["shards"].get(t.file)):
@@ -246,8 +300,15 @@ def run_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int 
         (out / INDEX_FILE).unlink(missing_ok=True)
         (out / CONFIG_FILE).unlink(missing_ok=True)
     jobs = [(str(inp), str(out), t, block) for t in todo]
-    run_tasks(cast_shard, jobs, [t.in_bytes for t in todo], workers=workers, on_result=record,
-              desc="fp8->bf16", progress=progress)
+    run_tasks(
+        cast_shard,
+        jobs,
+        [t.in_bytes for t in todo],
+        workers=workers,
+        on_result=record,
+        desc="fp8->bf16",
+        progress=progress,
+    )
 
     weight_map = {it.name: t.file for t in tasks for it in t.items}
     total = sum(TensorSpec(it.name, it.dtype, it.shape).nbytes for t in tasks for it in t.items)

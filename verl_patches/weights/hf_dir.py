@@ -1,4 +1,5 @@
 """File names of an HF model directory and of our conversion manifests, and which files are carried over."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ def carried_over_files(src_dir: Path) -> list[Path]:
         if p.name.startswith(".") or p.name.endswith(".safetensors") or p.name in _NOT_CARRIED:
             continue
         if p.is_symlink() and not _link_allowed(src_dir, p):
-            raise CheckpointError(f"{p}: a symlink to {os.readlink(p)!r}, outside the model folder; copy the file "
-                                  f"itself into {src_dir} or remove the link")
+            raise CheckpointError(
+                f"{p}: a symlink to {os.readlink(p)!r}, outside the model folder; copy the file "
+                f"itself into {src_dir} or remove the link"
+            )
         if p.is_file():
             out.append(p)
     return out
@@ -55,7 +58,7 @@ def auto_map_modules(cfg: Mapping[str, Any]) -> set[str]:
     ``configuration_deepseek.py``); ``repo--module.Class`` references to other repos are ignored."""
     mods = set()
     for ref in (cfg.get("auto_map") or {}).values():
-        for r in (ref if isinstance(ref, list) else [ref]):
+        for r in ref if isinstance(ref, list) else [ref]:
             if isinstance(r, str) and "--" not in r and "." in r:
                 mods.add(r.rsplit(".", 1)[0] + ".py")
     return mods

@@ -3,6 +3,7 @@
 Used to check a checkpoint before converting it, to plan output shards, to estimate the memory and disk a
 conversion needs without reading any weight, and to generate synthetic checkpoints.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,10 @@ import torch
 from verl_patches.weights.st_writer import TensorSpec
 
 # Linear weights that DeepSeek-V3 ships as block-quantised FP8 (the router, norms, embedding and head are not).
-_FP8_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
-                     r"|mlp\.(shared_experts\.|experts\.\d+\.)?(gate_proj|up_proj|down_proj))\.weight$")
+_FP8_RE = re.compile(
+    r"^model\.layers\.\d+\.(self_attn\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+    r"|mlp\.(shared_experts\.|experts\.\d+\.)?(gate_proj|up_proj|down_proj))\.weight$"
+)
 
 
 def is_fp8_quantized(name: str) -> bool:
@@ -67,9 +70,14 @@ def hf_mtp_extra_shapes(cfg: Mapping[str, Any], layer: int) -> dict[str, tuple[i
     """The tensors an MTP layer has on top of a decoder layer (DeepSeek-V3's layer 61)."""
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     p = f"model.layers.{layer}."
-    return {p + "embed_tokens.weight": (vocab, h), p + "enorm.weight": (h,), p + "hnorm.weight": (h,),
-            p + "eh_proj.weight": (h, 2 * h), p + "shared_head.norm.weight": (h,),
-            p + "shared_head.head.weight": (vocab, h)}
+    return {
+        p + "embed_tokens.weight": (vocab, h),
+        p + "enorm.weight": (h,),
+        p + "hnorm.weight": (h,),
+        p + "eh_proj.weight": (h, 2 * h),
+        p + "shared_head.norm.weight": (h,),
+        p + "shared_head.head.weight": (vocab, h),
+    }
 
 
 def hf_dtype(name: str, dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
@@ -77,8 +85,9 @@ def hf_dtype(name: str, dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
     return torch.float32 if name.endswith("e_score_correction_bias") else dtype
 
 
-def hf_tensor_specs(cfg: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16,
-                    num_mtp_layers: int = 0) -> list[TensorSpec]:
+def hf_tensor_specs(
+    cfg: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16, num_mtp_layers: int = 0
+) -> list[TensorSpec]:
     """Every tensor of the checkpoint in a stable order: embedding, layers, MTP layers, norm, head."""
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab_size"], cfg["hidden_size"])}
     n = cfg["num_hidden_layers"]

@@ -11,6 +11,7 @@ rank's share (for 671B at TP4/PP8/EP8 with TP-extend-EP: ~6 GB) instead of the w
 that still match, and the iteration tracker is written last, so a half-converted directory never looks
 loadable. The manifest also records the layout and the HF config, which the reverse conversion reads.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,15 +22,29 @@ from typing import Any, Mapping
 import torch
 
 from verl_patches.weights import tensor_layout as tl
-from verl_patches.weights.atomic_io import (file_sha256, remove_stale_temps, temp_path_for, write_json_atomically,
-                                            write_text_atomically)
+from verl_patches.weights.atomic_io import (
+    file_sha256,
+    remove_stale_temps,
+    temp_path_for,
+    write_json_atomically,
+    write_text_atomically,
+)
 from verl_patches.weights.config import load_config
 from verl_patches.weights.errors import CheckpointError, MissingTensorError
 from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.hf_dir import HF_TO_MCORE_MANIFEST
 from verl_patches.weights.hf_schema import hf_tensor_specs, is_moe_layer
-from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, expert_slice_index, expert_tp,
-                                         local_experts, rank_dir_name, stage_layers, validate_layout)
+from verl_patches.weights.layout import (
+    ParallelLayout,
+    Rank,
+    all_ranks,
+    expert_slice_index,
+    expert_tp,
+    local_experts,
+    rank_dir_name,
+    stage_layers,
+    validate_layout,
+)
 from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, HF_LAYER, MCORE_LAYER, NameRule, layer_rules
 from verl_patches.weights.parallel import run_tasks
 from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES, CheckpointIndex, LazyCheckpoint, read_header
@@ -78,8 +93,9 @@ def owned(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def build_rank_state_dict(src: TensorSource, cfg: Mapping[str, Any], layout: ParallelLayout,
-                          rank: Rank) -> dict[str, torch.Tensor]:
+def build_rank_state_dict(
+    src: TensorSource, cfg: Mapping[str, Any], layout: ParallelLayout, rank: Rank
+) -> dict[str, torch.Tensor]:
     """The ``model`` state dict of one checkpoint rank, in Megatron's parameter order."""
     sd: dict[str, torch.Tensor] = {}
     n_layers = cfg["num_hidden_layers"]
@@ -117,8 +133,9 @@ def meta_source(cfg: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16) -> 
     return MetaSource({s.name: s.shape for s in specs}, {s.name: s.dtype for s in specs})
 
 
-def plan_rank_shapes(cfg: Mapping[str, Any], layout: ParallelLayout, rank: Rank,
-                     meta: MetaSource | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def plan_rank_shapes(
+    cfg: Mapping[str, Any], layout: ParallelLayout, rank: Rank, meta: MetaSource | None = None
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """``{key: (shape, dtype)}`` of a rank, computed from the config alone (meta tensors)."""
     meta = meta or meta_source(cfg)
     return {k: (tuple(v.shape), v.dtype) for k, v in build_rank_state_dict(meta, cfg, layout, rank).items()}
@@ -127,17 +144,26 @@ def plan_rank_shapes(cfg: Mapping[str, Any], layout: ParallelLayout, rank: Rank,
 def rank_sizes(cfg: Mapping[str, Any], layout: ParallelLayout) -> dict[Rank, int]:
     """Bytes of every rank's state dict."""
     meta = meta_source(cfg)
-    return {r: sum(torch.Size(s).numel() * torch.empty((), dtype=d).element_size()
-                   for s, d in plan_rank_shapes(cfg, layout, r, meta).values())
-            for r in all_ranks(layout)}
+    return {
+        r: sum(
+            torch.Size(s).numel() * torch.empty((), dtype=d).element_size()
+            for s, d in plan_rank_shapes(cfg, layout, r, meta).values()
+        )
+        for r in all_ranks(layout)
+    }
 
 
 def unconverted_hint(name: str, cfg: Mapping[str, Any]) -> str:
     parts = name.split(".")
     if name.endswith("_scale_inv"):
         return "an FP8 scale: convert the checkpoint with fp8_cast_bf16.py first"
-    if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isascii() and parts[2].isdigit() \
-            and int(parts[2]) >= cfg["num_hidden_layers"]:
+    if (
+        len(parts) > 2
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isascii()
+        and parts[2].isdigit()
+        and int(parts[2]) >= cfg["num_hidden_layers"]
+    ):
         return "a layer beyond num_hidden_layers (the MTP layer): convert with fp8_cast_bf16.py --drop-mtp"
     return "the converter has no Megatron place for it and would drop it"
 
@@ -153,27 +179,39 @@ def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tu
             found[name] = headers[fname][name]
     for spec in hf_tensor_specs(cfg):
         if spec.name not in index.weight_map:
-            raise MissingTensorError(f"{index.root}: tensor {spec.name!r} required by config.json is not in the checkpoint")
+            raise MissingTensorError(
+                f"{index.root}: tensor {spec.name!r} required by config.json is not in the checkpoint"
+            )
         if spec.name not in found:
-            raise MissingTensorError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} listed in the index "
-                                     f"is not in this shard")
+            raise MissingTensorError(
+                f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} listed in the index "
+                f"is not in this shard"
+            )
         dtype, shape = found[spec.name]
         if tuple(shape) != spec.shape:
-            raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} has shape "
-                                  f"{tuple(shape)}, config.json implies {spec.shape}")
+            raise CheckpointError(
+                f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} has shape "
+                f"{tuple(shape)}, config.json implies {spec.shape}"
+            )
         if dtype in (torch.float8_e4m3fn,):
-            raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is FP8; "
-                                  f"convert the checkpoint with fp8_cast_bf16.py first")
+            raise CheckpointError(
+                f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is FP8; "
+                f"convert the checkpoint with fp8_cast_bf16.py first"
+            )
         if not dtype.is_floating_point or dtype.itemsize < 2:
-            raise CheckpointError(f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is {dtype}; "
-                                  f"a DeepSeek-V3 weight is bfloat16, float16 or float32")
+            raise CheckpointError(
+                f"{index.root / index.weight_map[spec.name]}: tensor {spec.name!r} is {dtype}; "
+                f"a DeepSeek-V3 weight is bfloat16, float16 or float32"
+            )
     schema = {s.name for s in hf_tensor_specs(cfg)}
     unknown = sorted(n for n in index.weight_map if n not in schema)
     if unknown:
         first = unknown[0]
-        raise CheckpointError(f"{index.root / index.weight_map[first]}: tensor {first!r} is not part of the "
-                              f"DeepSeek-V3 model config.json describes ({unconverted_hint(first, cfg)}); "
-                              f"{len(unknown)} such tensor(s)")
+        raise CheckpointError(
+            f"{index.root / index.weight_map[first]}: tensor {first!r} is not part of the "
+            f"DeepSeek-V3 model config.json describes ({unconverted_hint(first, cfg)}); "
+            f"{len(unknown)} such tensor(s)"
+        )
     return found
 
 
@@ -186,8 +224,14 @@ class ConvertReport:
 
 
 def _manifest_key(index: CheckpointIndex, cfg: Mapping[str, Any], layout: ParallelLayout) -> dict[str, Any]:
-    return {"tool": "verl_patches.weights.hf_to_mcore", "version": 1, "source": index.fingerprint(),
-            "layout": layout.to_json(), "iteration": ITERATION, "hf_config": dict(cfg)}
+    return {
+        "tool": "verl_patches.weights.hf_to_mcore",
+        "version": 1,
+        "source": index.fingerprint(),
+        "layout": layout.to_json(),
+        "iteration": ITERATION,
+        "hf_config": dict(cfg),
+    }
 
 
 def load_manifest(save_dir: Path) -> dict[str, Any] | None:
@@ -211,8 +255,10 @@ def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]
     for key, t in sd.items():  # a NaN or inf weight is never copied bit for bit into a rank file
         bad = first_non_finite(t)
         if bad is not None:
-            raise CheckpointError(f"{load_dir}: the weights for {key!r} (rank {rank_dir_name(layout, rank)}) hold a "
-                                  f"non-finite value ({bad[1]}) at {bad[0]}; refused")
+            raise CheckpointError(
+                f"{load_dir}: the weights for {key!r} (rank {rank_dir_name(layout, rank)}) hold a "
+                f"non-finite value ({bad[1]}) at {bad[0]}; refused"
+            )
     target = rank_file(Path(save_dir), layout, rank)
     tmp = temp_path_for(target)
     try:
@@ -226,10 +272,18 @@ def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]
     return {"rank": rank_dir_name(layout, rank), "size": size, "sha256": sha}
 
 
-def convert_hf_to_mcore(load_dir: str | Path, save_dir: str | Path, layout: ParallelLayout, *,
-                        num_layers: int | None = None, first_k_dense_replace: int | None = None,
-                        overwrite: bool = False, workers: int = 1, progress: bool = True,
-                        remap_bytes: int = DEFAULT_REMAP_BYTES) -> ConvertReport:
+def convert_hf_to_mcore(
+    load_dir: str | Path,
+    save_dir: str | Path,
+    layout: ParallelLayout,
+    *,
+    num_layers: int | None = None,
+    first_k_dense_replace: int | None = None,
+    overwrite: bool = False,
+    workers: int = 1,
+    progress: bool = True,
+    remap_bytes: int = DEFAULT_REMAP_BYTES,
+) -> ConvertReport:
     """Convert; every flag and the source are checked before the first rank is written."""
     load, save = Path(load_dir), Path(save_dir)
     cfg = load_config(load)
@@ -244,8 +298,14 @@ def convert_hf_to_mcore(load_dir: str | Path, save_dir: str | Path, layout: Para
     (save / TRACKER_FILE).unlink(missing_ok=True)  # not loadable until every rank is in place
     # only the rank files our earlier manifest lists: those of an earlier, different layout would be loaded
     # by nobody; nothing else in the folder is ours to delete
-    remove_listed(save, plan.previous, "ranks", keep={rank_dir_name(layout, r) for r in all_ranks(layout)},
-                  item_path=_rank_file_of, keep_files={TRACKER_FILE})
+    remove_listed(
+        save,
+        plan.previous,
+        "ranks",
+        keep={rank_dir_name(layout, r) for r in all_ranks(layout)},
+        item_path=_rank_file_of,
+        keep_files={TRACKER_FILE},
+    )
     manifest["complete"] = False
     manifest["files"] = [TRACKER_FILE]
     write_json_atomically(save / MANIFEST_FILE, manifest)
@@ -271,13 +331,18 @@ def convert_hf_to_mcore(load_dir: str | Path, save_dir: str | Path, layout: Para
 
     jobs = [(str(load), str(save), cfg, layout.to_json(), r, remap_bytes) for r in todo]
     sizes = rank_sizes(cfg, layout)
-    run_tasks(_convert_rank, jobs, [sizes[r] for r in todo], workers=workers,
-              on_result=record, desc="hf->mcore", progress=progress)
+    run_tasks(
+        _convert_rank,
+        jobs,
+        [sizes[r] for r in todo],
+        workers=workers,
+        on_result=record,
+        desc="hf->mcore",
+        progress=progress,
+    )
 
     report.out_bytes = sum(e["size"] for e in manifest["ranks"].values())
     manifest["complete"] = True
     write_json_atomically(save / MANIFEST_FILE, manifest)
     write_text_atomically(save / TRACKER_FILE, str(ITERATION))
     return report
-
-

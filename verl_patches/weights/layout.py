@@ -10,6 +10,7 @@ rank holds a 1/TP slice of each expert's FFN dimension. With ``moe_tp_extend_ep`
 over EP x TP buckets instead (bucket ``ep*TP + tp`` holds ``E/(EP*TP)`` whole experts; expert TP = 1).
 Everything that is not a routed expert is replicated over EP.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -35,9 +36,14 @@ class ParallelLayout:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ParallelLayout":
         nll = d.get("num_layer_list")
-        return cls(tp=int(d["tp"]), pp=int(d["pp"]), ep=int(d["ep"]),
-                   num_layer_list=tuple(int(x) for x in nll) if nll else None,
-                   moe_grouped_gemm=bool(d["moe_grouped_gemm"]), moe_tp_extend_ep=bool(d["moe_tp_extend_ep"]))
+        return cls(
+            tp=int(d["tp"]),
+            pp=int(d["pp"]),
+            ep=int(d["ep"]),
+            num_layer_list=tuple(int(x) for x in nll) if nll else None,
+            moe_grouped_gemm=bool(d["moe_grouped_gemm"]),
+            moe_tp_extend_ep=bool(d["moe_tp_extend_ep"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -65,43 +71,73 @@ def _need(cond: bool, msg: str) -> None:
         raise LayoutError(msg)
 
 
-def validate_layout(layout: ParallelLayout, cfg: Mapping[str, Any], num_layers: int | None = None,
-                    first_k_dense_replace: int | None = None) -> None:
+def validate_layout(
+    layout: ParallelLayout,
+    cfg: Mapping[str, Any],
+    num_layers: int | None = None,
+    first_k_dense_replace: int | None = None,
+) -> None:
     """Check the flags against each other and the model config before any work; errors name the flag."""
-    for flag, v in (("--target-tensor-parallel-size", layout.tp), ("--target-pipeline-parallel-size", layout.pp),
-                    ("--target-expert-parallel-size", layout.ep)):
+    for flag, v in (
+        ("--target-tensor-parallel-size", layout.tp),
+        ("--target-pipeline-parallel-size", layout.pp),
+        ("--target-expert-parallel-size", layout.ep),
+    ):
         _need(isinstance(v, int) and v >= 1, f"{flag} must be a positive integer, got {v!r}")
     n = cfg["num_hidden_layers"]
     if num_layers is not None:
         _need(num_layers == n, f"--num-layers {num_layers} differs from num_hidden_layers={n} in config.json")
     fk = cfg["first_k_dense_replace"]
     if first_k_dense_replace is not None:
-        _need(first_k_dense_replace == fk,
-              f"--first-k-dense-replace {first_k_dense_replace} differs from first_k_dense_replace={fk} in config.json")
+        _need(
+            first_k_dense_replace == fk,
+            f"--first-k-dense-replace {first_k_dense_replace} differs from first_k_dense_replace={fk} in config.json",
+        )
     if layout.num_layer_list is not None:
         lst = layout.num_layer_list
-        _need(len(lst) == layout.pp, f"--num-layer-list has {len(lst)} entries but --target-pipeline-parallel-size is {layout.pp}")
-        _need(all(x >= 1 for x in lst), f"--num-layer-list {','.join(map(str, lst))}: every stage needs at least one layer")
+        _need(
+            len(lst) == layout.pp,
+            f"--num-layer-list has {len(lst)} entries but --target-pipeline-parallel-size is {layout.pp}",
+        )
+        _need(
+            all(x >= 1 for x in lst),
+            f"--num-layer-list {','.join(map(str, lst))}: every stage needs at least one layer",
+        )
         _need(sum(lst) == n, f"--num-layer-list {','.join(map(str, lst))} sums to {sum(lst)}, not num_layers={n}")
     else:
-        _need(n % layout.pp == 0, f"num_layers={n} is not divisible by --target-pipeline-parallel-size {layout.pp}; "
-                                  f"give --num-layer-list")
+        _need(
+            n % layout.pp == 0,
+            f"num_layers={n} is not divisible by --target-pipeline-parallel-size {layout.pp}; give --num-layer-list",
+        )
     tp = layout.tp
     for key in ("num_attention_heads", "vocab_size", "intermediate_size"):
-        _need(cfg[key] % tp == 0, f"{key}={cfg[key]} in config.json is not divisible by --target-tensor-parallel-size {tp}")
+        _need(
+            cfg[key] % tp == 0,
+            f"{key}={cfg[key]} in config.json is not divisible by --target-tensor-parallel-size {tp}",
+        )
     shared = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
-    _need(shared % tp == 0, f"moe_intermediate_size*n_shared_experts={shared} is not divisible by --target-tensor-parallel-size {tp}")
+    _need(
+        shared % tp == 0,
+        f"moe_intermediate_size*n_shared_experts={shared} is not divisible by --target-tensor-parallel-size {tp}",
+    )
     e = cfg["n_routed_experts"]
     if layout.moe_tp_extend_ep:
-        _need(layout.moe_grouped_gemm, "--moe-tp-extend-ep needs --moe-grouped-gemm (MindSpeed-LLM's per-expert "
-                                       "layout does not support it)")
-        _need(e % (layout.ep * tp) == 0, f"n_routed_experts={e} is not divisible by EP*TP={layout.ep * tp} "
-                                         f"(--moe-tp-extend-ep splits experts over EP x TP)")
+        _need(
+            layout.moe_grouped_gemm,
+            "--moe-tp-extend-ep needs --moe-grouped-gemm (MindSpeed-LLM's per-expert layout does not support it)",
+        )
+        _need(
+            e % (layout.ep * tp) == 0,
+            f"n_routed_experts={e} is not divisible by EP*TP={layout.ep * tp} "
+            f"(--moe-tp-extend-ep splits experts over EP x TP)",
+        )
     else:
         _need(e % layout.ep == 0, f"n_routed_experts={e} is not divisible by --target-expert-parallel-size {layout.ep}")
-        _need(cfg["moe_intermediate_size"] % tp == 0,
-              f"moe_intermediate_size={cfg['moe_intermediate_size']} is not divisible by --target-tensor-parallel-size {tp} "
-              f"(experts are TP-sliced without --moe-tp-extend-ep)")
+        _need(
+            cfg["moe_intermediate_size"] % tp == 0,
+            f"moe_intermediate_size={cfg['moe_intermediate_size']} is not divisible by --target-tensor-parallel-size {tp} "
+            f"(experts are TP-sliced without --moe-tp-extend-ep)",
+        )
     _need(isinstance(cfg.get("q_lora_rank"), int), "config.json: key 'q_lora_rank' must be set (MLA with a q LoRA)")
 
 

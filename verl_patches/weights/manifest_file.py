@@ -8,6 +8,7 @@ type and range; a name it lists must be a plain name of the kind the tool writes
 a deletion or a read outside its folder. Every refusal is one line naming the file and the key.
 Pure standard library (the preflight reads manifests without importing torch).
 """
+
 from __future__ import annotations
 
 import json
@@ -96,21 +97,28 @@ def parse_layout(value: object, path: Path, key: str = "layout") -> ParallelLayo
         raise _key(path, key, f"TP x PP x EP = {sizes['tp'] * sizes['pp'] * sizes['ep']} ranks, more than {MAX_RANKS}")
     nll = value.get("num_layer_list")
     if nll is not None:
-        if (not isinstance(nll, list) or len(nll) != sizes["pp"]
-                or not all(_is_int(x) and 1 <= x <= MAX_RANKS for x in nll)):
-            raise _key(path, f"{key}.num_layer_list", f"expected null or {sizes['pp']} positive integers, got {_shown(nll)}")
+        if (
+            not isinstance(nll, list)
+            or len(nll) != sizes["pp"]
+            or not all(_is_int(x) and 1 <= x <= MAX_RANKS for x in nll)
+        ):
+            raise _key(
+                path, f"{key}.num_layer_list", f"expected null or {sizes['pp']} positive integers, got {_shown(nll)}"
+            )
     flags = {}
     for k in ("moe_grouped_gemm", "moe_tp_extend_ep"):
         v = value.get(k, False)
         if not isinstance(v, bool):
             raise _key(path, f"{key}.{k}", f"expected true or false, got {_shown(v)}")
         flags[k] = v
-    return ParallelLayout(tp=sizes["tp"], pp=sizes["pp"], ep=sizes["ep"],
-                          num_layer_list=tuple(nll) if nll else None, **flags)
+    return ParallelLayout(
+        tp=sizes["tp"], pp=sizes["pp"], ep=sizes["ep"], num_layer_list=tuple(nll) if nll else None, **flags
+    )
 
 
-def parse_file_entries(man: Mapping[str, Any], key: str, path: Path,
-                       name_ok: Callable[[object], bool], what: str) -> dict[str, dict[str, Any]]:
+def parse_file_entries(
+    man: Mapping[str, Any], key: str, path: Path, name_ok: Callable[[object], bool], what: str
+) -> dict[str, dict[str, Any]]:
     """``man[key]``: ``{name: {"size": int, "sha256": hex, ...}}`` with every name a plain ``what`` name."""
     table = man.get(key, {})
     if not isinstance(table, dict):
@@ -118,8 +126,11 @@ def parse_file_entries(man: Mapping[str, Any], key: str, path: Path,
     out = {}
     for name, entry in table.items():
         if not name_ok(name):
-            raise _key(path, f"{key}.{name[:60]}", f"not a {what} name this tool writes (a manifest cannot name a "
-                                                   f"file outside its folder)")
+            raise _key(
+                path,
+                f"{key}.{name[:60]}",
+                f"not a {what} name this tool writes (a manifest cannot name a file outside its folder)",
+            )
         if not isinstance(entry, dict):
             raise _key(path, f"{key}.{name}", f"expected an object, got {_shown(entry)}")
         size, sha = entry.get("size"), entry.get("sha256")
@@ -168,7 +179,9 @@ def parse_conversion_manifest(obj: Mapping[str, Any], path: Path) -> ConversionM
     return ConversionManifest(path, tool, layout, cfg, complete, ranks, dict(obj))
 
 
-def read_conversion_manifest(folder: str | Path, file_name: str = "conversion_manifest.json") -> ConversionManifest | None:
+def read_conversion_manifest(
+    folder: str | Path, file_name: str = "conversion_manifest.json"
+) -> ConversionManifest | None:
     """The folder's conversion manifest, strictly parsed; None when there is none."""
     path = Path(folder) / file_name
     obj = read_manifest_json(path)

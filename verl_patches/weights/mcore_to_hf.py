@@ -9,6 +9,7 @@ are unmapped after every output shard. Output shards are planned from the config
 ``max_shard_bytes`` each), written under temporary names and renamed; a manifest makes the export
 resumable; index, config and tokenizer files come last.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,28 +21,51 @@ from typing import Any, Callable, Mapping
 import torch
 
 from verl_patches.weights import tensor_layout as tl
-from verl_patches.weights.atomic_io import (copy_file_atomically, file_sha256, remove_stale_temps, temp_path_for,
-                                            write_json_atomically)
+from verl_patches.weights.atomic_io import (
+    copy_file_atomically,
+    file_sha256,
+    remove_stale_temps,
+    temp_path_for,
+    write_json_atomically,
+)
 from verl_patches.weights.config import CONFIG_FILE, validate_config
 from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
-from verl_patches.weights.hf_to_mcore import (CKPT_FILE, ITERATION, MANIFEST_FILE as MCORE_MANIFEST, TRACKER_FILE,
-                                              iteration_dir, meta_source, plan_rank_shapes)
-from verl_patches.weights.layout import (ParallelLayout, Rank, all_ranks, local_experts, owners_of_expert,
-                                         rank_dir_name, stage_layers, validate_layout)
-from verl_patches.weights.names import (GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_name, layer_rule_for,
-                                        split_layer_name)
+from verl_patches.weights.hf_to_mcore import (
+    CKPT_FILE,
+    ITERATION,
+    MANIFEST_FILE as MCORE_MANIFEST,
+    TRACKER_FILE,
+    iteration_dir,
+    meta_source,
+    plan_rank_shapes,
+)
+from verl_patches.weights.layout import (
+    ParallelLayout,
+    Rank,
+    all_ranks,
+    local_experts,
+    owners_of_expert,
+    rank_dir_name,
+    stage_layers,
+    validate_layout,
+)
+from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_name, layer_rule_for, split_layer_name
 from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.manifest_file import (ACTOR_CHECKPOINT_TOOL, CONVERTER_TOOL, is_shard_file_name,
-                                                read_conversion_manifest)
+from verl_patches.weights.manifest_file import (
+    ACTOR_CHECKPOINT_TOOL,
+    CONVERTER_TOOL,
+    is_shard_file_name,
+    read_conversion_manifest,
+)
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
-DEFAULT_SHARD_BYTES = 5 * 1024 ** 3
+DEFAULT_SHARD_BYTES = 5 * 1024**3
 
 Fetch = Callable[[Rank, str], torch.Tensor]
 
@@ -98,11 +122,15 @@ def recorded_rank_digests(mcore_dir: Path, iteration: int | str) -> dict[str, st
         try:
             files = read_manifest(mcore_dir.parent).role_files(mcore_dir.name)
         except CheckpointIncomplete as err:
-            raise CheckpointError(f"{mcore_dir}: an actor checkpoint whose step manifest cannot be read ({err})") \
-                from None
+            raise CheckpointError(
+                f"{mcore_dir}: an actor checkpoint whose step manifest cannot be read ({err})"
+            ) from None
         prefix, suffix = iteration_dir(iteration) + "/", "/" + CKPT_FILE
-        return {rel[len(prefix):-len(suffix)]: rec.sha256 for rel, rec in files.items()
-                if rel.startswith(prefix) and rel.endswith(suffix)}
+        return {
+            rel[len(prefix) : -len(suffix)]: rec.sha256
+            for rel, rec in files.items()
+            if rel.startswith(prefix) and rel.endswith(suffix)
+        }
     return None
 
 
@@ -112,8 +140,10 @@ def expected_rank_digest(digests: Mapping[str, str] | None, name: str, path: Pat
     if digests is None:
         return None
     if name not in digests:
-        raise CheckpointError(f"{path}: rank folder {name!r} has no recorded digest (not listed in {MCORE_MANIFEST} "
-                              "or the step's checkpoint.json: added afterwards?); refused unread")
+        raise CheckpointError(
+            f"{path}: rank folder {name!r} has no recorded digest (not listed in {MCORE_MANIFEST} "
+            "or the step's checkpoint.json: added afterwards?); refused unread"
+        )
     return digests[name]
 
 
@@ -143,9 +173,13 @@ def load_rank_file(path: Path, expected_sha256: str | None = None) -> tuple[dict
 
 # training args that fix the layout; a trained checkpoint carries them, so wrong flags are caught
 # (TP-extend-EP and plain EP give identical tensor shapes: only the args can tell them apart)
-_ARGS_FIELDS = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
-                ("expert_model_parallel_size", "ep"), ("moe_grouped_gemm", "moe_grouped_gemm"),
-                ("moe_tp_extend_ep", "moe_tp_extend_ep"))
+_ARGS_FIELDS = (
+    ("tensor_model_parallel_size", "tp"),
+    ("pipeline_model_parallel_size", "pp"),
+    ("expert_model_parallel_size", "ep"),
+    ("moe_grouped_gemm", "moe_grouped_gemm"),
+    ("moe_tp_extend_ep", "moe_tp_extend_ep"),
+)
 
 
 def check_args_match_layout(args: Any, layout: ParallelLayout, where: Path) -> None:
@@ -153,7 +187,9 @@ def check_args_match_layout(args: Any, layout: ParallelLayout, where: Path) -> N
         if args is not None and hasattr(args, arg) and getattr(args, arg) is not None:
             have, want = getattr(args, arg), getattr(layout, attr)
             if (bool(have) != want) if isinstance(want, bool) else (int(have) != want):
-                raise LayoutError(f"{where}: the checkpoint was trained with {arg}={have!r}, the layout flags say {want!r}")
+                raise LayoutError(
+                    f"{where}: the checkpoint was trained with {arg}={have!r}, the layout flags say {want!r}"
+                )
 
 
 def hf_tensor_from_ranks(name: str, cfg: Mapping[str, Any], layout: ParallelLayout, fetch: Fetch) -> torch.Tensor:
@@ -253,15 +289,20 @@ def check_rank_files(store: RankStore, cfg: Mapping[str, Any]) -> None:
         extra = sorted(set(sd) - set(plan))
         missing = [k for k in plan if k not in sd]
         if missing:
-            raise CheckpointError(f"{store.path(rank)}: tensor {missing[0]!r} is missing "
-                                  f"({len(missing)} missing; wrong layout flags?)")
+            raise CheckpointError(
+                f"{store.path(rank)}: tensor {missing[0]!r} is missing ({len(missing)} missing; wrong layout flags?)"
+            )
         if extra:
-            raise CheckpointError(f"{store.path(rank)}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected; "
-                                  f"MTP layers, VPP and mla-mm-split checkpoints are not supported)")
+            raise CheckpointError(
+                f"{store.path(rank)}: unexpected tensor {extra[0]!r} ({len(extra)} unexpected; "
+                f"MTP layers, VPP and mla-mm-split checkpoints are not supported)"
+            )
         for k, (shape, _) in plan.items():
             if tuple(sd[k].shape) != shape:
-                raise CheckpointError(f"{store.path(rank)}: tensor {k!r} has shape {tuple(sd[k].shape)}, "
-                                      f"expected {shape} for this layout and config")
+                raise CheckpointError(
+                    f"{store.path(rank)}: tensor {k!r} has shape {tuple(sd[k].shape)}, "
+                    f"expected {shape} for this layout and config"
+                )
         store.clear()
 
 
@@ -281,20 +322,25 @@ def plan_hf_shards(specs: list[TensorSpec], max_bytes: int) -> list[list[TensorS
     return shards
 
 
-def resolve_layout_and_config(mcore_dir: Path, layout: ParallelLayout | None,
-                              config: Mapping[str, Any] | None) -> tuple[ParallelLayout, dict[str, Any]]:
+def resolve_layout_and_config(
+    mcore_dir: Path, layout: ParallelLayout | None, config: Mapping[str, Any] | None
+) -> tuple[ParallelLayout, dict[str, Any]]:
     """Layout and HF config from the converter's manifest, or from the caller; a conflict is an error."""
     man = read_conversion_manifest(mcore_dir, MCORE_MANIFEST)
     if man is not None:
         if layout is not None and layout != man.layout:
-            raise LayoutError(f"{man.path}: the checkpoint was written with layout "
-                              f"{man.layout.to_json()}, the flags say {layout.to_json()}")
+            raise LayoutError(
+                f"{man.path}: the checkpoint was written with layout "
+                f"{man.layout.to_json()}, the flags say {layout.to_json()}"
+            )
         layout = man.layout
         if config is None:
             config = man.hf_config
     if layout is None:
-        raise LayoutError(f"{mcore_dir}: no {MCORE_MANIFEST}; give the layout flags "
-                          f"(--target-tensor-parallel-size, ..., --moe-grouped-gemm, --moe-tp-extend-ep)")
+        raise LayoutError(
+            f"{mcore_dir}: no {MCORE_MANIFEST}; give the layout flags "
+            f"(--target-tensor-parallel-size, ..., --moe-grouped-gemm, --moe-tp-extend-ep)"
+        )
     if config is None:
         raise ConfigError(f"{mcore_dir}: no {MCORE_MANIFEST}; give --config (the model's config.json)")
     cfg = dict(config)
@@ -319,10 +365,18 @@ def _source_fingerprint(store: RankStore) -> list[list[Any]]:
     return out
 
 
-def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: ParallelLayout | None = None,
-                        config: Mapping[str, Any] | None = None, iteration: int | str | None = None,
-                        max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer_dir: str | Path | None = None,
-                        overwrite: bool = False, progress: bool = True) -> ExportReport:
+def convert_mcore_to_hf(
+    load_dir: str | Path,
+    save_dir: str | Path,
+    *,
+    layout: ParallelLayout | None = None,
+    config: Mapping[str, Any] | None = None,
+    iteration: int | str | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    tokenizer_dir: str | Path | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExportReport:
     load, save = Path(load_dir), Path(save_dir)
     layout, cfg = resolve_layout_and_config(load, layout, config)
     it = read_tracker(load) if iteration is None else iteration
@@ -330,6 +384,7 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
     check_rank_files(store, cfg)
 
     specs_cfg = hf_tensor_specs(cfg)
+
     def meta_fetch(rank: Rank, k: str) -> torch.Tensor:  # dtype and shape only: no data is read
         return torch.empty_like(store.fetch(rank, k), device="meta")
 
@@ -339,8 +394,15 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
     shards = plan_hf_shards(specs, max_shard_bytes)
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
 
-    key = {"tool": "verl_patches.weights.mcore_to_hf", "version": 1, "source": _source_fingerprint(store),
-           "iteration": it, "layout": layout.to_json(), "hf_config": cfg, "max_shard_bytes": max_shard_bytes}
+    key = {
+        "tool": "verl_patches.weights.mcore_to_hf",
+        "version": 1,
+        "source": _source_fingerprint(store),
+        "iteration": it,
+        "layout": layout.to_json(),
+        "hf_config": cfg,
+        "max_shard_bytes": max_shard_bytes,
+    }
     plan = plan_output(save, key, overwrite, "shards", MANIFEST_FILE, is_shard_file_name, "shard file")
     manifest = plan.manifest
     tokenizer_files = []
@@ -406,5 +468,3 @@ def convert_mcore_to_hf(load_dir: str | Path, save_dir: str | Path, *, layout: P
     manifest["complete"] = True
     write_json_atomically(save / MANIFEST_FILE, manifest)
     return report
-
-

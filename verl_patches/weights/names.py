@@ -35,6 +35,7 @@ The runtime map of ``weight1`` returns ``2 * num_experts`` names ordered expert 
 (``experts.0.gate_proj, experts.0.up_proj, experts.1.gate_proj, ...``), and ``weight2`` returns
 ``num_experts`` down_proj names: the order in which the rollout reshard hands over per-expert tensors.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,9 +47,9 @@ HF_LAYER = "model.layers.{layer}."
 
 @dataclass(frozen=True)
 class NameRule:
-    mcore: str              # full name (global rules) or suffix after the layer prefix; may hold {expert}
-    hf: tuple[str, ...]     # the HF tensors that make up the Megatron one, in concatenation order
-    kind: str               # layout kind, see tensor_layout
+    mcore: str  # full name (global rules) or suffix after the layer prefix; may hold {expert}
+    hf: tuple[str, ...]  # the HF tensors that make up the Megatron one, in concatenation order
+    kind: str  # layout kind, see tensor_layout
     per_expert: bool = False  # hf names are expanded over every routed expert (grouped GEMM)
 
 
@@ -59,8 +60,11 @@ GLOBAL_POST = (
 )
 ATTENTION = (
     NameRule("input_layernorm.weight", ("input_layernorm.weight",), "replicated"),
-    NameRule("self_attention.linear_qkv.weight",
-             ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"), "concat_rows"),
+    NameRule(
+        "self_attention.linear_qkv.weight",
+        ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+        "concat_rows",
+    ),
     NameRule("self_attention.q_layernorm.weight", ("self_attn.q_a_layernorm.weight",), "replicated"),
     NameRule("self_attention.k_layernorm.weight", ("self_attn.kv_a_layernorm.weight",), "replicated"),
     NameRule("self_attention.linear_qb.weight", ("self_attn.q_b_proj.weight",), "tp_rows"),
@@ -75,19 +79,31 @@ DENSE_MLP = (
 MOE_SHARED = (
     NameRule("mlp.router.weight", ("mlp.gate.weight",), "replicated"),
     NameRule("mlp.router.expert_bias", ("mlp.gate.e_score_correction_bias",), "replicated"),
-    NameRule("mlp.shared_experts.linear_fc1.weight",
-             ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"), "gate_up"),
+    NameRule(
+        "mlp.shared_experts.linear_fc1.weight",
+        ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        "gate_up",
+    ),
     NameRule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",), "tp_cols"),
 )
 GROUPED_EXPERTS = (
-    NameRule("mlp.experts.weight1",
-             ("mlp.experts.{expert}.gate_proj.weight", "mlp.experts.{expert}.up_proj.weight"), "grouped_w1", True),
+    NameRule(
+        "mlp.experts.weight1",
+        ("mlp.experts.{expert}.gate_proj.weight", "mlp.experts.{expert}.up_proj.weight"),
+        "grouped_w1",
+        True,
+    ),
     NameRule("mlp.experts.weight2", ("mlp.experts.{expert}.down_proj.weight",), "grouped_w2", True),
 )
 LOCAL_EXPERTS = (
-    NameRule("mlp.experts.local_experts.{expert}.linear_fc1.weight",
-             ("mlp.experts.{expert}.gate_proj.weight", "mlp.experts.{expert}.up_proj.weight"), "gate_up"),
-    NameRule("mlp.experts.local_experts.{expert}.linear_fc2.weight", ("mlp.experts.{expert}.down_proj.weight",), "tp_cols"),
+    NameRule(
+        "mlp.experts.local_experts.{expert}.linear_fc1.weight",
+        ("mlp.experts.{expert}.gate_proj.weight", "mlp.experts.{expert}.up_proj.weight"),
+        "gate_up",
+    ),
+    NameRule(
+        "mlp.experts.local_experts.{expert}.linear_fc2.weight", ("mlp.experts.{expert}.down_proj.weight",), "tp_cols"
+    ),
 )
 
 
@@ -107,8 +123,7 @@ _LAYER_RULES = ATTENTION + DENSE_MLP + MOE_SHARED + GROUPED_EXPERTS + LOCAL_EXPE
 _MCORE_LAYER_RE = re.compile(r"^decoder\.layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
 _MCORE_RULE_RES = [(r, _template_regex(r.mcore)) for r in _LAYER_RULES]
-_HF_RULE_RES = [(r, i, _template_regex(h)) for r in _LAYER_RULES if r not in LOCAL_EXPERTS
-                for i, h in enumerate(r.hf)]
+_HF_RULE_RES = [(r, i, _template_regex(h)) for r in _LAYER_RULES if r not in LOCAL_EXPERTS for i, h in enumerate(r.hf)]
 
 
 class UnknownNameError(KeyError):
@@ -158,7 +173,7 @@ def hf_to_mcore_name(name: str, grouped_gemm: bool = True) -> tuple[str, int]:
             if rule.per_expert:
                 e = int(mm.group("expert"))
                 if not grouped_gemm:
-                    local = next(r for r in LOCAL_EXPERTS if r.hf[pos:pos + 1] == rule.hf[pos:pos + 1])
+                    local = next(r for r in LOCAL_EXPERTS if r.hf[pos : pos + 1] == rule.hf[pos : pos + 1])
                     return prefix + local.mcore.format(expert=e), pos
                 return prefix + rule.mcore, e * len(rule.hf) + pos
             return prefix + rule.mcore, pos
@@ -179,5 +194,5 @@ def split_layer_name(name: str, prefix: str = "decoder.layers.") -> tuple[int, s
     """``("decoder.layers.7.x.y")`` -> ``(7, "x.y")``; None for names outside the layers."""
     if not name.startswith(prefix):
         return None
-    layer, _, rest = name[len(prefix):].partition(".")
+    layer, _, rest = name[len(prefix) :].partition(".")
     return (int(layer), rest) if layer.isdigit() and rest else None

@@ -6,6 +6,7 @@ and without pickling tasks. Each worker holds one task's working set (a tensor, 
 peak memory is ``workers x one task``. While workers > 1, torch's intra-op threads are divided among them
 (restored afterwards) so the machine is not oversubscribed.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,12 +22,29 @@ R = TypeVar("R")
 
 def progress_bar(total_bytes: int, desc: str, enabled: bool = True) -> tqdm:
     """A tqdm bar on stderr counting bytes, so its rate and ETA are in GB/s and wall time."""
-    return tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, disable=not enabled, dynamic_ncols=True, smoothing=0.1)
+    return tqdm(
+        total=total_bytes,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
 
 
-def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], weights: Sequence[int], *, workers: int = 1,
-              on_result: Callable[[T, R], None] | None = None, desc: str = "", progress: bool = True) -> list[R]:
+def run_tasks(
+    fn: Callable[[T], R],
+    tasks: Sequence[T],
+    weights: Sequence[int],
+    *,
+    workers: int = 1,
+    on_result: Callable[[T, R], None] | None = None,
+    desc: str = "",
+    progress: bool = True,
+) -> list[R]:
     """Apply ``fn`` to each task; ``on_result`` runs in the calling thread as each one finishes.
 
     ``weights`` (bytes per task) drive the progress bar. At most ``workers`` tasks are in flight, so

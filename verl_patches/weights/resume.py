@@ -6,6 +6,7 @@ anything else and no such manifest (another model, someone's data, an actor chec
 without ``--overwrite``: nothing there is ours to replace or delete. Our own temporary files (``.verl_patches-tmp-*``,
 left by a killed run) do not make a folder foreign.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,20 @@ class OutputPlan:
 
 
 def _foreign_entries(out_dir: Path) -> list[str]:
-    return sorted(p.name for p in out_dir.iterdir() if not (is_temp_name(p.name) and p.is_file()
-                                                            and not p.is_symlink()))
+    return sorted(
+        p.name for p in out_dir.iterdir() if not (is_temp_name(p.name) and p.is_file() and not p.is_symlink())
+    )
 
 
-def plan_output(out_dir: Path, key: Mapping[str, Any], overwrite: bool, items: str, manifest_file: str,
-                name_ok: Callable[[object], bool], what: str) -> OutputPlan:
+def plan_output(
+    out_dir: Path,
+    key: Mapping[str, Any],
+    overwrite: bool,
+    items: str,
+    manifest_file: str,
+    name_ok: Callable[[object], bool],
+    what: str,
+) -> OutputPlan:
     """Resume, start fresh, or (``overwrite``) start fresh over our own earlier run; refuse anything else.
 
     ``key`` identifies the conversion (tool, source, layout, ...); ``items`` is the manifest's table of
@@ -59,26 +68,38 @@ def plan_output(out_dir: Path, key: Mapping[str, Any], overwrite: bool, items: s
             man[items] = parse_file_entries(man, items, path, name_ok, what)
             man[FILES_KEY] = parse_file_list(man, FILES_KEY, path)
     except ManifestError as e:
-        raise ResumeError(f"{e}; cannot tell which files of {out_dir} this tool wrote: move them aside or choose "
-                          f"another output directory") from None
+        raise ResumeError(
+            f"{e}; cannot tell which files of {out_dir} this tool wrote: move them aside or choose "
+            f"another output directory"
+        ) from None
     if man is None:
         foreign = _foreign_entries(out_dir)
         if foreign:
-            raise ResumeError(f"{out_dir}: the output directory holds files this tool did not write (found "
-                              f"{foreign[0]!r}) and no {manifest_file}; choose an empty or new output directory")
+            raise ResumeError(
+                f"{out_dir}: the output directory holds files this tool did not write (found "
+                f"{foreign[0]!r}) and no {manifest_file}; choose an empty or new output directory"
+            )
         return OutputPlan(fresh)
     if overwrite:
         return OutputPlan(fresh, previous=man)
     diff = [k for k in key if man.get(k) != key[k]]
     if diff:
-        raise ResumeError(f"{path}: the output directory holds a conversion with a different {diff[0]!r} "
-                          f"({str(man.get(diff[0]))[:80]} != {str(key[diff[0]])[:80]}); choose another directory "
-                          f"or pass --overwrite to replace the files this manifest lists")
+        raise ResumeError(
+            f"{path}: the output directory holds a conversion with a different {diff[0]!r} "
+            f"({str(man.get(diff[0]))[:80]} != {str(key[diff[0]])[:80]}); choose another directory "
+            f"or pass --overwrite to replace the files this manifest lists"
+        )
     return OutputPlan(man)
 
 
-def remove_listed(out_dir: Path, previous: Mapping[str, Any] | None, items: str, keep: set[str],
-                  item_path: Callable[[str], str] = lambda name: name, keep_files: set[str] = frozenset()) -> list[str]:
+def remove_listed(
+    out_dir: Path,
+    previous: Mapping[str, Any] | None,
+    items: str,
+    keep: set[str],
+    item_path: Callable[[str], str] = lambda name: name,
+    keep_files: set[str] = frozenset(),
+) -> list[str]:
     """Delete what ``previous`` (our earlier manifest, names already checked) lists and this run will not
     write again: its ``items`` not in ``keep`` (at ``item_path(name)``), its other files not in ``keep_files``.
     Returns the relative paths removed; a listed file that is gone already is skipped."""

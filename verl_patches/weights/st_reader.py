@@ -11,6 +11,7 @@ closed and no view alive). So at most ``max_open`` shards stay mapped, and all h
 every ``remap_bytes`` read: the RSS due to mapped pages stays below about ``remap_bytes`` plus the
 tensors still referenced.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,9 @@ def check_shard_name(fname: str, where: str) -> str:
     output shard of the same name, so '../x' or an absolute name would write outside the output folder
     (or over the input itself)."""
     if not _SHARD_NAME.match(fname):
-        raise CheckpointError(f"{where}: shard name {fname!r} is not a plain '*.safetensors' file name "
-                              f"in the checkpoint folder")
+        raise CheckpointError(
+            f"{where}: shard name {fname!r} is not a plain '*.safetensors' file name in the checkpoint folder"
+        )
     return fname
 
 
@@ -83,7 +85,9 @@ class CheckpointIndex:
         for fname in idx.files():
             if not (root / fname).is_file():
                 example = next(k for k, v in idx.weight_map.items() if v == fname)
-                raise CheckpointError(f"{root}: shard {fname!r} (holding e.g. {example!r}) listed in the index is missing")
+                raise CheckpointError(
+                    f"{root}: shard {fname!r} (holding e.g. {example!r}) listed in the index is missing"
+                )
         return idx
 
     def files(self) -> list[str]:
@@ -185,7 +189,9 @@ class LazyCheckpoint:
         fname = self.index.file_of(name)
         hdr = self.header(fname)
         if name not in hdr:
-            raise MissingTensorError(f"{self.index.root / fname}: tensor {name!r} listed in the index is not in this shard")
+            raise MissingTensorError(
+                f"{self.index.root / fname}: tensor {name!r} listed in the index is not in this shard"
+            )
         return hdr[name]
 
     def shape(self, name: str) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ several GB. The format is simple (8-byte little-endian header length, a JSON hea
 dtypes are known up front the header can be written first and each tensor streamed after it: peak memory
 is one tensor. Files are read back with the ``safetensors`` library in the tests.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +19,17 @@ from typing import BinaryIO, Callable, Mapping, NamedTuple, Sequence
 import torch
 
 ST_DTYPES: dict[torch.dtype, str] = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-    torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
     torch.bool: "BOOL",
 }
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in ST_DTYPES.items()}
@@ -56,8 +65,11 @@ class StreamingSafetensorsWriter:
         for spec in self._specs:
             if spec.dtype not in ST_DTYPES:
                 raise ValueError(f"tensor {spec.name!r}: dtype {spec.dtype} has no safetensors code")
-            header[spec.name] = {"dtype": ST_DTYPES[spec.dtype], "shape": list(spec.shape),
-                                 "data_offsets": [offset, offset + spec.nbytes]}
+            header[spec.name] = {
+                "dtype": ST_DTYPES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [offset, offset + spec.nbytes],
+            }
             offset += spec.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
@@ -73,8 +85,10 @@ class StreamingSafetensorsWriter:
             raise ValueError(f"tensor {name!r}: more tensors than announced in the header")
         spec = self._specs[self._next]
         if name != spec.name or tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
-            raise ValueError(f"tensor {name!r} {tensor.dtype} {tuple(tensor.shape)} does not match the announced "
-                             f"{spec.name!r} {spec.dtype} {spec.shape}")
+            raise ValueError(
+                f"tensor {name!r} {tensor.dtype} {tuple(tensor.shape)} does not match the announced "
+                f"{spec.name!r} {spec.dtype} {spec.shape}"
+            )
         flat = tensor.detach().contiguous().reshape(-1)
         if flat.numel():
             self._emit(memoryview(flat.view(torch.uint8).numpy()))
@@ -83,13 +97,19 @@ class StreamingSafetensorsWriter:
     def finish(self) -> str:
         """Check that every announced tensor was written; return the file's sha256."""
         if self._next != len(self._specs):
-            raise ValueError(f"only {self._next} of {len(self._specs)} announced tensors were written "
-                             f"(next: {self._specs[self._next].name!r})")
+            raise ValueError(
+                f"only {self._next} of {len(self._specs)} announced tensors were written "
+                f"(next: {self._specs[self._next].name!r})"
+            )
         return self._hash.hexdigest()
 
 
-def write_safetensors_file(path: Path, specs: Sequence[TensorSpec], produce: Callable[[TensorSpec], torch.Tensor],
-                           metadata: Mapping[str, str] | None = None) -> tuple[int, str]:
+def write_safetensors_file(
+    path: Path,
+    specs: Sequence[TensorSpec],
+    produce: Callable[[TensorSpec], torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
     """Stream ``produce(spec) -> Tensor`` for each spec into ``path``; return ``(size, sha256)``."""
     with open(path, "wb") as f:
         w = StreamingSafetensorsWriter(f, specs, metadata)

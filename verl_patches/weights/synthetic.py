@@ -3,6 +3,7 @@
 For tests, benchmarks and for trying the weight pipeline without downloading 650 GB. Tensor values are
 a deterministic function of ``seed`` and the tensor name; memory use is one tensor at a time.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,9 @@ def random_tensor(spec: TensorSpec, seed: int) -> torch.Tensor:
     return (torch.randn(spec.shape, generator=g) * 0.05).to(spec.dtype)
 
 
-def quantize_fp8_blockwise(w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_blockwise(
+    w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(fp8 weight, float32 scale_inv)`` with each block's amax mapped to the FP8 maximum."""
     m, n = w.shape
     bm, bn = block
@@ -46,10 +49,18 @@ def quantize_fp8_blockwise(w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLO
     return (w.float() / full).to(torch.float8_e4m3fn), scale
 
 
-def write_synthetic_checkpoint(out_dir: str | Path, cfg: Mapping[str, Any], *, fp8: bool = False,
-                               block: tuple[int, int] = DEFAULT_BLOCK, num_shards: int = 3, seed: int = 0,
-                               num_mtp_layers: int = 0, scales_in_next_shard: bool = False,
-                               tokenizer_files: bool = True) -> dict[str, str]:
+def write_synthetic_checkpoint(
+    out_dir: str | Path,
+    cfg: Mapping[str, Any],
+    *,
+    fp8: bool = False,
+    block: tuple[int, int] = DEFAULT_BLOCK,
+    num_shards: int = 3,
+    seed: int = 0,
+    num_mtp_layers: int = 0,
+    scales_in_next_shard: bool = False,
+    tokenizer_files: bool = True,
+) -> dict[str, str]:
     """Write a checkpoint for ``cfg``; return its weight map.
 
     With ``fp8``, the quantisable linear weights are stored as float8_e4m3fn plus ``*_scale_inv`` and the
@@ -92,6 +103,7 @@ def write_synthetic_checkpoint(out_dir: str | Path, cfg: Mapping[str, Any], *, f
                 last[src.name] = quantize_fp8_blockwise(random_tensor(src, seed), block)
             w, sc = last[src.name]
             return w if kind == "w" else sc
+
         return produce
 
     weight_map: dict[str, str] = {}
@@ -101,17 +113,21 @@ def write_synthetic_checkpoint(out_dir: str | Path, cfg: Mapping[str, Any], *, f
         write_safetensors_file(out / fname, specs_i, produce_for(kinds), {"format": "pt"})
         for s in specs_i:
             weight_map[s.name] = fname
-    index = {"metadata": {"total_size": sum(e[0].nbytes for ents in entries for e in ents)},
-             "weight_map": weight_map}
+    index = {"metadata": {"total_size": sum(e[0].nbytes for ents in entries for e in ents)}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
     c = dict(cfg)
     c["num_nextn_predict_layers"] = num_mtp_layers
     if fp8:
-        c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                    "weight_block_size": list(block)}
+        c["quantization_config"] = {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": list(block),
+        }
     (out / CONFIG_FILE).write_text(json.dumps(c, indent=2))
     if tokenizer_files:
         (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4096, "synthetic": True}))
-        (out / "generation_config.json").write_text(json.dumps({"bos_token_id": cfg["bos_token_id"],
-                                                                "eos_token_id": cfg["eos_token_id"]}))
+        (out / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]})
+        )
     return weight_map

@@ -27,6 +27,7 @@ Non-grouped experts (``local_experts.{j}.linear_fc1/fc2``) use ``gate_up`` / ``t
 The forward builders read only the slices they need through a source with ``get/rows/cols/shape/dtype``
 (a lazily mapped checkpoint, or ``MetaSource`` for shape-only planning).
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
@@ -70,6 +71,7 @@ def chunk_range(n: int, parts: int, idx: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- HF -> Megatron (one rank)
+
 
 def build_replicated(src: TensorSource, names: Sequence[str]) -> torch.Tensor:
     return src.get(names[0])
@@ -121,6 +123,7 @@ def build_grouped_w2(src: TensorSource, down_names: Sequence[str], parts: int, i
 
 
 # ---------------------------------------------------------------- Megatron -> HF (one HF tensor)
+
 
 def merge_tp_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(list(parts), dim=0)

@@ -12,6 +12,7 @@
 Counts are of input tensors: every tensor of the source is accounted for (converted, consumed as a scale, or
 dropped as asked), so "verify: OK" cannot hide a tensor the conversion left out.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ from verl_patches.weights.mcore_to_hf import RankStore, check_rank_files, hf_ten
 from verl_patches.weights.parallel import progress_bar, run_tasks
 from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint, read_header
 
-BF16_REL_TOL = 2.0 ** -8
-_TINY = 2.0 ** -133  # one BF16 subnormal step: the rounding slack for results in the subnormal range
+BF16_REL_TOL = 2.0**-8
+_TINY = 2.0**-133  # one BF16 subnormal step: the rounding slack for results in the subnormal range
 
 
 @dataclass
@@ -64,19 +65,25 @@ def check_index_consistent(root: Path) -> CheckpointIndex:
         present = set(read_header(root / fname))
         if listed != present:
             diff = sorted(listed ^ present)[0]
-            raise VerifyError(f"{root / fname}: tensor {diff!r} is {'missing from the shard' if diff in listed else 'not in the index'}")
+            raise VerifyError(
+                f"{root / fname}: tensor {diff!r} is {'missing from the shard' if diff in listed else 'not in the index'}"
+            )
     total = index.metadata.get("total_size")
     if total is not None:
         actual = sum(tensor_bytes(root / f) for f in index.files())
         if total != actual:
-            raise VerifyError(f"{root}/model.safetensors.index.json: metadata.total_size {total} != {actual} bytes of tensors")
+            raise VerifyError(
+                f"{root}/model.safetensors.index.json: metadata.total_size {total} != {actual} bytes of tensors"
+            )
     return index
 
 
 def tensor_bytes(path: Path) -> int:
     """Bytes of tensor data in a safetensors file, from its header."""
-    return sum(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-               for dtype, shape in read_header(path).values())
+    return sum(
+        torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        for dtype, shape in read_header(path).values()
+    )
 
 
 def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> dict[str, Any]:
@@ -95,14 +102,18 @@ def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> 
                 except ValueError as err:  # a scale that is not finite and positive: named, never a traceback
                     raise VerifyError(f"{Path(in_root)}: tensor {name!r}: {err}") from None
                 if got.dtype != torch.bfloat16 or tuple(got.shape) != tuple(ref.shape):
-                    raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} is {got.dtype} {tuple(got.shape)}, "
-                                      f"expected bfloat16 {tuple(ref.shape)}")
+                    raise VerifyError(
+                        f"{Path(out_root) / out_file}: tensor {name!r} is {got.dtype} {tuple(got.shape)}, "
+                        f"expected bfloat16 {tuple(ref.shape)}"
+                    )
                 err = (got.float() - ref).abs()
                 bound = ref.abs() * BF16_REL_TOL + _TINY
                 if not bool((err <= bound).all()):
                     i = int((err - bound).argmax())
-                    raise VerifyError(f"{Path(out_root) / out_file}: tensor {name!r} differs from the float32 reference "
-                                      f"beyond BF16 rounding at flat index {i} ({got.reshape(-1)[i].item()} vs {ref.reshape(-1)[i].item()})")
+                    raise VerifyError(
+                        f"{Path(out_root) / out_file}: tensor {name!r} differs from the float32 reference "
+                        f"beyond BF16 rounding at flat index {i} ({got.reshape(-1)[i].item()} vs {ref.reshape(-1)[i].item()})"
+                    )
                 rel = (err / ref.abs().clamp_min(1e-30)).max().item() if err.numel() else 0.0
                 worst = max(worst, rel)
                 deq += 1
@@ -116,8 +127,9 @@ def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> 
     return {"exact": exact, "dequantized": deq, "max_rel_err": worst}
 
 
-def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: int = 1,
-                    progress: bool = True) -> VerifyReport:
+def verify_fp8_cast(
+    input_dir: str | Path, output_dir: str | Path, *, workers: int = 1, progress: bool = True
+) -> VerifyReport:
     inp, out = Path(input_dir), Path(output_dir)
     src_cfg = read_config_json(inp)
     block = block_size_from_config(src_cfg, str(inp / CONFIG_FILE))
@@ -139,8 +151,14 @@ def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: i
     dropped: set[str] = set()
     if dropped_mtp:
         n = out_cfg["num_hidden_layers"]
-        dropped = {m for m in missing if m.startswith("model.layers.") and m.split(".")[2].isascii()
-                   and m.split(".")[2].isdigit() and int(m.split(".")[2]) >= n}
+        dropped = {
+            m
+            for m in missing
+            if m.startswith("model.layers.")
+            and m.split(".")[2].isascii()
+            and m.split(".")[2].isdigit()
+            and int(m.split(".")[2]) >= n
+        }
         missing = [m for m in missing if m not in dropped]
     if missing:
         raise VerifyError(f"{out}: tensor {missing[0]!r} of the source is missing from the output")
@@ -160,13 +178,16 @@ def verify_fp8_cast(input_dir: str | Path, output_dir: str | Path, *, workers: i
     report.input_tensors = len(src_index.weight_map)
     accounted = report.tensors_checked + report.scales_consumed + report.dropped
     if accounted != report.input_tensors:
-        raise VerifyError(f"{inp}: {report.input_tensors} input tensors, but only {accounted} were accounted for "
-                          f"({report.tensors_checked} compared, {report.scales_consumed} scales, {report.dropped} dropped)")
+        raise VerifyError(
+            f"{inp}: {report.input_tensors} input tensors, but only {accounted} were accounted for "
+            f"({report.tensors_checked} compared, {report.scales_consumed} scales, {report.dropped} dropped)"
+        )
     return report
 
 
-def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: ParallelLayout,
-                         cfg: Mapping[str, Any], *, progress: bool = True) -> VerifyReport:
+def verify_hf_mcore_pair(
+    hf_dir: str | Path, mcore_dir: str | Path, layout: ParallelLayout, cfg: Mapping[str, Any], *, progress: bool = True
+) -> VerifyReport:
     """Rank files vs the HF checkpoint, both ways (see module docstring)."""
     hf, mc = Path(hf_dir), Path(mcore_dir)
     store = RankStore(mc, layout, read_tracker(mc))
@@ -177,8 +198,10 @@ def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: Para
     planned = {s.name for s in specs}
     unplanned = sorted(n for n in index.weight_map if n not in planned)
     if unplanned:
-        raise VerifyError(f"{hf}: tensor {unplanned[0]!r} of the HF checkpoint has no counterpart in the Megatron "
-                          f"checkpoint {mc} ({len(unplanned)} such tensor(s)); the conversion left it out")
+        raise VerifyError(
+            f"{hf}: tensor {unplanned[0]!r} of the HF checkpoint has no counterpart in the Megatron "
+            f"checkpoint {mc} ({len(unplanned)} such tensor(s)); the conversion left it out"
+        )
     absent = [s.name for s in specs if s.name not in index.weight_map]
     if absent:
         raise VerifyError(f"{hf}: tensor {absent[0]!r} of the model is not in the HF checkpoint")
@@ -189,8 +212,9 @@ def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: Para
             actual = store.state_dict(rank)
             for key, want in expected.items():
                 if not same_bits(actual[key], want):
-                    raise VerifyError(f"{store.path(rank)}: tensor {key!r} differs from the one derived from the "
-                                      f"HF checkpoint {hf}")
+                    raise VerifyError(
+                        f"{store.path(rank)}: tensor {key!r} differs from the one derived from the HF checkpoint {hf}"
+                    )
                 report.tensors_checked += 1
                 report.rank_tensors += 1
                 bar.update(want.numel() * want.element_size())
@@ -206,8 +230,9 @@ def verify_hf_mcore_pair(hf_dir: str | Path, mcore_dir: str | Path, layout: Para
                 layer = this_layer
             got = hf_tensor_from_ranks(spec.name, cfg, layout, store.fetch)
             if not same_bits(got, src.get(spec.name)):
-                raise VerifyError(f"{hf}: tensor {spec.name!r} reassembled from the Megatron ranks in {mc} "
-                                  f"differs from the HF tensor")
+                raise VerifyError(
+                    f"{hf}: tensor {spec.name!r} reassembled from the Megatron ranks in {mc} differs from the HF tensor"
+                )
             report.tensors_checked += 1
             report.hf_tensors += 1
             bar.update(spec.nbytes)

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 import torch
 
 
-def group_bounds(group_list: torch.Tensor | Sequence[int] | None, group_list_type: int, rows: int,
-                 groups: int) -> list[tuple[int, int]]:
+def group_bounds(
+    group_list: torch.Tensor | Sequence[int] | None, group_list_type: int, rows: int, groups: int
+) -> list[tuple[int, int]]:
     """[(start, end)] rows of each group; checks that the groups cover exactly `rows` rows."""
     if group_list is None:
         if groups != 1:
@@ -47,8 +48,14 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, group_list, group_list
     return torch.cat(parts, dim=0) if parts else x.new_zeros((0, w.shape[-1]))
 
 
-def npu_gmm(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], bias: Sequence[torch.Tensor],
-            group_list, group_type: int, group_list_type: int) -> list[torch.Tensor]:
+def npu_gmm(
+    x: Sequence[torch.Tensor],
+    weight: Sequence[torch.Tensor],
+    bias: Sequence[torch.Tensor],
+    group_list,
+    group_type: int,
+    group_list_type: int,
+) -> list[torch.Tensor]:
     """The builder op: lists of one x, one weight, optional bias; group_type 0 splits x's rows."""
     if group_type != 0:
         raise NotImplementedError(f"npu_gmm on CPU: group_type {group_type} is not emulated (training uses 0)")
@@ -66,15 +73,21 @@ def _grad_x(dy: torch.Tensor, weight: torch.Tensor, group_list, group_list_type:
     return grouped_matmul(dy, weight.transpose(-1, -2), group_list, group_list_type)
 
 
-def grouped_weight_grad(x: torch.Tensor, dy: torch.Tensor, group_list, group_list_type: int,
-                        groups: int) -> torch.Tensor:
+def grouped_weight_grad(
+    x: torch.Tensor, dy: torch.Tensor, group_list, group_list_type: int, groups: int
+) -> torch.Tensor:
     """dw[e] = x[rows of e]^T @ dy[rows of e] -> [E,K,N]."""
     bounds = group_bounds(group_list, group_list_type, x.shape[0], groups)
     return torch.stack([x[a:b].transpose(0, 1) @ dy[a:b] for a, b in bounds], dim=0)
 
 
-def npu_gmm_backward(grad: Sequence[torch.Tensor], x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor],
-                     group_list, group_list_type: int) -> tuple[list, list, list]:
+def npu_gmm_backward(
+    grad: Sequence[torch.Tensor],
+    x: Sequence[torch.Tensor],
+    weight: Sequence[torch.Tensor],
+    group_list,
+    group_list_type: int,
+) -> tuple[list, list, list]:
     w = weight[0]
     dx = _grad_x(grad[0], w, group_list, group_list_type)
     groups = w.shape[0] if w.dim() == 3 else 1
@@ -82,8 +95,9 @@ def npu_gmm_backward(grad: Sequence[torch.Tensor], x: Sequence[torch.Tensor], we
     return [dx], [dw.view_as(w)], []
 
 
-def npu_gmm_backward_fusion(grad: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], group_list,
-                            group_list_type: int) -> tuple[list, list, list]:
+def npu_gmm_backward_fusion(
+    grad: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], group_list, group_list_type: int
+) -> tuple[list, list, list]:
     """Only dx: the weight gradient goes straight into main_grad through npu_groupmatmul_add_fp32."""
     return [_grad_x(grad[0], weight[0], group_list, group_list_type)], [], []
 

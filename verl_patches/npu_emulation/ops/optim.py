@@ -5,9 +5,20 @@ from __future__ import annotations
 import torch
 
 
-def npu_apply_adam_w(beta1_power: float, beta2_power: float, lr: float, weight_decay: float, beta1: float,
-                     beta2: float, eps: float, grad: torch.Tensor, max_grad_norm: torch.Tensor | None,
-                     amsgrad: bool, maximize: bool, out: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def npu_apply_adam_w(
+    beta1_power: float,
+    beta2_power: float,
+    lr: float,
+    weight_decay: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    grad: torch.Tensor,
+    max_grad_norm: torch.Tensor | None,
+    amsgrad: bool,
+    maximize: bool,
+    out: tuple,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """AdamW on out=(param, exp_avg, exp_avg_sq), in place; beta*_power are beta^(t-1) as MindSpeed's
     AdamW passes them, so the bias corrections are 1 - beta^t (torch.optim.AdamW's step t)."""
     if amsgrad:
@@ -21,15 +32,26 @@ def npu_apply_adam_w(beta1_power: float, beta2_power: float, lr: float, weight_d
     exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     bc1 = 1 - beta1_power * beta1
     bc2 = 1 - beta2_power * beta2
-    denom = (exp_avg_sq.sqrt() / (bc2 ** 0.5)).add_(eps)
+    denom = (exp_avg_sq.sqrt() / (bc2**0.5)).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-lr / bc1)
     return param, exp_avg, exp_avg_sq
 
 
-def npu_apply_fused_adamw_v2(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                             exp_avg_sq: torch.Tensor, max_exp_avg_sq: torch.Tensor, state_step,
-                             lr: float, beta1: float, beta2: float, weight_decay: float, eps: float,
-                             amsgrad: bool, maximize: bool) -> None:
+def npu_apply_fused_adamw_v2(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    max_exp_avg_sq: torch.Tensor,
+    state_step,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+) -> None:
     """MindSpeed's builder op (swap optimizer): torch.optim.AdamW's step t = state_step, in place."""
     t = int(state_step.item() if isinstance(state_step, torch.Tensor) else state_step)
     g = (-grad if maximize else grad).to(param.dtype)
@@ -40,6 +62,6 @@ def npu_apply_fused_adamw_v2(param: torch.Tensor, grad: torch.Tensor, exp_avg: t
     if amsgrad:
         torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second = max_exp_avg_sq
-    bc1, bc2 = 1 - beta1 ** t, 1 - beta2 ** t
-    denom = (second.sqrt() / (bc2 ** 0.5)).add_(eps)
+    bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+    denom = (second.sqrt() / (bc2**0.5)).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-lr / bc1)

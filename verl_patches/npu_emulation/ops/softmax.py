@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def npu_scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0,
-                              fixed_triu_mask: bool = False) -> torch.Tensor:
+def npu_scaled_masked_softmax(
+    x: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0, fixed_triu_mask: bool = False
+) -> torch.Tensor:
     """softmax(x * scale with masked positions at -10000) over the last dim, in x's dtype
     (Megatron's FusedScaleMaskSoftmax convention: True = masked)."""
     xf = x.float() * scale

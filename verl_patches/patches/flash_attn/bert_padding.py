@@ -12,8 +12,15 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat  # flash-attn's module exposes these; verl imports rearrange from it
 
-__all__ = ["index_first_axis", "index_put_first_axis", "unpad_input", "pad_input",
-           "unpad_input_for_concatenated_sequences", "rearrange", "repeat"]
+__all__ = [
+    "index_first_axis",
+    "index_put_first_axis",
+    "unpad_input",
+    "pad_input",
+    "unpad_input_for_concatenated_sequences",
+    "rearrange",
+    "repeat",
+]
 
 
 def index_first_axis(input: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -35,8 +42,7 @@ def _cu_seqlens(seqlens: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
 
 
-def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor,
-                unused_mask: torch.Tensor | None = None):
+def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
     """Drop padding tokens.
 
     hidden_states (batch, seqlen, ...); attention_mask (batch, seqlen), nonzero = valid; unused_mask

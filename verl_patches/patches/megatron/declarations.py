@@ -16,7 +16,7 @@ PATCHES: list[Patch] = [
         replacement=lazy_call("verl_patches.patches.megatron.pipeline_layers:uneven_num_layers_to_build"),
         vendor_item="D4",
         reason="pipeline_parallel_num_layer_list (61 layers over 8 stages as 7,7,8,8,8,8,8,7): core_r0.8.0 builds "
-               "num_layers // pp per stage (56 of 61)",
+        "num_layers // pp per stage (56 of 61)",
     ),
     Patch(
         name="megatron.transformer_layer.uneven_layer_offset",
@@ -35,7 +35,7 @@ PATCHES: list[Patch] = [
         replacement=lazy_object("verl_patches.patches.megatron.p2p_shapes:communicate_shapes"),
         vendor_item="D3",
         reason="variable sequence lengths: core_r0.8.0 always batches the shape exchange and synchronizes the device "
-               "(slow or hanging on HCCL)",
+        "(slow or hanging on HCCL)",
     ),
     Patch(
         name="mindspeed.p2p.communicate_shapes_once",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def communicate_shapes(tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool, config: Any,
-                       tensor_dim: int = 3) -> tuple[list[int], list[int]]:
+def communicate_shapes(
+    tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool, config: Any, tensor_dim: int = 3
+) -> tuple[list[int], list[int]]:
     import torch
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import p2p_communication as p2p
@@ -33,8 +34,13 @@ def communicate_shapes(tensor_send_next: Any, tensor_send_prev: Any, recv_prev: 
     send_prev_t = shape_of(tensor_send_prev) if tensor_send_prev is not None else None
     send_next_t = shape_of(tensor_send_next) if tensor_send_next is not None else None
     group = parallel_state.get_pipeline_model_parallel_group()
-    tensors = dict(tensor_send_prev=send_prev_t, tensor_recv_prev=recv_prev_t, tensor_send_next=send_next_t,
-                   tensor_recv_next=recv_next_t, group=group)
+    tensors = dict(
+        tensor_send_prev=send_prev_t,
+        tensor_recv_prev=recv_prev_t,
+        tensor_send_next=send_next_t,
+        tensor_recv_next=recv_next_t,
+        group=group,
+    )
     if getattr(config, "use_ring_exchange_p2p", False):
         torch.distributed.ring_exchange(**tensors)
         reqs: list = []

@@ -11,7 +11,7 @@ PATCHES = [
         provides="verl_patches.patches.apex.optimizers",
         vendor_item="G2",
         reason="no apex on a CPU host; MindSpeed-LLM and Megatron import FusedAdam and FusedSGD from it "
-               "(FusedAdam is MindSpeed's AdamW over the emulated npu_apply_adam_w, as on A3)",
+        "(FusedAdam is MindSpeed's AdamW over the emulated npu_apply_adam_w, as on A3)",
         devices=("cpu",),
     ),
     Patch(
@@ -22,7 +22,7 @@ PATCHES = [
         replacement=lazy_object("verl_patches.patches.mindspeed.op_builder:emulated_load"),
         vendor_item="local",
         reason="MindSpeed JIT-compiles its fused ops against CANN/ATB; on a CPU host each builder hands out the "
-               "plain-torch emulation (verl_patches.npu_emulation.builder_ops), unknown builders fail by name",
+        "plain-torch emulation (verl_patches.npu_emulation.builder_ops), unknown builders fail by name",
         devices=("cpu",),
     ),
     Patch(
@@ -33,7 +33,7 @@ PATCHES = [
         replacement=lazy_object("verl_patches.patches.mindspeed.op_builder:gmm_common_on_host"),
         vendor_item="local",
         reason="MindSpeed registers torch.ops.mindspeed.npu_gmm for the NPU dispatch key only; CPU tensors call "
-               "the same Python implementation (GMMFunction) directly",
+        "the same Python implementation (GMMFunction) directly",
         devices=("cpu",),
     ),
     Patch(
@@ -44,7 +44,7 @@ PATCHES = [
         replacement=lazy_object("verl_patches.patches.mindspeed.op_builder:emulated_load"),
         vendor_item="local",
         reason="ATB builders (GroupMatmulAdd, MatmulAdd: fp32 main_grad accumulation) need the CANN NNAL package; "
-               "on a CPU host they hand out the plain-torch emulation",
+        "on a CPU host they hand out the plain-torch emulation",
         devices=("cpu",),
     ),
     Patch(
@@ -55,6 +55,6 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.mindspeed.comm_utils:waitable_single_rank_all_to_all"),
         vendor_item="local",
         reason="MindSpeed bug, not an NPU one: with a one-rank expert group async_all_to_all returns handle=None and "
-               "the all-to-all overlap backward calls .wait() on it (moe_layer_overlap_all2all.py:574)",
+        "the all-to-all overlap backward calls .wait() on it (moe_layer_overlap_all2all.py:574)",
     ),
 ]

@@ -22,7 +22,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.torch.fsdp_init:cpu_host_cpu_offload"),
         vendor_item="local",
         reason="verl forces CPUOffload(offload_params=True) on the ref policy; FSDP then pins memory, which "
-               "needs an accelerator, and on a CPU host the parameters are in host memory already",
+        "needs an accelerator, and on a CPU host the parameters are in host memory already",
         devices=("cpu",),
     ),
     Patch(

@@ -11,7 +11,7 @@ PATCHES = [
         replacement=lazy_object("verl_patches.patches.verl.protocol:union_tensor_dict"),
         vendor_item="C7",
         reason="D2D unions a tensor-less (locked) DataProto with cached tensors; unlock for the inserts, "
-               "lock again after",
+        "lock again after",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -22,7 +22,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.verl.protocol:pickle_empty_batch"),
         vendor_item="A2",
         reason="with D2D, ref's payload and answer are batches with a size and no tensor; upstream's pickling "
-               "consolidates the TensorDict first, which fails without tensors, so Ray could not ship them",
+        "consolidates the TensorDict first, which fails without tensors, so Ray could not ship them",
         devices=ALL_DEVICES,
     ),
 ]

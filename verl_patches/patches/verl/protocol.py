@@ -14,8 +14,10 @@ from typing import Any
 def union_tensor_dict(tensor_dict1: Any, tensor_dict2: Any) -> Any:
     """Add tensor_dict2's keys to tensor_dict1 (in place) and return it."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise AssertionError(f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} "
-                             f"and {tensor_dict2.batch_size}")
+        raise AssertionError(
+            f"Two tensor dict must have identical batch size. Got {tensor_dict1.batch_size} "
+            f"and {tensor_dict2.batch_size}"
+        )
     was_locked = bool(getattr(tensor_dict1, "is_locked", False))
     new_keys = [k for k in tensor_dict2.keys() if k not in tensor_dict1.keys()]
     for key in tensor_dict2.keys():

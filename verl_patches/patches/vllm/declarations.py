@@ -13,9 +13,9 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.vllm.general_plugins:registry_after_general_plugins"),
         vendor_item="local",
         reason="load vLLM's general plugins as soon as `import vllm` completes: verl's driver imports vLLM's "
-               "DeepSeek model (verl.utils.vllm_utils) before any engine loads them, and on torch 2.5.1 "
-               "vLLM's fp8 utilities then fail in torch.library.infer_schema (list[int]) unless "
-               "vllm-ascend's general plugin has replaced direct_register_custom_op first",
+        "DeepSeek model (verl.utils.vllm_utils) before any engine loads them, and on torch 2.5.1 "
+        "vLLM's fp8 utilities then fail in torch.library.infer_schema (list[int]) unless "
+        "vllm-ascend's general plugin has replaced direct_register_custom_op first",
         devices=("npu", "cpu"),
         rebind=False,
     ),

@@ -3,12 +3,14 @@
 from verl_patches.patching.declaration import Kind, Patch, lazy_call
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 
-_KV_NZ_REASON = ("F4 (KV-NZ fix) as a runtime patch, never git apply: mla_v1's torch_npu passes cache_mode "
-                 "PA_NZ where exec_kv_prefill asks for PA_BLK_NZ and drops the graph-mode ND re-writes "
-                 "(_npu_reshape_and_cache) of an NZ cache. Installed only where the profile turns on TorchAir "
-                 "graph mode and enable_kv_nz (the launcher sets VERL_PATCHES_KV_NZ from the config; the engine "
-                 "build refuses a disagreement); static, so dynamo traces it with fullgraph=True. NPU kernels "
-                 "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically")
+_KV_NZ_REASON = (
+    "F4 (KV-NZ fix) as a runtime patch, never git apply: mla_v1's torch_npu passes cache_mode "
+    "PA_NZ where exec_kv_prefill asks for PA_BLK_NZ and drops the graph-mode ND re-writes "
+    "(_npu_reshape_and_cache) of an NZ cache. Installed only where the profile turns on TorchAir "
+    "graph mode and enable_kv_nz (the launcher sets VERL_PATCHES_KV_NZ from the config; the engine "
+    "build refuses a disagreement); static, so dynamo traces it with fullgraph=True. NPU kernels "
+    "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically"
+)
 
 PATCHES = [
     Patch(
@@ -16,9 +18,11 @@ PATCHES = [
         target="vllm_ascend.attention.mla_v1:torch_npu",
         kind=Kind.WRAP,
         fingerprint="sha256:36b141244838467c",
-        fingerprint_of=("vllm_ascend.attention.mla_v1:AscendMLAImpl.forward",
-                        "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv_prefill",
-                        "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv"),
+        fingerprint_of=(
+            "vllm_ascend.attention.mla_v1:AscendMLAImpl.forward",
+            "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv_prefill",
+            "vllm_ascend.attention.mla_v1:AscendMLAImpl.exec_kv",
+        ),
         replacement=lazy_call("verl_patches.patches.vllm_ascend.attention.kv_nz:proxied_torch_npu"),
         vendor_item="F4",
         reason=_KV_NZ_REASON,
@@ -35,7 +39,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:proxied_dist"),
         vendor_item="local",
         reason="per-step DP forward-metadata all-reduce over HCCL instead of Gloo (vendor measured rollout "
-               "385 s -> 322 s, never shipped); model_runner_v1's `dist` routes only that call to the device group",
+        "385 s -> 322 s, never shipped); model_runner_v1's `dist` routes only that call to the device group",
         devices=("npu",),
         rebind=False,
     ),
@@ -47,7 +51,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:wrap_forward_metadata"),
         vendor_item="local",
         reason="marks the DP metadata all-reduce so it runs on the DP group's device group (HCCL on A3; gloo "
-               "stays on CPU, where this patch does not apply)",
+        "stays on CPU, where this patch does not apply)",
         devices=("npu",),
     ),
 ]
@@ -62,7 +66,7 @@ PATCHES.append(
         replacement=lazy_call("verl_patches.rollout.kernels_path:with_kernel_dir"),
         vendor_item="K3",
         reason="vllm_ascend_C built once from the pinned sdist into a folder outside the vendored tree "
-               "(python -m verl_patches.rollout.kernels build); the package's search path includes it",
+        "(python -m verl_patches.rollout.kernels build); the package's search path includes it",
         devices=("npu",),
         rebind=False,
     )

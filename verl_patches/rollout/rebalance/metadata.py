@@ -32,10 +32,15 @@ def exchange(outgoing: Sequence[Any], group: Any = None) -> list[Any]:
     recv_sizes = torch.empty(world, dtype=torch.int64)
     dist.all_to_all_single(recv_sizes, send_sizes, group=group)
     recv = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
-    dist.all_to_all_single(recv, torch.cat(payloads), output_split_sizes=recv_sizes.tolist(),
-                           input_split_sizes=send_sizes.tolist(), group=group)
+    dist.all_to_all_single(
+        recv,
+        torch.cat(payloads),
+        output_split_sizes=recv_sizes.tolist(),
+        input_split_sizes=send_sizes.tolist(),
+        group=group,
+    )
     out, offset = [], 0
     for n in recv_sizes.tolist():
-        out.append(unpack(recv[offset:offset + n]) if n else None)
+        out.append(unpack(recv[offset : offset + n]) if n else None)
         offset += n
     return out

@@ -24,8 +24,9 @@ def attention_spec(hf_config: Any, block_size: int, dtype: torch.dtype) -> Any:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     head = hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim + hf_config.v_head_dim
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=hf_config.num_attention_heads, head_size=head,
-                             dtype=dtype, use_mla=True)
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=hf_config.num_attention_heads, head_size=head, dtype=dtype, use_mla=True
+    )
 
 
 def allocate(kv_cache_config: Any, hf_config: Any, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
@@ -52,18 +53,19 @@ class BlockKVCache(DynamicCache):
         self._qk, self._len = qk_dim, [0] * len(layers)
         self._slot_tokens = slot_tokens
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         buf, start, n = self._layers[layer_idx], self._len[layer_idx], key_states.shape[-2]
         if start + n > self._slot_tokens:
             raise RuntimeError(f"sequence longer than max_model_len ({self._slot_tokens} cached tokens)")
         if layer_idx == 0:
             self._seen_tokens += n
-        buf[:, start:start + n, :, : self._qk] = key_states.transpose(1, 2)
-        buf[:, start:start + n, :, self._qk:] = value_states.transpose(1, 2)
+        buf[:, start : start + n, :, : self._qk] = key_states.transpose(1, 2)
+        buf[:, start : start + n, :, self._qk :] = value_states.transpose(1, 2)
         self._len[layer_idx] = start + n
         kv = buf[:, : start + n].transpose(1, 2)  # [B, H, T, qk+v]
-        keys, values = kv[..., : self._qk], kv[..., self._qk:]
+        keys, values = kv[..., : self._qk], kv[..., self._qk :]
         while len(self.key_cache) <= layer_idx:
             self.key_cache.append(torch.tensor([]))
             self.value_cache.append(torch.tensor([]))

@@ -32,8 +32,13 @@ from verl_patches.rollout.standin import cache as kv
 from verl_patches.rollout.standin.model import StandinDeepseekV3
 from verl_patches.rollout.standin.sampler import sample
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "half": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
 BLOCK_SIZE = 16
 SAMPLING_GENERATOR = "rollout_standin.sampling"  # its name among the RNG states of a checkpoint
 
@@ -78,16 +83,32 @@ class StandinExecutor:
 
 
 class StandinLLM:
-    def __init__(self, model: str, tensor_parallel_size: int = 1, dtype: str = "float32", seed: int = 0,
-                 max_model_len: int | None = None, max_num_seqs: int = 64, load_format: str = "auto",
-                 enable_expert_parallel: bool = False, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        tensor_parallel_size: int = 1,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        load_format: str = "auto",
+        enable_expert_parallel: bool = False,
+        **engine_kwargs: Any,
+    ) -> None:
         from transformers import AutoConfig
 
         if tensor_parallel_size != 1:
             raise ValueError("the CPU rollout stand-in runs at tensor_parallel_size 1")
-        self.engine_kwargs = dict(engine_kwargs, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                                  max_model_len=max_model_len, max_num_seqs=max_num_seqs, load_format=load_format,
-                                  enable_expert_parallel=enable_expert_parallel)
+        self.engine_kwargs = dict(
+            engine_kwargs,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            load_format=load_format,
+            enable_expert_parallel=enable_expert_parallel,
+        )
         hf_config = AutoConfig.from_pretrained(model)
         hf_config._attn_implementation = "eager"
         torch_dtype = torch.float32 if dtype in (None, "auto") else _DTYPES.get(str(dtype), torch.float32)
@@ -114,11 +135,13 @@ class StandinLLM:
             compilation_config=SimpleNamespace(static_forward_context=context),
             cache_config=SimpleNamespace(num_gpu_blocks_override=None, block_size=BLOCK_SIZE),
             model_config=SimpleNamespace(max_model_len=self.max_model_len),
-            scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False))
+            scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+        )
         core = SimpleNamespace(model_executor=executor)
         initialize_kv_caches_keeping_configs(core, vllm_config)  # F3, with vLLM's own config helpers
-        self.llm_engine = SimpleNamespace(model_executor=executor, engine_core=SimpleNamespace(engine_core=core),
-                                          vllm_config=vllm_config)
+        self.llm_engine = SimpleNamespace(
+            model_executor=executor, engine_core=SimpleNamespace(engine_core=core), vllm_config=vllm_config
+        )
         self._slot_tokens = slot_blocks * BLOCK_SIZE
         # vLLM seeds its sampling stream from `seed` once, at engine start; a resumed run must continue the
         # stream where the saved run left it, so the actor's checkpoint (same process) carries its state.
@@ -146,12 +169,22 @@ class StandinLLM:
     def get_tokenizer(self) -> None:
         return None
 
-    def generate(self, prompts: Any = None, sampling_params: Any = None, use_tqdm: bool = False,
-                 lora_request: Any = None, **kwargs: Any) -> list[Any]:
+    def generate(
+        self,
+        prompts: Any = None,
+        sampling_params: Any = None,
+        use_tqdm: bool = False,
+        lora_request: Any = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         from vllm import SamplingParams
 
         requests = [_prompt_ids(p) for p in (prompts if isinstance(prompts, list) else [prompts])]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(requests)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(requests)
+        )
         runner = self.llm_engine.model_executor.runner
         if not runner.kv_caches:
             raise RuntimeError("the KV cache is freed: init_cache_engine() (or wake_up) before generate")
@@ -162,7 +195,7 @@ class StandinLLM:
         seqs = [(i, j, requests[i], params[i]) for i in range(len(requests)) for j in range(params[i].n)]
         results: dict[tuple[int, int], tuple[list[int], list[float], str]] = {}
         for start in range(0, len(seqs), self.max_num_seqs):
-            batch = seqs[start:start + self.max_num_seqs]
+            batch = seqs[start : start + self.max_num_seqs]
             by_params: dict[int, list] = {}
             for s in batch:  # one decode loop per distinct SamplingParams object
                 by_params.setdefault(id(s[3]), []).append(s)
@@ -179,12 +212,14 @@ class StandinLLM:
         batch, longest = len(prompts), max(len(p) for p in prompts)
         max_tokens = sp.max_tokens if sp.max_tokens is not None else self.max_model_len - longest
         if longest + max_tokens > self._slot_tokens:
-            raise ValueError(f"prompt ({longest}) + max_tokens ({max_tokens}) exceeds max_model_len {self.max_model_len}")
+            raise ValueError(
+                f"prompt ({longest}) + max_tokens ({max_tokens}) exceeds max_model_len {self.max_model_len}"
+            )
         ids = torch.full((batch, longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((batch, longest), dtype=torch.long)
         for b, p in enumerate(prompts):  # left padding: every sequence ends at the same column
-            ids[b, longest - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[b, longest - len(p):] = 1
+            ids[b, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[b, longest - len(p) :] = 1
         qk = runner.model.config.qk_nope_head_dim + runner.model.config.qk_rope_head_dim
         cache = kv.BlockKVCache(runner.kv_caches, self._slot_tokens, qk, batch)
         stops = set() if sp.ignore_eos else _as_set(self.eos_token_id) | set(sp.stop_token_ids or [])
@@ -197,8 +232,14 @@ class StandinLLM:
         for step in range(max_tokens):
             progress.unit("engine step", step + 1)  # hang diagnosis (CPU stand-in only; vLLM on NPU has none)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-            out = runner.model(step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True, cache_position=torch.arange(past, mask.shape[1]))
+            out = runner.model(
+                step_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=torch.arange(past, mask.shape[1]),
+            )
             past = mask.shape[1]
             nxt, lp = sample(out.logits[:, -1, :], sp.temperature, sp.top_k, sp.top_p, generator)
             for b in range(batch):
@@ -222,10 +263,24 @@ class StandinLLM:
         for j in range(sp.n):
             toks, lps, reason = results[(i, j)]
             logprobs = None if sp.logprobs is None else [{t: Logprob(logprob=lp)} for t, lp in zip(toks, lps)]
-            outputs.append(CompletionOutput(index=j, text="", token_ids=toks, cumulative_logprob=sum(lps),
-                                            logprobs=logprobs, finish_reason=reason))
-        return RequestOutput(request_id=str(next(self._request_ids)), prompt=None, prompt_token_ids=prompt,
-                             prompt_logprobs=None, outputs=outputs, finished=True)
+            outputs.append(
+                CompletionOutput(
+                    index=j,
+                    text="",
+                    token_ids=toks,
+                    cumulative_logprob=sum(lps),
+                    logprobs=logprobs,
+                    finish_reason=reason,
+                )
+            )
+        return RequestOutput(
+            request_id=str(next(self._request_ids)),
+            prompt=None,
+            prompt_token_ids=prompt,
+            prompt_logprobs=None,
+            outputs=outputs,
+            finished=True,
+        )
 
 
 def _ensure_vllm_parallel_state(tp: int) -> None:
@@ -236,9 +291,13 @@ def _ensure_vllm_parallel_state(tp: int) -> None:
 
     if not dist.is_initialized() or ps.model_parallel_is_initialized():
         return
-    ps.init_distributed_environment(world_size=dist.get_world_size(), rank=dist.get_rank(),
-                                    distributed_init_method="env://",
-                                    local_rank=int(os.environ.get("LOCAL_RANK", "0")), backend="gloo")
+    ps.init_distributed_environment(
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        distributed_init_method="env://",
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        backend="gloo",
+    )
     ps.ensure_model_parallel_initialized(tp, 1)
 
 

@@ -62,8 +62,14 @@ def _set_param(root: nn.Module, dotted: str, param: nn.Parameter) -> None:
 
 
 class StandinDeepseekV3(nn.Module):
-    def __init__(self, hf_config: Any, dtype: torch.dtype = torch.float32, ep_size: int = 1, ep_rank: int = 0,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        dtype: torch.dtype = torch.float32,
+        ep_size: int = 1,
+        ep_rank: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__()
         from transformers import DeepseekV3ForCausalLM
 
@@ -79,8 +85,9 @@ class StandinDeepseekV3(nn.Module):
         # Parameters and persistent buffers (the router's e_score_correction_bias is a buffer in HF and a
         # parameter in vLLM): everything a checkpoint carries.
         hf_params = {n: t for n, t in hf.state_dict(keep_vars=True).items()}
-        shapes, self._slots = vllm_layout({n: p.shape for n, p in hf_params.items()}, hf_config.n_routed_experts,
-                                          self.experts)
+        shapes, self._slots = vllm_layout(
+            {n: p.shape for n, p in hf_params.items()}, hf_config.n_routed_experts, self.experts
+        )
         for vname, shape in shapes.items():
             param = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
             _set_param(self, vname, param)
@@ -105,7 +112,7 @@ class StandinDeepseekV3(nn.Module):
         if slot.expert is not None:
             t = t[slot.expert]
         if slot.rows is not None:
-            t = t[slot.rows[0]:slot.rows[1]]
+            t = t[slot.rows[0] : slot.rows[1]]
         return t
 
     def bind_views(self) -> None:
@@ -137,10 +144,17 @@ class StandinDeepseekV3(nn.Module):
 
     def _stacked_loader(self, param: nn.Parameter, weight: torch.Tensor, shard_id: int) -> None:
         rows = param.data.shape[0] // 2
-        self._copy(param.data[shard_id * rows:(shard_id + 1) * rows], weight, f"gate_up_proj shard {shard_id}")
+        self._copy(param.data[shard_id * rows : (shard_id + 1) * rows], weight, f"gate_up_proj shard {shard_id}")
 
-    def _expert_loader(self, param: nn.Parameter, weight: torch.Tensor, weight_name: str, shard_id: str,
-                       expert_id: int, return_success: bool = False) -> bool | None:
+    def _expert_loader(
+        self,
+        param: nn.Parameter,
+        weight: torch.Tensor,
+        weight_name: str,
+        shard_id: str,
+        expert_id: int,
+        return_success: bool = False,
+    ) -> bool | None:
         if expert_id not in self.experts:  # served by another EP rank: skipped, as vLLM's FusedMoE does
             return False if return_success else None
         local = self.experts.index(expert_id)
@@ -149,7 +163,7 @@ class StandinDeepseekV3(nn.Module):
         else:
             rows = param.data.shape[1] // 2
             start = 0 if shard_id == "w1" else rows
-            self._copy(param.data[local, start:start + rows], weight, f"{weight_name} expert {expert_id} {shard_id}")
+            self._copy(param.data[local, start : start + rows], weight, f"{weight_name} expert {expert_id} {shard_id}")
         return True if return_success else None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -169,7 +183,9 @@ class StandinDeepseekV3(nn.Module):
     # ---- compute -----------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         if self.ep_size > 1:
-            raise StandinError("the CPU stand-in computes with EP size 1 only (it holds EP-local experts at any "
-                               "EP size; vllm-ascend's EP all-gather/reduce-scatter needs its kernels)")
+            raise StandinError(
+                "the CPU stand-in computes with EP size 1 only (it holds EP-local experts at any "
+                "EP size; vllm-ascend's EP all-gather/reduce-scatter needs its kernels)"
+            )
         self.bind_views()
         return self.hf(input_ids=input_ids, **kwargs)

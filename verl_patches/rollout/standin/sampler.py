@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] -> (tokens [B], log-probs of those tokens at the sampling temperature [B])."""
     logits = logits.float()
     greedy = temperature < 1e-5

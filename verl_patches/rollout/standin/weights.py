@@ -35,8 +35,12 @@ def stacked_params_mapping() -> tuple[tuple[str, str, int], ...]:
 def expert_params_mapping(num_experts: int) -> list[tuple[str, str, int, str]]:
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
-    return FusedMoE.make_expert_params_mapping(ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
-                                               ckpt_up_proj_name="up_proj", num_experts=num_experts)
+    return FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=num_experts,
+    )
 
 
 def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> list[int]:
@@ -59,8 +63,9 @@ class Slot:
     rows: tuple[int, int] | None
 
 
-def vllm_layout(hf_shapes: dict[str, torch.Size], num_experts: int, experts: list[int]
-                ) -> tuple[dict[str, tuple[int, ...]], dict[str, Slot]]:
+def vllm_layout(
+    hf_shapes: dict[str, torch.Size], num_experts: int, experts: list[int]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, Slot]]:
     """vLLM parameter shapes (TP 1, EP-local experts) and, per HF parameter name held here, its slot.
 
     Names are mapped with vLLM's own tables in vLLM's order (stacked first, then experts, else as is);

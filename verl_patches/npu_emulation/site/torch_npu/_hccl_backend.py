@@ -9,8 +9,10 @@ def _create_gloo_as_hccl(store, group_rank, group_size, timeout):
 
     if npu.device_count() > 1 and not npu.device_was_set():
         # HCCL binds the current device; without set_device every rank of a node would take device 0
-        raise RuntimeError(f"hccl process group on rank {group_rank}: this process sees {npu.device_count()} NPUs "
-                           f"(ASCEND_RT_VISIBLE_DEVICES) and never called torch.npu.set_device")
+        raise RuntimeError(
+            f"hccl process group on rank {group_rank}: this process sees {npu.device_count()} NPUs "
+            f"(ASCEND_RT_VISIBLE_DEVICES) and never called torch.npu.set_device"
+        )
     return dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
 
 

@@ -65,8 +65,15 @@ class FrozenParameterGraph:
 
         self.gm = gm
         names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-        self.frozen = ([(i, parameter_name(names[i]) if i < len(names) else f"input {i}") for i, x in enumerate(example_inputs)
-                        if isinstance(x, torch.nn.Parameter)] if frozen else [])
+        self.frozen = (
+            [
+                (i, parameter_name(names[i]) if i < len(names) else f"input {i}")
+                for i, x in enumerate(example_inputs)
+                if isinstance(x, torch.nn.Parameter)
+            ]
+            if frozen
+            else []
+        )
         self.bound: dict[int, tuple[int, int]] | None = None
         self.runs = 0
 
@@ -81,7 +88,8 @@ class FrozenParameterGraph:
                     raise FrozenParameterMoved(
                         f"TorchAir frozen_parameter: {len(moved)} parameter(s) moved after the graph's first run "
                         f"(TorchAir would keep reading the old addresses): {', '.join(moved[:5])}"
-                        + (" ..." if len(moved) > 5 else ""))
+                        + (" ..." if len(moved) > 5 else "")
+                    )
         self.runs += 1
         return self.gm(*args)
 

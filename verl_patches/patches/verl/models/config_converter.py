@@ -11,6 +11,7 @@ would build: ``core_transformer_config_from_args(get_args())``. Two things are a
   ``**kwargs`` and crashed on any override); every key must be a field of the config, else one error
   names it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,11 @@ def hf_arg_mismatches(hf_config: Any, args: Any) -> list[str]:
         arg_val = getattr(args, arg_key, None)
         if hf_val is None or arg_val is None:
             continue
-        same = abs(float(hf_val) - float(arg_val)) <= 1e-12 * max(1.0, abs(float(hf_val))) \
-            if isinstance(hf_val, float) or isinstance(arg_val, float) else hf_val == arg_val
+        same = (
+            abs(float(hf_val) - float(arg_val)) <= 1e-12 * max(1.0, abs(float(hf_val)))
+            if isinstance(hf_val, float) or isinstance(arg_val, float)
+            else hf_val == arg_val
+        )
         if not same:
             out.append(f"model config {hf_key}={hf_val!r} but Megatron argument {arg_key}={arg_val!r}")
     return out
@@ -67,7 +71,8 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any], where: str) -> An
     if unknown:
         raise UnknownOverrideError(
             f"{where}.{unknown[0]} is not a field of {type(config).__name__}"
-            + (f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""))
+            + (f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else "")
+        )
     for k, v in overrides.items():
         setattr(config, k, v)
     return config
@@ -85,7 +90,8 @@ def hf_to_mcore_config_dpskv3(hf_config: Any, dtype: torch.dtype, **override_tra
     if getattr(hf_config, "num_nextn_predict_layers", 0):
         raise ConfigMismatchError(
             f"model config num_nextn_predict_layers={hf_config.num_nextn_predict_layers}: multi-token prediction "
-            "is not trained on this stack; set it to 0 (verl_patches/scripts/make_config.py does)")
+            "is not trained on this stack; set it to 0 (verl_patches/scripts/make_config.py does)"
+        )
     config = core_transformer_config_from_args(args)
     # verl trains in the dtype it asks for; MindSpeed-LLM's arguments may carry another default
     config.params_dtype = dtype

@@ -12,6 +12,7 @@ The vendor's in-place ``logits -= max`` on bf16 logits would round every shifted
 writes into the logits. MindSpeed registers its own ``calculate_predicted_logits`` (also out of place) at
 initialisation; either one pairs correctly with G6.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,13 @@ def calculate_logits_max(vocab_parallel_logits: torch.Tensor) -> tuple[torch.Ten
     return vocab_parallel_logits, torch.max(vocab_parallel_logits, dim=-1)[0].float()
 
 
-def calculate_predicted_logits(vocab_parallel_logits: torch.Tensor, target: torch.Tensor, logits_max: torch.Tensor,
-                               vocab_start_index: int, vocab_end_index: int) -> tuple:
+def calculate_predicted_logits(
+    vocab_parallel_logits: torch.Tensor,
+    target: torch.Tensor,
+    logits_max: torch.Tensor,
+    vocab_start_index: int,
+    vocab_end_index: int,
+) -> tuple:
     shifted = vocab_parallel_logits - logits_max.float().unsqueeze(-1)  # the one fp32 working tensor
     target_mask = (target < vocab_start_index) | (target >= vocab_end_index)
     masked_target_1d = ((target - vocab_start_index) * ~target_mask).view(-1)

@@ -46,12 +46,14 @@ PATCHES = [
         target="verl.models.mcore.registry:MODEL_CONFIG_CONVERTER_REGISTRY",
         kind=Kind.WRAP,
         fingerprint="sha256:e0c7bf10a86acd73",
-        fingerprint_of=("verl.models.mcore.registry:MODEL_CONFIG_CONVERTER_REGISTRY",
-                        "verl.models.mcore.config_converter:hf_to_mcore_config_dpskv3"),
+        fingerprint_of=(
+            "verl.models.mcore.registry:MODEL_CONFIG_CONVERTER_REGISTRY",
+            "verl.models.mcore.config_converter:hf_to_mcore_config_dpskv3",
+        ),
         replacement=lazy_call(f"{_M}.registry_entries:config_converters"),
         vendor_item="G8",
         reason="DeepSeek-V3's transformer config is MindSpeed-LLM's (from the Megatron arguments), checked against "
-               "the HF config, with override_transformer_config honoured",
+        "the HF config, with override_transformer_config honoured",
         rebind=False,
     ),
     Patch(
@@ -59,12 +61,14 @@ PATCHES = [
         target="verl.models.mcore.registry:MODEL_INITIALIZER_REGISTRY",
         kind=Kind.WRAP,
         fingerprint="sha256:50c343d862dccc4e",
-        fingerprint_of=("verl.models.mcore.registry:MODEL_INITIALIZER_REGISTRY",
-                        "verl.models.mcore.model_initializer:DeepseekV3Model"),
+        fingerprint_of=(
+            "verl.models.mcore.registry:MODEL_INITIALIZER_REGISTRY",
+            "verl.models.mcore.model_initializer:DeepseekV3Model",
+        ),
         replacement=lazy_call(f"{_M}.registry_entries:model_initializers"),
         vendor_item="G9",
         reason="build DeepSeek-V3 from MindSpeed-LLM's deepseek layer spec (MLA, dense then MoE, shared and "
-               "grouped-GEMM experts, router bias); verl's needs Megatron >= 0.12 spec builders and MTP",
+        "grouped-GEMM experts, router bias); verl's needs Megatron >= 0.12 spec builders and MTP",
         rebind=False,
     ),
     Patch(
@@ -72,12 +76,14 @@ PATCHES = [
         target="verl.models.mcore.registry:MODEL_FORWARD_REGISTRY",
         kind=Kind.WRAP,
         fingerprint="sha256:7d531650b518eb5e",
-        fingerprint_of=("verl.models.mcore.registry:MODEL_FORWARD_REGISTRY",
-                        "verl.models.mcore.model_forward:gptmodel_forward"),
+        fingerprint_of=(
+            "verl.models.mcore.registry:MODEL_FORWARD_REGISTRY",
+            "verl.models.mcore.model_forward:gptmodel_forward",
+        ),
         replacement=lazy_call(f"{_M}.registry_entries:forward_fns"),
         vendor_item="G11",
         reason="non-packed forward with the NPU flash-attention mask and the actor's logits processor "
-               "(upstream's non-packed branch refuses it)",
+        "(upstream's non-packed branch refuses it)",
         rebind=False,
     ),
     Patch(
@@ -88,7 +94,7 @@ PATCHES = [
         replacement=lazy_call(f"{_M}.cross_entropy:logits_max_staticmethod"),
         vendor_item="G6",
         reason="the max of the logits in their own dtype (exact), returned in fp32: no full fp32 copy of the "
-               "logits for verl's log-probs",
+        "logits for verl's log-probs",
     ),
     Patch(
         name="verl.models.cross_entropy_shift_out_of_place",
@@ -98,6 +104,6 @@ PATCHES = [
         replacement=lazy_call(f"{_M}.cross_entropy:predicted_logits_staticmethod"),
         vendor_item="G7",
         reason="logits - max into one fp32 tensor (exp in place on it): upstream's in-place shift would round "
-               "bf16 logits once G6 stops copying them",
+        "bf16 logits once G6 stops copying them",
     ),
 ]

@@ -4,6 +4,7 @@ verl v0.4.0's ``config_converter`` imports it at module level, so without it not
 imports. On this stack MLA is built by MindSpeed-LLM from its global arguments, not from this class; the
 shim carries the MLA fields newer Megatron has so a config built from it reads the same, and nothing more.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ padding is removed, the mask becomes the ``[B, 1, S, S]`` boolean mask ``npu_fus
 back at the original positions, and the ``logits_processor`` runs on them. Packed sequences are refused
 with a clear error: MindSpeed-LLM's MLA takes no ``packed_seq_params`` on this stack.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -27,22 +28,31 @@ def npu_fa_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (future[None] | pad)[:, None]
 
 
-def gptmodel_forward(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     position_ids: torch.Tensor, sequence_parallel: bool, value_model: bool = False,
-                     pack_seqs: bool = False, logits_processor: Callable[..., dict] | None = None,
-                     logits_processor_args: dict | None = None) -> Any:
+def gptmodel_forward(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    sequence_parallel: bool,
+    value_model: bool = False,
+    pack_seqs: bool = False,
+    logits_processor: Callable[..., dict] | None = None,
+    logits_processor_args: dict | None = None,
+) -> Any:
     from verl.models.mcore.util import recover_left_padding, remove_left_padding
     from verl.utils.megatron_utils import unwrap_model
 
     if pack_seqs:
         raise PackedSequencesUnsupported(
             "actor_rollout_ref.actor.use_packed_seq=True: packed sequences are not supported for DeepSeek-V3 on "
-            "core_r0.8.0 + MindSpeed-LLM (its MLA takes no packed_seq_params); set it to False")
+            "core_r0.8.0 + MindSpeed-LLM (its MLA takes no packed_seq_params); set it to False"
+        )
     inner = unwrap_model(model)
     pre_process, post_process = inner.pre_process, inner.post_process
     seq_len = attention_mask.shape[1]
-    new_ids, new_mask, new_pos = remove_left_padding(input_ids, attention_mask, position_ids, sequence_parallel,
-                                                      pre_process=pre_process)
+    new_ids, new_mask, new_pos = remove_left_padding(
+        input_ids, attention_mask, position_ids, sequence_parallel, pre_process=pre_process
+    )
     output = model(input_ids=new_ids, attention_mask=npu_fa_mask(new_mask), position_ids=new_pos)
     output = recover_left_padding(output, new_mask.bool(), attention_mask.bool(), seq_len, post_process=post_process)
     if value_model and post_process:

@@ -6,6 +6,7 @@ then MoE MLPs (``first_k_dense_replace``), the shared experts, grouped-GEMM rout
 with its expert bias, all configured from Megatron's global arguments; rotary/yarn scaling comes from those
 arguments too, so no rope arguments are passed to ``GPTModel`` here.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,9 +30,15 @@ class DeepseekV3Model:
     def get_rope_scaling_args(self) -> dict:
         return {}
 
-    def initialize(self, pre_process: bool = True, post_process: bool = True,
-                   share_embeddings_and_output_weights: bool = False, value: bool = False,
-                   freeze_moe_router: bool = False, **_: Any) -> Any:
+    def initialize(
+        self,
+        pre_process: bool = True,
+        post_process: bool = True,
+        share_embeddings_and_output_weights: bool = False,
+        value: bool = False,
+        freeze_moe_router: bool = False,
+        **_: Any,
+    ) -> Any:
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.training import get_args
 

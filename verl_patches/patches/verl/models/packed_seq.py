@@ -3,6 +3,7 @@
 verl's ``preprocess_packed_seqs`` constructs ``PackedSeqParams(cu_seqlens_q_padded=..., cu_seqlens_kv_padded=...)``;
 core_r0.8.0's dataclass lacks both fields, so the packed path stops with a TypeError before the model runs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

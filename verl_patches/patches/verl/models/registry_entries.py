@@ -3,6 +3,7 @@
 verl keys its registries by the ``SupportedModel`` enum; the patch replaces the whole mapping by a copy whose
 DeepSeek-V3 entry is ours, so the module-global lookups in ``verl.models.mcore.registry`` find it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping

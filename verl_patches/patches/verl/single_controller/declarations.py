@@ -9,9 +9,11 @@ PATCHES = [
         target="verl.single_controller.ray.base:RayWorkerGroup.__init__",
         kind=Kind.WRAP,
         fingerprint="sha256:78dad8337e9b5b52",
-        fingerprint_of=("verl.single_controller.ray.base:RayWorkerGroup.__init__",
-                        "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
-                        "verl.single_controller.ray.base:RayClassWithInitArgs.__call__"),
+        fingerprint_of=(
+            "verl.single_controller.ray.base:RayWorkerGroup.__init__",
+            "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
+            "verl.single_controller.ray.base:RayClassWithInitArgs.__call__",
+        ),
         replacement=lazy_call("verl_patches.patches.verl.single_controller.ray_base:ray_device_for_cpu"),
         vendor_item="local",
         reason="verl asks Ray for a 'cpu' resource on CPU hosts, which no cluster offers; use the logical GPU slots",
@@ -25,12 +27,14 @@ PATCHES.append(
         target="verl.single_controller.base.decorator:get_predefined_dispatch_fn",
         kind=Kind.WRAP,
         fingerprint="sha256:acb2891f52de8bb0",
-        fingerprint_of=("verl.single_controller.base.decorator:get_predefined_dispatch_fn",
-                        "verl.single_controller.base.decorator:dispatch_megatron_compute_data_proto"),
+        fingerprint_of=(
+            "verl.single_controller.base.decorator:get_predefined_dispatch_fn",
+            "verl.single_controller.base.decorator:dispatch_megatron_compute_data_proto",
+        ),
         replacement=lazy_call("verl_patches.patches.verl.single_controller.dispatch:with_dp_rank_map"),
         vendor_item="B1",
         reason="MEGATRON_COMPUTE_PROTO writes meta_info['global_megatron_dp_ranks'] so workers can reshard "
-               "batch data between rollout chunks and Megatron DP slices on the device (C2)",
+        "batch data between rollout chunks and Megatron DP slices on the device (C2)",
     )
 )
 
@@ -45,8 +49,8 @@ PATCHES += [
         replacement=lazy_object("verl_patches.resilience.worker_deadline:func_generator"),
         vendor_item="local",
         reason="the driver never waits for a worker group without a bound: a call whose outstanding workers make "
-               "no progress for VERL_PATCHES_COLLECTIVE_TIMEOUT_S names them (rank, node, pid, phase, step) and "
-               "ends the job; a dead worker is named at once; upstream's ray.get while that variable is unset",
+        "no progress for VERL_PATCHES_COLLECTIVE_TIMEOUT_S names them (rank, node, pid, phase, step) and "
+        "ends the job; a dead worker is named at once; upstream's ray.get while that variable is unset",
     ),
     Patch(
         name="resilience.verl.worker.heartbeat",
@@ -56,7 +60,7 @@ PATCHES += [
         replacement=lazy_call("verl_patches.patches.verl.workers.progress_points:start_heartbeat"),
         vendor_item="local",
         reason="every worker process publishes its progress (rank, node, pid, phase, step, micro-batch) from a "
-               "side thread that runs while its main thread is blocked; not started while "
-               "VERL_PATCHES_COLLECTIVE_TIMEOUT_S is unset",
+        "side thread that runs while its main thread is blocked; not started while "
+        "VERL_PATCHES_COLLECTIVE_TIMEOUT_S is unset",
     ),
 ]

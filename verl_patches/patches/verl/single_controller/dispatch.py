@@ -6,6 +6,7 @@ the map global rank → Megatron DP rank. The driver knows it (``worker_group.ge
 the dispatch writes it into the first DataProto argument's ``meta_info`` before chunking, as upstream
 chunks it; the chunks share ``meta_info``, so every worker receives the map.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,6 +33,7 @@ def annotate_dp_ranks(dispatch_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def with_dp_rank_map(get_predefined_dispatch_fn: Callable[..., dict]) -> Callable[..., dict]:
     """Wrap verl's dispatch lookup: MEGATRON_COMPUTE_PROTO's dispatch_fn annotates, collect_fn unchanged."""
+
     @functools.wraps(get_predefined_dispatch_fn)
     def lookup(dispatch_mode: Any) -> dict:
         fns = get_predefined_dispatch_fn(dispatch_mode)

@@ -22,7 +22,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.verl.trainer.main_ppo:start_ray_with_overlay"),
         vendor_item="A1",
         reason="every Ray worker must run our prelude (worker_process_setup_hook) and see the repo root; "
-               "on CPU, Ray offers logical GPU slots for verl's resource pools",
+        "on CPU, Ray offers logical GPU slots for verl's resource pools",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -33,7 +33,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.trainer.fused_role:with_fused_role"),
         vendor_item="A1",
         reason="with overlay.fused_actor_rollout_ref=True one actor_rollout_ref worker group plays actor, rollout "
-               "and reference on one pool (ref_policy_wg is actor_rollout_wg); otherwise upstream's init",
+        "and reference on one pool (ref_policy_wg is actor_rollout_wg); otherwise upstream's init",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -44,9 +44,9 @@ PATCHES = [
         replacement=lazy_call("verl_patches.trainer.fit_loop:with_overlay_fit"),
         vendor_item="A2",
         reason="skip the old-log-prob pass when recompute_old_log_prob=False (exact on-policy only), ship only "
-               "what the D2D tensor cache (overlay.d2d_tensor_cache, D2D_DATA_TRANSFER overrides) leaves to the "
-               "driver, give every worker call the step (for hang diagnosis), log the rollout/train "
-               "log-prob mismatch every step and the worker classes that ran; REMAX keeps upstream's fit",
+        "what the D2D tensor cache (overlay.d2d_tensor_cache, D2D_DATA_TRANSFER overrides) leaves to the "
+        "driver, give every worker call the step (for hang diagnosis), log the rollout/train "
+        "log-prob mismatch every step and the worker classes that ran; REMAX keeps upstream's fit",
         devices=ALL_DEVICES,
     ),
 ]

@@ -20,8 +20,10 @@ def start_ray_with_overlay(run_ppo: Callable[..., Any]) -> Callable[..., Any]:
         if not ray.is_initialized():
             ray.init(**ray_init_kwargs(config, device_kind()))
         else:
-            logger.warning("Ray was started before run_ppo: workers get our patches only if that ray.init passed "
-                           "runtime_env=verl_patches.launch.ray_runtime.runtime_env()")
+            logger.warning(
+                "Ray was started before run_ppo: workers get our patches only if that ray.init passed "
+                "runtime_env=verl_patches.launch.ray_runtime.runtime_env()"
+            )
         return run_ppo(config, *args, **kwargs)
 
     return wrapper

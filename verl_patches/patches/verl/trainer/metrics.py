@@ -17,8 +17,14 @@ from verl_patches.patches.verl.workers.step_timing import META_KEY
 DIES_PER_CARD_ENV = "VERL_PATCHES_DIES_PER_CARD"
 
 
-def reference_step_metrics(timing_raw: dict[str, float], total_tokens: float, response_tokens: float,
-                           n_dies: int, dies_per_card: int, switch: dict[str, float]) -> dict[str, float]:
+def reference_step_metrics(
+    timing_raw: dict[str, float],
+    total_tokens: float,
+    response_tokens: float,
+    n_dies: int,
+    dies_per_card: int,
+    switch: dict[str, float],
+) -> dict[str, float]:
     """Pure: the extra metrics from verl's timings and token counts."""
     cards = max(n_dies / dies_per_card, 1e-9)
     out: dict[str, float] = {}
@@ -44,12 +50,15 @@ def with_reference_metrics(compute: Callable[..., dict[str, Any]]) -> Callable[.
         metrics = compute(batch, timing_raw, n_gpus)
         total = float(sum(batch.meta_info.get("global_token_num", [0])))
         try:
-            response = float(batch.batch["attention_mask"][:, -batch.batch["responses"].shape[-1]:].sum())
+            response = float(batch.batch["attention_mask"][:, -batch.batch["responses"].shape[-1] :].sum())
         except (KeyError, TypeError, AttributeError):
             response = 0.0
         dies_per_card = int(os.environ.get(DIES_PER_CARD_ENV, "1"))
-        metrics.update(reference_step_metrics(timing_raw, total, response, n_gpus, dies_per_card,
-                                              batch.meta_info.get(META_KEY, {})))
+        metrics.update(
+            reference_step_metrics(
+                timing_raw, total, response, n_gpus, dies_per_card, batch.meta_info.get(META_KEY, {})
+            )
+        )
         return metrics
 
     return compute_throughout_metrics

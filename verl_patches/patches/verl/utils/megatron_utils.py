@@ -13,6 +13,7 @@
 (Upstream v0.4.0 already offloads ``expert_parallel_buffers`` in ``offload_megatron_model_to_cpu``, the
 other half of the vendor's C4; nothing to change there.)
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
@@ -31,6 +32,7 @@ def num_layer_list(config: Any) -> tuple[int, ...] | None:
         return found
     try:
         from megatron.training import get_args
+
         args = get_args()
     except Exception:  # megatron.training absent or its arguments not parsed: no uneven list
         return None
@@ -41,13 +43,15 @@ def layer_offset(pipeline_rank: int, num_layers: int, pp: int, layer_list: Seque
     """Global index of stage ``pipeline_rank``'s first layer (pure)."""
     if layer_list:
         if len(layer_list) != pp or sum(layer_list) != num_layers:
-            raise InvalidLayoutError("layer_list_matches_model",
-                                     f"num_layer_list {list(layer_list)} does not split {num_layers} layers "
-                                     f"over {pp} pipeline stages")
+            raise InvalidLayoutError(
+                "layer_list_matches_model",
+                f"num_layer_list {list(layer_list)} does not split {num_layers} layers over {pp} pipeline stages",
+            )
         return layer_offsets(layer_list)[pipeline_rank]
     if num_layers % pp:
-        raise InvalidLayoutError("even_split_or_layer_list",
-                                 f"{num_layers} layers do not split evenly over {pp} stages; set num_layer_list")
+        raise InvalidLayoutError(
+            "even_split_or_layer_list", f"{num_layers} layers do not split evenly over {pp} stages; set num_layer_list"
+        )
     return pipeline_rank * (num_layers // pp)
 
 
@@ -60,9 +64,14 @@ def get_transformer_layer_offset(pipeline_rank: int, vp_rank: int | None, config
     return layer_offset(pipeline_rank, int(config.num_layers), pp, num_layer_list(config))
 
 
-def per_tensor_generator(actor_module: Any, model_config: Any, weight_converter: Any, transformer_config: Any,
-                         layer_name_mapping: Any, convert_qkv_gate_up_by_simple_split: bool = True
-                         ) -> Iterator[tuple[str, torch.Tensor]]:
+def per_tensor_generator(
+    actor_module: Any,
+    model_config: Any,
+    weight_converter: Any,
+    transformer_config: Any,
+    layer_name_mapping: Any,
+    convert_qkv_gate_up_by_simple_split: bool = True,
+) -> Iterator[tuple[str, torch.Tensor]]:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from vllm.distributed import parallel_state as vllm_ps
@@ -75,6 +84,7 @@ def per_tensor_generator(actor_module: Any, model_config: Any, weight_converter:
     local = src.local_state([unwrap_model(m) for m in actor_module])
     training = src.megatron_layout(mpu, rank, world)
     rollout = src.rollout_layout(world, vllm_ps.get_tensor_model_parallel_world_size())
-    plan = src.sync_plan(src.hf_config_dict(model_config), training, rollout, num_layer_list(transformer_config),
-                         src.model_dtype(local))
+    plan = src.sync_plan(
+        src.hf_config_dict(model_config), training, rollout, num_layer_list(transformer_config), src.model_dtype(local)
+    )
     return iter_rollout_weights(plan, rank, local, src.megatron_groups(mpu))

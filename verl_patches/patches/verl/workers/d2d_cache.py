@@ -26,6 +26,7 @@ Upstream's methods move their outputs to the host; the cached copies are moved b
 the vendor's replaced methods; the trip through the driver (Ray's serial dispatch to every rank) is what
 D2D removes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,15 @@ from verl_patches.resilience import progress
 from verl_patches.reshard.dp_plan import DpRankMap
 from verl_patches.reshard.errors import TensorCacheError, TensorCachePreconditionError
 from verl_patches.reshard.tensor_cache import TensorCache
-from verl_patches.trainer.step_payloads import (CACHED_BY_GENERATE, D2D_META_KEY, GENERATE_TO_DRIVER_WITH_D2D,
-                                                OPTIONAL_FROM_GENERATE, REF_INPUTS, REF_OUTPUT, UPDATE_FROM_CACHE)
+from verl_patches.trainer.step_payloads import (
+    CACHED_BY_GENERATE,
+    D2D_META_KEY,
+    GENERATE_TO_DRIVER_WITH_D2D,
+    OPTIONAL_FROM_GENERATE,
+    REF_INPUTS,
+    REF_OUTPUT,
+    UPDATE_FROM_CACHE,
+)
 
 logger = logging.getLogger("verl_patches")
 
@@ -59,11 +67,14 @@ def check_worker_preconditions(worker: Any) -> None:
     """What the worker can see of the D2D preconditions (the driver's config checks cover the rest)."""
     a = "actor_rollout_ref.actor"
     violations: dict[str, str] = {}
-    if not (getattr(worker, "_is_actor", False) and getattr(worker, "_is_rollout", False)
-            and getattr(worker, "_is_ref", False)):
+    if not (
+        getattr(worker, "_is_actor", False)
+        and getattr(worker, "_is_rollout", False)
+        and getattr(worker, "_is_ref", False)
+    ):
         violations["overlay.fused_actor_rollout_ref"] = (
-            "must be true: generate, ref and update must run in one worker (role actor_rollout_ref) to share "
-            "the cache")
+            "must be true: generate, ref and update must run in one worker (role actor_rollout_ref) to share the cache"
+        )
     actor = worker.config.actor
     if not actor.get("use_kl_loss", False):
         violations[f"{a}.use_kl_loss"] = "must be true: the update reads ref_log_prob from the cache"
@@ -84,8 +95,9 @@ def cache_for_generate(worker: Any, local_rows: int) -> TensorCache:
     the step's batch size changes; left-over entries of an unfinished step are dropped."""
     cache = cache_of(worker)
     if cache is not None and len(cache):
-        logger.warning("rank %s: D2D tensor cache still held %s from an unfinished step; dropped",
-                       worker.rank, cache.keys())
+        logger.warning(
+            "rank %s: D2D tensor cache still held %s from an unfinished step; dropped", worker.rank, cache.keys()
+        )
         cache.clear()
     world = int(worker.world_size)
     if cache is None or cache.global_rows != local_rows * world:
@@ -96,32 +108,40 @@ def cache_for_generate(worker: Any, local_rows: int) -> TensorCache:
         cache = TensorCache(DpRankMap(tuple(range(world))), int(worker.rank), local_rows * world)
         setattr(worker, CACHE_ATTR, cache)
         if int(worker.rank) == 0:  # one line per job in the log, saying the path ran
-            print(f"verl_patches D2D tensor cache on (rank 0 of {world}): {local_rows} rollout rows per rank, "
-                  f"{local_rows * world} per step; ref and update read them resharded to the Megatron DP layout",
-                  flush=True)
+            print(
+                f"verl_patches D2D tensor cache on (rank 0 of {world}): {local_rows} rollout rows per rank, "
+                f"{local_rows * world} per step; ref and update read them resharded to the Megatron DP layout",
+                flush=True,
+            )
     return cache
 
 
 def _cache_in_step(worker: Any, call: str) -> TensorCache:
     cache = cache_of(worker)
     if cache is None or not len(cache):
-        raise D2DFlowError(f"rank {worker.rank}: {call} with the D2D flow, but generate_sequences cached nothing "
-                           f"in this step (the driver must run generate with meta_info[{D2D_META_KEY!r}]=True first)")
+        raise D2DFlowError(
+            f"rank {worker.rank}: {call} with the D2D flow, but generate_sequences cached nothing "
+            f"in this step (the driver must run generate with meta_info[{D2D_META_KEY!r}]=True first)"
+        )
     return cache
 
 
 def _dp_ranks(worker: Any, data: Any, call: str) -> list[int]:
     ranks = data.meta_info.get(DP_RANKS_META_KEY)
     if ranks is None:
-        raise D2DFlowError(f"rank {worker.rank}: {call} with the D2D flow needs meta_info[{DP_RANKS_META_KEY!r}] (the "
-                           f"MEGATRON_COMPUTE_PROTO dispatch patch writes it); it is missing")
+        raise D2DFlowError(
+            f"rank {worker.rank}: {call} with the D2D flow needs meta_info[{DP_RANKS_META_KEY!r}] (the "
+            f"MEGATRON_COMPUTE_PROTO dispatch patch writes it); it is missing"
+        )
     return list(ranks)
 
 
 def _check_rows(worker: Any, data: Any, cache: TensorCache, call: str) -> None:
     if len(data) != cache.rows_per_dp_rank:
-        raise D2DFlowError(f"rank {worker.rank}: {call} got {len(data)} rows from the driver, the cached batch has "
-                           f"{cache.rows_per_dp_rank} per Megatron DP rank (did the driver reorder or pad the batch?)")
+        raise D2DFlowError(
+            f"rank {worker.rank}: {call} got {len(data)} rows from the driver, the cached batch has "
+            f"{cache.rows_per_dp_rank} per Megatron DP rank (did the driver reorder or pad the batch?)"
+        )
 
 
 def _with_cached(data: Any, cached: Any) -> Any:
@@ -152,12 +172,18 @@ def wrap_generate_sequences(original: Callable) -> Callable:
         keys = list(output.batch.keys())
         missing = [k for k in CACHED_BY_GENERATE if k not in keys and k not in OPTIONAL_FROM_GENERATE]
         if missing:
-            raise D2DFlowError(f"rank {self.rank}: generate_sequences returned no {missing} (has {sorted(keys)}); the "
-                               f"D2D cache needs them for ref and update")
+            raise D2DFlowError(
+                f"rank {self.rank}: generate_sequences returned no {missing} (has {sorted(keys)}); the "
+                f"D2D cache needs them for ref and update"
+            )
         cache = cache_for_generate(self, len(output))
         try:
-            cache.cache_tensors(output, keys=[k for k in CACHED_BY_GENERATE if k in keys],
-                                keys_to_reserve=GENERATE_TO_DRIVER_WITH_D2D, device=_device())
+            cache.cache_tensors(
+                output,
+                keys=[k for k in CACHED_BY_GENERATE if k in keys],
+                keys_to_reserve=GENERATE_TO_DRIVER_WITH_D2D,
+                device=_device(),
+            )
         except BaseException:
             cache.clear()
             raise

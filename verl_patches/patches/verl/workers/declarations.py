@@ -21,9 +21,11 @@ _SWITCH_TIMING = [
         reason="time the train->rollout weight switch for the step table (the vendor's 'train/infer switch')",
         devices=ALL_DEVICES,
     )
-    for mod, cls, fp in (("base", "BaseShardingManager", "sha256:01653bceb0b83281"),
-                         ("fsdp_vllm", "FSDPVLLMShardingManager", "sha256:a3fc3f0236405454"),
-                         ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:c5e30c64f0c3e023"))
+    for mod, cls, fp in (
+        ("base", "BaseShardingManager", "sha256:01653bceb0b83281"),
+        ("fsdp_vllm", "FSDPVLLMShardingManager", "sha256:a3fc3f0236405454"),
+        ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:c5e30c64f0c3e023"),
+    )
 ] + [
     Patch(
         name=f"timing.{mod}.generate_sequences",

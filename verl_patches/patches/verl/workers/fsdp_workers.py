@@ -20,8 +20,11 @@ def init_process_group_first(init: Callable[..., Any]) -> Callable[..., Any]:
         from verl_patches.device import dist_backend
 
         if not dist.is_initialized():
-            dist.init_process_group(backend=dist_backend(), rank=int(os.environ.get("RANK", 0)),
-                                    world_size=int(os.environ.get("WORLD_SIZE", 1)))
+            dist.init_process_group(
+                backend=dist_backend(),
+                rank=int(os.environ.get("RANK", 0)),
+                world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            )
         init(self, *args, **kwargs)
 
     return __init__

@@ -9,11 +9,12 @@ Planning (which file, whether the running layout matches the checkpoint's) is pu
 ``load_state_dict`` into the unwrapped model, so a missing, extra or misshapen tensor is an error that names
 the file and the parameter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -41,21 +42,34 @@ def plan_rank_file(ckpt_dir: Path, running: RunningLayout) -> Path:
     """The rank file this process loads, after checking the checkpoint was cut for the running layout."""
     manifest = load_manifest(ckpt_dir)
     if manifest is None:
-        raise CheckpointError(f"{ckpt_dir}: no conversion manifest; convert the HF weights with "
-                              "verl_patches/scripts/convert_ckpt_deepseek3.py (it records the layout)")
+        raise CheckpointError(
+            f"{ckpt_dir}: no conversion manifest; convert the HF weights with "
+            "verl_patches/scripts/convert_ckpt_deepseek3.py (it records the layout)"
+        )
     if not manifest.get("complete", False):
         raise CheckpointError(f"{ckpt_dir}: the conversion did not finish; re-run the same convert command")
     layout = ParallelLayout.from_json(manifest["layout"])
-    want = ParallelLayout(tp=running.tp, pp=running.pp, ep=running.ep, num_layer_list=running.num_layer_list,
-                          moe_grouped_gemm=layout.moe_grouped_gemm, moe_tp_extend_ep=running.moe_tp_extend_ep)
-    diffs = [f"{k}: checkpoint {getattr(layout, k)!r}, running {getattr(want, k)!r}"
-             for k in ("tp", "pp", "ep", "moe_tp_extend_ep") if getattr(layout, k) != getattr(want, k)]
+    want = ParallelLayout(
+        tp=running.tp,
+        pp=running.pp,
+        ep=running.ep,
+        num_layer_list=running.num_layer_list,
+        moe_grouped_gemm=layout.moe_grouped_gemm,
+        moe_tp_extend_ep=running.moe_tp_extend_ep,
+    )
+    diffs = [
+        f"{k}: checkpoint {getattr(layout, k)!r}, running {getattr(want, k)!r}"
+        for k in ("tp", "pp", "ep", "moe_tp_extend_ep")
+        if getattr(layout, k) != getattr(want, k)
+    ]
     if running.pp > 1 and (layout.num_layer_list or None) != (want.num_layer_list or None):
         diffs.append(f"num_layer_list: checkpoint {layout.num_layer_list!r}, running {want.num_layer_list!r}")
     if diffs:
-        raise LayoutError(f"{ckpt_dir}: the checkpoint was converted for another layout ({'; '.join(diffs)}); "
-                          "convert again with the running layout (actor.megatron.* sizes and "
-                          "pipeline_parallel_num_layer_list)")
+        raise LayoutError(
+            f"{ckpt_dir}: the checkpoint was converted for another layout ({'; '.join(diffs)}); "
+            "convert again with the running layout (actor.megatron.* sizes and "
+            "pipeline_parallel_num_layer_list)"
+        )
     return rank_file(ckpt_dir, layout, Rank(running.tp_rank, running.pp_rank, running.ep_rank), read_tracker(ckpt_dir))
 
 
@@ -69,10 +83,15 @@ def running_layout() -> RunningLayout:
     if isinstance(nll, str):
         nll = tuple(int(x) for x in nll.split(","))
     return RunningLayout(
-        tp=mpu.get_tensor_model_parallel_world_size(), pp=mpu.get_pipeline_model_parallel_world_size(),
-        ep=mpu.get_expert_model_parallel_world_size(), tp_rank=mpu.get_tensor_model_parallel_rank(),
-        pp_rank=mpu.get_pipeline_model_parallel_rank(), ep_rank=mpu.get_expert_model_parallel_rank(),
-        num_layer_list=tuple(nll) if nll else None, moe_tp_extend_ep=bool(getattr(args, "moe_tp_extend_ep", False)))
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        pp=mpu.get_pipeline_model_parallel_world_size(),
+        ep=mpu.get_expert_model_parallel_world_size(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        num_layer_list=tuple(nll) if nll else None,
+        moe_tp_extend_ep=bool(getattr(args, "moe_tp_extend_ep", False)),
+    )
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
@@ -81,9 +100,11 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Pa
     missing = sorted(set(own) - set(state))
     extra = sorted(set(state) - set(own))
     if missing or extra:
-        raise CheckpointError(f"{where}: parameters do not match the model built here: "
-                              f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                              f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
+        raise CheckpointError(
+            f"{where}: parameters do not match the model built here: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}"
+        )
     for k, v in own.items():
         if tuple(state[k].shape) != tuple(v.shape):
             raise CheckpointError(f"{where}: {k} has shape {tuple(state[k].shape)}, the model expects {tuple(v.shape)}")
@@ -92,8 +113,9 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: Pa
             v.copy_(state[k].to(v.dtype))
 
 
-def load_legacy_weights(parallel_model: Sequence[torch.nn.Module], dist_weight_path: str,
-                        is_value_model: bool = False) -> None:
+def load_legacy_weights(
+    parallel_model: Sequence[torch.nn.Module], dist_weight_path: str, is_value_model: bool = False
+) -> None:
     """Drop-in for ``verl.utils.model.load_mcore_dist_weights`` reading our converter's legacy layout."""
     from verl.utils.megatron_utils import unwrap_model
 

@@ -15,6 +15,7 @@ What changes against verl v0.4.0, and why:
 - Weights with ``use_dist_checkpointing`` come from our converter's legacy layout (``legacy_checkpoint``).
 - Every batch carries the rollout's sampling temperature, which the actor applies to its logits (C3).
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,14 +48,18 @@ def trainer_config_view(config: Any) -> Any:
 
     if "actor_rollout_ref" in config:
         return config
-    return OmegaConf.create({
-        "algorithm": {"adv_estimator": "grpo"},
-        "data": {"train_batch_size": config.actor.ppo_mini_batch_size,
-                 "max_prompt_length": config.rollout.prompt_length,
-                 "max_response_length": config.rollout.response_length},
-        "actor_rollout_ref": config,
-        "trainer": {},
-    })
+    return OmegaConf.create(
+        {
+            "algorithm": {"adv_estimator": "grpo"},
+            "data": {
+                "train_batch_size": config.actor.ppo_mini_batch_size,
+                "max_prompt_length": config.rollout.prompt_length,
+                "max_response_length": config.rollout.response_length,
+            },
+            "actor_rollout_ref": config,
+            "trainer": {},
+        }
+    )
 
 
 def bring_up(config: Any) -> None:
@@ -125,8 +130,14 @@ def _init(self: Any, original: Callable, config: Any, role: str) -> None:
         self._ref_is_offload_param = self.config.ref.megatron.get("param_offload", False)
 
 
-def _build_model_optimizer(self, model_path: str, optim_config: Any, override_model_config: dict,
-                           override_transformer_config: dict, is_for_actor: bool = True) -> tuple:
+def _build_model_optimizer(
+    self,
+    model_path: str,
+    optim_config: Any,
+    override_model_config: dict,
+    override_transformer_config: dict,
+    is_for_actor: bool = True,
+) -> tuple:
     from megatron.core.models.gpt.gpt_model import ModelType
     from verl.utils.megatron.optimizer import get_megatron_optimizer
     from verl.utils.megatron_utils import get_model, init_megatron_optim_config
@@ -134,39 +145,58 @@ def _build_model_optimizer(self, model_path: str, optim_config: Any, override_mo
 
     from verl_patches.train_engine.router_buffers import keep_router_buffers_float32
 
-    self._init_hf_config_and_tf_config(model_path, model_path, self.dtype, override_model_config,
-                                       override_transformer_config, self.config.model.get("trust_remote_code", False))
+    self._init_hf_config_and_tf_config(
+        model_path,
+        model_path,
+        self.dtype,
+        override_model_config,
+        override_transformer_config,
+        self.config.model.get("trust_remote_code", False),
+    )
     self.generation_config = get_generation_config(self.local_path)
     freeze_router = override_model_config.get("moe_config", {}).get("freeze_moe_router", False)
 
     def provider(pre_process: bool, post_process: bool) -> Any:
         from verl.models.mcore import init_mcore_model
 
-        model = init_mcore_model(self.tf_config, self.hf_config, pre_process, post_process,
-                                 share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
-                                 value=False, freeze_moe_router=freeze_router)
+        model = init_mcore_model(
+            self.tf_config,
+            self.hf_config,
+            pre_process,
+            post_process,
+            share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
+            value=False,
+            freeze_moe_router=freeze_router,
+        )
         model.cuda()  # as upstream; the process-wide CUDA->NPU remap places it on the device
         return model
 
     role_cfg = self.config.actor if is_for_actor else self.config.ref
     if is_for_actor:
-        module = get_model(provider, wrap_with_ddp=True,
-                           use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer)
+        module = get_model(
+            provider, wrap_with_ddp=True, use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer
+        )
     else:
-        module = get_model(model_provider_func=provider, model_type=ModelType.encoder_or_decoder, wrap_with_ddp=False,
-                           use_distributed_optimizer=self.config.ref.megatron.use_distributed_optimizer)
+        module = get_model(
+            model_provider_func=provider,
+            model_type=ModelType.encoder_or_decoder,
+            wrap_with_ddp=False,
+            use_distributed_optimizer=self.config.ref.megatron.use_distributed_optimizer,
+        )
     keep_router_buffers_float32(module)  # before loading, so the checkpoint's float32 router bias lands unrounded
     if role_cfg.load_weight:
         if not is_for_actor and self.config.actor.load_weight != self.config.ref.load_weight:
             raise ValueError("actor.load_weight and ref.load_weight must agree (the reference is the initial actor)")
         if role_cfg.megatron.use_dist_checkpointing:
             if not role_cfg.megatron.get("dist_checkpointing_path", None):
-                raise ValueError(f"{'actor' if is_for_actor else 'ref'}.megatron.dist_checkpointing_path is not set "
-                                 "(DIST_CKPT_PATH)")
+                raise ValueError(
+                    f"{'actor' if is_for_actor else 'ref'}.megatron.dist_checkpointing_path is not set (DIST_CKPT_PATH)"
+                )
             load_legacy_weights(module, role_cfg.megatron.dist_checkpointing_path, is_value_model=False)
         else:
-            load_megatron_gptmodel_weights(self.config, self.hf_config, module, params_dtype=self.dtype,
-                                           is_value_model=False)
+            load_megatron_gptmodel_weights(
+                self.config, self.hf_config, module, params_dtype=self.dtype, is_value_model=False
+            )
     if not is_for_actor:
         return module, self.hf_config
     optimizer, optim_cfg = None, None
@@ -192,50 +222,79 @@ def init_model(self) -> None:
     override_model_config = OmegaConf.to_container(self.config.model.get("override_config", OmegaConf.create()))
 
     def overrides(role_cfg: Any) -> dict:
-        return OmegaConf.to_container(role_cfg.megatron.get("override_transformer_config", OmegaConf.create()),
-                                      resolve=True)
+        return OmegaConf.to_container(
+            role_cfg.megatron.get("override_transformer_config", OmegaConf.create()), resolve=True
+        )
 
     # one source of truth for the dtype: the Megatron arguments MindSpeed-LLM builds the model from
     # (bf16 on A3 as in upstream; the CPU golden test also runs fp32)
     self.param_dtype = get_args().params_dtype
     self.dtype = self.param_dtype
     if self._is_actor or self._is_rollout:
-        self.actor_module, self.actor_optimizer, self.actor_model_config, self.actor_optim_config = \
-            self._build_model_optimizer(model_path=self.config.model.path,
-                                        optim_config=self.config.actor.optim if self._is_actor else None,
-                                        override_model_config=override_model_config,
-                                        override_transformer_config=overrides(self.config.actor), is_for_actor=True)
+        self.actor_module, self.actor_optimizer, self.actor_model_config, self.actor_optim_config = (
+            self._build_model_optimizer(
+                model_path=self.config.model.path,
+                optim_config=self.config.actor.optim if self._is_actor else None,
+                override_model_config=override_model_config,
+                override_transformer_config=overrides(self.config.actor),
+                is_for_actor=True,
+            )
+        )
         if self._is_offload_param:
             offload_megatron_model_to_cpu(self.actor_module)
         if self._is_offload_optimizer:
             offload_megatron_optimizer(self.actor_optimizer)
     if self._is_actor:
-        self.actor = MegatronPPOActor(config=self.config.actor, model_config=self.actor_model_config,
-                                      hf_config=self.hf_config, tf_config=self.tf_config,
-                                      actor_module=self.actor_module, actor_optimizer=self.actor_optimizer)
+        self.actor = MegatronPPOActor(
+            config=self.config.actor,
+            model_config=self.actor_model_config,
+            hf_config=self.hf_config,
+            tf_config=self.tf_config,
+            actor_module=self.actor_module,
+            actor_optimizer=self.actor_optimizer,
+        )
     if self._is_rollout:
         # rollout.trust_remote_code (our key) lets the rollout load remote code the training side does not need
         self.rollout, self.sharding_manager = self._build_rollout(
-            trust_remote_code=bool(self.config.model.get("trust_remote_code", False)
-                                   or self.config.rollout.get("trust_remote_code", False)))
+            trust_remote_code=bool(
+                self.config.model.get("trust_remote_code", False) or self.config.rollout.get("trust_remote_code", False)
+            )
+        )
         self.rollout.sharding_manager = self.sharding_manager
     if self._is_ref:
         self.ref_module, self.ref_model_config = self._build_model_optimizer(
-            model_path=self.config.model.path, optim_config=None, override_model_config=override_model_config,
-            override_transformer_config=overrides(self.config.ref), is_for_actor=False)
-        self.ref_policy = MegatronPPOActor(config=self.config.ref, model_config=self.ref_model_config,
-                                           hf_config=self.hf_config, tf_config=self.tf_config,
-                                           actor_module=self.ref_module, actor_optimizer=None)
+            model_path=self.config.model.path,
+            optim_config=None,
+            override_model_config=override_model_config,
+            override_transformer_config=overrides(self.config.ref),
+            is_for_actor=False,
+        )
+        self.ref_policy = MegatronPPOActor(
+            config=self.config.ref,
+            model_config=self.ref_model_config,
+            hf_config=self.hf_config,
+            tf_config=self.tf_config,
+            actor_module=self.ref_module,
+            actor_optimizer=None,
+        )
         if self._ref_is_offload_param:
             offload_megatron_model_to_cpu(self.ref_module)
     if self._is_actor:
         self.flops_counter = FlopsCounter(self.actor_model_config)
         self.checkpoint_mananager = MegatronCheckpointManager(
-            config=self.config, model_config=self.actor_model_config, role="actor", model=self.actor_module,
-            arch=self.architectures[0], hf_config=self.hf_config, param_dtype=self.param_dtype,
-            share_embeddings_and_output_weights=self.share_embeddings_and_output_weights, tokenizer=self.tokenizer,
-            optimizer=self.actor_optimizer, use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer,
-            checkpoint_contents=self.config.actor.checkpoint.contents)
+            config=self.config,
+            model_config=self.actor_model_config,
+            role="actor",
+            model=self.actor_module,
+            arch=self.architectures[0],
+            hf_config=self.hf_config,
+            param_dtype=self.param_dtype,
+            share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
+            tokenizer=self.tokenizer,
+            optimizer=self.actor_optimizer,
+            use_distributed_optimizer=self.config.actor.megatron.use_distributed_optimizer,
+            checkpoint_contents=self.config.actor.checkpoint.contents,
+        )
     get_torch_device().empty_cache()
 
 

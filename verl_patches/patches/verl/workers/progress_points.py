@@ -11,6 +11,7 @@
 Each is a handful of attribute writes per call or per micro-batch; with the time-out unset the heartbeat
 does not start and the marks are only written, never read.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,6 @@ from typing import Any, Callable, Iterator
 
 from verl_patches.resilience import progress
 from verl_patches.trainer.step_payloads import STEP_META_KEY
-
 
 
 def step_of(data: Any) -> int | None:

@@ -16,8 +16,16 @@ import torch
 
 from torch_npu.npu import memory, streams, utils  # noqa: F401
 from torch_npu.npu.memory import (  # noqa: F401
-    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
-    memory_stats, reset_max_memory_allocated, reset_peak_memory_stats, set_per_process_memory_fraction,
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
 from torch_npu.npu.streams import Event, Stream, current_stream, default_stream, stream  # noqa: F401
 from torch_npu.npu.graphs import ExternalEvent, NPUGraph, graph  # noqa: F401  (vllm-ascend)
@@ -82,8 +90,10 @@ def set_device(device) -> None:
     else:
         index = int(device)
     if not 0 <= index < device_count():
-        raise RuntimeError(f"Invalid device ID {index}: this process sees {device_count()} NPU(s) "
-                           f"(ASCEND_RT_VISIBLE_DEVICES={os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '')!r})")
+        raise RuntimeError(
+            f"Invalid device ID {index}: this process sees {device_count()} NPU(s) "
+            f"(ASCEND_RT_VISIBLE_DEVICES={os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '')!r})"
+        )
     _current = index
 
 

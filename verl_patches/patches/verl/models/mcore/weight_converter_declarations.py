@@ -8,12 +8,16 @@ PATCHES = [
         target="verl.models.mcore.registry:MODEL_WEIGHT_CONVERTER_REGISTRY",
         kind=Kind.WRAP,
         fingerprint="sha256:a773f1ea11dd71ba",
-        fingerprint_of=("verl.models.mcore.registry:MODEL_WEIGHT_CONVERTER_REGISTRY",
-                        "verl.models.mcore.weight_converter:McoreToHFWeightConverterDpskv3"),
-        replacement=lazy_call("verl_patches.patches.verl.models.mcore.weight_converter_dsv3:with_deepseek_v3_converter"),
+        fingerprint_of=(
+            "verl.models.mcore.registry:MODEL_WEIGHT_CONVERTER_REGISTRY",
+            "verl.models.mcore.weight_converter:McoreToHFWeightConverterDpskv3",
+        ),
+        replacement=lazy_call(
+            "verl_patches.patches.verl.models.mcore.weight_converter_dsv3:with_deepseek_v3_converter"
+        ),
         vendor_item="G10",
         reason="MindSpeed-LLM's DeepSeek-V3 names (fused linear_qkv, linear_qb/kvb, grouped-GEMM weight1/weight2, "
-               "router.expert_bias) mapped to HF; verl's converter expects Megatron >= 0.12 MLA names",
+        "router.expert_bias) mapped to HF; verl's converter expects Megatron >= 0.12 MLA names",
         devices=ALL_DEVICES,
         rebind=False,
     ),

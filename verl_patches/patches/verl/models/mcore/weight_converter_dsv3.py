@@ -10,6 +10,7 @@ converters); tensor splits are `verl_patches.sync.convert`.
 tensors already split the way the HF names are (as verl's ``convert_qkv_gate_up_by_simple_split`` does):
 ``linear_qkv`` 1 or 2, ``linear_fc1`` 1 or 2, ``experts.weight1`` 2·E (gate, up per expert), ``weight2`` E.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -29,8 +30,9 @@ class McoreToHFWeightConverterDeepseekV3:
         self._cfg = cfg
         self.num_experts = int(cfg["n_routed_experts"])
 
-    def convert_param(self, name: str, params_one_group: Sequence[torch.Tensor]
-                      ) -> tuple[list[str], list[torch.Tensor]]:
+    def convert_param(
+        self, name: str, params_one_group: Sequence[torch.Tensor]
+    ) -> tuple[list[str], list[torch.Tensor]]:
         names = mcore_to_hf_names(name, self.num_experts)
         params = list(params_one_group)
         if len(params) == len(names):
@@ -38,8 +40,10 @@ class McoreToHFWeightConverterDeepseekV3:
         if len(params) == 1:
             pairs = to_hf(kind_of(name), params[0], names, self._cfg)
             return [n for n, _ in pairs], [t for _, t in pairs]
-        raise ValueError(f"{name}: {len(params)} tensors given, it maps to {len(names)} HF tensors "
-                         f"({names[:3]}{'...' if len(names) > 3 else ''})")
+        raise ValueError(
+            f"{name}: {len(params)} tensors given, it maps to {len(names)} HF tensors "
+            f"({names[:3]}{'...' if len(names) > 3 else ''})"
+        )
 
 
 def with_deepseek_v3_converter(registry: Any) -> dict:

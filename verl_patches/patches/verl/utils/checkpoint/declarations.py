@@ -18,7 +18,7 @@ PATCHES = [
         replacement=lazy_object(f"{_IMPL}.megatron_manager:save_checkpoint"),
         vendor_item="local",
         reason="per-(tp,pp,ep) model shards in the converter's layout (exportable to HF), distributed optimizer "
-               "state with the EP index and its step count, every RNG, a per-rank record the driver checks",
+        "state with the EP index and its step count, every RNG, a per-rank record the driver checks",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -29,7 +29,7 @@ PATCHES = [
         replacement=lazy_object(f"{_IMPL}.megatron_manager:load_checkpoint"),
         vendor_item="local",
         reason="resume model, optimizer and RNG state regardless of D1's no_load_optim/no_load_rng; a layout "
-               "change other than DP is refused naming both layouts and the conversion",
+        "change other than DP is refused naming both layouts and the conversion",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -40,8 +40,8 @@ PATCHES = [
         replacement=lazy_object(f"{_IMPL}.fsdp_manager:load_checkpoint"),
         vendor_item="local",
         reason="upstream reads the per-rank files with torch.load(weights_only=False), which runs any pickled "
-               "code; read them from a committed step only, each checked against its sha256 in the step manifest "
-               "and loaded weights-only (issue #27)",
+        "code; read them from a committed step only, each checked against its sha256 in the step manifest "
+        "and loaded weights-only (issue #27)",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -52,7 +52,7 @@ PATCHES = [
         replacement=lazy_object(f"{_IMPL}.trainer:_save_checkpoint"),
         vendor_item="local",
         reason="a step checkpoint appears by one rename once every rank's files are checked (a crash while "
-               "saving leaves the previous one valid); keep-last pruning",
+        "saving leaves the previous one valid); keep-last pruning",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -63,7 +63,7 @@ PATCHES = [
         replacement=lazy_object(f"{_IMPL}.trainer:_load_checkpoint"),
         vendor_item="local",
         reason="resume from the newest complete checkpoint (a stale tracker or an interrupted save is "
-               "skipped) and say so in one line",
+        "skipped) and say so in one line",
         devices=ALL_DEVICES,
     ),
     Patch(
@@ -74,7 +74,7 @@ PATCHES = [
         replacement=lazy_call(f"{_IMPL}.megatron_worker:keep_dispatch"),
         vendor_item="local",
         reason="the trailing barrier is redundant (the driver waits for every worker and checks every rank's "
-               "record) and fails on the CPU npu emulation; offloaded parameters are handled as upstream",
+        "record) and fails on the CPU npu emulation; offloaded parameters are handled as upstream",
         devices=ALL_DEVICES,
     ),
 ]

@@ -8,6 +8,7 @@ What is done with the state is upstream's: the sharded state-dict context, model
 learning-rate scheduler. The checkpoint resumed from is never deleted (``del_local_after_load`` is ignored,
 as in the Megatron manager's replacement).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -26,12 +27,24 @@ def fsdp_safe_globals() -> list[Any]:
         reconstruct = np._core.multiarray._reconstruct  # NumPy 2
     except AttributeError:
         reconstruct = np.core.multiarray._reconstruct
-    return [DTensor, DTensorSpec, TensorMeta, DeviceMesh, Shard, Replicate, Partial,
-            reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    return [
+        DTensor,
+        DTensorSpec,
+        TensorMeta,
+        DeviceMesh,
+        Shard,
+        Replicate,
+        Partial,
+        reconstruct,
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+    ]
 
 
-def load_checkpoint(self: Any, local_path: str | None, hdfs_path: str | None = None,
-                    del_local_after_load: bool = False) -> None:
+def load_checkpoint(
+    self: Any, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False
+) -> None:
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
     from verl.utils.device import is_cuda_available
     from verl.utils.fsdp_utils import get_fsdp_state_ctx

@@ -7,6 +7,7 @@ which writes model shards in our converter's layout (exported to HF by ``convert
 --reverse``), the distributed optimizer's DP-gathered state per (tp, pp, ep), and every RNG. Pruning is the
 driver's (`trainer_io`); ``max_ckpt_to_keep`` is ignored here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,9 @@ def _hf_config_dict(hf_config: Any) -> dict | None:
     return hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
 
 
-def save_checkpoint(self: Any, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                    max_ckpt_to_keep: int | None = None) -> None:
+def save_checkpoint(
+    self: Any, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+) -> None:
     import torch
 
     from verl_patches.checkpoint.actor_state import save_actor
@@ -30,11 +32,18 @@ def save_checkpoint(self: Any, local_path: str, hdfs_path: str | None = None, gl
     if hdfs_path is not None:
         raise NotImplementedError("remote (hdfs) checkpoints are not supported by the overlay")
     if "hf_model" in self.checkpoint_contents:
-        raise NotImplementedError("actor.checkpoint.contents 'hf_model': export a saved checkpoint with "
-                                  "verl_patches/scripts/convert_ckpt_deepseek3.py --reverse instead")
-    save_actor(local_path, int(global_step), self.model,
-               self.optimizer if "optimizer" in self.checkpoint_contents else None,
-               _hf_config_dict(self.hf_config), bool(self.use_distributed_optimizer))
+        raise NotImplementedError(
+            "actor.checkpoint.contents 'hf_model': export a saved checkpoint with "
+            "verl_patches/scripts/convert_ckpt_deepseek3.py --reverse instead"
+        )
+    save_actor(
+        local_path,
+        int(global_step),
+        self.model,
+        self.optimizer if "optimizer" in self.checkpoint_contents else None,
+        _hf_config_dict(self.hf_config),
+        bool(self.use_distributed_optimizer),
+    )
     if torch.distributed.get_rank() == 0 and self.processing_class is not None:
         # the tokenizer and config beside the shards: --tokenizer-dir of the export
         out = Path(local_path) / HF_CONFIG_DIR
@@ -42,18 +51,23 @@ def save_checkpoint(self: Any, local_path: str, hdfs_path: str | None = None, gl
         self.hf_config.save_pretrained(str(out))
 
 
-def load_checkpoint(self: Any, local_path: str | None, hdfs_path: str | None = None,
-                    del_local_after_load: bool = False) -> None:
+def load_checkpoint(
+    self: Any, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False
+) -> None:
     import torch
 
     from verl_patches.checkpoint.actor_state import load_actor
 
     if local_path is None:
         return
-    note = load_actor(local_path, self.model, self.optimizer,
-                      use_distributed_optimizer=bool(self.use_distributed_optimizer),
-                      load_optimizer="optimizer" in self.checkpoint_contents,
-                      load_rng="extra" in self.checkpoint_contents)
+    note = load_actor(
+        local_path,
+        self.model,
+        self.optimizer,
+        use_distributed_optimizer=bool(self.use_distributed_optimizer),
+        load_optimizer="optimizer" in self.checkpoint_contents,
+        load_rng="extra" in self.checkpoint_contents,
+    )
     if note and torch.distributed.get_rank() == 0:
         print(f"verl_patches resume: {local_path}: {note}", flush=True)
     # the checkpoint resumed from is never deleted (del_local_after_load is ignored)

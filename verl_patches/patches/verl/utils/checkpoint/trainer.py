@@ -1,5 +1,6 @@
 """``RayPPOTrainer._save_checkpoint`` / ``_load_checkpoint``: atomic step checkpoints and resume
 (`verl_patches.checkpoint.trainer_io`)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Upstream compiles the inner ``(softmax * logits).sum(-1)`` with ``torch.compile(
 not compile on NPU, and MindSpeed replaces ``torch.compile`` by ``torch.jit.script`` process-wide, which
 cannot script a closure. The arithmetic is the same as upstream's, in plain torch.
 """
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ Changes against verl v0.4.0, each for a reason:
 - ``update_policy`` counts optimizer steps, traces the second one when ``PROFILE_UPDATE=1`` (C9) and empties
   the device cache at the end (C8).
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,7 +37,8 @@ def temperature_of(meta_info: dict) -> float:
     if "temperature" not in meta_info:
         raise TemperatureMissing(
             "meta_info['temperature'] is missing: the actor's log-probs must use the rollout's sampling "
-            "temperature (actor_rollout_ref.rollout.temperature); the worker sets it on every batch")
+            "temperature (actor_rollout_ref.rollout.temperature); the worker sets it on every batch"
+        )
     t = float(meta_info["temperature"])
     if not t > 0:
         raise ValueError(f"meta_info['temperature']={t}: the sampling temperature must be > 0")
@@ -77,10 +79,13 @@ def wrap_init(original: Callable) -> Callable:
 
             raise PackedSequencesUnsupported(
                 "use_packed_seq=True: packed sequences are not supported for DeepSeek-V3 on core_r0.8.0 + "
-                "MindSpeed-LLM (its MLA takes no packed_seq_params); set it to False")
+                "MindSpeed-LLM (its MLA takes no packed_seq_params); set it to False"
+            )
         if config.get("entropy_coeff", 0) not in (0, None) and kwargs.get("actor_optimizer", None) is not None:
-            raise ValueError(f"entropy_coeff={config.entropy_coeff}: the Megatron actor's loss has no entropy term "
-                             "on this stack; set actor_rollout_ref.actor.entropy_coeff=0")
+            raise ValueError(
+                f"entropy_coeff={config.entropy_coeff}: the Megatron actor's loss has no entropy term "
+                "on this stack; set actor_rollout_ref.actor.entropy_coeff=0"
+            )
         original(self, config, *args, **kwargs)
         self.iteration = 0  # optimizer steps taken, for step-scoped profiling
 
@@ -106,16 +111,25 @@ def compute_log_prob(self, data: Any, calculate_entropy: bool = False) -> tuple[
     micro_batch_size = data.meta_info.get("micro_batch_size", None)
     if micro_batch_size is None and not use_dynamic_bsz:
         raise ValueError("meta_info['micro_batch_size'] is needed to compute log-probs")
-    max_token_len = dynamic_bsz_token_budget(self.config, True, data.meta_info.get("max_token_len", None)) \
-        if use_dynamic_bsz else None
+    max_token_len = (
+        dynamic_bsz_token_budget(self.config, True, data.meta_info.get("max_token_len", None))
+        if use_dynamic_bsz
+        else None
+    )
 
     def keep_log_probs(output: dict, data: dict) -> dict:
-        return {"log_probs": output["log_probs"][:, -response_length - 1:-1].contiguous()}
+        return {"log_probs": output["log_probs"][:, -response_length - 1 : -1].contiguous()}
 
     with torch.no_grad():
-        out = self.forward_backward_batch(data, forward_only=True, post_process_fn=keep_log_probs,
-                                          calculate_entropy=calculate_entropy, use_dynamic_bsz=use_dynamic_bsz,
-                                          micro_batch_size=micro_batch_size, max_token_len=max_token_len)
+        out = self.forward_backward_batch(
+            data,
+            forward_only=True,
+            post_process_fn=keep_log_probs,
+            calculate_entropy=calculate_entropy,
+            use_dynamic_bsz=use_dynamic_bsz,
+            micro_batch_size=micro_batch_size,
+            max_token_len=max_token_len,
+        )
         last = mpu.is_pipeline_last_stage(ignore_virtual=True)
         revert = None
         if last and use_dynamic_bsz:
@@ -128,8 +142,9 @@ def compute_log_prob(self, data: Any, calculate_entropy: bool = False) -> tuple[
                 t = t[revert] if revert is not None else t
             else:
                 t = torch.empty(batch_size, response_length, dtype=torch.float32, device=device)
-            torch.distributed.broadcast(t, src=mpu.get_pipeline_model_parallel_last_rank(),
-                                        group=mpu.get_pipeline_model_parallel_group())
+            torch.distributed.broadcast(
+                t, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+            )
             return t
 
         log_probs = gather(lambda o: o[0]["log_probs"] if calculate_entropy else o["log_probs"])
@@ -145,14 +160,25 @@ def make_minibatch_iterator(self, data: Any) -> Iterable[Any]:
     if not recompute and ROLLOUT_LOG_PROBS in data.batch.keys():  # for the per-step rollout/train mismatch
         keys.append(ROLLOUT_LOG_PROBS)
     data = data.select(batch_keys=keys)
-    return data.make_iterator(mini_batch_size=self.config.ppo_mini_batch_size, epochs=self.config.ppo_epochs,
-                              seed=self.config.data_loader_seed, dataloader_kwargs={"shuffle": self.config.shuffle})
+    return data.make_iterator(
+        mini_batch_size=self.config.ppo_mini_batch_size,
+        epochs=self.config.ppo_epochs,
+        seed=self.config.data_loader_seed,
+        dataloader_kwargs={"shuffle": self.config.shuffle},
+    )
 
 
-def forward_backward_batch(self, data: Any, forward_only: bool = False, post_process_fn: Callable | None = None,
-                           calculate_entropy: bool = False, use_dynamic_bsz: bool = False,
-                           micro_batch_size: int | None = None, max_token_len: int | None = None,
-                           mini_batch_size: int | None = None) -> dict:
+def forward_backward_batch(
+    self,
+    data: Any,
+    forward_only: bool = False,
+    post_process_fn: Callable | None = None,
+    calculate_entropy: bool = False,
+    use_dynamic_bsz: bool = False,
+    micro_batch_size: int | None = None,
+    max_token_len: int | None = None,
+    mini_batch_size: int | None = None,
+) -> dict:
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from verl.models.mcore import get_mcore_forward_fn
@@ -167,8 +193,9 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
     recompute = self.config.get("recompute_old_log_prob", True)
     pack_seqs = bool(self.config.get("use_packed_seq", False))
     mini_batch = data
-    broadcast_dict_tensor(mini_batch.batch, src=mpu.get_pipeline_model_parallel_last_rank(),
-                          group=mpu.get_pipeline_model_parallel_group())
+    broadcast_dict_tensor(
+        mini_batch.batch, src=mpu.get_pipeline_model_parallel_last_rank(), group=mpu.get_pipeline_model_parallel_group()
+    )
     mini_batch.batch["attention_mask"] = mini_batch.batch["attention_mask"].to(bool)
 
     indices = None
@@ -194,20 +221,27 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
         if forward_only:
             if post_process_fn is not None:
                 metrics.update(post_process_fn(output, data))
-            entropy = output["entropy"][:, -response_length - 1:-1].contiguous() if calculate_entropy else None
+            entropy = output["entropy"][:, -response_length - 1 : -1].contiguous() if calculate_entropy else None
             return torch.tensor(1.0, device=device), ([metrics, entropy] if calculate_entropy else metrics)
 
         response_mask = data["attention_mask"][:, -response_length:]
         mode = self.config.loss_agg_mode
-        log_prob = output["log_probs"][:, -response_length - 1:-1].contiguous()
+        log_prob = output["log_probs"][:, -response_length - 1 : -1].contiguous()
         old_log_prob = data["old_log_probs"] if recompute else log_prob.detach()
         clip_ratio = meta_info["clip_ratio"]
         low = self.config.clip_ratio_low if self.config.clip_ratio_low is not None else clip_ratio
         high = self.config.clip_ratio_high if self.config.clip_ratio_high is not None else clip_ratio
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
-            old_log_prob=old_log_prob, log_prob=log_prob, advantages=data["advantages"],
-            response_mask=response_mask, cliprange=clip_ratio, cliprange_low=low, cliprange_high=high,
-            clip_ratio_c=meta_info["clip_ratio_c"], loss_agg_mode=mode)
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=data["advantages"],
+            response_mask=response_mask,
+            cliprange=clip_ratio,
+            cliprange_low=low,
+            cliprange_high=high,
+            clip_ratio_c=meta_info["clip_ratio_c"],
+            loss_agg_mode=mode,
+        )
         policy_loss = pg_loss
         if not recompute and ROLLOUT_LOG_PROBS in data.keys():
             # the driver never holds the training log-probs when the old-log-prob pass is skipped: report the
@@ -225,10 +259,15 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
             # Megatron divides every micro-batch loss by the number of micro-batches; with token-budget
             # micro-batches of unequal sizes, weight each by its share of the mini-batch's sequences instead
             policy_loss = policy_loss * (responses.size(0) * n_micro_batch / n_sequences)
-        append_to_dict(metrics, {"actor/pg_loss": pg_loss.detach().item(),
-                                 "actor/pg_clipfrac": pg_clipfrac.detach().item(),
-                                 "actor/ppo_kl": ppo_kl.detach().item(),
-                                 "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item()})
+        append_to_dict(
+            metrics,
+            {
+                "actor/pg_loss": pg_loss.detach().item(),
+                "actor/pg_clipfrac": pg_clipfrac.detach().item(),
+                "actor/ppo_kl": ppo_kl.detach().item(),
+                "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item(),
+            },
+        )
         return policy_loss, [metrics, None]
 
     def forward_step(batch_iter: Iterable, model: Any) -> tuple[Any, Callable]:
@@ -236,9 +275,9 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
         input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
         response_length = batch["responses"].size(1)
         label = copy.deepcopy(position_ids)
-        label[:, -response_length - 1:-1] = batch["responses"]
+        label[:, -response_length - 1 : -1] = batch["responses"]
         label_mask = copy.deepcopy(attention_mask)
-        label_mask[:, :-response_length - 1] = False
+        label_mask[:, : -response_length - 1] = False
         label_mask[:, -1] = False
 
         def logits_processor(logits: torch.Tensor, label: torch.Tensor, label_mask: torch.Tensor) -> dict:
@@ -251,19 +290,34 @@ def forward_backward_batch(self, data: Any, forward_only: bool = False, post_pro
             ret["log_probs"] = log_probs.masked_fill(~label_mask, 0.0)
             return ret
 
-        output = forward_fn(model, input_ids, attention_mask, position_ids,
-                            sequence_parallel=self.tf_config.sequence_parallel, pack_seqs=pack_seqs,
-                            logits_processor=logits_processor,
-                            logits_processor_args={"label": label, "label_mask": label_mask})
+        output = forward_fn(
+            model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            sequence_parallel=self.tf_config.sequence_parallel,
+            pack_seqs=pack_seqs,
+            logits_processor=logits_processor,
+            logits_processor_args={"label": label, "label_mask": label_mask},
+        )
         # the reference's config has no PPO clip settings; only the loss reads them
-        meta_info = {} if forward_only else {"clip_ratio": self.config.clip_ratio,
-                                             "clip_ratio_c": self.config.get("clip_ratio_c", 3.0)}
+        meta_info = (
+            {}
+            if forward_only
+            else {"clip_ratio": self.config.clip_ratio, "clip_ratio_c": self.config.get("clip_ratio_c", 3.0)}
+        )
         return output, partial(loss_func, data=batch, meta_info=meta_info)
 
     batch_generator = make_batch_generator(micro_batches, vpp_size=len(self.actor_module))
     losses_reduced = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=batch_generator, model=self.actor_module,
-        num_microbatches=n_micro_batch, seq_length=total_seqlen, micro_batch_size=1, forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=batch_generator,
+        model=self.actor_module,
+        num_microbatches=n_micro_batch,
+        seq_length=total_seqlen,
+        micro_batch_size=1,
+        forward_only=forward_only,
+    )
     result = {"output": losses_reduced}
     if use_dynamic_bsz:
         result["indices"] = indices
@@ -289,9 +343,13 @@ def update_policy(self, dataloader: Iterable[Any]) -> dict:
         for chunk in self.actor_module:
             chunk.zero_grad_buffer()
         micro_batch_size = data.meta_info.get("micro_batch_size", None) or self.config.ppo_micro_batch_size_per_gpu
-        out = self.forward_backward_batch(data, calculate_entropy=False, use_dynamic_bsz=self.config.use_dynamic_bsz,
-                                          micro_batch_size=micro_batch_size,
-                                          mini_batch_size=self.config.ppo_mini_batch_size)
+        out = self.forward_backward_batch(
+            data,
+            calculate_entropy=False,
+            use_dynamic_bsz=self.config.use_dynamic_bsz,
+            micro_batch_size=micro_batch_size,
+            mini_batch_size=self.config.ppo_mini_batch_size,
+        )
         for item in out["output"]:
             append_to_dict(metrics, item[0])
         update_successful, grad_norm, _ = self.actor_optimizer.step()

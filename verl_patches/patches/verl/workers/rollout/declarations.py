@@ -15,9 +15,9 @@ PATCHES = [
         replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
         vendor_item="local",
         reason="CPU rollout stand-in: vLLM's LLM surface verl uses (generate, model_runner.model.load_weights with "
-               "vLLM's own DeepSeek loader, KV init/free, offload/onload) backed by transformers' "
-               "DeepseekV3ForCausalLM, given the A3 engine arguments (rollout_llm_kwargs); vllm-ascend's kernels "
-               "need an NPU",
+        "vLLM's own DeepSeek loader, KV init/free, offload/onload) backed by transformers' "
+        "DeepseekV3ForCausalLM, given the A3 engine arguments (rollout_llm_kwargs); vllm-ascend's kernels "
+        "need an NPU",
         devices=("cpu",),
         rebind=False,  # only verl's rollout module builds the stand-in
     ),
@@ -30,8 +30,8 @@ PATCHES = [
         replacement=lazy_object("verl_patches.rollout.engine_factory:build_llm"),
         vendor_item="E1,F1",
         reason="vLLM's LLM without sleep mode (camem) or prefix caching: sleep/wake_up become KV free/init and "
-               "weight offload/onload; EP on with VLLM_DP_SIZE>1; TorchAir/scheduler additional_config; built "
-               "under the real torch.compile",
+        "weight offload/onload; EP on with VLLM_DP_SIZE>1; TorchAir/scheduler additional_config; built "
+        "under the real torch.compile",
         devices=("npu",),
         rebind=False,
     ),
@@ -43,8 +43,8 @@ PATCHES = [
         replacement=lazy_call("verl_patches.patches.verl.workers.rollout.init_checks:without_checks"),
         vendor_item="F1",
         reason="upstream's __init__ without its two checks the A3 rollout trips (enforce_eager=False with "
-               "free_cache_engine=True; chunked prefill with max_num_batched_tokens < max_model_len), every other "
-               "statement upstream's; what they protected is refused up front (trainer.rollout_settings)",
+        "free_cache_engine=True; chunked prefill with max_num_batched_tokens < max_model_len), every other "
+        "statement upstream's; what they protected is refused up front (trainer.rollout_settings)",
         devices=("npu", "cpu"),
     ),
     Patch(
@@ -55,7 +55,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.rollout.verl_hooks:wrap_rollout_init"),
         vendor_item="F1,F2",
         reason="export VLLM_DP_* per rank before vLLM's parallel state is built (expert parallelism in the "
-               "rollout) and build the engine under the real torch.compile, not MindSpeed's jit.script",
+        "rollout) and build the engine under the real torch.compile, not MindSpeed's jit.script",
         devices=("npu", "cpu"),
     ),
     Patch(

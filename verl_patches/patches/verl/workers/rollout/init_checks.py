@@ -43,10 +43,15 @@ class DroppedCheck:
 
 
 DROPPED = (
-    DroppedCheck("enforce_eager=False with free_cache_engine=True", ast.Assert,
-                 frozenset({"enforce_eager", "free_cache_engine"})),
-    DroppedCheck("chunked prefill with max_num_batched_tokens < max_model_len", ast.If,
-                 frozenset({"max_num_batched_tokens", "max_model_len", "enable_chunked_prefill"}), "ValueError"),
+    DroppedCheck(
+        "enforce_eager=False with free_cache_engine=True", ast.Assert, frozenset({"enforce_eager", "free_cache_engine"})
+    ),
+    DroppedCheck(
+        "chunked prefill with max_num_batched_tokens < max_model_len",
+        ast.If,
+        frozenset({"max_num_batched_tokens", "max_model_len", "enable_chunked_prefill"}),
+        "ValueError",
+    ),
 )
 
 
@@ -65,8 +70,12 @@ def _matches(stmt: ast.stmt, drop: DroppedCheck) -> bool:
         return False
     if drop.statement is ast.If:
         body = stmt.body  # type: ignore[attr-defined]
-        return (len(body) == 1 and isinstance(body[0], ast.Raise) and not stmt.orelse  # type: ignore[attr-defined]
-                and drop.raises in _names(body[0].exc))
+        return (
+            len(body) == 1
+            and isinstance(body[0], ast.Raise)
+            and not stmt.orelse  # type: ignore[attr-defined]
+            and drop.raises in _names(body[0].exc)
+        )
     return True
 
 
@@ -81,15 +90,21 @@ def without_checks(original: Callable[..., Any], drops: tuple[DroppedCheck, ...]
     for drop in drops:
         hits = [s for s in kept if _matches(s, drop)]
         if len(hits) != 1:
-            raise CheckNotFoundError(f"{original.__module__}.{original.__qualname__}: found {len(hits)} statements "
-                                     f"checking {drop.name} (expected exactly 1); the patch was written for verl v0.4.0")
+            raise CheckNotFoundError(
+                f"{original.__module__}.{original.__qualname__}: found {len(hits)} statements "
+                f"checking {drop.name} (expected exactly 1); the patch was written for verl v0.4.0"
+            )
         kept.remove(hits[0])
     fn.body = kept
     ast.increment_lineno(tree, first_line - 1)
     # Zero-argument super() needs a `__class__` cell: compile the function inside a factory that provides it.
-    factory = ast.FunctionDef(name="_factory", args=ast.arguments(posonlyargs=[], args=[ast.arg("__class__")],
-                                                                  kwonlyargs=[], kw_defaults=[], defaults=[]),
-                              body=[fn, ast.Return(ast.Name(fn.name, ast.Load()))], decorator_list=[], returns=None)
+    factory = ast.FunctionDef(
+        name="_factory",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg("__class__")], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[fn, ast.Return(ast.Name(fn.name, ast.Load()))],
+        decorator_list=[],
+        returns=None,
+    )
     module = ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))
     namespace: dict[str, Any] = {}
     exec(compile(module, inspect.getsourcefile(original) or "<upstream>", "exec"), original.__globals__, namespace)

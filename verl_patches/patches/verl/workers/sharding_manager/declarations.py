@@ -11,7 +11,7 @@ PATCHES = [
         replacement=lazy_object("verl_patches.sync.sharding_manager:MegatronRolloutShardingManager"),
         vendor_item="E1",
         reason="drive the rollout's onload/offload and KV free instead of vLLM sleep/wake, stream our reshard "
-               "into load_weights, rebuild the MLA absorbed matrices after every load",
+        "into load_weights, rebuild the MLA absorbed matrices after every load",
         devices=ALL_DEVICES,
     ),
 ]

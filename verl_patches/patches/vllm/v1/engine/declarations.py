@@ -11,6 +11,6 @@ PATCHES = [
         replacement=lazy_object("verl_patches.rollout.kv_cache_config:initialize_kv_caches_keeping_configs"),
         vendor_item="F3",
         reason="keep the per-worker KV cache configs of the first init so every re-init after a free reuses "
-               "them (same block count as the scheduler's, no re-profiling)",
+        "them (same block count as the scheduler's, no re-profiling)",
     ),
 ]

@@ -11,7 +11,7 @@ PATCHES = [
         replacement=lazy_call("verl_patches.rollout.tempered_logprobs:wrap_sampler_forward"),
         vendor_item="local",
         reason="report the sampled tokens' log-probs at the sampling temperature (log_softmax(logits / T)), "
-               "the distribution the actor scores (C3); vLLM V1 reports raw log-probs, so at T=0.9 the "
-               "rollout/train log-prob mismatch metric compared two different distributions",
+        "the distribution the actor scores (C3); vLLM V1 reports raw log-probs, so at T=0.9 the "
+        "rollout/train log-prob mismatch metric compared two different distributions",
     ),
 ]
