@@ -50,9 +50,9 @@ RUN if [ -n "${SOURCES_CACHE}" ]; then \
 RUN python3 -m pip install -r requirements.txt
 
 # vllm-ascend's compiled kernels (vllm_ascend_C), built once from the pinned sdist in a temporary folder
-# and installed into site-packages/vllm_ascend_kernels: the vendored vllm_ascend/ stays as locked.
+# and installed into site-packages/vllm_ascend_kernels: the vendored vllm_ascend/ stays as locked. Its build
+# tools (cmake, setuptools-scm, pybind11, ...) came with requirements.txt above.
 RUN source /usr/local/Ascend/ascend-toolkit/set_env.sh \
- && python3 -m pip install cmake==3.31.6 setuptools-scm==8.3.1 \
  && python3 -m verl_patches.rollout.kernels build \
  && bash setup_sources.sh --verify
 

@@ -17,4 +17,12 @@ if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
 fi
 cd "$here"
-exec env PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$py" -m verl_patches.sources "$@"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+# --audit is the audit's report (verl_patches.audit reads the sources and the patches: it sits above the
+# sources package in the layer order, so the sources command never imports it); the rest is the sources command.
+for arg in "$@"; do
+  if [ "$arg" = "--audit" ]; then
+    exec "$py" -c 'import sys; from verl_patches.audit import setup_sources_main; sys.exit(setup_sources_main(sys.argv[1:]))' "$@"
+  fi
+done
+exec "$py" -m verl_patches.sources "$@"

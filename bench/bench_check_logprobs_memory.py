@@ -65,6 +65,7 @@ def bench_config() -> dict:
 def synthetic_folder() -> Path:
     """The bench's HF folder, built into a temporary sibling and renamed when complete (so it is reused only
     whole)."""
+    from verl_patches.base.atomic_write import rename_durably
     from verl_patches.trainer.tiny_assets import build_tokenizer
     from verl_patches.weights.synthetic import write_synthetic_checkpoint
 
@@ -79,7 +80,7 @@ def synthetic_folder() -> Path:
     tok = build_tokenizer(tmp, ["What is 1 + 2 ? The answer is 3 ."], max_operand=9)
     cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     write_synthetic_checkpoint(tmp, cfg, num_shards=6, seed=0, tokenizer_files=False)
-    os.replace(tmp, out)
+    rename_durably(tmp, out)
     print(f"built {out} in {time.monotonic() - t0:.0f} s", flush=True)
     return out
 

@@ -192,7 +192,8 @@ def main() -> int:
         )
         ok_flat, ok_frac = ours_growth <= FLAT_GOAL, fraction <= FRACTION_GOAL
         print(
-            f"{'PASS' if ok_flat else 'FAIL'}: peak RSS nearly flat as the model grows (x{ours_growth:.2f}, goal <= x{FLAT_GOAL})"
+            f"{'PASS' if ok_flat else 'FAIL'}: peak RSS nearly flat as the model grows "
+            f"(x{ours_growth:.2f}, goal <= x{FLAT_GOAL})"
         )
         print(
             f"{'PASS' if ok_frac else 'FAIL'}: peak RSS a small fraction of load-everything ({fraction * 100:.0f} %, "
@@ -209,7 +210,8 @@ def main() -> int:
         print(
             f"measured model: peak = interpreter {o_s['base'] / mb:.0f} MiB + fixed {fixed / mb:.0f} MiB + rank "
             f"+ mapped source pages ({mapped / mb:.0f} MiB for a {rank / mb:.0f} MiB rank with remap "
-            f"{DEFAULT_REMAP_BYTES // mb} MiB; {(o_r['peak'] - o_r['base'] - rank - fixed) / mb:.0f} MiB with remap 8 MiB)"
+            f"{DEFAULT_REMAP_BYTES // mb} MiB; "
+            f"{(o_r['peak'] - o_r['base'] - rank - fixed) / mb:.0f} MiB with remap 8 MiB)"
         )
         full = make_training_config()
         plan = summarize_plan(full, ParallelLayout(**A3_LAYOUT))

@@ -7,8 +7,9 @@ Measured side by side in one run:
      [1600, 7168], kv_a-like [576, 7168]): ours with parallel workers as the converter runs it, the naive
      path (``W.float() * repeat_interleave(scale)``, what the vendor's script does) and a plain copy of
      the same output bytes (the memory-bandwidth ceiling); also the single-thread kernel ratio;
-  2. end to end on a synthetic FP8 checkpoint on disk with DeepSeek-V3's expert/MLP tensor shapes: our streaming converter with parallel workers
-     (each holds about one tensor) vs the naive single-process pipeline (load a shard, dequantise, save).
+  2. end to end on a synthetic FP8 checkpoint on disk with DeepSeek-V3's expert/MLP tensor shapes: our streaming
+     converter with parallel workers (each holds about one tensor) vs the naive single-process pipeline (load a
+     shard, dequantise, save).
 GB/s are BF16 output bytes per second. Goal: dequantisation >= 5x the naive path. End to end both are
 capped by the filesystem's write speed, which is printed too.
 """
@@ -135,7 +136,8 @@ def main() -> int:
     ours, naive, copy = in_memory_bench(args.workers)
     ratio = ours / naive
     print(
-        f"in memory  ours {ours:6.2f} GB/s ({args.workers} workers) | naive {naive:6.2f} GB/s | memcopy {copy:6.2f} GB/s"
+        f"in memory  ours {ours:6.2f} GB/s ({args.workers} workers) | naive {naive:6.2f} GB/s "
+        f"| memcopy {copy:6.2f} GB/s"
         f" | ours/naive {ratio:5.1f}x | ours/memcopy {ours / copy:4.2f}"
     )
     print(f"           one thread each: ours/naive {one_thread_kernel_ratio():.1f}x (the kernel alone)")
@@ -172,8 +174,9 @@ def main() -> int:
         write_synthetic_checkpoint(
             tmp / "fp8", cfg, fp8=True, num_shards=8, scales_in_next_shard=True, tokenizer_files=False
         )
+        fp8_bytes = sum(p.stat().st_size for p in (tmp / "fp8").glob("*.safetensors"))
         print(
-            f"synthetic FP8 checkpoint: {sum(p.stat().st_size for p in (tmp / 'fp8').glob('*.safetensors')) / 1e6:.0f} MB "
+            f"synthetic FP8 checkpoint: {fp8_bytes / 1e6:.0f} MB "
             f"in 8 shards ({time.perf_counter() - t:.1f} s to generate)"
         )
         out_bytes = sum(sp.nbytes for sp in hf_tensor_specs(cfg))
@@ -205,7 +208,8 @@ def main() -> int:
             f.write(memoryview(blob))
         t_write = time.perf_counter() - t
         print(
-            f"ceiling  plain write of the same {out_bytes / 1e9:.2f} GB to this filesystem: {out_bytes / t_write / 1e9:.2f} GB/s"
+            f"ceiling  plain write of the same {out_bytes / 1e9:.2f} GB to this filesystem: "
+            f"{out_bytes / t_write / 1e9:.2f} GB/s"
         )
         print(
             f"         end to end is bounded by that write speed here: ours reaches "
@@ -214,12 +218,14 @@ def main() -> int:
         ok = same and ratio >= GOAL
         print(
             f"{'PASS' if ok else 'FAIL'}: FP8->BF16 dequantisation is {ratio:.1f}x the naive path with "
-            f"{args.workers} workers (goal >= {GOAL:.0f}x); end to end {e_ours / e_naive:.1f}x, outputs identical: {same}"
+            f"{args.workers} workers (goal >= {GOAL:.0f}x); end to end {e_ours / e_naive:.1f}x, "
+            f"outputs identical: {same}"
         )
         full = 1342e9  # BF16 bytes of DeepSeek-V3 671B without MTP (from the config)
         print(
             f"extrapolated: 671B ({full / 1e12:.2f} TB BF16 out) at the end-to-end rates measured here: "
-            f"{full / 1e9 / e_ours / 3600:.1f} h ({args.workers} workers) vs {full / 1e9 / e_naive / 3600:.1f} h naive; "
+            f"{full / 1e9 / e_ours / 3600:.1f} h ({args.workers} workers) vs "
+            f"{full / 1e9 / e_naive / 3600:.1f} h naive; "
             f"per worker {ours / args.workers:.2f} GB/s of dequantisation, so about "
             f"{max(1, round(1.0 / (ours / args.workers)))}+ workers per GB/s of disk write speed"
         )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "megatron_engine"))  # the golden test's assets and gloo harness
+sys.path.insert(0, str(REPO / "tests" / "megatron_engine"))  # the golden test's assets
 
 GOAL = 0.10
 LAYOUTS = {
@@ -157,8 +157,9 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--layouts", default="tp2ep2,pp2")
     a = ap.parse_args()
-    from engine_harness import run_ranks
     from golden_assets import build_hf_model
+
+    from verl_patches.multirank import run_ranks
 
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,13 +170,16 @@ def main() -> int:
             results = run_ranks(
                 measure_rank,
                 lay["world"],
-                timeout_s=900,
-                hf=str(hf),
-                tp=lay["tp"],
-                pp=lay["pp"],
-                ep=lay["ep"],
-                layer_list=lay["layer_list"],
-                seq_len=a.seq_len,
+                900,
+                overlay=True,
+                kwargs=dict(
+                    hf=str(hf),
+                    tp=lay["tp"],
+                    pp=lay["pp"],
+                    ep=lay["ep"],
+                    layer_list=lay["layer_list"],
+                    seq_len=a.seq_len,
+                ),
             )
             print(
                 f"\n== {name}: TP{lay['tp']} PP{lay['pp']} EP{lay['ep']} layers {lay['layer_list'] or 'even'}, "

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
-import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
 
+from verl_patches.multirank import RankFailure, run_ranks  # noqa: E402
 from verl_patches.reshard.cost_model import (
     GIB,
     PathCost,
@@ -255,16 +252,12 @@ def _small_plans():
     return training, ep, dp, pp_layout, stages, pp
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
     from verl_patches.reshard.executors import gather_pipeline_params, relayout_rows, reshard_expert_weight
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
     training, ep, dp, pp_layout, stages, pp = _small_plans()
     measured = {}
 
@@ -290,16 +283,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     tensors = {p.name: torch.randn(p.shape).to(getattr(torch, p.dtype)) for p in stages[stage]}
     for _ in gather_pipeline_params(pp, stage, tensors, group, rank, recorder=count("pp")):
         pass
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(measured, f)
-    from verl_patches.reshard.rank_exit import exit_rank
-
-    exit_rank(0)  # not destroy_process_group: see rank_exit
+    return measured
 
 
 def gloo_section(timeout_s: float) -> None:
-    import torch.multiprocessing as mp
-
     world = SMALL["world"]
     print(
         f"\nGloo run: {world} CPU processes, training TP2·PP2·EP2 (TP×EP 4, {SMALL['experts']} experts) → "
@@ -314,24 +301,12 @@ def gloo_section(timeout_s: float) -> None:
         "weight2": ep_plan_cost(ep, expert, ExpertWeight.WEIGHT2),
         "pp": pp_plan_cost(pp, world),
     }
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, world, port, tmp)) for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout_s)
-        alive = [r for r, p in enumerate(procs) if p.is_alive()]
-        for r in alive:
-            procs[r].kill()
-            procs[r].join()
-        if alive or any(p.exitcode for p in procs):
-            check(False, f"gloo run: ranks {alive or [r for r, p in enumerate(procs) if p.exitcode]} failed")
-            return
-        measured = [json.load(open(os.path.join(tmp, f"{r}.json"))) for r in range(world)]
+    try:
+        measured = run_ranks(_worker, world, timeout_s, group_timeout_s=60)
+    except RankFailure as err:
+        print(err, file=sys.stderr)
+        check(False, f"gloo run: ranks {err.ranks} failed")
+        return
     print(f"  {'reshard':8s} {'measured sent/recv bytes (sum over ranks)':>44s} {'predicted':>22s}")
     for name, cost in predicted.items():
         got = [tuple(m.get(name, (0, 0))) for m in measured]

@@ -439,7 +439,8 @@ def main() -> int:
     items = generate(args.n, args.adversarial)
     normal = [i for i, it in enumerate(items) if not it.adversarial]
     print(
-        f"items: {len(items)} ({len(normal)} non-adversarial, {len(items) - len(normal)} adversarial), workers per grader: {args.workers}"
+        f"items: {len(items)} ({len(normal)} non-adversarial, {len(items) - len(normal)} adversarial), "
+        f"workers per grader: {args.workers}"
     )
 
     grades, ours_cold, ours_warm, ours_normal = run_ours(items, args.workers)
@@ -499,7 +500,8 @@ def main() -> int:
         f"math-verify {100 * accuracy(mv, normal):.2f} %, vendor rule {100 * accuracy(vendor, normal):.2f} %"
     )
     print(
-        f"accuracy vs labels, adversarial: ours {100 * accuracy(ours, adv):.1f} %, math-verify {100 * accuracy(mv, adv):.1f} %, "
+        f"accuracy vs labels, adversarial: ours {100 * accuracy(ours, adv):.1f} %, "
+        f"math-verify {100 * accuracy(mv, adv):.1f} %, "
         f"vendor rule {100 * accuracy(vendor, adv):.1f} %"
     )
     print(

@@ -21,13 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
@@ -77,44 +73,51 @@ def _groups(training, rank):
     )
 
 
-def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None:
-    import torch
-    import torch.distributed as dist
+class _DictSource:
+    """``TensorSource`` over an in-memory HF state dict."""
 
-    from verl_patches.sync.generator import SyncMeter, iter_rollout_weights
+    def __init__(self, sd: dict) -> None:
+        self.sd = sd
+
+    def get(self, name: str):
+        return self.sd[name]
+
+    def rows(self, name: str, start: int, stop: int):
+        return self.sd[name][start:stop]
+
+    def cols(self, name: str, start: int, stop: int):
+        return self.sd[name][:, start:stop]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.sd[name].shape)
+
+    def dtype(self, name: str):
+        return self.sd[name].dtype
+
+
+def _local_shards(cfg: dict, training, rank: int) -> dict:
+    """This rank's Megatron shards, each owning its storage; the full HF state dict is freed on return."""
     from verl_patches.sync.param_table import weights_layout
-    from verl_patches.sync.plan import SyncPath, build_sync_plan, lower_bound
     from verl_patches.weights.hf_schema import hf_tensor_specs
     from verl_patches.weights.hf_to_mcore import build_rank_state_dict
     from verl_patches.weights.layout import Rank
     from verl_patches.weights.synthetic import random_tensor
-    from verl_patches.weights.tensor_layout import MetaSource
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=args.timeout / 2),
-    )
+    hf = {s.name: random_tensor(s, 0) for s in hf_tensor_specs(cfg)}
+    c = training.coords(rank)
+    shards = build_rank_state_dict(_DictSource(hf), cfg, weights_layout(TP, PP, EP, LAYER_LIST), Rank(c.tp, c.pp, c.ep))
+    return {k: v.clone() for k, v in shards.items()}
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace) -> dict:
+    import torch.distributed as dist
+
+    from verl_patches.sync.generator import SyncMeter, iter_rollout_weights
+    from verl_patches.sync.plan import SyncPath, build_sync_plan, lower_bound
+
     cfg = model_config(args)
     training, rollout = layouts(args.instances)
-    hf = {s.name: random_tensor(s, 0) for s in hf_tensor_specs(cfg)}
-    src = MetaSource({}, {})
-    src.get = hf.__getitem__
-    src.rows = lambda n, a, b: hf[n][a:b]
-    src.cols = lambda n, a, b: hf[n][:, a:b]
-    src.shape = lambda n: tuple(hf[n].shape)
-    src.dtype = lambda n: hf[n].dtype
-    c = training.coords(rank)
-    local = {
-        k: v.clone()
-        for k, v in build_rank_state_dict(
-            src, cfg, weights_layout(TP, PP, EP, LAYER_LIST), Rank(c.tp, c.pp, c.ep)
-        ).items()
-    }
-    del hf
+    local = _local_shards(cfg, training, rank)
     groups = _groups(training, rank)
     out = {}
     checks = {}
@@ -141,34 +144,13 @@ def _worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> Non
             "time_s": statistics.median(times),
         }
     out["same_tensors"] = checks["all-to-all"] == checks["all-gather"]
-    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-        json.dump(out, f)
-    from verl_patches.reshard.rank_exit import exit_rank
-
-    exit_rank(0)  # not destroy_process_group: see rank_exit
+    return out
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    import torch.multiprocessing as mp
+    from verl_patches.multirank import run_ranks  # as this script's other imports of ours: in the function
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, port, tmp, args)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(args.timeout)
-        alive = [r for r, p in enumerate(procs) if p.is_alive()]
-        for r in alive:
-            procs[r].kill()
-            procs[r].join()
-        failed = alive or [r for r, p in enumerate(procs) if p.exitcode]
-        if failed:
-            raise RuntimeError(f"ranks {failed} failed or timed out")
-        return [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(WORLD)]
+    return run_ranks(_worker, WORLD, args.timeout, group_timeout_s=args.timeout / 2, kwargs={"args": args})
 
 
 def ratio(a: float, b: float) -> str:
@@ -203,13 +185,14 @@ def report(results: list[dict], args: argparse.Namespace) -> bool:
     total = {p: sum(res[p]["received"] for res in results) for p in ("all-to-all", "all-gather")}
     max_sent = {p: max(res[p]["sent"] for res in results) for p in ("all-to-all", "all-gather")}
     t = {p: max(res[p]["time_s"] for res in results) for p in ("all-to-all", "all-gather")}
+    max_peak = {p: max(res[p]["peak"] for res in results) for p in ("all-to-all", "all-gather")}
     print("\nratios (worst rank):")
     print(f"  received / lower bound        all-to-all {a2a_recv:.2f}   all-gather {ag_recv:.2f}   (goal 1.00)")
     print(f"  extra peak memory / bound     all-to-all {a2a_peak:.2f}   all-gather {ag_peak:.2f}   (goal 1.00)")
     print(
         f"  all-to-all / all-gather:      bytes moved {total['all-to-all'] / total['all-gather']:.3f}, "
         f"max sent by one rank {max_sent['all-to-all'] / max_sent['all-gather']:.3f}, "
-        f"peak memory {max(r['all-to-all']['peak'] for r in results) / max(r['all-gather']['peak'] for r in results):.3f}, "
+        f"peak memory {max_peak['all-to-all'] / max_peak['all-gather']:.3f}, "
         f"wall time {t['all-to-all'] / t['all-gather']:.3f} "
         f"({t['all-to-all'] * 1e3:.1f} ms vs {t['all-gather'] * 1e3:.1f} ms, median of {args.repeats}, slowest rank)"
     )

@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 
 from suite_components import require_components
+from tier_report import TierReport
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TierReport(config), "verl_patches_tier_report")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -8,17 +8,18 @@ reach), so a missing one there is a broken set-up, never a reason to skip.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from verl_patches.base.env_flags import env_flag
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def under_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag("CI")
 
 
 def locked_packages() -> dict[str, str]:

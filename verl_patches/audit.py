@@ -12,8 +12,11 @@ JSON schema (stable; fields are only ever added): {"schema": "verl-overlay-audit
 "prelude": {"file", "expected", "in_place"} | null, "diff": str, "diff_unavailable": [path]}],
 "patches": [{"name", "target", "kind", "vendor_item", "reason", "devices", "condition",
 "declared_fingerprint", "pin_fingerprint", "status": "ok|drift|target-missing|unpinned|unreadable",
-"detail"}], "summary": {"components_matching", "components_total", "diff_lines", "patches_total",
-"patches_ok", "patches_drift", "patches_unpinned"}, "distributions": [{"component", "distribution", "version", "folder",
+"detail", "relies_on": [{"target", "declared_fingerprint", "pin_fingerprint", "status", "detail"}]}],
+"patch_stacks": [{"target", "devices", "layers": [{"name", "kind", "vendor_item", "calls_original"}] (outermost
+first), "calls_upstream", "hidden": [name]}], "summary": {"components_matching", "components_total",
+"diff_lines", "patches_total", "patches_ok", "patches_drift", "patches_unpinned", "patch_stacks",
+"patch_layers_hidden"}, "distributions": [{"component", "distribution", "version", "folder",
 "status": "match|mismatch|missing|unverified", "entry_points": {group: {name: target}}, "problems"}],
 "weight_sync": {"path": "all-to-all|all-gather|invalid", "flag", "detail"},
 "hang_diagnosis": {"timeout": {"variable", "value", "set_by"}, "driver", "heartbeat", "progress_points":
@@ -28,11 +31,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from verl_patches.sources.lock import Lock, load_lock
-from verl_patches.sources.paths import detect_device
+# Everything the audit reads is standard library only at import time: it runs before anything is installed.
+from verl_patches.base.host_device import DeviceSettingError, detect_host_device
+from verl_patches.npu_emulation import emulation_report, emulation_report_text
+from verl_patches.patches import catalog
+from verl_patches.patching.stacks import patch_stacks, render_stacks, stack_entries
+from verl_patches.patching.static_report import static_patch_report
+from verl_patches.resilience.watched import render as render_watched
+from verl_patches.resilience.watched import watched
+from verl_patches.sources import __main__ as setup_cli  # setup_sources.sh's options, for --audit
+from verl_patches.sources import pins
+from verl_patches.sources.dist_info import render as render_dists
+from verl_patches.sources.dist_info import report as dist_report
+from verl_patches.sources.lock import Lock, LockError, load_lock
 from verl_patches.sources.report import AUDIT_SCHEMA, exit_status, sources_report
+from verl_patches.sync.path import describe_sync_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,16 +60,17 @@ def _changed_lines(diff: str) -> int:
 def full_report(
     root: Path, lock: Lock, device: str, names: list[str] | None = None, sources: dict | None = None
 ) -> dict:
-    from verl_patches.patching.static_report import static_patch_report
-
     sources = sources or sources_report(root, lock, device, names, with_diff=True)
-    patches = static_patch_report(root, device)
+    declared = catalog.all_patches()
+    patches = static_patch_report(root, declared, device)
+    stacks = stack_entries(patch_stacks(declared))
     return {
         "schema": AUDIT_SCHEMA,
         "lock": sources["lock"],
         "device": device,
         "components": sources["components"],
         "patches": patches,
+        "patch_stacks": stacks,
         "distributions": sources.get("distributions") or _distributions(root, lock, names),
         "weight_sync": _weight_sync(),
         "hang_diagnosis": _hang_diagnosis(),
@@ -66,19 +83,17 @@ def full_report(
             "patches_ok": sum(p["status"] == "ok" for p in patches),
             "patches_drift": sum(p["status"] == "drift" for p in patches),
             "patches_unpinned": sum(p["status"] == "unpinned" for p in patches),
+            "patch_stacks": len({s["target"] for s in stacks}),
+            "patch_layers_hidden": sum(len(s["hidden"]) for s in stacks),
         },
     }
 
 
 def _weight_sync() -> dict:
-    from verl_patches.sync.path import describe_sync_path  # standard library only
-
     return describe_sync_path()
 
 
 def _hang_diagnosis() -> dict:
-    from verl_patches.resilience.watched import watched  # standard library only
-
     return watched()
 
 
@@ -86,18 +101,12 @@ def _package_versions(device: str) -> dict:
     """Installed versions against requirements.txt (the A3 job's pins): a proof on other versions is a
     proof of another stack, so the audit says which differ. The host kind comes from the audit's own
     torch-free detection: the audit runs before anything is installed."""
-    from dataclasses import asdict
-
-    from verl_patches.sources import pins
-
     cpu_host = device == "cpu"
     line, found = pins.check(cpu_host=cpu_host)
     return {"line": line, "cpu_host": cpu_host, "differences": [asdict(d) for d in found]}
 
 
 def _distributions(root: Path, lock: Lock, names: list[str] | None) -> list[dict]:
-    from verl_patches.sources.dist_info import report as dist_report
-
     return dist_report(root, lock, names)
 
 
@@ -117,8 +126,6 @@ def render_text(report: dict) -> str:
         for rel in c["diff_unavailable"]:
             out.append(f"    (no pristine copy in the cache to diff {c['package']}/{rel}; run setup_sources.sh again)")
     if report.get("distributions"):
-        from verl_patches.sources.dist_info import render as render_dists
-
         out += [
             "",
             "== Generated distribution metadata (.dist-info folders outside every upstream folder)",
@@ -128,8 +135,6 @@ def render_text(report: dict) -> str:
         w = report["weight_sync"]
         out += ["", "== Weight sync (Megatron -> rollout)", f"{w['path']} ({w['flag']}): {w['detail']}"]
     if report.get("hang_diagnosis"):
-        from verl_patches.resilience.watched import render as render_watched
-
         out += ["", "== Hang diagnosis (what is watched and how)"] + render_watched(report["hang_diagnosis"])
     if report.get("package_versions"):
         out += ["", "== Installed Python packages (requirements.txt)", report["package_versions"]["line"]]
@@ -142,13 +147,24 @@ def render_text(report: dict) -> str:
         )
         if p["status"] != "ok":
             out.append(f"{'':<14} {p['detail']}")
+        if p.get("relies_on"):
+            n = len(p["relies_on"])
+            matching = sum(r["status"] == "ok" for r in p["relies_on"])
+            out.append(f"{'':<14} relies on {n} more upstream object(s), each pinned: {matching}/{n} match")
+    if report.get("patch_stacks"):
+        out += [
+            "",
+            "== Patch stacks (upstream targets with more than one patch: outermost layer first, as a call "
+            "passes through them)",
+        ] + render_stacks(report["patch_stacks"])
     s = report["summary"]
     out += [
         "",
         f"summary: {s['components_matching']}/{s['components_total']} components match the lock; "
         f"{s['diff_lines']} changed line(s) on disk; {s['patches_total']} patches: {s['patches_ok']} match "
         f"their pinned fingerprints, {s['patches_drift']} drifted, {s['patches_unpinned']} target code "
-        f"outside the lock",
+        f"outside the lock; {s.get('patch_stacks', 0)} upstream target(s) carry more than one patch (stacks above)"
+        + (f", {s['patch_layers_hidden']} layer(s) covered and never run" if s.get("patch_layers_hidden") else ""),
     ]
     return "\n".join(out)
 
@@ -160,15 +176,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock", type=Path, default=REPO_ROOT / "sources.lock")
     args = p.parse_args(argv)
     lock = load_lock(args.lock)
-    report = full_report(args.lock.parent.resolve(), lock, detect_device(), args.only)
-    from verl_patches.npu_emulation import emulation_report, emulation_report_text
-
+    report = full_report(args.lock.parent.resolve(), lock, detect_host_device(), args.only)
     report["npu_emulation"] = emulation_report()  # emulated torch_npu ops, MindSpeed features CPU cannot run
     print(
         json.dumps(report, indent=2)
         if args.json
         else render_text(report) + emulation_report_text(report["npu_emulation"])
     )
+    return audit_exit_status(report)
+
+
+def setup_sources_main(argv: list[str]) -> int:
+    """`setup_sources.sh --audit [--json] [--only NAME ...] [--lock FILE] [--root DIR]`: this report, read with the
+    setup command's own options and messages. setup_sources.sh hands ``--audit`` here, so that the sources
+    package, a layer below, never imports the audit."""
+    args = setup_cli.parse_args(argv)
+    try:
+        lock, root, device = setup_cli.lock_root_device(args)
+    except (LockError, DeviceSettingError) as e:
+        print(f"setup_sources.sh: {e}", file=sys.stderr)
+        return setup_cli.EXIT_USAGE
+    sources = sources_report(root, lock, device, args.only, with_diff=True)
+    sources["distributions"] = dist_report(root, lock, args.only)  # generated .dist-info folders
+    report = full_report(root, lock, device, args.only, sources=sources)
+    print(json.dumps(report, indent=2) if args.json else render_text(report))
     return audit_exit_status(report)
 
 
@@ -186,10 +217,13 @@ def optional_missing_line(report: dict) -> str:
 
 def audit_exit_status(report: dict) -> int:
     """0 when everything this host needs matches (components only the A3 job needs may be absent: one line
-    on stderr says so), 1 on any mismatch, missing needed component or drifted patch."""
+    on stderr says so), 1 on any mismatch, missing needed component, drifted patch or patch
+    layer that a later one covers."""
     status = exit_status(report["components"])
-    if report["summary"]["patches_drift"] or any(
-        d["status"] in ("missing", "mismatch") for d in report.get("distributions", [])
+    if (
+        report["summary"]["patches_drift"]
+        or report["summary"].get("patch_layers_hidden")
+        or any(d["status"] in ("missing", "mismatch") for d in report.get("distributions", []))
     ):
         return 1
     if status == 3:

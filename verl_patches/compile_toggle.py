@@ -18,6 +18,7 @@ _REAL: Callable[..., Any] | None = None
 def capture_real_compile() -> Callable[..., Any]:
     """Remember torch.compile as it is now, unless it is already MindSpeed's substitute."""
     global _REAL
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     if _REAL is None and not _is_substitute(torch.compile):
@@ -31,12 +32,14 @@ def capture_real_compile() -> Callable[..., Any]:
 
 
 def _is_substitute(fn: Any) -> bool:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     return fn is torch.jit.script or getattr(fn, "__module__", "").startswith(("mindspeed", "mindspeed_llm"))
 
 
 def restore_real_compile() -> None:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     torch.compile = capture_real_compile()
@@ -45,6 +48,7 @@ def restore_real_compile() -> None:
 @contextlib.contextmanager
 def real_torch_compile() -> Iterator[None]:
     """The real torch.compile inside the block (the rollout), whatever was set outside."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     real, before = capture_real_compile(), torch.compile
@@ -58,6 +62,7 @@ def real_torch_compile() -> Iterator[None]:
 @contextlib.contextmanager
 def mindspeed_compile() -> Iterator[None]:
     """MindSpeed's substitute (torch.jit.script) inside the block, e.g. while training code is first built."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     capture_real_compile()

@@ -13,24 +13,26 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-DEVICE_ENV = "VERL_PATCHES_DEVICE"  # npu | cuda | cpu: overrides detection (tests, odd hosts)
+from verl_patches.base.env_flags import env_int
+from verl_patches.base.host_device import forced_device
+from verl_patches.npu_emulation import is_emulation_path
 
 
 @functools.lru_cache(maxsize=1)
 def device_kind() -> str:
-    """npu if torch_npu is installed, else cuda if torch sees a GPU, else cpu.
+    """`VERL_PATCHES_DEVICE` when set, else npu if torch_npu is installed, else cuda if torch sees a GPU,
+    else cpu.
 
     torch_npu is detected without importing it: importing it patches torch, which is its own
     caller's business (verl, vllm-ascend), not ours to trigger early.
     """
-    forced = os.environ.get(DEVICE_ENV)
+    forced = forced_device()
     if forced:
-        if forced not in ("npu", "cuda", "cpu"):
-            raise ValueError(f"{DEVICE_ENV}={forced!r}: expected npu, cuda or cpu")
         return forced
     spec = importlib.util.find_spec("torch_npu")
     if spec is not None and not _is_cpu_emulation(getattr(spec, "origin", None)):
         return "npu"
+    # lazy: asked only when neither the override nor torch_npu decides; the audit runs without torch
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,7 +40,6 @@ def device_kind() -> str:
 
 def _is_cpu_emulation(origin: str | None) -> bool:
     """Our CPU stand-in torch_npu (verl_patches.npu_emulation) does not make the host an NPU host."""
-    from verl_patches.npu_emulation import is_emulation_path
 
     return is_emulation_path(origin)
 
@@ -56,9 +57,8 @@ def local_device_index(visible: int, environ: Any = None) -> int:
     if visible == 1:
         return 0
     for name in ("LOCAL_RANK", "RAY_LOCAL_RANK"):
-        raw = env.get(name)
-        if raw not in (None, ""):
-            index = int(raw)
+        if env.get(name, "").strip():
+            index = env_int(name, 0, environ=env)
             if not 0 <= index < visible:
                 raise RuntimeError(f"{name}={index} but this process sees {visible} devices")
             return index
@@ -80,6 +80,7 @@ def set_local_device(kind: str | None = None, environ: Any = None) -> int | None
 
 
 def torch_device(index: int | None = None) -> Any:
+    # lazy: the audit and setup import this module where torch may be absent
     import torch
 
     kind = device_kind()
@@ -87,13 +88,15 @@ def torch_device(index: int | None = None) -> Any:
 
 
 def _npu_module() -> Any:
-    import torch_npu  # noqa: F401  (registers torch.npu)
+    # lazy: the audit and setup import this module where torch may be absent
     import torch
+    import torch_npu  # noqa: F401  (registers torch.npu)
 
     return torch.npu
 
 
 def _cuda_module() -> Any:
+    # lazy: the audit and setup import this module where torch may be absent
     import torch
 
     return torch.cuda
@@ -152,6 +155,7 @@ def memory_info() -> MemoryInfo:
     """Device memory (host memory on the CPU, where the 'device' is the host)."""
     mod = accelerator_module()
     if mod is None:
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         vm = psutil.virtual_memory()
@@ -164,6 +168,7 @@ def profiler(output_dir: str, active_steps: int = 1, warmup_steps: int = 0, with
     """A started-when-entered profiler writing TensorBoard traces to output_dir: torch_npu's on NPU."""
     kind = device_kind()
     if kind == "npu":
+        # deferred: torch_npu exists only on an NPU host
         import torch_npu
 
         prof = torch_npu.profiler
@@ -175,6 +180,7 @@ def profiler(output_dir: str, active_steps: int = 1, warmup_steps: int = 0, with
         }
         handler = prof.tensorboard_trace_handler(output_dir)
     else:
+        # lazy: the profiler loads only when a profile is taken
         import torch.profiler as prof
 
         activities = [prof.ProfilerActivity.CPU] + ([prof.ProfilerActivity.CUDA] if kind == "cuda" else [])

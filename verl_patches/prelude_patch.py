@@ -9,6 +9,7 @@ types that never load megatron_workers. Idempotent: a second import or call chan
 from pathlib import Path as _Path
 
 from verl_patches.npu_emulation import install_on_cpu_host as _install_npu_emulation
+from verl_patches.patches.catalog import all_patches as _all_patches
 from verl_patches.patching.registry import activate as _activate_registry
 from verl_patches.sources.dist_info import put_on_path as _put_dist_info_on_path
 
@@ -16,11 +17,11 @@ _REPO_ROOT = _Path(__file__).resolve().parents[1]
 
 _install_npu_emulation()  # CPU host only: MindSpeed and vllm-ascend import our torch_npu stand-in
 _put_dist_info_on_path(_REPO_ROOT)  # vLLM finds vllm-ascend's platform and general plugins (entry points)
-_activate_registry()
+_activate_registry(_all_patches)
 
 
 def activate() -> None:
     """Ray `worker_process_setup_hook` entry: importing this module already did the work."""
     _install_npu_emulation()
     _put_dist_info_on_path(_REPO_ROOT)
-    _activate_registry()
+    _activate_registry(_all_patches)

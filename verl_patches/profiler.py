@@ -3,7 +3,7 @@
 On an NPU it is torch_npu.profiler at Level2 with AiC ArithmeticUtilization, shapes and memory recorded
 (`verl_patches.device.profiler`); elsewhere torch.profiler with the same schedule, so the gating and the
 trace layout are exercised on a CPU. Traces go to ``<root>/<stage>`` as TensorBoard files. On a rank not
-in `ranks`, or with PROFILE_UPDATE unset or 0, every call is a no-op.
+in `ranks`, or with PROFILE_UPDATE unset or off (`verl_patches.base.env_flags`), every call is a no-op.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from verl_patches import device
+from verl_patches.base.env_flags import env_flag
+from verl_patches.tools import _rank
+
 PROFILE_ENV = "PROFILE_UPDATE"
 DEFAULT_ROOT = "./profiling"
 
 
 def profiling_requested(environ: Mapping[str, str] | None = None) -> bool:
-    raw = (os.environ if environ is None else environ).get(PROFILE_ENV, "0").strip().lower()
-    return raw not in ("", "0", "false", "no", "off")
+    return env_flag(PROFILE_ENV, environ=environ)
 
 
 class NPUProfiler:
@@ -38,8 +41,6 @@ class NPUProfiler:
         if not stage or "/" in stage or stage in (".", ".."):
             raise ValueError(f"NPUProfiler: stage must be a plain folder name, got {stage!r}")
         if rank is None:
-            from verl_patches.tools import _rank
-
             rank = _rank()
         self.rank = rank
         self.output_dir = Path(root) / stage
@@ -53,7 +54,7 @@ class NPUProfiler:
             return
         factory = self._factory
         if factory is None:
-            from verl_patches.device import profiler as factory
+            factory = device.profiler
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._prof = factory(str(self.output_dir), **self._kwargs)
         self._prof.start()

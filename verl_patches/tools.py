@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Mapping
 
 from verl_patches import device
+from verl_patches.base.env_flags import env_flag, env_int
 
 PRINT_MEMORY_ENV = "PRINT_MEMORY"
 logger = logging.getLogger("verl_patches")
@@ -34,22 +34,22 @@ def empty_cache(module: Any | None = None) -> str:
 
 def _rank() -> int:
     try:
+        # lazy: torch is heavy and only this path needs it; importing this module stays light
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank()
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0") or 0)
+    return env_int("RANK", 0)
 
 
 def print_memory(
     tag: str, only_rank_0: bool = True, environ: Mapping[str, str] | None = None, rank: int | None = None
 ) -> str | None:
-    """Log the memory line for `tag` when PRINT_MEMORY=1 (and this is rank 0 unless `only_rank_0` is
+    """Log the memory line for `tag` when PRINT_MEMORY is on (and this is rank 0 unless `only_rank_0` is
     False); returns the line logged, or None."""
-    env = os.environ if environ is None else environ
-    if env.get(PRINT_MEMORY_ENV, "0").strip() != "1":
+    if not env_flag(PRINT_MEMORY_ENV, environ=environ):
         return None
     r = _rank() if rank is None else rank
     if only_rank_0 and r != 0:

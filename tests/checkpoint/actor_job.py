@@ -35,6 +35,8 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE.parent / "train_engine")]
 
 import torch  # noqa: E402
 
+from verl_patches.base.rank_exit import exit_rank  # noqa: E402
+
 
 def provider(pre_process: bool = True, post_process: bool = True):
     from megatron.core.models.gpt import GPTModel
@@ -68,7 +70,7 @@ def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
     megatron = dict(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp)
     if layer_list:
         megatron["pipeline_parallel_num_layer_list"] = layer_list
-    args = initialize_megatron(translate_verl_train_configs_to_megatron(verl_config(**megatron), TINY_HF_CONFIG))
+    initialize_megatron(translate_verl_train_configs_to_megatron(verl_config(**megatron), TINY_HF_CONFIG))
     model = get_model(provider, wrap_with_ddp=True)
     opt = get_megatron_optimizer(
         OptimizerConfig(
@@ -100,7 +102,7 @@ def train_step(model, opt, data_position: int) -> dict:
     with tensor_parallel.get_cuda_rng_tracker().fork():  # Megatron's model-parallel RNG stream
         tracked = torch.rand(1).item()
     loss = 0.0
-    for name, p in sorted(ddp.module.named_parameters()):
+    for _name, p in sorted(ddp.module.named_parameters()):
         target = torch.randn(p.shape, generator=batch) + 0.01 * noise + 0.01 * tracked
         loss = loss + (p * target).sum() + 0.05 * p.pow(2).sum()
     loss.backward()  # DDP's hooks accumulate into its buffers and start the reduce-scatter
@@ -144,7 +146,8 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import verl_patches.prelude_patch  # noqa: F401  (as in every worker process)
-    from verl_patches.checkpoint import actor_state, commit
+    from verl_patches.checkpoint import commit
+    from verl_patches.train_engine import actor_state
     from verl_patches.checkpoint.manifest import LayoutChangeError, rank_record_name
     from verl_patches.checkpoint.plan import is_save_step
 
@@ -163,7 +166,7 @@ def main() -> None:
             note = actor_state.load_actor(step_dir / "actor", model, opt, use_distributed_optimizer=True)
         except LayoutChangeError as err:
             print(f"LayoutChangeError: {err}", file=sys.stderr, flush=True)
-            os._exit(3)
+            exit_rank(3)
         data_position = json.loads((step_dir / "trainer_state.json").read_text())["data_position"]
         start = point.step
         if rank == 0:
@@ -196,7 +199,7 @@ def main() -> None:
             actor_state.save_actor(staging / "actor", step, model, opt, hf_config, True)
             barrier()
             if rank == 0:
-                from verl_patches.weights.atomic_io import write_json_atomically
+                from verl_patches.base.atomic_write import write_json_atomically
 
                 write_json_atomically(staging / "trainer_state.json", {"data_position": data_position})
                 commit.commit_step(root, staging, step)
@@ -205,7 +208,7 @@ def main() -> None:
     barrier()
     if rank == 0:
         print("done", flush=True)
-    os._exit(0)
+    exit_rank(0)
 
 
 if __name__ == "__main__":

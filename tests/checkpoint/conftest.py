@@ -1,7 +1,7 @@
 import sys
 from pathlib import Path
 
-# the Megatron engine's test helpers (gloo rank harness, golden assets) and the tiny DeepSeek-V3 config
+# the Megatron engine's golden assets and the tiny DeepSeek-V3 config
 HERE = Path(__file__).resolve().parent
 for sub in ("megatron_engine", "train_engine"):
     p = str(HERE.parent / sub)

@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from verl_patches.base.free_port import free_port
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError
 from verl_patches.patches.verl.utils.checkpoint import fsdp_manager
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +25,7 @@ def fsdp_model():
 
     ours = not torch.distributed.is_initialized()
     if ours:
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     torch.manual_seed(0)
     model = FSDP(

@@ -22,14 +22,8 @@ from verl_patches.checkpoint.manifest import (
     parse_manifest,
     parse_rank_record,
 )
-from verl_patches.checkpoint.tracker import (
-    MAX_STEP_DIGITS,
-    StepNumberError,
-    TrackerError,
-    parse_step_int,
-    read_megatron_tracker,
-    read_tracker,
-)
+from verl_patches.base.strict_int import MAX_STEP_DIGITS, StepNumberError, parse_step_int
+from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker, read_tracker
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 HOSTILE = st.sampled_from(["..", ".", "", "/", "a", "b.pt", "\\", "\x00", "\n", "²", "~", "-", " ", "..."])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from test_safe_load import LAYOUT, committed_actor  # noqa: F401  (a committed step with one rank's files)
-from verl_patches.checkpoint import actor_state, commit
+from verl_patches.checkpoint import commit, committed_role
 from verl_patches.checkpoint.manifest import RankRecord, rank_record_name
 
 
@@ -26,7 +26,7 @@ def test_a_rank_record_added_after_the_commit_is_never_read(tmp_path: Path, cont
     point, why = commit.find_resume_and_why(tmp_path)
     assert point is not None and point.name == "global_step_3" and why == ""  # the intact step is resumed
     assert commit.small_files_problem(tmp_path / "global_step_3") == ""
-    layout, records = actor_state.saved_layout(actor_state.CommittedRole.open(role))
+    layout, records = committed_role.saved_layout(committed_role.CommittedRole.open(role))
     assert [r.rank for r in records] == [0]
 
 
@@ -39,7 +39,7 @@ def test_a_listed_rank_record_changed_after_the_commit_is_refused_by_name(tmp_pa
     from verl_patches.checkpoint.safe_load import UnsafeCheckpointError
 
     with pytest.raises(UnsafeCheckpointError, match=f"^{rec}: sha256"):
-        actor_state.saved_layout(actor_state.CommittedRole.open(role))
+        committed_role.saved_layout(committed_role.CommittedRole.open(role))
 
 
 def test_a_step_folder_copied_from_another_root_is_skipped_naming_it(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verl_patches.checkpoint import actor_state, commit, optimizer_state
+from verl_patches.checkpoint import commit, committed_role, optimizer_state
+from verl_patches.train_engine import actor_state
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.safe_load import CheckpointFileError, UnsafeCheckpointError, load_tensor_file, sha256_file
 
@@ -150,14 +151,14 @@ def tamper(path: Path, marker: Path, fix_manifest: bool) -> None:
 )
 def test_tampered_rng_file_of_an_actor_is_refused_by_name(tmp_path: Path, fix_manifest: bool, needle: str) -> None:
     role = committed_actor(tmp_path)
-    committed = actor_state.CommittedRole.open(role)
+    committed = committed_role.CommittedRole.open(role)
     assert committed.step == 3 and committed.load("rng/rank_00000.pt") == {"random": 1}
     marker = tmp_path / "ran"
     target = role / "rng/rank_00000.pt"
     tamper(target, marker, fix_manifest)
     assert commit.is_complete(role.parent)  # same size: complete by sizes
     with pytest.raises(UnsafeCheckpointError, match=f"^{target}: {needle}"):
-        actor_state.CommittedRole.open(role).load("rng/rank_00000.pt")
+        committed_role.CommittedRole.open(role).load("rng/rank_00000.pt")
     assert not marker.exists()
 
 
@@ -174,12 +175,12 @@ def test_tampered_optimizer_param_state_is_never_unpickled(
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
     got = []
     opt = SimpleNamespace(data_parallel_group=None, load_parameter_state_from_dp_zero=got.append)
-    path, sha = actor_state.CommittedRole.open(role).path(rel)
+    path, sha = committed_role.CommittedRole.open(role).path(rel)
     optimizer_state.load_parameter_state(opt, path, sha)
     assert torch.equal(got[0]["param"], torch.ones(3))
     marker = tmp_path / "ran"
     tamper(role / rel, marker, fix_manifest)
-    path, sha = actor_state.CommittedRole.open(role).path(rel)
+    path, sha = committed_role.CommittedRole.open(role).path(rel)
     with pytest.raises(UnsafeCheckpointError, match=f"^{role / rel}: {needle}"):
         optimizer_state.load_parameter_state(opt, path, sha)
     assert not marker.exists() and len(got) == 1
@@ -217,7 +218,7 @@ def test_the_upstream_loaders_mirrored_are_unchanged() -> None:
 
 def test_actor_files_outside_the_manifest_or_behind_links_are_refused(tmp_path: Path) -> None:
     role = committed_actor(tmp_path)
-    committed = actor_state.CommittedRole.open(role)
+    committed = committed_role.CommittedRole.open(role)
     (role / "rng/extra.pt").write_bytes(b"x")
     with pytest.raises(CheckpointIncomplete, match="extra.pt: not listed in .*checkpoint.json"):
         committed.load("rng/extra.pt")
@@ -227,20 +228,21 @@ def test_actor_files_outside_the_manifest_or_behind_links_are_refused(tmp_path: 
     with pytest.raises(CheckpointIncomplete, match="rng: is a symbolic link"):
         committed.load("rng/rank_00000.pt")
     with pytest.raises(CheckpointIncomplete, match="not a role folder of the committed step"):
-        actor_state.CommittedRole.open(role.parent / "critic")
+        committed_role.CommittedRole.open(role.parent / "critic")
     staging = commit.begin_step(tmp_path, 5)
     (staging / "actor").mkdir()
     with pytest.raises(CheckpointIncomplete, match="checkpoint.json: missing"):
-        actor_state.CommittedRole.open(staging / "actor")
+        committed_role.CommittedRole.open(staging / "actor")
 
 
 def test_no_bare_torch_load_on_the_resume_path() -> None:
-    """Every torch.load call in the checkpoint package is the safe loader's, with weights_only=True."""
+    """Every torch.load call in the checkpoint package and the actor's save/load is the safe loader's, with
+    weights_only=True."""
     import ast
 
-    pkg = Path(actor_state.__file__).parent
+    pkg = Path(commit.__file__).parent
     calls = []
-    for p in sorted(pkg.glob("*.py")):
+    for p in sorted(pkg.glob("*.py")) + [Path(actor_state.__file__)]:
         for node in ast.walk(ast.parse(p.read_text())):
             if (
                 isinstance(node, ast.Call)

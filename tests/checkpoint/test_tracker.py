@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.checkpoint.tracker import (
-    StepNumberError,
-    TrackerError,
-    parse_step_int,
-    read_megatron_tracker,
-    read_tracker,
-)
+from verl_patches.base.strict_int import StepNumberError, parse_step_int
+from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker, read_tracker
 
 
 @pytest.mark.parametrize(
@@ -63,7 +58,7 @@ def test_not_regular_files_are_refused_unread(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("4")
     cases = {
-        "missing": tmp_path / "none",
+        "no such file": tmp_path / "none",
         "symbolic link": tmp_path / "link",
         "not a regular file": tmp_path / "dir",
         "not a regular file ": tmp_path / "fifo",

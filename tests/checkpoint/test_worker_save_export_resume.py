@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_harness import run_ranks
+from verl_patches.multirank import run_ranks
 from golden_assets import RESPONSE, TEMPERATURE, build_hf_model, convert, hf_log_probs, make_batch, worker_config
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
@@ -142,15 +142,18 @@ def test_save_export_and_resume(assets: dict[str, str], tmp_path: Path, case) ->
     results = run_ranks(
         rank_save_resume,
         2,
-        timeout_s=900,
-        hf=assets["hf"],
-        ckpt=assets[name],
-        root=str(ckroot),
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        layer_list=layer_list,
-        train=train,
+        900,
+        overlay=True,
+        kwargs=dict(
+            hf=assets["hf"],
+            ckpt=assets[name],
+            root=str(ckroot),
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            layer_list=layer_list,
+            train=train,
+        ),
     )
     print(json.dumps(results, indent=1))
     for r in results:

@@ -1,7 +1,8 @@
 """check_logprobs stays within its own memory estimate: a mid-size synthetic DeepSeek-V3 (hidden 1024, vocab
 196608, 3 layers, 16 routed experts, bf16: ~0.9 GB a copy, checked with --experts 8) runs end to end as
-`check_logprobs.py` (one rank, and two at EP2 where rank 0 gathers the rollout's experts) while the summed RSS and RssAnon of its whole process tree are sampled; both peaks must be
-under the estimate's bounds, so a change that keeps one more copy of the model alive fails here."""
+`check_logprobs.py` (one rank, and two at EP2 where rank 0 gathers the rollout's experts) while the summed RSS
+and RssAnon of its whole process tree are sampled; both peaks must be under the estimate's bounds, so a change
+that keeps one more copy of the model alive fails here."""
 
 from __future__ import annotations
 

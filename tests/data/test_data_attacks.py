@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from verl_patches.data import parquet_io
 from verl_patches.data.convert import convert
 from verl_patches.data.errors import InputFileError, InvalidRowsError, OutputExistsError
 
@@ -72,10 +71,10 @@ def test_own_output_interrupted_between_the_renames_is_finished_without_asking(t
             renamed.append(dst)
         return real_replace(src, dst)
 
-    monkeypatch.setattr(parquet_io.os, "replace", crash_after_the_first_output)
+    monkeypatch.setattr(os, "replace", crash_after_the_first_output)  # the rename of base.atomic_write.commit
     with pytest.raises(KeyboardInterrupt):
         convert(source, out)
-    monkeypatch.setattr(parquet_io.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     assert (out / "train.parquet").exists() and not (out / "test.parquet").exists()
     report = convert(source, out)  # the same command again: resumes without --overwrite
     assert report.train_rows + report.test_rows == 20

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_patches.base.atomic_write import host_tag
 from verl_patches.data import parquet_io
 from verl_patches.data.convert import convert
 from verl_patches.data.errors import DeepscalerInputError, InputFileError, InvalidRowsError
@@ -130,12 +131,13 @@ def _dead_pid() -> int:
 def test_a_killed_runs_temp_files_are_cleaned_and_only_those(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    host = parquet_io._host()
-    stale = [f".train.parquet.{host}.{_dead_pid()}.0123abcd.tmp", ".parquet-write-in-progress.json.tmp"]
-    alive = f".train.parquet.{host}.{os.getppid()}.0123abcd.tmp"  # a running process's: may be writing
-    other_host = f".test.parquet.elsewhere.{_dead_pid()}.0123abcd.tmp"  # on shared storage: not ours to judge
+    host, tmp = host_tag(), ".verl_patches-tmp-0123456789abcdef"
+    stale = [f"{tmp}.{_dead_pid()}@{host}.train.parquet", f"{tmp}.{_dead_pid()}@{host}.{parquet_io.MARKER}"]
+    alive = f"{tmp}.{os.getppid()}@{host}.train.parquet"  # a running process's: may be writing
+    other_host = f"{tmp}.{_dead_pid()}@elsewhere.test.parquet"  # on shared storage: not ours to judge
+    unowned = f"{tmp}.train.parquet"  # a temp without its writer's pid: whose it is cannot be told
     # a user's files, whatever they look like (the old mkstemp pattern is a name a user may have chosen too)
-    foreign = ["notes.tmp", ".train.parquet.bak", "x.parquet.12345678.tmp", ".test.parquet.k3j_9xq2.tmp"]
+    foreign = ["notes.tmp", ".train.parquet.bak", "x.parquet.12345678.tmp", ".test.parquet.k3j_9xq2.tmp", unowned]
     for name in stale + [alive, other_host] + foreign:
         (out / name).write_bytes(b"partial")
     path = tmp_path / "in.json"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_patches.launch.ray_runtime import forwarded_env, runtime_env
+from verl_patches.patching.ray_runtime import forwarded_env, runtime_env
 
 
 def test_worker_switches_are_forwarded_and_nothing_else() -> None:

@@ -169,7 +169,8 @@ def test_vllm_ascend_kernels_are_built_from_the_pinned_sdist_after_sources_and_r
     step = parsed[build][1]
     assert "ascend-toolkit/set_env.sh" in step  # CANN for the compiler
     assert re.search(r"kernels build\s*&&\s*bash setup_sources\.sh --verify", step)  # the vendored tree is untouched
-    assert re.search(r"cmake==\S+", step) and re.search(r"setuptools-scm==\S+", step)
+    # its build tools (cmake, setuptools-scm, ...) come from requirements.txt: one version of each
+    assert not re.search(r"pip install", step)
 
 
 def test_every_process_sees_the_overlay_and_its_generated_metadata(parsed) -> None:

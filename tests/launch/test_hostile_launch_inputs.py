@@ -23,7 +23,7 @@ from verl_patches.launch.settings import (
     read_env_file,
     validate_for_cluster,
 )
-from verl_patches.strict_int import IntError, int_arg, parse_int
+from verl_patches.base.strict_int import IntError, int_arg, parse_int
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "eth0", "NNODES": "16", "NPUS_PER_NODE": "16"}
@@ -156,7 +156,8 @@ def test_every_value_the_launch_refuses_fails_the_dry_run(capsys, setting, value
 
 
 def test_an_open_dashboard_passes_the_dry_run_only_with_the_flag_the_launch_needs(capsys):
-    assert job.main(["--profile", A3, "--dry-run", "--ray-dashboard-host", "0.0.0.0", "--allow-remote-dashboard"]) == 0
+    argv = ["--profile", A3, "--dry-run", "--ray-dashboard-host", "0.0.0.0", "--allow-remote-dashboard"]
+    assert job.main([*argv, "--ckpt-dir", "/shared/ckpt/dsv3"]) == 0  # the A3 profiles' folder has no default
     assert "preflight: PASS" in capsys.readouterr().out
 
 
@@ -295,7 +296,7 @@ def test_property_env_file_is_data_or_one_line(tmp_path_factory, data):
     except SettingsError as e:
         assert "\n" not in str(e) and len(str(e)) < 2000
         return
-    for key, (value, line) in values.items():
+    for value, line in values.values():
         assert isinstance(value, str) and line >= 1
         assert not any(ord(c) < 0x20 and c != "\t" for c in value)
     s = load_settings({}, path, environ={})

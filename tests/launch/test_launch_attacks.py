@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_patches.launch import job, node_ip
+from verl_patches.base import node_ip
+from verl_patches.launch import job
 from verl_patches.launch.settings import dashboard_exposure, load_settings, validate_for_cluster
 
 GOOD = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "eth0", "NNODES": "2", "NPUS_PER_NODE": "16"}

@@ -42,6 +42,7 @@ CLUSTER_VARS = (
     "DIST_CKPT_PATH",
     "MODEL_PATH",
     "DATA_DIR",
+    "CKPT_DIR",
     "RAY_ADDRESS",
     "LOG_DIR",
 )
@@ -141,7 +142,8 @@ def test_help_lists_every_setting(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_dry_run_passes_on_this_cpu_host(name: str, tmp_path: Path) -> None:
-    p = run_script(SCRIPTS[name], "--dry-run", LOG_DIR=str(tmp_path / "logs"))
+    # CKPT_DIR: the A3 profiles' checkpoint folder has no default (a cluster's, not on this host)
+    p = run_script(SCRIPTS[name], "--dry-run", LOG_DIR=str(tmp_path / "logs"), CKPT_DIR="/shared/ckpt/dsv3")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     assert re.search(r"preflight: PASS \(\d+ ok, \d+ warn, [1-9]\d* not-checked-here, 0 fail\)", out), out[-500:]
@@ -156,6 +158,9 @@ def test_dry_run_passes_on_this_cpu_host(name: str, tmp_path: Path) -> None:
         "cluster.ports_free",
         "data.files",
         "model.config",
+        "checkpoint.storage",  # the checkpoint folder: on the cluster's storage, checked on the nodes
+        "checkpoint.nodes",
+        "checkpoint.resume",
     }
     if name == "true_weight":
         cluster_only.add("checkpoint.dist")  # the random-init run loads no checkpoint
@@ -163,6 +168,9 @@ def test_dry_run_passes_on_this_cpu_host(name: str, tmp_path: Path) -> None:
     assert ("checkpoint.dist" in checks) == (name == "true_weight")
     for check in ("layout.world_size", "memory.training", "memory.rollout", "sources.verl", "patches"):
         assert re.search(rf"^ok\s+{re.escape(check)}\s", out, re.MULTILINE), check
+    # checkpointing and validation are on, with their cost (issue 34)
+    assert re.search(r"^ok\s+checkpoint\.cadence\s+a step saved every 10 steps", out, re.MULTILINE)
+    assert re.search(r"^ok\s+validation\s+validation before training and every 10 steps", out, re.MULTILINE)
     assert not (tmp_path / "logs").exists()  # a dry run starts nothing and writes no run directory
     assert "Traceback" not in p.stderr
 

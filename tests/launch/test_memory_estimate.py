@@ -64,7 +64,7 @@ def test_total_params_match_transformers_model():
 def test_671b_total_and_per_die_share():
     assert total_params(DSV3) == pytest.approx(671.0e9, rel=1e-3)  # DeepSeek-V3's published 671B (no MTP)
     # Every stage's rank holds 1/(TP*EP) of the stage's routed experts (TP-extend-EP: 8 of 256 per layer).
-    for stage, n in enumerate(LAYERS_671B):
+    for stage in range(len(LAYERS_671B)):
         moe_layers = sum(1 for i in range(sum(LAYERS_671B[:stage]), sum(LAYERS_671B[: stage + 1])) if i >= 3)
         assert rank_params(DSV3, 4, 8, LAYERS_671B, stage).expert == moe_layers * 8 * 3 * 7168 * 2048
     # Summed over stages with TP=EP=1 the ranks hold the whole model once.
@@ -201,6 +201,7 @@ def test_671b_rollout_fits_a3_with_kv_for_all_sequences():
         est = estimate_rollout(DSV3, t, r, ATLAS_A3_DIE, 300)
         assert est.vllm.verdict == "ok" and est.outside.verdict == "ok"
         assert est.kv_tokens >= est.kv_tokens_needed == 64 * 4096
+        assert DSV3.experts // r.ep == experts_per_rank
         weights = rollout_weight_bytes(DSV3, r)
         assert 20 * GIB < weights < 30 * GIB  # TP2 attention/dense parts + 1 or 2 experts per MoE layer
     # Twice the experts per rank at EP128: exactly 58 MoE layers x one more expert of 3*h*f BF16 params.

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from verl_patches.launch import node_ip
-from verl_patches.launch.node_ip import NetworkError, interface_ipv4, is_this_node, local_ipv4s, resolve_ipv4
+from verl_patches.base import node_ip
+from verl_patches.base.node_ip import NetworkError, interface_ipv4, is_this_node, local_ipv4s, resolve_ipv4
 
 
 def test_loopback_interface() -> None:

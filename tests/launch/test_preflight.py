@@ -45,6 +45,8 @@ M = "actor_rollout_ref.actor.megatron"
 def _no_path_env(monkeypatch):
     for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH"):
         monkeypatch.delenv(name, raising=False)
+    # the A3 profiles have no checkpoint folder of their own (issue 34): a cluster's, not on this host
+    monkeypatch.setenv("CKPT_DIR", "/shared/ckpt/dsv3")
 
 
 def settings(**values: str) -> ClusterSettings:
@@ -403,7 +405,9 @@ def test_patches_drift_and_missing_targets_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(
         static_report,
         "static_patch_report",
-        lambda root: [{"name": "x.y", "target": "verl.a:b", "status": "drift", "detail": "declared 1, found 2"}],
+        lambda root, patches: [
+            {"name": "x.y", "target": "verl.a:b", "status": "drift", "detail": "declared 1, found 2"}
+        ],
     )
     f = failed(patch_findings(ROOT, {}), "patches")
     assert "x.y" in f.key and "drift" in f.message

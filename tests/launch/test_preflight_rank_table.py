@@ -37,6 +37,7 @@ PROD_LIST = [7, 7, 8, 8, 8, 8, 8, 7]
 def _no_path_env(monkeypatch):
     for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "NNODES", "NPUS_PER_NODE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CKPT_DIR", "/shared/ckpt/dsv3")  # the A3 profiles' checkpoint folder has no default
 
 
 def training_layouts():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
 from verl_patches.launch.ray_cluster import (
     RayClusterError,
@@ -29,12 +29,6 @@ from verl_patches.launch.ray_cluster import (
     wait_for_resource,
     worker_command,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def group_gone(pgid: int) -> bool:

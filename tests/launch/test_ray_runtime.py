@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.launch.ray_runtime import (
+from verl_patches.patching.ray_runtime import (
     REPO_ROOT,
     SETUP_HOOK,
     UPSTREAM_ENV_VARS,

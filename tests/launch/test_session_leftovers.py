@@ -14,7 +14,10 @@ from verl_patches.launch.session_leftovers import end_session_leftovers, session
 # ignores SIGTERM when asked to (a helper that does not stop when told)
 CHILD = """
 import subprocess, sys
-code = "import signal, time\\nif {ignore}: signal.signal(signal.SIGTERM, signal.SIG_IGN)\\nprint('up', flush=True)\\ntime.sleep(120)"
+code = (
+    "import signal, time\\nif {ignore}: signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "print('up', flush=True)\\ntime.sleep(120)"
+)
 p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
 p.stdout.readline()
 print(p.pid, flush=True)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine_harness import run_ranks
+from verl_patches.multirank import run_ranks
 
 VOCAB, HIDDEN, B, P, R = 16, 8, 4, 3, 4
 
@@ -245,7 +245,7 @@ def scenario_packed_refused(rank: int, world: int) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
-    (res,) = run_ranks(scenario_tempered_log_probs, 1)
+    (res,) = run_ranks(scenario_tempered_log_probs, 1, 120, overlay=True)
     for t in ("1.0", "0.7"):
         assert res[t][0] < 1e-6 and res[t][1] < 1e-6, res
     assert res["0.7-vs-T1"] > 1e-2  # a temperature that is silently ignored would pass the T=1 case only
@@ -255,7 +255,7 @@ def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
-    (res,) = run_ranks(scenario_skip_old_log_prob, 1)
+    (res,) = run_ranks(scenario_skip_old_log_prob, 1, 120, overlay=True)
     assert res["skipped"]
     assert "old_log_probs" not in res["keys"]
     assert res["clipfrac"] == 0.0 and res["ppo_kl"] == 0.0
@@ -267,7 +267,9 @@ def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_update_policy_counts_steps_and_profiles_the_second_one(tmp_path) -> None:
-    (res,) = run_ranks(scenario_update_policy_profiles_the_second_step, 1, out_dir=str(tmp_path))
+    (res,) = run_ranks(
+        scenario_update_policy_profiles_the_second_step, 1, 120, overlay=True, kwargs={"out_dir": str(tmp_path)}
+    )
     assert res["iterations"] == [1, 2, 3]
     assert res["traced"] == [str(tmp_path / "update_actor")]
 
@@ -276,5 +278,5 @@ def test_update_policy_counts_steps_and_profiles_the_second_one(tmp_path) -> Non
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_packed_sequences_are_refused_with_the_key_to_change() -> None:
-    (msg,) = run_ranks(scenario_packed_refused, 1)
+    (msg,) = run_ranks(scenario_packed_refused, 1, 120, overlay=True)
     assert "use_packed_seq" in msg and "set it to False" in msg

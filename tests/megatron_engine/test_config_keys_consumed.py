@@ -73,6 +73,11 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
         "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py",
     ),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
+    "overlay.val_max_prompts": (
+        "verl_patches/data/val_subset.py",
+        'VAL_MAX_PROMPTS_KEY = "overlay.val_max_prompts"',
+        "tests/trainer/test_val_subset.py::test_verls_dataloader_validates_on_the_subset",
+    ),
     # vLLM's LLM keyword arguments: verl's vLLMRollout passes engine_kwargs.vllm through unchanged
     f"{ENGINE}.max_num_seqs": (VLLM_ROLLOUT_PY, "**engine_kwargs,", f"{A3_BUILD}::test_what_the_engine_receives"),
     # vllm-ascend's own settings, read from LLM(additional_config=...)

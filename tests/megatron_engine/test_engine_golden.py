@@ -3,8 +3,9 @@ reference) on core_r0.8.0 + MindSpeed-LLM + MindSpeed over gloo, against HF tran
 
 A tiny DeepSeek-V3 (random init, MLA, 1 dense + 2 MoE layers, 4 routed experts, a shared expert, a non-zero
 routing bias; 8 routed experts so each of the 4 TP x EP ranks holds two: with one local expert
-MindSpeed's overlapped dispatcher frees the expert input it hands on, on NPU too) is saved by transformers, converted by our converter to the legacy layout, and loaded by the
-worker's own loading code (``use_dist_checkpointing``). Through the worker methods the A3 job calls
+MindSpeed's overlapped dispatcher frees the expert input it hands on, on NPU too) is saved by transformers,
+converted by our converter to the legacy layout, and loaded by the worker's own loading code
+(``use_dist_checkpointing``). Through the worker methods the A3 job calls
 (``init_model``, ``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``; called directly, each rank
 given its data-parallel share as verl's MEGATRON_COMPUTE_PROTO dispatch would), at the A3 profile's sampling
 temperature 0.9:
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_harness import run_ranks
+from verl_patches.multirank import run_ranks
 from golden_assets import (
     BATCH,
     RESPONSE,
@@ -208,15 +209,18 @@ def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
     results = run_ranks(
         rank_golden,
         4,
-        timeout_s=900,
-        hf=assets["hf"],
-        ckpt=assets["tp2ep2"],
-        tp=2,
-        pp=1,
-        ep=2,
-        layer_list=None,
-        grads=True,
-        bf16=True,
+        900,
+        overlay=True,
+        kwargs=dict(
+            hf=assets["hf"],
+            ckpt=assets["tp2ep2"],
+            tp=2,
+            pp=1,
+            ep=2,
+            layer_list=None,
+            grads=True,
+            bf16=True,
+        ),
     )
     print(json.dumps(results, indent=1))
     for r in results:
@@ -234,15 +238,18 @@ def test_golden_pp2_uneven_layer_list(assets: dict[str, str]) -> None:
     results = run_ranks(
         rank_golden,
         2,
-        timeout_s=600,
-        hf=assets["hf"],
-        ckpt=assets["pp2"],
-        tp=1,
-        pp=2,
-        ep=1,
-        layer_list=[1, 2],
-        grads=False,
-        bf16=False,
+        600,
+        overlay=True,
+        kwargs=dict(
+            hf=assets["hf"],
+            ckpt=assets["pp2"],
+            tp=1,
+            pp=2,
+            ep=1,
+            layer_list=[1, 2],
+            grads=False,
+            bf16=False,
+        ),
     )
     print(json.dumps(results, indent=1))
     for r in results:

@@ -124,7 +124,8 @@ def test_verl_mcore_imports_and_registries_point_at_ours() -> None:
         print(r.get_mcore_forward_fn(type("C", (), {"architectures": ["DeepseekV3ForCausalLM"]})()).__module__)
         p = util.PackedSeqParams(qkv_format="thd", cu_seqlens_q_padded=1, cu_seqlens_kv_padded=2)
         print(p.cu_seqlens_kv_padded, util.PackedSeqParams is PackedSeqParams)
-        print(sorted(f.name for f in dataclasses.fields(MLATransformerConfig) if f.name in ("q_lora_rank", "v_head_dim")))
+        names = [f.name for f in dataclasses.fields(MLATransformerConfig)]
+        print(sorted(n for n in names if n in ("q_lora_rank", "v_head_dim")))
         print(r.get_mcore_forward_fn(type("C", (), {"architectures": ["LlamaForCausalLM"]})()).__module__)
     """).split()
     ours = "verl_patches.patches.verl.models."

@@ -40,7 +40,8 @@ def test_prelude_installs_the_stand_in_on_a_cpu_host_and_device_stays_cpu():
         "import torch, torch_npu\n"
         "print(json.dumps({'active': npu_emulation.is_active(), 'device': device_kind(),\n"
         "  'file': torch_npu.__file__, 'pp': os.environ['PYTHONPATH'].split(os.pathsep)[0],\n"
-        "  'npu_dev': str(torch.device('npu')), 'avail': torch.npu.is_available(), 'soc': torch_npu._C._npu_get_soc_version(),\n"
+        "  'npu_dev': str(torch.device('npu')), 'avail': torch.npu.is_available(),\n"
+        "  'soc': torch_npu._C._npu_get_soc_version(),\n"
         "  'verl_device': __import__('verl.utils.device', fromlist=['x']).get_device_name()}))\n"
     )
     assert res["active"] and res["device"] == "cpu" and res["verl_device"] == "cpu"
@@ -67,7 +68,8 @@ def test_a_real_torch_npu_wins(tmp_path):
     res = run_fresh(
         "import json\n"
         "from verl_patches import npu_emulation\n"
-        "print(json.dumps({'real': npu_emulation.real_torch_npu_installed(), 'ok': npu_emulation.install_on_cpu_host()}))\n",
+        "print(json.dumps({'real': npu_emulation.real_torch_npu_installed(),\n"
+        "  'ok': npu_emulation.install_on_cpu_host()}))\n",
         PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}",
     )
     assert res == {"real": True, "ok": False}
@@ -140,9 +142,10 @@ def test_ray_workers_get_the_stand_in_through_the_runtime_env():
     res = run_fresh(
         "import json, os\n"
         "import verl_patches.prelude_patch  # the trainer entry does this before starting Ray\n"
-        "from verl_patches.launch.ray_runtime import runtime_env\n"
+        "from verl_patches.patching.ray_runtime import runtime_env\n"
         "env = runtime_env()\n"
-        "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep), 'hook': env['worker_process_setup_hook']}))\n"
+        "print(json.dumps({'pp': env['env_vars']['PYTHONPATH'].split(os.pathsep),\n"
+        "  'hook': env['worker_process_setup_hook']}))\n"
     )
     assert str(npu_emulation.SITE_DIR) in res["pp"] and str(REPO) in res["pp"]
     assert res["hook"] == "verl_patches.prelude_patch.activate"  # which installs it again in the worker

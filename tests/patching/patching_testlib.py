@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -56,12 +55,6 @@ def run_json(code: str, **kwargs) -> tuple[dict, str]:
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     assert lines, f"no output; stderr:\n{r.stderr[-4000:]}"
     return json.loads(lines[-1]), r.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

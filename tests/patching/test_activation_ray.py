@@ -14,7 +14,7 @@ from patching_testlib import run_json
 RAY_DRIVER = r"""
 import json, os, sys
 import ray
-from verl_patches.launch.ray_runtime import SETUP_HOOK, runtime_env
+from verl_patches.patching.ray_runtime import SETUP_HOOK, runtime_env
 
 env = runtime_env()
 assert env["worker_process_setup_hook"] == SETUP_HOOK

@@ -101,7 +101,7 @@ FSDP_WORKER = (
     CHECKS
     + r"""
 import importlib
-from verl_patches.launch.ray_runtime import SETUP_HOOK
+from verl_patches.patching.ray_runtime import SETUP_HOOK
 mod_name, fn = SETUP_HOOK.rsplit(".", 1)
 getattr(importlib.import_module(mod_name), fn)()        # what Ray does with worker_process_setup_hook
 reg = R.get_registry()

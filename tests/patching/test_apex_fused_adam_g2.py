@@ -97,7 +97,8 @@ before = {m["name"]: m["status"] for m in reg.manifest()}
 import apex.optimizers as ao
 from apex.optimizers import FusedAdam, FusedSGD
 after = {m["name"]: m["status"] for m in reg.manifest()}
-out = {"before": before, "after": after, "fake_module_kept": ao.__file__.endswith(os.path.join("apex", "optimizers.py")),
+out = {"before": before, "after": after,
+       "fake_module_kept": ao.__file__.endswith(os.path.join("apex", "optimizers.py")),
        "fused_adam_is_adamw": FusedAdam is AdamW, "fused_sgd_is_fake": FusedSGD.__name__ == "FakeApexFusedSGD"}
 if not preimport:
     import megatron.core.optimizer as mco

@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from patching_testlib import REPO, free_port, run_json
+from patching_testlib import REPO, run_json
+from verl_patches.base.free_port import free_port
 from verl_patches.patches.catalog import all_patches
 from verl_patches.patches.verl.utils.device import CPU_DEVICE_MODULE, CpuDeviceModule, get_torch_device
 
@@ -141,7 +142,8 @@ try:
     out["grads"] = all(p.grad is not None for p in m.parameters())
     import torch.distributed.fsdp as fsdp
     off = fsdp.CPUOffload(offload_params=True)
-    out["offload"] = [off.offload_params, isinstance(off, OriginalCPUOffload), fsdp.CPUOffload is not OriginalCPUOffload]
+    out["offload"] = [off.offload_params, isinstance(off, OriginalCPUOffload),
+                      fsdp.CPUOffload is not OriginalCPUOffload]
     m2 = build(cpu_offload=off)
     out["offload_forward"] = list(m2(torch.randn(2, 4)).shape)
 finally:

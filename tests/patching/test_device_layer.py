@@ -10,11 +10,13 @@ import pytest
 
 from patching_testlib import REPO
 from verl_patches import device
+from verl_patches.base.host_device import DEVICE_ENV, STALE_DEVICE_ENV
 
 
 @pytest.fixture(autouse=True)
 def fresh_device_kind(monkeypatch):
-    monkeypatch.delenv(device.DEVICE_ENV, raising=False)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.delenv(STALE_DEVICE_ENV, raising=False)
     monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
     device.device_kind.cache_clear()
     yield
@@ -41,7 +43,7 @@ class FakeAccelerator(types.SimpleNamespace):
 
 
 def force(monkeypatch, kind: str, fake: FakeAccelerator | None = None) -> None:
-    monkeypatch.setenv(device.DEVICE_ENV, kind)
+    monkeypatch.setenv(DEVICE_ENV, kind)
     device.device_kind.cache_clear()
     if fake is not None:
         monkeypatch.setattr(device, "_npu_module" if kind == "npu" else "_cuda_module", lambda: fake)
@@ -57,6 +59,13 @@ def test_detects_cpu_here_and_honours_the_override(monkeypatch):
 def test_invalid_override_is_a_clear_error(monkeypatch):
     force(monkeypatch, "gpu")
     with pytest.raises(ValueError, match=r"VERL_PATCHES_DEVICE='gpu': expected npu, cuda or cpu"):
+        device.device_kind()
+
+
+def test_the_former_variable_name_is_refused_with_the_name_to_use(monkeypatch):
+    monkeypatch.setenv(STALE_DEVICE_ENV, "cpu")
+    device.device_kind.cache_clear()
+    with pytest.raises(ValueError, match=r"VERL_OVERLAY_DEVICE='cpu': .*set VERL_PATCHES_DEVICE=cpu"):
         device.device_kind()
 
 

@@ -100,6 +100,22 @@ def test_audit_text_shows_the_patch_section():
     for p in all_patches():
         assert p.name in r.stdout and p.target in r.stdout
     assert f"{len(all_patches())} patches:" in r.stdout
+    stacks = r.stdout.split("== Patch stacks", 1)[1]  # each printed outermost first (test_patch_stacks pins them)
+    generate = "verl.workers.megatron_workers:ActorRolloutRefWorker.generate_sequences"
+    assert stacks.index("1. megatron_worker.generate_sequences_progress") < stacks.index(
+        "3. timing.megatron_workers.generate_sequences"
+    )
+    assert generate in stacks and "8 upstream target(s) carry more than one patch" in r.stdout
+
+
+def test_audit_json_has_each_stack_and_the_relied_on_pins(audit):
+    from verl_patches.patching.stacks import patch_stacks, stack_entries
+
+    rc, report, _ = audit
+    assert report["patch_stacks"] == stack_entries(patch_stacks(all_patches()))
+    assert report["summary"]["patch_stacks"] == 8 and report["summary"]["patch_layers_hidden"] == 0
+    fit = next(p for p in report["patches"] if p["name"] == "trainer.fit_step_plan")
+    assert len(fit["relies_on"]) > 20 and all(r["status"] == "ok" for r in fit["relies_on"]), fit["relies_on"]
 
 
 DRIFTED_CATALOG = r"""

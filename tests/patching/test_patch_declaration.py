@@ -84,9 +84,12 @@ def test_conditions_device_and_env_flag(monkeypatch):
     for off in ("0", "false", "No", "off", ""):
         monkeypatch.setenv("VPT_FLAG", off)
         assert not flagged.condition_holds("cpu")[0], off
-    for on in ("1", "true", "yes", "anything"):
+    for on in ("1", "true", "yes", "ON"):
         monkeypatch.setenv("VPT_FLAG", on)
         assert flagged.condition_holds("cpu") == (True, ""), on
+    monkeypatch.setenv("VPT_FLAG", "enabled")  # once "on" here and an error elsewhere: one grammar now
+    with pytest.raises(ValueError, match=r"^VPT_FLAG='enabled': expected 1, true, yes, on \(on\)"):
+        flagged.condition_holds("cpu")
 
     default_on = _ok(env_flag="VPT_FLAG", env_default=True)
     monkeypatch.delenv("VPT_FLAG")

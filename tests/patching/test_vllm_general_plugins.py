@@ -40,7 +40,7 @@ print("RESULT " + json.dumps(result))
 
 
 def _driver(mode: str) -> dict:
-    from verl_patches.launch.ray_runtime import worker_pythonpath
+    from verl_patches.patching.ray_runtime import worker_pythonpath
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_PATCHES_")}
     env.update(PYTHONPATH=worker_pythonpath(), VERL_PATCHES_QUIET="1")  # what the launcher gives the driver
@@ -52,6 +52,7 @@ def _driver(mode: str) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_driver_import_chain_passes_on_torch_2_5_1_with_the_prelude_and_fails_without() -> None:
     from verl_patches.sources.pins import read_pins

@@ -1,32 +1,16 @@
-"""Run a function on N CPU processes joined by gloo on 127.0.0.1, with a hard time bound.
+"""Named scenarios on N CPU ranks over gloo (`verl_patches.multirank`), one spawn serving many test functions.
 
-The target runs named scenarios and returns ``{scenario: "ok" | traceback}``; each rank writes its dict
-to a JSON file the parent reads back, so one spawn serves many test functions.
+The target runs named scenarios and returns ``{scenario: "ok" | traceback}``; a scenario that fails on one rank
+is recorded and the rest still run, which is why each collective is bounded by a quarter of the run's deadline
+(`run_scenario_ranks`): a peer left waiting by a failed scenario gets an error, not the whole deadline.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import json
-import os
-import socket
-import tempfile
-import time
 import traceback
-from datetime import timedelta
 from typing import Callable
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from verl_patches.reshard.rank_exit import exit_rank
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verl_patches.multirank import run_ranks
 
 
 def run_scenarios(scenarios: dict[str, Callable[[int, int], None]], rank: int, world: int) -> dict[str, str]:
@@ -45,57 +29,11 @@ def run_scenarios(scenarios: dict[str, Callable[[int, int], None]], rank: int, w
     return results
 
 
-def _entry(target, rank: int, world: int, port: int, out_dir: str, timeout_s: float, deadline_s: float) -> None:
-    # a rank still running shortly before the parent kills it prints every thread's stack to stderr (which
-    # pytest shows with the failure): where it hung, not only that it did
-    faulthandler.dump_traceback_later(max(deadline_s - 5.0, 1.0), exit=False)
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
-    status = 1
-    try:
-        result = target(rank, world)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        status = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        exit_rank(status)  # not destroy_process_group: see rank_exit
-
-
-def run_ranks(
+def run_scenario_ranks(
     target: Callable[[int, int], dict[str, str]], world: int, timeout_s: float = 90.0
 ) -> list[dict[str, str]]:
-    """Start ``world`` processes running ``target(rank, world)``; return each rank's result dict."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_entry, args=(target, r, world, port, tmp, timeout_s / 4, timeout_s))
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(deadline - time.monotonic(), 0.0))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for r in hung:
-            procs[r].kill()
-            procs[r].join()
-        if hung:
-            raise TimeoutError(f"ranks {hung} did not finish within {timeout_s}s")
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        if bad:
-            raise RuntimeError(f"ranks exited abnormally (rank, exit code): {bad}")
-        out = []
-        for r in range(world):
-            with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                out.append(json.load(f))
-        return out
+    """Each rank's ``{scenario: "ok" | traceback}``, in rank order; collectives time out at ``timeout_s / 4``."""
+    return run_ranks(target, world, timeout_s, group_timeout_s=timeout_s / 4)
 
 
 def assert_scenario(results: list[dict[str, str]], name: str) -> None:

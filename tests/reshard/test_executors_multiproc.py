@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reshard.dist_harness import assert_scenario, run_ranks
+from tests.reshard.dist_harness import assert_scenario, run_scenario_ranks
 from tests.reshard.multiproc_scenarios import SCENARIOS, run_all
 
 # About 10 s on an idle 2-core host (spawning 8 interpreters dominates), 20-40 s when the host is busy.
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def results():
-    return run_ranks(run_all, world=8, timeout_s=100)
+    return run_scenario_ranks(run_all, world=8, timeout_s=100)
 
 
 @pytest.mark.timeout(150)

@@ -17,7 +17,7 @@ import verl_patches.prelude_patch  # noqa: F401  (our patches in this driver, as
 
 import ray
 
-from verl_patches.launch.ray_runtime import runtime_env
+from verl_patches.patching.ray_runtime import runtime_env
 
 mode = sys.argv[1]
 ray.init(

@@ -34,7 +34,7 @@ def run(mode: str) -> dict:
     p = subprocess.run(
         [sys.executable, str(DRIVER), mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=280
     )
-    line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((out for out in p.stdout.splitlines() if out.startswith("RESULT ")), None)
     assert line is not None, (p.stdout[-3000:], p.stderr[-3000:])
     return json.loads(line[len("RESULT ") :])
 

@@ -1,9 +1,9 @@
-"""One rank (argv: spec JSON, rank, world size, rendezvous port) of verl's vLLMRollout built with the A3 engine
-on a CPU host: our prelude, then verl's `LLM` name bound to `engine_factory.build_llm` exactly as the NPU patch
-binds it (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's NPUPlatform
+"""One rank (argv: spec JSON, rank, world size, rendezvous port, result JSON) of verl's vLLMRollout built with
+the A3 engine on a CPU host: our prelude, then verl's `LLM` name bound to `engine_factory.build_llm` exactly as
+the NPU patch binds it (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's NPUPlatform
 .check_and_update_config and ascend_config, the V1 engine core and vllm-ascend's worker run for real on the
 torch_npu emulation, until the first NPU tensor. For each case of the spec it records where construction
-stopped and what the engine received. Prints one JSON line."""
+stopped and what the engine received, and writes it to the result file."""
 
 import json
 import os
@@ -127,4 +127,5 @@ for name, case in spec["cases"].items():
         }
     result["dp_env"] = {k: os.environ.get(k) for k in ("VLLM_DP_SIZE", "VLLM_DP_RANK")}
     out["cases"][name] = result
-print(json.dumps(out, default=str))
+with open(sys.argv[5], "w") as result_file:  # a file, not stdout: vLLM logs to stdout too
+    json.dump(out, result_file, default=str)

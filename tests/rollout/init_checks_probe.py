@@ -3,7 +3,6 @@ vLLMRollout.__init__ as upstream wrote it and as our F1 patch derives it, on the
 `LLM` replaced by a recorder. Prints one JSON line: per case and per variant, the outcome."""
 
 import json
-import socket
 import sys
 import traceback
 
@@ -11,10 +10,9 @@ import verl_patches.prelude_patch  # noqa: F401  (what every job process runs fi
 
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from verl_patches.base.free_port import free_port  # noqa: E402
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd  # noqa: E402

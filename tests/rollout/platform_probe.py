@@ -4,10 +4,10 @@ without NPU kernels. Prints one JSON line."""
 
 import json
 import os
-import socket
 import sys
 import traceback
 
+from verl_patches.base.free_port import free_port
 from verl_patches.npu_emulation import install_on_cpu_host
 
 install_on_cpu_host()
@@ -44,9 +44,7 @@ out["worker_cls"] = cfg.parallel_config.worker_cls
 out["block_size"] = cfg.cache_config.block_size
 out["compilation_level"] = int(cfg.compilation_config.level)
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 from vllm.utils import resolve_obj_by_qualname  # noqa: E402
 

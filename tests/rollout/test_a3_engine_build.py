@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from verl_patches.base.free_port import free_port
+from verl_patches.multirank import run_rank_scripts
 from verl_patches.sources import dist_info
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,12 +74,6 @@ WRONG = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     from verl_patches.trainer.config_compose import compose_config, resolved
@@ -111,40 +104,25 @@ def ranks(tmp_path_factory) -> list[dict]:
             }
         )
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_"))}
-    base.update(
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("VLLM_", "HCCL_"))}
+    env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), dist_info.path_entry(REPO)]),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
         VLLM_USE_V1="1",
         VLLM_DP_SIZE="2",
         HCCL_SOCKET_IFNAME="lo",
         ASCEND_RT_VISIBLE_DEVICES="0,1",
-    )  # vLLM's worker takes npu:LOCAL_RANK
-    rendezvous = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("a3_engine_probe.py")), str(spec), str(r), "2", rendezvous],
-            cwd=REPO,
-            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=900)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return outs
+    )  # vLLM's worker takes npu:LOCAL_RANK; MASTER_PORT (vLLM's) comes with RANK from the harness
+    rendezvous = str(free_port())  # the probe's own gloo group
+    outs = [tmp / f"rank{r}.json" for r in range(2)]
+    run_rank_scripts(
+        Path(__file__).with_name("a3_engine_probe.py"),
+        2,
+        900,
+        args=lambda r: [str(spec), str(r), "2", rendezvous, str(outs[r])],
+        rank_env=[env, env],
+        cwd=REPO,
+    )
+    return [json.loads(out.read_text()) for out in outs]
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def test_git_route_reader_agrees_with_the_sdist_metadata() -> None:
         comp = LOCK.components[name]
         top = comp.pypi.subdir.split("/")[0]
         with tarfile.open(_artifact(name)) as t:
-            read = lambda member: t.extractfile(f"{top}/{member}").read()  # noqa: E731
+            read = lambda member, t=t, top=top: t.extractfile(f"{top}/{member}").read()  # noqa: E731
             from_git = dist_info._merge(
                 dist_info.entry_points_from_pyproject(read("pyproject.toml"), "pyproject"),
                 dist_info.entry_points_from_setup_py(read("setup.py"), "setup.py"),
@@ -150,7 +150,7 @@ def test_fresh_interpreter_with_the_launch_pythonpath_sees_vllm_and_its_plugins(
 
 def test_launchers_put_the_metadata_on_every_process_path() -> None:
     from verl_patches.launch.job import base_env
-    from verl_patches.launch.ray_runtime import runtime_env
+    from verl_patches.patching.ray_runtime import runtime_env
 
     entry = dist_info.path_entry(REPO)
     assert entry in base_env()["PYTHONPATH"].split(os.pathsep)

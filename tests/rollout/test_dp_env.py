@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_patches.multirank import run_ranks
 from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.rollout import dp_env
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, dp_assignment
@@ -50,7 +51,7 @@ def vllm_dp_groups(world: int, tp: int, dp: int, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize(
     "layout",
     A3_LAYOUTS + [RolloutLayout(16, 2, 4), RolloutLayout(8, 1, 4)],
-    ids=lambda l: f"w{l.world_size}-tp{l.tp}-dp{l.dp_per_instance}",
+    ids=lambda layout: f"w{layout.world_size}-tp{layout.tp}-dp{layout.dp_per_instance}",
 )
 def test_groups_are_vllms_own(layout: RolloutLayout, monkeypatch: pytest.MonkeyPatch) -> None:
     groups = vllm_dp_groups(layout.world_size, layout.tp, layout.dp_per_instance, monkeypatch)
@@ -116,47 +117,31 @@ def test_busy_port_is_one_clear_error() -> None:
     dp_env.check_port_free("127.0.0.1", port, 3)  # free again once released
 
 
-def _worker(rank: int, world: int, port: int, q) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _exported_dp_env(rank: int, world: int) -> dict:
     env: dict[str, str] = {"HCCL_SOCKET_IFNAME": "lo"}
-    dp_env.init_vllm_dp_env(tp=2, dp=2, base_port=port + 10, environ=env)
-    q.put((rank, {k: v for k, v in env.items() if k.startswith("VLLM_DP")}))
-    dist.destroy_process_group()
+    base_port = int(os.environ["MASTER_PORT"]) + 10
+    dp_env.init_vllm_dp_env(tp=2, dp=2, base_port=base_port, environ=env)
+    return {"base_port": base_port, "env": {k: v for k, v in env.items() if k.startswith("VLLM_DP")}}
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_rank_exports_its_vllm_dp_env_over_gloo() -> None:
-    import torch.multiprocessing as mp
-
-    port = _free_port()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 8, port, q)) for r in range(8)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=100) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    for rank, env in got.items():  # 2 instances of DP2 x TP2
+    got = run_ranks(_exported_dp_env, 8, 100)
+    base = got[0]["base_port"]
+    for rank, out in enumerate(got):  # 2 instances of DP2 x TP2
         instance, local = divmod(rank, 4)
-        assert env == {
-            "VLLM_DP_SIZE": "2",
-            "VLLM_DP_RANK": str(local // 2),
-            "VLLM_DP_RANK_LOCAL": str(local // 2),
-            "VLLM_DP_MASTER_IP": "127.0.0.1",
-            "VLLM_DP_MASTER_PORT": str(port + 10 + 1 + instance * 2 + local % 2),
+        assert out == {
+            "base_port": base,
+            "env": {
+                "VLLM_DP_SIZE": "2",
+                "VLLM_DP_RANK": str(local // 2),
+                "VLLM_DP_RANK_LOCAL": str(local // 2),
+                "VLLM_DP_MASTER_IP": "127.0.0.1",
+                "VLLM_DP_MASTER_PORT": str(base + 1 + instance * 2 + local % 2),
+            },
         }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_export_env_sets_exactly_the_five_variables() -> None:

@@ -99,8 +99,8 @@ def test_kv_cache_is_recreated_with_the_saved_configs(llm) -> None:
         life.free_cache_engine()
         assert model_runner_of(llm).kv_caches == []
         assert all(
-            l.kv_cache[0].numel() == 0
-            for l in llm.llm_engine.vllm_config.compilation_config.static_forward_context.values()
+            layer.kv_cache[0].numel() == 0
+            for layer in llm.llm_engine.vllm_config.compilation_config.static_forward_context.values()
         )
     assert shapes[0] == shapes[1] and core.kv_cache_configs is saved
     assert shapes[0][0][0] == saved[0].num_blocks * saved[0].kv_cache_groups[0].kv_cache_spec.block_size

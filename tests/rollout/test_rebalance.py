@@ -4,12 +4,11 @@ migrated outputs into their parent requests."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_patches.multirank import run_ranks
 from verl_patches.rollout.rebalance import hooks, metadata, planner, recover
 
 SIZES = planner.graph_batch_sizes(64, [64, 32, 16, 8, 4])
@@ -87,35 +86,17 @@ def test_metadata_pickle_round_trip() -> None:
     assert t.dtype.itemsize == 1 and metadata.unpack(t) == meta
 
 
-def _exchange(rank: int, world: int, port: int, q) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _exchange(rank: int, world: int) -> list:
     out = [
         None if dst == rank else {"from": rank, "to": dst, "ids": list(range(rank * 7 + dst))} for dst in range(world)
     ]
-    q.put((rank, metadata.exchange(out)))
-    dist.destroy_process_group()
+    return metadata.exchange(out)
 
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(120)
 def test_metadata_exchange_over_gloo_with_uneven_sizes() -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_exchange, args=(r, 3, port, q)) for r in range(3)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=100) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    for rank, received in got.items():
+    for rank, received in enumerate(run_ranks(_exchange, 3, 100)):
         assert received[rank] is None
         for src in range(3):
             if src != rank:
@@ -123,16 +104,19 @@ def test_metadata_exchange_over_gloo_with_uneven_sizes() -> None:
 
 
 def test_recover_returns_migrated_children_to_their_parent() -> None:
-    C, O = recover.Completion, recover.Output
+    Completion, Output = recover.Completion, recover.Output
     # rank 0 ran request "req-1" with n=3; children 1 and 2 migrated to rank 1.
     on_rank1 = [
-        O(recover.migrated_id(0, "1_req-1"), [5], [C(0, [11])]),
-        O(recover.migrated_id(0, "2_req-1"), [5], [C(0, [12])]),
-        O("req-9", [6], [C(0, [9])]),
+        Output(recover.migrated_id(0, "1_req-1"), [5], [Completion(0, [11])]),
+        Output(recover.migrated_id(0, "2_req-1"), [5], [Completion(0, [12])]),
+        Output("req-9", [6], [Completion(0, [9])]),
     ]
     own1, back = recover.split_migrated(on_rank1)
     assert [o.request_id for o in own1] == ["req-9"] and list(back) == [0]
-    own0 = [O("0_req-1", [5], [C(0, [10])]), O("req-2", [4], [C(0, [20]), C(1, [21])])]
+    own0 = [
+        Output("0_req-1", [5], [Completion(0, [10])]),
+        Output("req-2", [4], [Completion(0, [20]), Completion(1, [21])]),
+    ]
     merged = recover.regroup(own0, back[0], order=["req-1", "req-2"])
     assert [o.request_id for o in merged] == ["req-1", "req-2"]
     assert [(c.index, c.token_ids) for c in merged[0].outputs] == [(0, [10]), (1, [11]), (2, [12])]

@@ -4,7 +4,6 @@ offload), drives one lifecycle round and verl's generate_sequences on a DataProt
 
 import json
 import os
-import socket
 import sys
 
 import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
@@ -12,10 +11,9 @@ import verl_patches.prelude_patch  # noqa: F401  (what every job process runs fi
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from verl_patches.base.free_port import free_port  # noqa: E402
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 from verl import DataProto  # noqa: E402

@@ -18,7 +18,8 @@ def isolated_env(tmp_path, monkeypatch):
     """Its own download cache, a CPU host, no mirror or index settings from outside."""
     cache = tmp_path / "user-cache"
     monkeypatch.setenv("VERL_OVERLAY_CACHE", str(cache))
-    monkeypatch.setenv("VERL_OVERLAY_DEVICE", "cpu")
+    monkeypatch.setenv("VERL_PATCHES_DEVICE", "cpu")
+    monkeypatch.delenv("VERL_OVERLAY_DEVICE", raising=False)  # the former name is refused, not ignored
     monkeypatch.setenv("VERL_OVERLAY_HTTP_TIMEOUT", "10")
     monkeypatch.setenv("VERL_OVERLAY_GIT_TIMEOUT", "60")
     # A dead index by default, so that nothing reaches a real index unless a test asks for it.

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_patches.base.free_port import free_port
 from verl_patches.sources.paths import user_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -261,10 +261,7 @@ class LocalIndex:
 
 def dead_url() -> str:
     """An http URL on 127.0.0.1 where nothing listens (connection refused at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/simple"
+    return f"http://127.0.0.1:{free_port()}/simple"
 
 
 # --------------------------------------------------------------------------- lock files

@@ -104,7 +104,7 @@ def test_cli_prints_the_cpu_requirements_and_the_version_line():
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert out == cpu_requirements(read_pins()) and not any(l.startswith("torch-npu") for l in out)
+    assert out == cpu_requirements(read_pins()) and not any(req.startswith("torch-npu") for req in out)
     proc = subprocess.run(
         [sys.executable, "-m", "verl_patches.sources.pins", "check"], cwd=REPO_ROOT, capture_output=True, text=True
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -72,14 +73,15 @@ def test_crash_between_the_two_renames_is_recovered_by_the_next_run(installed, t
         p.relative_to(root / "alpha").as_posix(): (p.lstat().st_ino, p.read_bytes() if p.is_file() else None)
         for p in (root / "alpha").rglob("*")
     }
-    real_rename = pathlib.Path.rename
+    real_rename = os.rename
 
-    def crashing_rename(self, target):
-        if self.parent.name == ".sources_build" and ".old." not in self.name:
+    def crashing_rename(src, dst, *args, **kwargs):  # the renames of base.atomic_write.swap_folder_in
+        src = pathlib.Path(src)
+        if src.parent.name == ".sources_build" and ".old." not in src.name:
             raise KeyboardInterrupt("simulated crash after the old folder was moved aside")
-        return real_rename(self, target)
+        return real_rename(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(pathlib.Path, "rename", crashing_rename)
+    monkeypatch.setattr(os, "rename", crashing_rename)
     opts = install.SetupOptions(
         root=root, lock=load_lock(lock), cache=tmp_path / "user-cache", routes=["git"], force=True
     )
@@ -183,7 +185,7 @@ def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path
 def test_unreachable_component_status(tmp_path, upstream, needed_on, device, rc, summary):
     lock = _lock(tmp_path, upstream, extra={"gamma": _unreachable(tmp_path, "gamma", needed_on)})
     root = tmp_path / "root"
-    env = {"VERL_OVERLAY_DEVICE": device}
+    env = {"VERL_PATCHES_DEVICE": device}
     r = run_setup("--route", "git", lock=lock, root=root, env=env)
     assert r.rc == rc, r.text
     assert f"setup: {summary}" in r.out

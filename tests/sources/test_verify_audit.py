@@ -34,6 +34,7 @@ TOP_KEYS = {
     "device",
     "components",
     "patches",
+    "patch_stacks",
     "summary",
     "distributions",
     "weight_sync",
@@ -72,6 +73,7 @@ PATCH_KEYS = {
     "pin_fingerprint",
     "status",
     "detail",
+    "relies_on",
 }
 SUMMARY_KEYS = {
     "components_matching",
@@ -81,6 +83,8 @@ SUMMARY_KEYS = {
     "patches_ok",
     "patches_drift",
     "patches_unpinned",
+    "patch_stacks",
+    "patch_layers_hidden",
 }
 
 

@@ -1,7 +1,9 @@
 """Rank side of the end-to-end sync test: verl's Megatron actor (MindSpeed-LLM DeepSeek-V3 on CPU) → the
 CPU rollout stand-in, through the patched ``per_tensor_generator`` and the E1 sharding manager.
 
-Training TP2·PP2·EP2 with the uneven layer list [2, 3] (every stage has a MoE layer: with [1, 2] stage 0 has no expert parameters and the distributed optimizer's grad-norm all-reduce of update_actor hangs, an engine issue) and 8 routed experts (8 ranks); rollout TP2 with
+Training TP2·PP2·EP2 with the uneven layer list [2, 3] (every stage has a MoE layer: with [1, 2] stage 0 has no
+expert parameters and the distributed optimizer's grad-norm all-reduce of update_actor hangs, an engine issue)
+and 8 routed experts (8 ranks); rollout TP2 with
 ``VLLM_DP_SIZE=4``: one instance, EP8, one expert per rank (the A3 random-init layout scaled down). The
 model is fp32 (as the engine's golden test runs it) so log-probs compare at 1e-4.
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.reshard.dist_harness import assert_scenario, run_ranks
+from tests.reshard.dist_harness import assert_scenario, run_scenario_ranks
 from tests.sync import golden_ranks as G
 from tests.sync import sync_testlib as L
 from tests.sync.vllm_receiver import VllmDeepseekReceiver
@@ -37,7 +37,7 @@ TAGS_A2A = ("initial", "two_inst", "updated", "one_expert")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("golden_sync")
-    results = run_ranks(functools.partial(G.run_rank, out_dir=str(out)), L.WORLD, timeout_s=800)
+    results = run_scenario_ranks(functools.partial(G.run_rank, out_dir=str(out)), L.WORLD, timeout_s=800)
     assert_scenario(results, "golden")
     return out
 

@@ -1,5 +1,5 @@
-"""One rank of the train-engine proof: run as `python -m tests.train_engine.engine_worker OUT_JSON` with
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TP, EP, SP set. Starts like a Ray worker (Ray's argv,
+"""One rank of the train-engine proof: the module `run_rank_scripts` runs (test_engine_multiproc.py), argv
+OUT_JSON, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TP, EP, SP set. Starts like a Ray worker (Ray's argv,
 prelude first), brings MindSpeed up through initialize_megatron, builds the tiny DeepSeek-V3 GPTModel,
 runs forward, backward and a distributed-optimizer step, and writes what it saw as JSON."""
 
@@ -17,6 +17,8 @@ import verl_patches.prelude_patch  # noqa: E402,F401  (as every Ray worker of ou
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from verl_patches.base.env_flags import env_flag, env_int  # noqa: E402
+
 REAL_COMPILE = torch.compile
 
 
@@ -27,8 +29,8 @@ def main() -> dict:
     from verl_patches.train_engine.model import attach_schedule_hooks, build_model, build_optimizer
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
-    tp, ep, sp = int(os.environ["TP"]), int(os.environ["EP"]), os.environ.get("SP", "0") == "1"
-    pp = int(os.environ.get("PP", "1"))
+    tp, ep, sp = int(os.environ["TP"]), int(os.environ["EP"]), env_flag("SP")
+    pp = env_int("PP", 1)
     layer_list = [int(c) for c in os.environ["LAYERS"].split(",")] if os.environ.get("LAYERS") else None
     dist.init_process_group("gloo")
     cfg = translate_verl_train_configs_to_megatron(
@@ -38,8 +40,8 @@ def main() -> dict:
             sequence_parallel=sp,
             pipeline_model_parallel_size=pp,
             pipeline_parallel_num_layer_list=layer_list,
-            fix_router=os.environ.get("FIX_ROUTER", "0") == "1",
-            swap_optimizer=os.environ.get("SWAP", "0") == "1",
+            fix_router=env_flag("FIX_ROUTER"),
+            swap_optimizer=env_flag("SWAP"),
         ),
         TINY_HF_CONFIG,
     )
@@ -197,4 +199,4 @@ if __name__ == "__main__":
     result = main()
     with open(OUT, "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    # no destroy_process_group: the rank ends through exit_rank once this returns (verl_patches.multirank)

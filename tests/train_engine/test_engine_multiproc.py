@@ -6,22 +6,14 @@ a distributed-optimizer step."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from verl_patches.multirank import run_rank_scripts
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(400)]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_engine(
@@ -34,54 +26,30 @@ def run_engine(
     fix_router: bool = False,
     swap_optimizer: bool = False,
 ) -> list[dict]:
-    port, world = _port(), 2
-    procs = []
-    for rank in range(world):
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_PATCHES_DEVICE")}
-        env.update(
-            PYTHONPATH=str(REPO),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            TP=str(tp),
-            EP=str(ep),
-            SP="1" if sp else "0",
-            PP=str(pp),
-            LAYERS=layers,
-            FIX_ROUTER="1" if fix_router else "0",
-            SWAP="1" if swap_optimizer else "0",
-            VERL_PATCHES_QUIET="1",
-            OMP_NUM_THREADS="1",
-        )
-        out = tmp_path / f"rank{rank}.json"
-        log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.train_engine.engine_worker", str(out)],
-                    cwd=REPO,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                ),
-                out,
-                log,
-            )
-        )
-    results = []
-    for proc, out, log in procs:
-        try:
-            rc = proc.wait(timeout=360)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "timeout"
-        log.close()
-        tail = Path(log.name).read_text()[-4000:]
-        assert rc == 0, f"rank exited {rc}:\n{tail}"
-        results.append(json.loads(out.read_text()))
-    return results
+    env = {
+        "PYTHONPATH": str(REPO),
+        "VERL_PATCHES_DEVICE": None,
+        "TP": str(tp),
+        "EP": str(ep),
+        "SP": "1" if sp else "0",
+        "PP": str(pp),
+        "LAYERS": layers,
+        "FIX_ROUTER": "1" if fix_router else "0",
+        "SWAP": "1" if swap_optimizer else "0",
+        "VERL_PATCHES_QUIET": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    run_rank_scripts(
+        "tests.train_engine.engine_worker",
+        2,
+        360,
+        module=True,
+        args=lambda rank: [str(outs[rank])],
+        rank_env=[env, env],
+        cwd=REPO,
+    )
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def check_common(r: dict) -> None:

@@ -110,7 +110,7 @@ def _shapes_scenario(rank: int, world: int) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_shape_exchange_forward_and_backward_over_three_stages():
-    from tests.reshard.dist_harness import run_ranks
+    from tests.reshard.dist_harness import run_scenario_ranks
 
-    for result in run_ranks(_shapes_scenario, world=3, timeout_s=120):
+    for result in run_scenario_ranks(_shapes_scenario, world=3, timeout_s=120):
         assert result == {"ordered": "ok", "batched": "ok"}, result

@@ -14,7 +14,7 @@ import torch
 
 from verl_patches.patches.verl.workers.d2d_cache import CACHE_ATTR, D2DFlowError, cache_of
 from verl_patches.reshard.errors import TensorCachePreconditionError
-from verl_patches.trainer.step_payloads import (
+from verl_patches.worker_calls.step_payloads import (
     D2D_META_KEY,
     GENERATE_TO_DRIVER_WITH_D2D,
     STEP_META_KEY,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reshard.dist_harness import run_ranks, run_scenarios
+from tests.reshard.dist_harness import run_scenario_ranks, run_scenarios
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def _step(rank: int, world: int, dp_ranks: list[int], step: int) -> None:
 
     from d2d_fake_worker import ROLLOUT_KEYS, FakeWorker, ref_log_prob_of, rollout_chunk
     from verl_patches.patches.verl.workers.d2d_cache import cache_of
-    from verl_patches.trainer.step_payloads import ref_payload, stamp, update_payload
+    from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
 
     w = FakeWorker(rank, world, ROWS)
     dp = max(dp_ranks) + 1
@@ -73,7 +73,7 @@ def _target(rank: int, world: int) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, str]]:
-    return run_ranks(_target, WORLD, timeout_s=120.0)
+    return run_scenario_ranks(_target, WORLD, timeout_s=120.0)
 
 
 @pytest.mark.parametrize("scenario", sorted(MAPS))

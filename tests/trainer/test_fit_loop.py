@@ -13,9 +13,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from verl_patches.trainer import fit_loop, logprob_mismatch
+from verl_patches.trainer import fit_loop
+from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.step_payloads import NEVER_SHIPPED_WITH_D2D
+from verl_patches.worker_calls.step_payloads import NEVER_SHIPPED_WITH_D2D
 from verl_patches.trainer.step_plan import StepPlan
 
 B, N, P, R, STEPS = 4, 2, 5, 3, 3  # prompts per step, samples per prompt, prompt and response length
@@ -276,7 +277,7 @@ def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytes
 def test_every_worker_call_carries_the_step_and_the_d2d_flag(
     base_cfg: Any, monkeypatch: pytest.MonkeyPatch, d2d: bool
 ) -> None:
-    from verl_patches.trainer.step_payloads import D2D_META_KEY, STEP_META_KEY
+    from verl_patches.worker_calls.step_payloads import D2D_META_KEY, STEP_META_KEY
 
     plan = StepPlan(skip_old_log_prob=True, d2d=d2d, fused_role=True)
     t, wg = make_trainer(base_cfg, monkeypatch, plan)

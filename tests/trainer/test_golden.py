@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from verl_patches.trainer import golden, rank_memory
-from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
+from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
 STEPS = 30
 
@@ -240,7 +240,7 @@ def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
 
     import ray
 
-    from verl_patches.launch.ray_runtime import worker_pythonpath
+    from verl_patches.patching.ray_runtime import worker_pythonpath
 
     @ray.remote(num_cpus=0)
     class Worker:

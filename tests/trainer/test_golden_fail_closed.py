@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from test_golden import RECORDED, write_run  # noqa: F401  (the synthetic runs of the golden tests)
 from verl_patches.trainer import golden, rank_memory
-from verl_patches.trainer.logprob_mismatch import ABS_DIFF
+from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from verl_patches.trainer.logprob_mismatch import (
+from verl_patches.worker_calls.logprob_mismatch import (
     ABS_DIFF,
     ABS_DIFF_MAX,
     RATIO_DEV,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_patches.trainer.step_payloads import NEVER_SHIPPED_WITH_D2D, payload_keys, ref_payload, update_payload
+from verl_patches.worker_calls.step_payloads import NEVER_SHIPPED_WITH_D2D, payload_keys, ref_payload, update_payload
 
 KEYS = [
     "prompts",

@@ -52,6 +52,7 @@ def test_parquet_rows_come_from_our_converter(built: TinyAssets) -> None:
     assert splits == {"train", "test"}
 
 
+@pytest.mark.slow
 def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_phrasings(tmp_path: Path) -> None:
     """Validation can rise: no held-out text was trained on, yet each held-out sum is trained in another
     phrasing and each held-out phrasing with other sums (the tiny run's own spec)."""
@@ -237,6 +238,7 @@ def _greedy_accuracy(model_dir: Path, parquet: Path) -> float:
     return sum(hits) / len(hits)
 
 
+@pytest.mark.slow
 def test_a_base_spec_trains_the_random_model_on_the_training_split_only(tmp_path: Path, monkeypatch) -> None:
     """base_steps > 0: the model that the run starts from answers training problems far above the random
     model, and the pass read the training split and nothing of the held-out one."""

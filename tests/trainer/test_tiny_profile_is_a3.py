@@ -59,7 +59,7 @@ ALLOWED: dict[str, str] = {
     "*.dist_checkpointing_path": "path (the tiny checkpoint, built on first use)",
     "trainer.project_name": "name",
     "trainer.experiment_name": "name",
-    "trainer.default_local_dir": "path (from the names)",
+    "trainer.default_local_dir": "path (A3: none, CKPT_DIR names it; tiny: verl's, from the names)",
     "overlay.profile": "name (`tiny` also makes the entry build the assets)",
     "overlay.tiny_*": "the tiny run's asset spec (absent on A3)",
     "data.seed": "the tiny run's one seed (data order, model init)",
@@ -67,8 +67,7 @@ ALLOWED: dict[str, str] = {
     "trainer.total_epochs": "step count",
     "trainer.total_training_steps": "step count",
     "trainer.test_freq": "step count (validation every 20 steps)",
-    "trainer.val_before_train": "step count (one more validation, at step 0: the base model's, which the rise of "
-    "validation is read against; the same validation code path)",
+    "trainer.save_freq": "step count (the 60-step run saves no checkpoint; its kill-and-resume test turns saving on)",
     # the two settings tied to the model's scale and to its one-token answers
     "actor_rollout_ref.actor.optim.lr": "a 0.3 M-parameter model learns at 3e-4 (measured, tiny_base.py); 1e-6 "
     "moves it nowhere in 60 steps",
@@ -119,7 +118,7 @@ def both(monkeypatch_module) -> tuple[dict[str, Any], dict[str, Any]]:
 @pytest.fixture(scope="module")
 def monkeypatch_module():
     mp = pytest.MonkeyPatch()
-    for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH"):  # the A3 profile reads them
+    for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR"):  # the A3 profile reads them
         mp.delenv(name, raising=False)
     yield mp
     mp.undo()

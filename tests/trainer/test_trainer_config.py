@@ -32,7 +32,7 @@ PROD_PROFILES = ("a3_256die_true_weight", "a3_256die_random_init")
 @pytest.fixture(autouse=True)
 def _no_path_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # The profiles read these through ${oc.env:...}; a developer's shell must not change the outcome.
-    for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH"):
+    for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -129,9 +129,12 @@ def test_production_profile_hyperparameters_match_reference(profile: str) -> Non
     assert sel(c, f"{REF}.log_prob_micro_batch_size_per_gpu") == 8
     assert sel(c, "trainer.balance_batch") is False
     assert sel(c, "trainer.device") == "npu"
-    assert sel(c, "trainer.val_before_train") is False
     assert sel(c, "trainer.critic_warmup") == 0
-    assert sel(c, "trainer.save_freq") == -1 and sel(c, "trainer.test_freq") == -1
+    # issue 34: checkpoints and validation on, into a folder the user names (CKPT_DIR; no default here)
+    assert sel(c, "trainer.save_freq") == 10 and sel(c, "trainer.max_actor_ckpt_to_keep") == 2
+    assert sel(c, "trainer.default_local_dir") is None
+    assert sel(c, "trainer.test_freq") == 10 and sel(c, "trainer.val_before_train") is True
+    assert sel(c, "overlay.val_max_prompts") == 1024
     assert sel(c, "trainer.total_epochs") == 1
     assert list(sel(c, "trainer.logger")) == ["console", "tensorboard"]
     assert sel(c, "trainer.experiment_name") == "dsv3_671b_verl_mindspeedllm_vllm"
@@ -223,6 +226,9 @@ def test_tiny_profile_values() -> None:
     assert sel(c, "trainer.nnodes") == 1 and sel(c, "trainer.n_gpus_per_node") == 4
     assert sel(c, "ray_init.num_cpus") >= sel(c, "trainer.n_gpus_per_node") + 1
     assert sel(c, "trainer.test_freq") == 20 and sel(c, "trainer.total_training_steps") == 60
+    # no checkpoints in the 60-step run, into verl's relative folder, as before the A3 profiles turned them on
+    assert sel(c, "trainer.save_freq") == -1
+    assert sel(c, "trainer.default_local_dir") == "checkpoints/verl_patches_tiny/tiny_dsv3_grpo_a3_path"
     assert sel(c, "trainer.balance_batch") is False
     assert sel(c, f"{A}.use_kl_loss") is True and sel(c, f"{A}.kl_loss_type") == "low_var_kl"
     assert "tensorboard" in sel(c, "trainer.logger")

@@ -30,6 +30,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_trainer_patches_are_active_in_a_fresh_interpreter() -> None:
     proc = subprocess.run(

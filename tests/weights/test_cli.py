@@ -19,6 +19,7 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_documented_pipeline(fp8_dir, tmp_path):
     bf16, train, mcore, back = (tmp_path / d for d in ("bf16", "DeepSeek-V3", "mcore", "hf"))

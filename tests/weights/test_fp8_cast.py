@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import verl_patches.weights.fp8_cast as fp8_cast
+from verl_patches.base.atomic_write import atomic_path
 from verl_patches.weights.errors import CheckpointError, MissingTensorError, ResumeError, VerifyError
 from verl_patches.weights.fp8_cast import MANIFEST_FILE, SCALE_SUFFIX, run_fp8_cast
 from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint
@@ -20,11 +20,10 @@ from verl_patches.weights.verify import check_index_consistent, verify_fp8_cast
 
 def _rewrite(path, tensors):
     """Replace a shard (via a new inode: the loaded tensors may still map the old file)."""
-    tmp = path.with_name(path.name + ".new")
-    write_safetensors_file(
-        tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
-    )
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        write_safetensors_file(
+            tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
+        )
 
 
 def _all(root):

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
+from verl_patches.base.atomic_write import atomic_path
 from verl_patches.weights.dequant import dequantize_fp8_blockwise
 from verl_patches.weights.errors import CheckpointError, ManifestError, ResumeError, VerifyError
 from verl_patches.weights.fp8_cast import SCALE_SUFFIX, run_fp8_cast
@@ -46,11 +47,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def _rewrite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    tmp = path.with_name(path.name + ".new")
-    write_safetensors_file(
-        tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
-    )
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        write_safetensors_file(
+            tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], lambda s: tensors[s.name]
+        )
 
 
 def _edit_tensor(root: Path, name: str, edit) -> None:
@@ -667,7 +667,7 @@ def test_a_users_tmp_file_in_an_output_folder_is_never_deleted(fp8_dir, tmp_path
     out.mkdir()
     mine = out / ".tmp-notes.txt"  # the name earlier versions gave their temp files: now simply a user's file
     mine.write_text("keep me")
-    with pytest.raises(Exception):  # a folder holding someone's file is not ours to write into
+    with pytest.raises(ResumeError, match="files this tool did not write"):  # someone's file: not ours to replace
         run_fp8_cast(fp8_dir, out, progress=False)
     assert mine.read_text() == "keep me"
     ours = out / ".verl_patches-tmp-0123456789abcdef.model-00001-of-00002.safetensors"

@@ -26,6 +26,8 @@ records -> step manifest, strict parsers, layout comparison and its error), `com
 ownership, tracker and pruning), `tracker` (the one strict tracker / step-number parser), `confine`
 (names and paths kept inside their folder), `strict_json`, `safe_load` (the one ``.pt`` reader),
 `optimizer_state` (the distributed optimizer's parameter state without Megatron's bare ``torch.load``),
-`rng`, `actor_state` (per-rank save/load of the Megatron actor) and `trainer_io` (the driver's save and
-resume, used by the declared patches in verl_patches/patches/verl/utils/checkpoint).
+`rng`, `committed_role` (a committed role folder read back, file by listed file) and `trainer_io` (the driver's
+save and resume, used by the declared patches in verl_patches/patches/verl/utils/checkpoint). The Megatron
+actor's per-rank save/load writes its shards in the weights tools' layout, so it lives a layer above both, in
+`verl_patches.train_engine.actor_state`.
 """

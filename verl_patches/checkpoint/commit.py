@@ -23,7 +23,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir, read_regular_file
+from verl_patches.base.atomic_write import fsync_dir, rename_durably, write_json_atomically, write_text_atomically
+from verl_patches.base.regular_file import FileRefused, read_regular_file
+from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
 from verl_patches.checkpoint.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -54,7 +56,6 @@ from verl_patches.checkpoint.plan import (
 )
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, check_digest, sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
-from verl_patches.weights.atomic_io import write_json_atomically, write_text_atomically
 
 SMALL_FILE_BYTES = 1 << 20  # the files a resume checks on the driver before choosing a step (records, RNG, trackers)
 OWNER_FILE = ".verl_patches_owner"  # in the root: the nonce of this root's saves; in each folder they create
@@ -66,19 +67,12 @@ class CheckpointRootError(Exception):
     """A save that would replace a folder this root's saves did not create; names the folder."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_owner(folder: Path) -> str | None:
     """The nonce in ``folder``'s owner marker, or None when it has no valid one (a link is never one)."""
     try:
-        text = read_regular_file(Path(folder) / OWNER_FILE, 128).decode("ascii").strip()
-    except (ConfinementError, UnicodeDecodeError):
+        data = read_regular_file(Path(folder) / OWNER_FILE, max_bytes=128, follow_symlinks=False)
+        text = data.decode("ascii").strip()
+    except (FileRefused, UnicodeDecodeError):
         return None
     return text if _NONCE_RE.fullmatch(text) else None
 
@@ -112,7 +106,7 @@ def _remove_tree(path: Path, nonce: str) -> None:
     """Rename one of our folders to a trash name first, then delete: an interrupted delete leaves only trash
     (of ours, so the next prune finishes it in place)."""
     trash = path.with_name(f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.{path.name}"[:255])
-    os.rename(path, trash)
+    rename_durably(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -160,7 +154,7 @@ def begin_step(root: Path, step: int) -> Path:
     fresh = root / f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.new"  # ours until the rename: pruned if we die
     fresh.mkdir()
     write_text_atomically(fresh / OWNER_FILE, nonce + "\n")
-    os.rename(fresh, staging)
+    rename_durably(fresh, staging)
     return staging
 
 
@@ -174,8 +168,8 @@ def read_manifest(step_dir: Path) -> StepManifest:
     if not os.path.lexists(path):
         raise CheckpointIncomplete(f"{path}: missing (the save of this step did not finish)")
     try:
-        data = read_regular_file(path, MAX_MANIFEST_BYTES)
-    except ConfinementError as err:
+        data = read_regular_file(path, max_bytes=MAX_MANIFEST_BYTES, follow_symlinks=False)
+    except FileRefused as err:
         raise CheckpointIncomplete(str(err)) from None
     manifest = parse_manifest(data, str(path))
     expected = parse_step_dir(step_dir.name)
@@ -285,8 +279,8 @@ def read_rank_records(role_dir: Path, listed: Mapping[str, FileRecord] | None = 
             continue
         p = ranks / name
         try:
-            data = read_regular_file(p, MAX_RANK_RECORD_BYTES)
-        except ConfinementError as err:
+            data = read_regular_file(p, max_bytes=MAX_RANK_RECORD_BYTES, follow_symlinks=False)
+        except FileRefused as err:
             raise CheckpointIncomplete(str(err)) from None
         if listed is not None:
             check_digest(p, hashlib.sha256(data).hexdigest(), listed[f"{RANKS_DIR}/{name}"].sha256)
@@ -335,7 +329,7 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
     sizes.pop(MANIFEST_FILE, None)
     files = {rel: FileRecord(size, digests.get(rel) or sha256_file(staging / rel)) for rel, size in sizes.items()}
     write_json_atomically(staging / MANIFEST_FILE, manifest_json(step, roles, files, extra))
-    _fsync_dir(staging)
+    fsync_dir(staging)
     final = root / step_dir_name(step)
     if os.path.lexists(final):  # the same step saved again (a resumed run re-reaching it): the new save replaces it
         if not _is_ours(final, nonce):
@@ -343,8 +337,7 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
                 f"{final}: exists and was not saved by this checkpoint root's saves; move it away to save step {step}"
             )
         _remove_tree(final, nonce)
-    os.rename(staging, final)
-    _fsync_dir(root)
+    rename_durably(staging, final)
     write_text_atomically(root / TRACKER_FILE, str(step))
     return final
 
@@ -391,7 +384,7 @@ def small_files_problem(step_dir: Path) -> str:
         for role, layout in manifest.roles.items():
             if layout is not None:
                 read_rank_records(step_dir / role, manifest.role_files(role))
-    except (CheckpointIncomplete, ConfinementError, UnsafeCheckpointError, OSError) as err:
+    except (CheckpointIncomplete, ConfinementError, FileRefused, UnsafeCheckpointError, OSError) as err:
         return str(err).splitlines()[0] if str(err) else type(err).__name__
     return ""
 

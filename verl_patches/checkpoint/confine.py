@@ -3,8 +3,9 @@
 A manifest or rank record names files relative to its folder; `check_relpath` refuses any name that could
 leave it (absolute, ``..``, empty or ``.`` parts, backslashes, NUL, control characters, overlong), and
 `confined_path` walks the name on disk refusing symbolic links on the way, so neither a name nor a link
-planted inside a checkpoint reaches a file elsewhere. `read_regular_file` reads a small file without
-following a link or blocking on a FIFO. Every refusal is one line naming the file or name at fault.
+planted inside a checkpoint reaches a file elsewhere (small files themselves are read with
+`verl_patches.base.regular_file.read_regular_file` and ``follow_symlinks=False``). Every refusal is one line
+naming the file or name at fault.
 """
 
 from __future__ import annotations
@@ -84,36 +85,3 @@ def confined_path(folder: Path, rel: str, where: str) -> Path:
         if i < len(parts) - 1 and not stat.S_ISDIR(mode):
             raise ConfinementError(f"{path}: not a folder")
     return path
-
-
-def read_regular_file(path: Path, max_bytes: int) -> bytes:
-    """The bytes of a regular file (not a link, FIFO or folder) of at most ``max_bytes``."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise ConfinementError(f"{path}: missing") from None
-    except OSError as err:
-        raise ConfinementError(f"{path}: cannot be read ({err.strerror})") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise ConfinementError(f"{path}: is a symbolic link; not followed")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfinementError(f"{path}: not a regular file")
-    if st.st_size > max_bytes:
-        raise ConfinementError(f"{path}: {st.st_size} bytes, more than the {max_bytes} this file may hold")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise ConfinementError(f"{path}: cannot be read ({err.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfinementError(f"{path}: not a regular file")
-        chunks, left = [], max_bytes + 1
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > max_bytes:
-        raise ConfinementError(f"{path}: more than the {max_bytes} bytes this file may hold")
-    return data

@@ -4,10 +4,10 @@ Every rank writes a record of what it saved (``ranks/rank_RRRRR.json``: sizes an
 turns the records into the step manifest only when they describe one complete, consistent save (all ranks
 of one layout, every file present with its recorded size and digest). Both are read by strict parsers
 (`parse_rank_record`, `parse_manifest`): strict JSON, a checked schema, file names confined to their
-folder; anything else is one CheckpointIncomplete line naming the file and key. Resuming compares the saved layout with the running one:
-a change of the data-parallel size alone is supported (model shards are per model-parallel rank and the
-distributed optimizer's state is saved gathered over DP); any other change is an error naming both
-layouts and the supported conversion.
+folder; anything else is one CheckpointIncomplete line naming the file and key. Resuming compares the saved
+layout with the running one: a change of the data-parallel size alone is supported (model shards are per
+model-parallel rank and the distributed optimizer's state is saved gathered over DP); any other change is an
+error naming both layouts and the supported conversion.
 """
 
 from __future__ import annotations

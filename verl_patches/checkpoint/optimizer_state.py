@@ -24,6 +24,7 @@ MIRRORED = {
 
 
 def _dp_rank(optimizer: Any) -> int:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     return torch.distributed.get_rank(optimizer.data_parallel_group)

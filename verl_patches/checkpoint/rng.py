@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_patches import device
 
 # name -> generator; one entry per name (a newer owner replaces an older one: one rollout per process)
 _GENERATORS: dict[str, torch.Generator] = {}
@@ -40,13 +41,12 @@ def registered_generators() -> dict[str, torch.Generator]:
 
 
 def _device_module() -> Any:
-    from verl_patches.device import accelerator_module
-
-    return accelerator_module()  # None on a CPU host
+    return device.accelerator_module()  # None on a CPU host
 
 
 def _tracker() -> Any:
     try:
+        # deferred: importing this module must not load Megatron; it loads once the prelude patched it
         from megatron.core import tensor_parallel
     except ImportError:
         return None

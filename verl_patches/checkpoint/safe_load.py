@@ -21,9 +21,10 @@ import hashlib
 import os
 import pickle
 import re
-import stat
 import zipfile
 from typing import IO, Any, Sequence
+
+from verl_patches.base.regular_file import FileMissing, FileRefused, open_regular_file
 
 _CHUNK = 1 << 22  # 4 MiB reads while hashing
 
@@ -60,22 +61,11 @@ def _hash_stream(f: IO[bytes]) -> str:
 def _open_regular(path: str | os.PathLike) -> IO[bytes]:
     """``path`` opened for reading, after checking it is a regular file (a FIFO would block the reader)."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
+        return open_regular_file(path)
+    except FileMissing:
         raise CheckpointFileError(f"{path}: missing") from None
-    except OSError as err:
-        raise CheckpointFileError(f"{path}: cannot be read ({err.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointFileError(f"{path}: not a regular file")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise CheckpointFileError(f"{path}: cannot be read ({err.strerror})") from None
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped between the stat and the open
-        f.close()
-        raise CheckpointFileError(f"{path}: not a regular file")
-    return f
+    except FileRefused as err:
+        raise CheckpointFileError(str(err)) from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -143,6 +133,7 @@ def check_plain_archive(f: IO[bytes], path: str | os.PathLike) -> None:
 def _torch_load(
     source: Any, path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]
 ) -> Any:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     try:

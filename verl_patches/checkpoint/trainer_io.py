@@ -17,14 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from verl_patches.base.atomic_write import write_atomically
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, confined_path
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.plan import parse_step_dir
 from verl_patches.checkpoint.safe_load import load_tensor_file
-from verl_patches.weights.atomic_io import write_atomically
 
 DATA_FILE = "data.pt"
 LOG_PREFIX = "verl_patches checkpoint:"
@@ -49,6 +47,8 @@ def keep_last(trainer_cfg: Any) -> int | None:
 
 def save_step(trainer: Any) -> Path:
     """Write, check and commit the checkpoint of ``trainer.global_steps``; prune old ones."""
+    import torch  # here, not at import: the dry run reads the resume step through `resume_dir` without torch
+
     t0 = time.monotonic()
     cfg = trainer.config.trainer
     root, step = checkpoint_root(cfg), int(trainer.global_steps)

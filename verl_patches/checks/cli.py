@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import traceback
 from pathlib import Path
 
+from verl_patches.base.env_flags import EnvError, env_flag
+from verl_patches.base.strict_int import IntError, int_arg, parse_int
 from verl_patches.checks.run import ENGINES, CheckRequest, CheckRequestError, run_check
-from verl_patches.strict_int import IntError, int_arg, parse_int
+from verl_patches.multirank import RankFailure
+from verl_patches.weights.errors import WeightsError
 
 EXIT_PASS, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 TRACEBACK_ENV = "CHECK_LOGPROBS_TRACEBACK"  # set to 1 to see the traceback of an unexpected failure
@@ -64,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--moe-tp-extend-ep",
         action="store_true",
-        help="accepted as in the converter; the A3 engine always runs TP-extend-EP, so every checkpoint is checked (and converted) with it",
+        help="accepted as in the converter; the A3 engine always runs TP-extend-EP, so every checkpoint is checked "
+        "(and converted) with it",
     )
     p.add_argument("--engines", type=_engines, default=ENGINES, help="megatron,rollout (default both)")
     p.add_argument(
@@ -131,12 +134,14 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verl_patches.checks.launch import RankFailure
-    from verl_patches.weights.errors import WeightsError
-
     ns = build_parser().parse_args(argv)  # bad usage: argparse exits 2
     if ns.work_dir is not None and not ns.work_dir.is_dir():
         print(f"check_logprobs: error: --work-dir {ns.work_dir}: not a folder", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        show_traceback = env_flag(TRACEBACK_ENV)  # read before the run: a bad value is said first, not last
+    except EnvError as err:
+        print(f"check_logprobs: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     try:
         result = run_check(
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print("check_logprobs: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - any other failure is "could not check", never "log-probs differ"
-        if os.environ.get(TRACEBACK_ENV) == "1":
+        if show_traceback:
             traceback.print_exc()
         print(
             f"check_logprobs: error: the check failed ({type(err).__name__}: {_one_line(err)}); "

@@ -22,6 +22,7 @@ group holding the log-probs) and ``rollout.pt``.
 from __future__ import annotations
 
 import gc
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,8 +30,17 @@ from typing import Any
 from unittest import mock
 
 import torch
+import torch.distributed as dist
 
+from verl_patches.checkpoint.safe_load import load_tensor_file
 from verl_patches.checks.rss import peak_rss_bytes
+from verl_patches.checks.sequences import dp_share, response_log_probs
+from verl_patches.device import accelerator_module, device_kind
+from verl_patches.rollout.standin.model import StandinDeepseekV3
+from verl_patches.sync.sharding_manager import MegatronRolloutShardingManager
+from verl_patches.train_engine.initialize import initialize_megatron
+from verl_patches.train_engine.router_buffers import FLOAT32_ROUTER_BUFFERS
+from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
 TEMPERATURE = 1.0
 
@@ -47,8 +57,10 @@ def worker_config(
     response: int,
 ) -> Any:
     """The trainer config the A3 job composes (``ppo_mindspeed_trainer``), sized for the check's batch."""
+    # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
     from omegaconf import open_dict
 
+    # lazy: that module loads omegaconf; importing this one must not
     from verl_patches.trainer.config_compose import compose_config
 
     a = "actor_rollout_ref"
@@ -79,15 +91,15 @@ def worker_config(
 
 
 def _proto(batch: dict[str, torch.Tensor]) -> Any:
+    # deferred: a rank imports this module before the overlay is active; verl loads after it
     from verl import DataProto
 
     return DataProto.from_dict(tensors=dict(batch))
 
 
 def _standin(cfg_hf: dict, dtype: torch.dtype, ep_size: int, ep_rank: int) -> Any:
+    # lazy: transformers is heavy and only this path needs it; importing this module stays light
     from transformers import DeepseekV3Config
-
-    from verl_patches.rollout.standin.model import StandinDeepseekV3
 
     hf_config = DeepseekV3Config(**cfg_hf)
     hf_config._attn_implementation = "eager"
@@ -117,9 +129,8 @@ def _standin(cfg_hf: dict, dtype: torch.dtype, ep_size: int, ep_rank: int) -> An
 
 def _sync_into_standin(ref: Any, standin: Any, rollout_tp: int) -> int:
     """Run the A3 job's sharding manager once (train -> rollout); returns the number of parameters loaded."""
+    # deferred: a rank imports this module before the overlay is active; vLLM loads after it
     from vllm.distributed import parallel_state as vllm_ps
-
-    from verl_patches.sync.sharding_manager import MegatronRolloutShardingManager
 
     rollout = SimpleNamespace(
         model=standin,
@@ -151,9 +162,6 @@ def _gathered_rollout_log_probs(
 ) -> torch.Tensor | None:
     """Rank 0: one EP-1 instance holding every rank's synced experts (the other weights are identical on every
     rank after the sync), scoring ``batch``."""
-    import torch.distributed as dist
-
-    from verl_patches.checks.sequences import response_log_probs
 
     if standin.ep_size == 1:  # every rank serves every expert: rank 0 scores with its own instance
         if rank != 0:
@@ -191,7 +199,6 @@ def _gathered_rollout_log_probs(
 def _router_buffers_not_float32(chunks: Any) -> list[str]:
     """Router buffers the job's model build left below float32 (it must keep them float32: see
     verl_patches.train_engine.router_buffers); the check refuses to score such a model."""
-    from verl_patches.train_engine.router_buffers import FLOAT32_ROUTER_BUFFERS
 
     return [
         f"{name}.{buf}"
@@ -200,6 +207,15 @@ def _router_buffers_not_float32(chunks: Any) -> list[str]:
         for buf in FLOAT32_ROUTER_BUFFERS
         if isinstance(mod._buffers.get(buf), torch.Tensor) and mod._buffers[buf].dtype != torch.float32
     ]
+
+
+def prepare_rank(rank: int, world: int) -> None:
+    """Before the rank's process group (`verl_patches.multirank` calls it): on an accelerator host the rank's own
+    device, which HCCL binds at the group's creation; on a CPU host its share of the cores."""
+    if device_kind() == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    else:
+        accelerator_module().set_device(rank)
 
 
 def rank_check(
@@ -219,18 +235,16 @@ def rank_check(
     out_dir: str,
     dtype: str,
 ) -> dict[str, Any]:
-    import json
-
+    # deferred: a rank imports this module before the overlay is active; Megatron loads after it
     from megatron.core import parallel_state as mpu
 
+    # deferred: a rank imports this module before the overlay is active; verl loads after it
     from verl.workers.megatron_workers import ActorRolloutRefWorker
-    from verl_patches.checks.sequences import dp_share
+
+    # lazy: that module loads safetensors, tqdm; importing this one must not
     from verl_patches.patches.verl.workers.megatron_workers import trainer_config_view
-    from verl_patches.train_engine.initialize import initialize_megatron
-    from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    from verl_patches.checkpoint.safe_load import load_tensor_file
 
     batch = load_tensor_file(batch_file)  # weights-only: the batch is a dict of tensors
     n, r = batch["responses"].shape[0], batch["responses"].shape[1]

@@ -13,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from verl_patches.weights.config import load_config
+from verl_patches.weights.manifest_file import read_conversion_manifest
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -28,10 +31,16 @@ def _first_line(err: BaseException) -> str:
 
 def check_hf_tensors(hf: Path, cfg: Mapping[str, Any]) -> None:
     """Every tensor of the HF folder is in the model's schema, every schema tensor is there, all floating."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
+    # lazy: that module loads torch; importing this one must not
     from verl_patches.weights.hf_schema import hf_tensor_specs
+
+    # lazy: that module loads safetensors, torch, tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import unconverted_hint
+
+    # lazy: that module loads safetensors, torch; importing this one must not
     from verl_patches.weights.st_reader import CheckpointIndex, read_header
 
     index = CheckpointIndex.load(hf)
@@ -72,6 +81,7 @@ def check_tokenizer(hf: Path) -> None:
             f"--hf {hf}: no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the model's tokenizer files into it"
         )
     try:
+        # lazy: transformers is heavy and only this path needs it; importing this module stays light
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(str(hf), trust_remote_code=False)
@@ -83,8 +93,8 @@ def check_tokenizer(hf: Path) -> None:
 
 def check_mcore(mcore: Path) -> None:
     """A Megatron folder with a strictly readable tracker and (when present) conversion manifest."""
+    # lazy: that module loads safetensors, torch, tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import MANIFEST_FILE
-    from verl_patches.weights.manifest_file import read_conversion_manifest
     from verl_patches.weights.mcore_to_hf import read_tracker
 
     if not mcore.is_dir():
@@ -95,7 +105,6 @@ def check_mcore(mcore: Path) -> None:
 
 def check_inputs(hf: Path, mcore: Path | None) -> dict[str, Any]:
     """Check the folders (see the module docstring); returns --hf's validated config."""
-    from verl_patches.weights.config import load_config
 
     if not Path(hf).is_dir():
         raise CheckRequestError(f"--hf {hf}: not a folder (the HF model: config.json, safetensors, tokenizer)")

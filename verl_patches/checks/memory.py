@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+
+from verl_patches.weights.hf_schema import hf_tensor_specs
+from verl_patches.weights.layout import all_ranks
 
 MIB = 1024**2
 GIB = 1024**3
@@ -118,8 +122,8 @@ def _is_expert(name: str) -> bool:
 
 
 def _megatron_rank_bytes(cfg: Mapping[str, Any], layout: Any, dtype: torch.dtype) -> list[int]:
+    # lazy: that module loads safetensors, tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import meta_source, plan_rank_shapes
-    from verl_patches.weights.layout import all_ranks
 
     meta = meta_source(cfg, dtype)
     # Python integers: a product of sizes never overflows (the config's sizes are bounded by its validation)
@@ -131,7 +135,6 @@ def _megatron_rank_bytes(cfg: Mapping[str, Any], layout: Any, dtype: torch.dtype
 
 def _expert_layer_bytes(cfg: Mapping[str, Any], dtype: torch.dtype) -> int:
     """Bytes of the routed experts of one MoE layer (what one sync step holds at most)."""
-    from verl_patches.weights.hf_schema import hf_tensor_specs
 
     per_layer: dict[str, int] = {}
     for s in hf_tensor_specs(cfg, dtype):
@@ -158,8 +161,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Peak bytes per phase and process of a check of ``cfg`` (the source HF config) cut to ``layers`` /
     ``experts``; ``layout`` is the Megatron `ParallelLayout` of the ``world`` ranks."""
+    # lazy: that module loads safetensors; importing this one must not
     from verl_patches.checks.truncate import truncated_config
-    from verl_patches.weights.hf_schema import hf_tensor_specs
     from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES
 
     tcfg = truncated_config(cfg, layers, experts)
@@ -230,6 +233,7 @@ def fit_problem(
 
 def available_bytes() -> int:
     """MemAvailable of this host (what can be allocated without swapping)."""
+    # lazy: only this path needs psutil; importing this module stays light
     import psutil
 
     return int(psutil.virtual_memory().available)
@@ -237,8 +241,8 @@ def available_bytes() -> int:
 
 def checkpoint_dtype(hf_dir: Any) -> torch.dtype:
     """The dtype the HF folder's weights are stored in (that of its embedding)."""
-    from pathlib import Path
 
+    # lazy: that module loads safetensors; importing this one must not
     from verl_patches.weights.st_reader import CheckpointIndex, read_header
 
     index = CheckpointIndex.load(Path(hf_dir))

@@ -13,6 +13,7 @@ def hf_log_probs(
     hf_dir: str | Path, batch: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, temperature: float = 1.0
 ) -> torch.Tensor:
     """Per-token log-probs [B, R] of ``batch['responses']``; the model is freed before returning."""
+    # lazy: transformers is heavy and only this path needs it; importing this module stays light
     from transformers import DeepseekV3ForCausalLM
 
     model = DeepseekV3ForCausalLM.from_pretrained(str(hf_dir), torch_dtype=dtype, attn_implementation="eager")

@@ -37,6 +37,7 @@ class TreeSampler(threading.Thread):
 
     def __init__(self, pid: int, period: float = 0.2) -> None:
         super().__init__(daemon=True)
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         self.root = psutil.Process(pid)
@@ -45,6 +46,7 @@ class TreeSampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def sample(self) -> None:
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         try:

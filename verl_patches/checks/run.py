@@ -10,6 +10,8 @@ Model folders the engines read (all in a temporary folder, removed afterwards):
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -18,9 +20,20 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from verl_patches.checkpoint.safe_load import load_tensor_file
 from verl_patches.checks.compare import EngineDiff, compare, verdict
-from verl_patches.checks.memory import GIB
+from verl_patches.checks.engine_ranks import prepare_rank, rank_check
 from verl_patches.checks.inputs import CheckRequestError, check_inputs
+from verl_patches.checks import memory  # its available_bytes is read at call time (tests replace it)
+from verl_patches.checks.memory import DTYPES, GIB, checkpoint_dtype, estimate_memory, fit_problem
+from verl_patches.checks.reference import hf_log_probs
+from verl_patches.checks.sequences import make_sequences, sequence_shape
+from verl_patches.device import dist_backend
+from verl_patches.multirank import run_ranks
+from verl_patches.weights.config import load_config
+from verl_patches.weights.errors import LayoutError
+from verl_patches.weights.layout import ParallelLayout
+from verl_patches.weights.manifest_file import read_conversion_manifest
 
 if TYPE_CHECKING:
     from verl_patches.checks.memory import MemoryEstimate
@@ -129,9 +142,6 @@ def engine_dtype(req: CheckRequest, stored: torch.dtype) -> str:
 
 def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) -> "MemoryEstimate":
     """The check's memory estimate (`verl_patches.checks.memory`) from --hf's config.json and the flags."""
-    from verl_patches.checks.memory import DTYPES, checkpoint_dtype, estimate_memory
-    from verl_patches.checks.sequences import sequence_shape
-    from verl_patches.weights.config import load_config
 
     stored = stored if stored is not None else checkpoint_dtype(req.hf)
     truncating = req.layers is not None or req.experts is not None
@@ -154,14 +164,12 @@ def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) 
 def check_memory(req: CheckRequest, log: Callable[[str], None]) -> str:
     """Print the estimate and refuse (naming the flags to change) when it exceeds the host's available
     memory; returns the engines' dtype."""
-    from verl_patches.checks.memory import DTYPES, available_bytes, checkpoint_dtype, fit_problem
-
     stored = checkpoint_dtype(req.hf)
     dtype = engine_dtype(req, stored)
     est = estimate_check_memory(req, stored)
     for line in est.lines():
         log(line)
-    problem = fit_problem(est, available_bytes(), layers=req.layers, experts=req.experts, dtype=DTYPES[dtype])
+    problem = fit_problem(est, memory.available_bytes(), layers=req.layers, experts=req.experts, dtype=DTYPES[dtype])
     if problem and not req.skip_memory_check:
         raise CheckRequestError(problem)
     if problem:
@@ -171,8 +179,6 @@ def check_memory(req: CheckRequest, log: Callable[[str], None]) -> str:
 
 def _release_freed_memory() -> None:
     """Give the freed reference model back to the OS before the ranks start (glibc keeps freed small blocks)."""
-    import ctypes
-    import gc
 
     gc.collect()
     try:
@@ -182,8 +188,6 @@ def _release_freed_memory() -> None:
 
 
 def _layout(req: CheckRequest):
-    from verl_patches.weights.layout import ParallelLayout
-
     # the A3 engine always runs grouped GEMM with MindSpeed's TP-extend-EP (D1) and its loader refuses any
     # other layout, so the check converts to that layout whatever --moe-tp-extend-ep says
     return ParallelLayout(
@@ -193,10 +197,11 @@ def _layout(req: CheckRequest):
 
 def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) -> tuple[Path, Path]:
     """(HF folder, Megatron folder) every engine reads, both the same (truncated) model."""
+    # lazy: that module loads safetensors; importing this one must not
     from verl_patches.checks.truncate import truncate_hf, truncate_mcore_to_hf
-    from verl_patches.weights.errors import LayoutError
+
+    # lazy: that module loads safetensors, tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import MANIFEST_FILE, convert_hf_to_mcore
-    from verl_patches.weights.manifest_file import read_conversion_manifest
 
     truncating = req.layers is not None or req.experts is not None
     hf = req.hf
@@ -225,7 +230,6 @@ def prepare_models(req: CheckRequest, work: Path, log: Callable[[str], None]) ->
 
 def _load_tensor(path: Path) -> torch.Tensor:
     """A rank's result file, read weights-only (`checkpoint.safe_load`): tensors, never pickled code."""
-    from verl_patches.checkpoint.safe_load import load_tensor_file
 
     t = load_tensor_file(path)
     if not isinstance(t, torch.Tensor):
@@ -258,12 +262,6 @@ def rank_peaks_line(peaks: list[int]) -> str:
 
 
 def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: Path | None = None) -> CheckResult:
-    from verl_patches.checks.engine_ranks import rank_check
-    from verl_patches.checks.launch import run_ranks
-    from verl_patches.checks.reference import hf_log_probs
-    from verl_patches.checks.sequences import make_sequences, sequence_shape
-    from verl_patches.weights.config import load_config
-
     validate_request(req)
     check_inputs(req.hf, req.mcore)  # tokenizer, tensors, dtypes, sizes: before any conversion or rank
     dtype_name = check_memory(req, log)
@@ -290,19 +288,24 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
         ranks = run_ranks(
             rank_check,
             req.world,
-            timeout_s=req.timeout_s,
-            hf_dir=str(hf),
-            mcore_dir=str(mcore),
-            tp=req.tp,
-            pp=req.pp,
-            ep=req.ep,
-            layer_list=list(req.num_layer_list) if req.num_layer_list else None,
-            engines=list(req.engines),
-            rollout_tp=req.rollout_tp,
-            rollout_ep=req.rollout_ep_size,
-            batch_file=str(work / "batch.pt"),
-            out_dir=str(work / "out"),
-            dtype=dtype_name,
+            req.timeout_s,
+            backend=dist_backend(),
+            overlay=True,
+            setup=prepare_rank,
+            kwargs=dict(
+                hf_dir=str(hf),
+                mcore_dir=str(mcore),
+                tp=req.tp,
+                pp=req.pp,
+                ep=req.ep,
+                layer_list=list(req.num_layer_list) if req.num_layer_list else None,
+                engines=list(req.engines),
+                rollout_tp=req.rollout_tp,
+                rollout_ep=req.rollout_ep_size,
+                batch_file=str(work / "batch.pt"),
+                out_dir=str(work / "out"),
+                dtype=dtype_name,
+            ),
         )
         got = collect(req, work / "out", req.dp)
     peaks = [r.get("peak_rss") for r in ranks]

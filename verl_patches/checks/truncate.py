@@ -13,19 +13,18 @@ keeps its first M rows, config.json says `num_hidden_layers=K`, `n_routed_expert
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
-from verl_patches.weights.atomic_io import remove_stale_temps, temp_path_for, write_json_atomically
+from verl_patches.base.atomic_write import atomic_path, remove_stale_temps, write_json_atomically
 from verl_patches.weights.config import load_config, validate_config
 from verl_patches.weights.errors import ConfigError
 from verl_patches.weights.hf_dir import write_model_dir
 from verl_patches.weights.hf_schema import hf_tensor_specs
-from verl_patches.weights.st_reader import INDEX_FILE
+from verl_patches.weights.st_reader import INDEX_FILE, CheckpointIndex, LazyCheckpoint
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 
 DEFAULT_SHARD_BYTES = 2 * 1024**3
@@ -124,14 +123,9 @@ def write_hf_folder(
     shards = plan_shards(specs, max_shard_bytes)
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for fname, group in zip(files, shards):
-        target = out_dir / fname
-        tmp = temp_path_for(target)
         try:
-            write_safetensors_file(tmp, group, lambda s: read(by_name[s.name]).contiguous(), {"format": "pt"})
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            with atomic_path(out_dir / fname) as tmp:
+                write_safetensors_file(tmp, group, lambda s: read(by_name[s.name]).contiguous(), {"format": "pt"})
         finally:
             after_shard()
     total = sum(s.nbytes for s in specs)
@@ -155,8 +149,8 @@ def truncate_hf(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
     """Truncated copy of an HF BF16/FP32 folder (tokenizer files carried over)."""
+    # lazy: that module loads tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import check_source
-    from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint
 
     src = Path(src_dir)
     cfg = load_config(src)
@@ -185,6 +179,7 @@ def truncate_mcore_to_hf(
 ) -> Path:
     """The truncated model read out of a Megatron legacy checkpoint (layout and config from its manifest),
     tensor by tensor through the reverse converter, as an HF folder (to be converted to the check's layout)."""
+    # lazy: that module loads tqdm; importing this one must not
     from verl_patches.weights.mcore_to_hf import (
         RankStore,
         check_rank_files,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
+from verl_patches.base.atomic_write import remove_abandoned_temps
 from verl_patches.data.errors import InvalidRowsError, RowError, SplitError
-from verl_patches.data.parquet_io import check_outputs_free, remove_stale_temps, write_tables_atomically
+from verl_patches.data.parquet_io import check_outputs_free, write_tables_atomically
 from verl_patches.data.reader import read_records
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA, verl_row
 from verl_patches.data.split import plan_split
@@ -53,7 +54,8 @@ class ConversionReport:
 
     def summary(self) -> str:
         lines = [
-            f"rows in: {self.rows_in} = train {self.train_rows} + test {self.test_rows} + rejected {len(self.rejected)}",
+            f"rows in: {self.rows_in} = train {self.train_rows} + test {self.test_rows} "
+            f"+ rejected {len(self.rejected)}",
             f"wrote {self.train_path} and {self.test_path} (seed {self.seed}, train ratio {self.train_ratio})",
         ]
         if self.duplicates:
@@ -106,7 +108,7 @@ def convert(
     output_dir = Path(output_dir)
     targets = [output_dir / TRAIN_FILE, output_dir / TEST_FILE]
     check_outputs_free(targets, overwrite)  # before the (long) read: a refusal costs nothing
-    remove_stale_temps(output_dir)
+    remove_abandoned_temps(output_dir)
     read = read_records(path)
     show = progress and read.rows_in >= _PROGRESS_MIN_ROWS
     text = read.text if read.has_undecodable_bytes else None

@@ -4,76 +4,29 @@ Existing outputs are replaced only when the caller says so (`overwrite`), or whe
 writer's own unfinished work: a marker naming the targets is written before the renames and removed
 after the last one, so a run interrupted between renames is finished by the next run without asking.
 
-Temporary files are named ``.<target>.<host>.<pid>.<random>.tmp`` so the next run can tell a killed run's
-leftovers (this host, a process that no longer exists) from anything else, and removes only those. They are
-created with mode 0666 minus the umask, as any file the user writes, so the outputs are as readable as the
-user's umask says (Ray workers under another account on shared storage read them).
+Temporary files are this repository's owned temps (`verl_patches.base.atomic_write`, ``owned=True``): their
+names hold the writer's pid and host, so the next run can tell a killed run's leftovers (this host, a process
+that no longer exists) from anything else, and removes only those (`remove_abandoned_temps`). They are created
+with mode 0666 minus the umask, as any file the user writes, so the outputs are as readable as the user's umask
+says (Ray workers under another account on shared storage read them).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import secrets
-import socket
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from verl_patches.base.atomic_write import commit, discard, temp_path_for
 from verl_patches.data.errors import OutputExistsError
 
 MARKER = ".parquet-write-in-progress.json"
-_TEMP = re.compile(r"\.(?P<target>[^/]+\.parquet)\.(?P<host>[A-Za-z0-9-]{1,32})\.(?P<pid>\d{1,10})\.[0-9a-f]{8}\.tmp")
 
 
 def _marker(folder: Path) -> Path:
     return folder / MARKER
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's process (alive), or not a pid we can ask about: leave its file
-    return True
-
-
-def _is_stale_temp(name: str) -> bool:
-    m = _TEMP.fullmatch(name)
-    if m:
-        return m["host"] == _host() and int(m["pid"]) != os.getpid() and not _pid_alive(int(m["pid"]))
-    return name == MARKER + ".tmp"
-
-
-def remove_stale_temps(folder: Path) -> list[str]:
-    """Remove the temporary files a killed earlier run of this writer left in ``folder``; nothing else."""
-    removed = []
-    if not folder.is_dir():
-        return removed
-    for p in folder.iterdir():
-        if _is_stale_temp(p.name) and p.is_file() and not p.is_symlink():
-            p.unlink(missing_ok=True)
-            removed.append(p.name)
-    return sorted(removed)
-
-
-def _new_temp(target: Path) -> Path:
-    """A fresh temp file beside ``target``, created exclusively with 0666 minus the umask."""
-    while True:
-        path = target.parent / f".{target.name}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
-            return path
-        except FileExistsError:
-            continue
 
 
 def _own_unfinished(targets: list[Path]) -> set[Path]:
@@ -108,20 +61,22 @@ def write_tables_atomically(tables: dict[Path, pa.Table], overwrite: bool = Fals
     temps: list[tuple[Path, Path]] = []
     try:
         for target, table in tables.items():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            temp = _new_temp(target)
+            temp = temp_path_for(target, owned=True)
             temps.append((temp, target))
             pq.write_table(table, str(temp))
         folders = sorted({t.parent for t in targets})
         for folder in folders:
             mine = [t.name for t in targets if t.parent == folder]
-            tmp = folder / (MARKER + ".tmp")
-            tmp.write_text(json.dumps(mine), encoding="utf-8")
-            os.replace(tmp, _marker(folder))
+            marker_temp = temp_path_for(_marker(folder), owned=True)
+            try:
+                marker_temp.write_text(json.dumps(mine), encoding="utf-8")
+                commit(marker_temp, _marker(folder))
+            finally:
+                discard(marker_temp)
         for temp, target in temps:
-            os.replace(temp, target)
+            commit(temp, target)
         for folder in folders:
             _marker(folder).unlink(missing_ok=True)
     finally:
         for temp, _ in temps:
-            temp.unlink(missing_ok=True)
+            discard(temp)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.data.errors import InputFileError, RowError
-from verl_patches.regular_file import FileRefused, read_regular_file
+from verl_patches.base.regular_file import FileRefused, read_regular_file
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 MAX_INPUT_BYTES = 4 << 30  # DeepScaleR is about 40 MB; a file beyond this is not a data set for one host
@@ -118,7 +118,8 @@ def _read_array(path: Path, text: str, start: int, lines: _Lines, result: ReadRe
             line, col = lines.locate(pos)
             found = repr(text[pos]) if pos < len(text) else "end of file"
             raise InputFileError(
-                f"{path}:{line}:{col}: malformed JSON after row {len(result.records)}: expected ',' or ']', found {found}"
+                f"{path}:{line}:{col}: malformed JSON after row {len(result.records)}: "
+                f"expected ',' or ']', found {found}"
             )
     rest = _WHITESPACE.match(text, pos).end()
     if rest != len(text):
@@ -173,7 +174,8 @@ def read_records(path: str | Path) -> ReadResult:
         _read_lines(path, text, result)
         if not result.records and _is_single_object(text):
             raise InputFileError(
-                f"{path}: a single JSON object spread over several lines; expected a JSON array of objects or JSON Lines"
+                f"{path}: a single JSON object spread over several lines; "
+                "expected a JSON array of objects or JSON Lines"
             )
         return result
     line, col = lines.locate(start)

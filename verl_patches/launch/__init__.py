@@ -1,1 +1,1 @@
-"""Bringing up Ray and the job: cluster roles, runtime environment, preflight."""
+"""Bringing up Ray and the job: cluster roles, the job's environment, preflight."""

@@ -2,7 +2,8 @@
 
 The same command runs on every node. The head (the node that owns MASTER_ADDR, or NODE_ROLE=head)
 runs the preflight, starts Ray bound to its SOCKET_IFNAME address with the dashboard on localhost,
-waits for every node's NPUs with a progress line and a timeout, runs the trainer, and stops the Ray
+waits for every node's NPUs with a progress line and a timeout, checks on every node that the checkpoint
+folder is one storage they can all write, with room (`checkpoint_nodes`), runs the trainer, and stops the Ray
 processes it started when the trainer ends (or fails, or is interrupted). A worker joins with
 retries and exits when the head goes away. Nothing else on the node is touched: no `pkill`, no
 `ray stop`. Logs and recorded process ids go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/.
@@ -23,8 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.base import node_ip as node_addresses
+from verl_patches.base.node_ip import NetworkError, is_this_node
+from verl_patches.device import device_kind
 from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
-from verl_patches.process_identity import become_subreaper
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
     SETTINGS,
@@ -35,6 +39,11 @@ from verl_patches.launch.settings import (
     describe_settings,
     load_settings,
 )
+from verl_patches.process_identity import become_subreaper
+from verl_patches.resilience.hang_diagnosis import last_report
+from verl_patches.rollout.kv_nz_switch import kv_nz_env
+from verl_patches.sources.pins import check as check_package_versions
+from verl_patches.trainer.cpu_numerics import pinned
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -114,10 +123,7 @@ class Launch:
 
     def record(self, name: str, pid: int) -> None:
         self.owned[name] = pid
-        tmp = self.log_dir / f".pids.json.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        with open_new(tmp, "w") as f:
-            f.write(json.dumps(self.owned, indent=2))
-        os.replace(tmp, self.log_dir / "pids.json")
+        write_text_atomically(self.log_dir / "pids.json", json.dumps(self.owned, indent=2))
 
 
 PIPE_DRAIN_S = 2.0  # after the trainer exits, how long its output may still arrive before cleanup starts
@@ -156,6 +162,7 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+        # lazy: that module loads psutil; importing this one must not
         from verl_patches.launch.session_leftovers import end_session_leftovers
 
         # the child's own session, and what left it: what it started and left running
@@ -204,7 +211,6 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch = Launch(args, settings, "local")
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
     env = base_env()
-    from verl_patches.trainer.cpu_numerics import pinned
 
     pins = pinned(env) if device() == "cpu" else {}
     env.update(pins)  # one CPU code path on every x86-64 host: the golden baseline holds across machines
@@ -234,7 +240,6 @@ def say_hang_report(launch: Launch, rc: int) -> None:
     """After a failed trainer, repeat the driver's hang report (rank, node, pid, phase, step) as the last line."""
     if rc == 0:
         return
-    from verl_patches.resilience.hang_diagnosis import last_report
 
     try:
         report = last_report((launch.log_dir / "trainer.log").read_text(errors="replace"))
@@ -245,8 +250,6 @@ def say_hang_report(launch: Launch, rc: int) -> None:
 
 
 def device() -> str:
-    from verl_patches.device import device_kind
-
     return device_kind()
 
 
@@ -265,6 +268,7 @@ def job_overrides(args: argparse.Namespace, settings: ClusterSettings) -> list[s
 def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
     """The dry run, and the launch's own preflight: the settings are judged by the check the launch uses
     (`settings.cluster_setting_problems`, reported by the preflight), the config as the job composes it."""
+    # lazy: that module loads omegaconf; importing this one must not
     from verl_patches.launch import preflight
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
@@ -281,8 +285,6 @@ def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
 
 
 def decide_role(settings: ClusterSettings) -> str:
-    from verl_patches.launch.node_ip import is_this_node
-
     role = settings.get("NODE_ROLE") or "auto"
     if role != "auto":
         return role
@@ -292,6 +294,7 @@ def decide_role(settings: ClusterSettings) -> str:
 def ray_auth_env() -> dict[str, str]:
     """Ray releases with token authentication need the mode set for every client of the cluster."""
     try:
+        # probe: only Ray releases with token authentication have this module
         import ray._private.authentication.authentication_token_setup  # noqa: F401
     except ImportError:
         return {}
@@ -308,6 +311,7 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
     os.environ.update(auth)
     if auth.get("RAY_AUTH_MODE") == "token":
         try:
+            # probe: only Ray releases with token authentication have this helper
             from ray._private.authentication.authentication_token_setup import _enable_token_auth
         except ImportError:  # a Ray without the helper reads the variable at connect time
             return
@@ -315,9 +319,8 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
-    from verl_patches.launch import job_env, preflight, ray_cluster
-    from verl_patches.launch.node_ip import interface_ipv4, resolve_ipv4
-    from verl_patches.rollout.kv_nz_switch import kv_nz_env
+    # lazy: preflight loads omegaconf; importing this module must not
+    from verl_patches.launch import checkpoint_nodes, job_env, preflight, ray_cluster
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(
@@ -330,8 +333,8 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         print("launch: cannot start:\n  - " + "\n  - ".join(p.message for p in problems), file=sys.stderr)
         return 2
     exposure = dashboard_exposure(settings, args.allow_remote_dashboard)
-    node_ip = interface_ipv4(settings.get("SOCKET_IFNAME") or "")
-    master = resolve_ipv4(settings.get("MASTER_ADDR") or "")
+    node_ip = node_addresses.interface_ipv4(settings.get("SOCKET_IFNAME") or "")
+    master = node_addresses.resolve_ipv4(settings.get("MASTER_ADDR") or "")
     role = decide_role(settings)
     launch = Launch(args, settings, role)
     # The same composition the preflight checks, so the trainer runs exactly what was checked.
@@ -408,6 +411,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
             head=head,
             progress=launch.say,
         )
+        # the checkpoint folder, judged on every node now that all joined: one storage, writable, with room
+        if not checkpoint_nodes.check_on_every_node(address, cfg, settings, REPO_ROOT, launch.say):
+            return 1
         env["RAY_ADDRESS"] = address
         rc = run_logged(
             trainer_command(config_name, job_overrides(args, settings)),
@@ -429,7 +435,6 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from verl_patches.sources.pins import check as check_package_versions
 
     print(f"launch: {check_package_versions()[0]}", flush=True)  # another image is seen before anything starts
     flags = {s.name: getattr(args, s.name) for s in SETTINGS if getattr(args, s.name) is not None}
@@ -446,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # a log folder refused (LogDirError) or not writable
             print(f"launch: {e}", file=sys.stderr)
             return 1
-    from verl_patches.launch.node_ip import NetworkError
+    # lazy: that module loads omegaconf; importing this one must not
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
     try:

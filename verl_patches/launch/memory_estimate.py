@@ -404,7 +404,8 @@ def estimate_training(
             resident, step, opt_note = (
                 0.0,
                 2 * opt / t.swap_optimizer_times,
-                f"swap optimizer: {gib(opt):.1f} GiB on the host, 2/{t.swap_optimizer_times} of it on the die during the step",
+                f"swap optimizer: {gib(opt):.1f} GiB on the host, "
+                f"2/{t.swap_optimizer_times} of it on the die during the step",
             )
         elif t.optimizer_offload:
             resident, step, opt_note = (

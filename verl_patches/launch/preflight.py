@@ -5,7 +5,9 @@
 
 Checks: sources against sources.lock, every declared patch against the pinned upstream source, the
 parallel layout and batch arithmetic, data files and their schema, the model config, the Megatron
-checkpoint, the cluster node (NIC, CANN, NPUs, torch_npu, ports) and a per-die memory estimate. Exit
+checkpoint, the checkpoint folder (named, absolute, writable, room; the step a resume would take) and the
+cadence and cost of saves and validation, the cluster node (NIC, CANN, NPUs, torch_npu, ports) and a per-die
+memory estimate. Exit
 status 0 when nothing failed, 1 when something did, 2 for bad usage or a config that does not compose.
 Checks that only the cluster can answer are "not-checked-here" on other hosts.
 """
@@ -24,9 +26,18 @@ from typing import Any, Iterator
 from omegaconf import DictConfig
 
 from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
+from verl_patches.launch.preflight_checkpoint import checkpoint_folder_findings
+from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
+from verl_patches.launch.preflight_host import cluster_findings, probe_host
+from verl_patches.launch.preflight_layout import layout_findings
+from verl_patches.launch.preflight_memory import memory_findings
+from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
+from verl_patches.launch.preflight_validation import validation_findings
+from verl_patches.launch.run_dir import LogDirError, check_log_root
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
+    AS_WRITTEN_PATH_SETTINGS,
     CONFIG_PATH_SETTINGS,
     SETTING_NAMES,
     SETTINGS,
@@ -36,7 +47,17 @@ from verl_patches.launch.settings import (
     config_path_value,
     load_settings,
 )
-from verl_patches.trainer.config_compose import CONFIG_NAMES
+from verl_patches.patches import catalog
+from verl_patches.patching import static_report
+from verl_patches.sources.lock import LockError, load_lock
+from verl_patches.sources.report import sources_report
+from verl_patches.trainer.config_compose import (
+    CONFIG_NAMES,
+    ConfigCompositionError,
+    check_integer_overrides,
+    compose_config,
+    resolved,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -54,8 +75,6 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 def sources_findings(root: Path, host: HostFacts) -> tuple[list[Finding], dict[str, dict]]:
     """One finding per component of sources.lock (the logic of ``setup_sources.sh --verify``)."""
-    from verl_patches.sources.lock import LockError, load_lock
-    from verl_patches.sources.report import sources_report
 
     try:
         lock = load_lock(root / "sources.lock")
@@ -99,10 +118,8 @@ def sources_findings(root: Path, host: HostFacts) -> tuple[list[Finding], dict[s
 
 def patch_findings(root: Path, components: dict[str, dict]) -> list[Finding]:
     """Every declared patch against the pinned source (verl_patches.patching.static_report)."""
-    from verl_patches.patching.static_report import static_patch_report
-
     out, fine, unpinned = [], 0, 0
-    for p in static_patch_report(root):
+    for p in static_report.static_patch_report(root, catalog.all_patches()):
         key = f"verl_patches/patches (patch {p['name']})"
         pkg = p["target"].partition(":")[0].partition(".")[0]
         comp = components.get(pkg)
@@ -152,7 +169,6 @@ def settings_findings(ctx: Context, allow_remote_dashboard: bool = False) -> lis
 
 def log_dir_findings(settings: ClusterSettings, root: Path) -> list[Finding]:
     """The launch refuses a LOG_DIR others can replace things in (`run_dir.check_log_root`); so does the dry run."""
-    from verl_patches.launch.run_dir import LogDirError, check_log_root
 
     log_root = Path(settings.get("LOG_DIR") or "logs")
     log_root = log_root if log_root.is_absolute() else root / log_root
@@ -181,10 +197,6 @@ def run_preflight(
     allow_remote_dashboard: bool = False,
 ) -> list[Finding]:
     """Every check, in report order. ``cfg`` must be resolved (``config_compose.resolved``)."""
-    from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
-    from verl_patches.launch.preflight_host import cluster_findings
-    from verl_patches.launch.preflight_layout import layout_findings
-    from verl_patches.launch.preflight_memory import memory_findings
 
     ctx = Context(cfg=cfg, settings=settings, root=Path(root), host=host)
     found, components = sources_findings(ctx.root, host)
@@ -196,6 +208,7 @@ def run_preflight(
         layout_found = [Finding("layout", FAIL, f"could not evaluate the layout: {type(e).__name__}: {e}", "")]
     found += layout_found
     found += data_findings(ctx) + model_found + checkpoint_findings(ctx, model)
+    found += checkpoint_folder_findings(ctx, model) + validation_findings(ctx)
     found += settings_findings(ctx, allow_remote_dashboard) + cluster_findings(ctx)
     blocking = {"layout", "layout.megatron_parallel", "layout.layer_list", "layout.vllm_dp_size", "layout.rollout_tp"}
     if any(f.status == FAIL and f.check in blocking for f in layout_found):
@@ -263,7 +276,8 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def path_environment(settings: ClusterSettings, root: Path) -> dict[str, str]:
-    """MODEL_PATH, DATA_DIR, DIST_CKPT_PATH as the profiles read them (absolute; only when given).
+    """MODEL_PATH, DATA_DIR, DIST_CKPT_PATH, CKPT_DIR as the profiles read them (only when given; absolute,
+    except CKPT_DIR, which is passed as written so that a relative checkpoint folder is refused by name).
 
     SettingsError for a value the config would read as an interpolation (`settings.config_path_value`)."""
     out = {}
@@ -271,14 +285,13 @@ def path_environment(settings: ClusterSettings, root: Path) -> dict[str, str]:
         value = config_path_value(settings, name)
         if value and settings.where(name) != "default":
             p = Path(value).expanduser()
-            out[name] = str(p if p.is_absolute() else (root / p))
+            out[name] = value if name in AS_WRITTEN_PATH_SETTINGS else str(p if p.is_absolute() else (root / p))
     return out
 
 
 def compose(config_name: str, overrides: list[str], settings: ClusterSettings, root: Path) -> DictConfig:
     """The resolved config the job runs; ConfigCompositionError (one line) for an override that does not
     compose or gives a non-integer where the config has an integer, SettingsError for a path setting."""
-    from verl_patches.trainer.config_compose import check_integer_overrides, compose_config, resolved
 
     with _environment(path_environment(settings, root)):
         composed = compose_config(config_name, overrides)
@@ -326,6 +339,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         ("--dist-ckpt-path", "DIST_CKPT_PATH"),
         ("--model-path", "MODEL_PATH"),
         ("--data-dir", "DATA_DIR"),
+        ("--ckpt-dir", "CKPT_DIR"),
     ):
         p.add_argument(flag, dest=name, metavar=name, help=next(x.help for x in SETTINGS if x.name == name))
     p.add_argument(
@@ -372,6 +386,7 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
             "DIST_CKPT_PATH",
             "MODEL_PATH",
             "DATA_DIR",
+            "CKPT_DIR",
         )
     }
     for item in args.setting:
@@ -383,7 +398,6 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
             )
             return EXIT_USAGE
         flags[name] = value if flags.get(name) is None else flags[name]
-    from verl_patches.trainer.config_compose import ConfigCompositionError
 
     try:
         settings = load_settings(flags, args.env_file)
@@ -423,13 +437,10 @@ def report(
     """Run every check on a composed, resolved config, print the report, return the exit status."""
     die = die or ATLAS_A3_DIE
     if host is None:
-        from verl_patches.launch.preflight_host import probe_host
-
         host = probe_host()
     findings = run_preflight(cfg, settings, root, host, die, allow_remote_dashboard)
     status = exit_status(findings)
     tables = rank_tables(cfg, settings, root, host)
-    from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text
 
     if as_json:
         print(
@@ -456,8 +467,6 @@ def report(
 
 def rank_tables(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts) -> dict[str, Any]:
     """The per-rank training and rollout layout of the checked config (verl_patches.launch.preflight_rank_table)."""
-    from verl_patches.launch.preflight_files import model_findings
-    from verl_patches.launch.preflight_rank_table import rank_tables_for_config
 
     _, model = model_findings(Context(cfg=cfg, settings=settings, root=Path(root), host=host))
     return rank_tables_for_config(cfg, model)

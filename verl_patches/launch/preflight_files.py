@@ -11,7 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, Context, Finding, get
+from verl_patches.weights.config import make_tiny_config, official_config, read_config_json, validate_config
+from verl_patches.weights.errors import ConfigError, ManifestError
+from verl_patches.weights.layout import ParallelLayout, all_ranks, rank_dir_name
+from verl_patches.weights.manifest_file import read_conversion_manifest
 
 # Names MindSpeed-LLM's loader reads; the same constants as verl_patches.weights.hf_to_mcore (which
 # imports torch, too heavy for a preflight), kept equal by a test.
@@ -55,6 +60,7 @@ def missing_path(ctx: Context, check: str, path: Path, what: str, key: str) -> F
 
 def schema_problems(schema: Any, prompt_key: str = "prompt") -> list[str]:
     """What a verl v0.4.0 RL parquet lacks (the columns RLHFDataset and the reward managers read)."""
+    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
     import pyarrow as pa
 
     def is_str(t: Any) -> bool:
@@ -98,6 +104,7 @@ def _files(value: Any) -> list[str]:
 
 
 def data_findings(ctx: Context) -> list[Finding]:
+    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
     import pyarrow.parquet as pq
 
     out = []
@@ -155,8 +162,6 @@ def data_findings(ctx: Context) -> list[Finding]:
 
 def model_findings(ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
     """(findings, the HF config dict the arithmetic uses)."""
-    from verl_patches.weights.config import make_tiny_config, official_config, read_config_json, validate_config
-    from verl_patches.weights.errors import ConfigError
 
     key = "actor_rollout_ref.model.path" + (" (MODEL_PATH)" if ctx.cluster_profile else "")
     fallback = official_config() if ctx.cluster_profile else make_tiny_config()
@@ -194,8 +199,6 @@ def model_findings(ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
 
 
 def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
-    from verl_patches.weights.layout import ParallelLayout, all_ranks, rank_dir_name
-
     m = "actor_rollout_ref.actor.megatron"
     if not ctx.megatron:
         return []
@@ -232,9 +235,6 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
     root = _abs(ctx, str(raw))
     if not root.is_dir():
         return [missing_path(ctx, "checkpoint.dist", root, "Megatron checkpoint", key)]
-    from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
-    from verl_patches.weights.errors import ManifestError
-    from verl_patches.weights.manifest_file import read_conversion_manifest
 
     tracker = root / TRACKER_FILE
     if not tracker.exists() and not tracker.is_symlink():

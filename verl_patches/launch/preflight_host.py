@@ -12,6 +12,7 @@ import re
 import socket
 from pathlib import Path
 
+from verl_patches.base.host_device import detect_host_device
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
 
@@ -22,10 +23,6 @@ HCCL_BASE_PORT_MAX = 65520
 def probe_host() -> HostFacts:
     """This machine, without importing torch or torch_npu (VERL_PATCHES_DEVICE overrides the device,
     as it does for the device layer)."""
-    import os
-
-    from verl_patches.device import DEVICE_ENV
-    from verl_patches.sources.paths import detect_device
 
     try:
         interfaces = tuple(name for _, name in socket.if_nameindex())
@@ -39,7 +36,7 @@ def probe_host() -> HostFacts:
     except OSError:
         pass
     return HostFacts(
-        device=os.environ.get(DEVICE_ENV) or detect_device(),
+        device=detect_host_device(),
         interfaces=interfaces,
         npu_count=npus,
         torch_npu_importable=importlib.util.find_spec("torch_npu") is not None,

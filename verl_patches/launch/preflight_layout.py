@@ -11,13 +11,17 @@ vLLM's rollout instances (TP x VLLM_DP_SIZE ranks each, EP over the instance).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import SettingsError
+from verl_patches.patches.catalog import all_patches
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.train_engine.stages import dense_only_message, dense_only_stages
+from verl_patches.trainer.config_checks import check_config
+from verl_patches.trainer.rollout_settings import describe, rollout_problems
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
@@ -328,8 +332,6 @@ def engine_findings(cfg: Any) -> list[Finding]:
     """The vLLM engine's settings (verl_patches.trainer.rollout_settings): one FAIL per contradiction, else
     what the engine gets (graph mode and graph batch size, max_num_seqs, chunked prefill), and whether the
     patches that free and rebuild the KV cache every step are declared for the NPU."""
-    from verl_patches.patches.catalog import all_patches
-    from verl_patches.trainer.rollout_settings import describe, rollout_problems
 
     problems = rollout_problems(cfg)
     out = [Finding("rollout.engine", FAIL, p, _keys_in(cfg, p)) for p in problems]
@@ -360,8 +362,6 @@ def engine_findings(cfg: Any) -> list[Finding]:
 
 
 def _keys_in(cfg: Any, text: str) -> str:
-    import re
-
     keys: list[str] = []
     for k in re.findall(r"[a-z_]+(?:\.[a-z_0-9]+)+", text):
         if k not in keys and get(cfg, k, _MISSING) is not _MISSING:
@@ -440,8 +440,6 @@ def fsdp_findings(ctx: Context) -> list[Finding]:
 
 def semantic_findings(cfg: Any) -> list[Finding]:
     """Our trainer's own config rules (verl_patches.trainer.config_checks), one finding each."""
-    from verl_patches.trainer.config_checks import check_config
-    from verl_patches.trainer.rollout_settings import rollout_problems
 
     out = []
     engine = set(rollout_problems(cfg))  # reported by engine_findings as rollout.engine

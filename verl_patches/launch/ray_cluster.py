@@ -94,6 +94,7 @@ def _as_recorded(address: str) -> str:
     """The address as `ray start` records it: a loopback --node-ip-address becomes the node's routable IP."""
     host, _, port = address.rpartition(":")
     try:
+        # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
         from ray._private.services import resolve_ip_for_localhost
 
         return f"{resolve_ip_for_localhost(host)}:{port}"
@@ -208,6 +209,7 @@ def start_node(
 
 def cluster_resource(address: str, resource: str) -> tuple[float, int]:
     """(total of `resource`, number of alive nodes) as the head's GCS reports them."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     if not ray.is_initialized():
@@ -236,6 +238,7 @@ def wait_for_resource(
     poll_s: float = 5.0,
 ) -> None:
     """Block until the cluster offers `expected` of `resource`, printing a progress line; else raise."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     start = time.time()

@@ -13,12 +13,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_patches.regular_file import FileRefused, read_regular_file
-from verl_patches.strict_int import IntError, parse_int
+from verl_patches.base.regular_file import FileRefused, read_regular_file
+from verl_patches.base.strict_int import IntError, parse_int
 
 MAX_ENV_FILE_BYTES = 1 << 20  # a settings file is a few hundred bytes; a bigger one is not one
 # Settings the trainer config reads through ${oc.env:...}: OmegaConf would read a '${' in them as an interpolation
-CONFIG_PATH_SETTINGS = ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH")
+CONFIG_PATH_SETTINGS = ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR")
+# ... of which these are given to the trainer as written: a relative checkpoint folder is refused, not completed
+AS_WRITTEN_PATH_SETTINGS = ("CKPT_DIR",)
 PASS_THROUGH_PREFIXES = ("HCCL_", "ASCEND_", "VLLM_", "RAY_", "PYTORCH_")
 # A Linux interface name (IFNAMSIZ 16 with the NUL): what `ip link` lists, never a list or a pattern
 _IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
@@ -48,12 +50,24 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("NODE_ROLE", "auto", "head | worker | auto (head when this node owns MASTER_ADDR)"),
     Setting(
+        "NODES",
+        None,
+        "every node's address or host name, comma-separated (NNODES of them); read by gather_logs, which "
+        "collects each node's logs after a failure (the launch itself finds its nodes through Ray)",
+    ),
+    Setting(
         "DIST_CKPT_PATH",
         None,
         "Megatron checkpoint directory made by convert_ckpt_deepseek3.py (true-weight runs only)",
     ),
     Setting("MODEL_PATH", "DeepSeek-V3", "directory with config.json and the tokenizer (make_config.py output)"),
     Setting("DATA_DIR", "data/deepscaler", "directory with train.parquet and test.parquet (json_to_parquet.py output)"),
+    Setting(
+        "CKPT_DIR",
+        None,
+        "checkpoint folder of the A3 profiles (trainer.default_local_dir): absolute, existing, on storage every "
+        "node mounts",
+    ),
     Setting("CANN_TOOLKIT_ENV", "/usr/local/Ascend/ascend-toolkit/set_env.sh", "CANN toolkit environment script"),
     Setting("CANN_NNAL_ENV", "/usr/local/Ascend/nnal/atb/set_env.sh", "CANN NNAL/ATB environment script"),
     Setting("JEMALLOC_LIB", "auto", "libjemalloc.so.2 to preload; auto searches the usual places, none disables"),
@@ -299,6 +313,8 @@ def cluster_setting_problems(
         )
     for name in CONFIG_PATH_SETTINGS:
         check(name, lambda name=name: config_path_value(settings, name))
+    if settings.get("NODES"):
+        check("NODES", lambda: node_list(settings))
     if needs_checkpoint and not settings.get("DIST_CKPT_PATH"):
         problems.append(
             SettingProblem(
@@ -315,6 +331,25 @@ def validate_for_cluster(
 ) -> list[str]:
     """Errors that make a cluster launch impossible, each naming the variable (`cluster_setting_problems`)."""
     return [p.message for p in cluster_setting_problems(settings, needs_checkpoint, allow_remote_dashboard)]
+
+
+def node_list(settings: ClusterSettings) -> list[str]:
+    """NODES as a list: NNODES distinct addresses or host names (SettingsError naming the entry at fault)."""
+    raw, where = settings.get("NODES") or "", settings.where("NODES")
+    if not raw:
+        raise SettingsError(f"NODES is not set: pass --nodes or put NODES=... in the --env-file ({_help('NODES')})")
+    nodes = [n.strip() for n in raw.split(",")]
+    for n in nodes:
+        if not n:
+            raise SettingsError(f"NODES={_shown(raw)} ({where}): an empty entry")
+        validate_address("NODES", n, where)
+    repeated = sorted({n for n in nodes if nodes.count(n) > 1})
+    if repeated:
+        raise SettingsError(f"NODES ({where}): {', '.join(repeated)} listed more than once")
+    expected = settings.int("NNODES")
+    if len(nodes) != expected:
+        raise SettingsError(f"NODES ({where}) lists {len(nodes)} node(s), NNODES is {expected}")
+    return nodes
 
 
 def config_path_value(settings: ClusterSettings, name: str) -> str | None:
@@ -347,7 +382,7 @@ def describe_settings() -> str:
             f" [default: {s.default}]"
             if s.default
             else " [required]"
-            if s.name in ("MASTER_ADDR", "SOCKET_IFNAME")
+            if s.name in ("MASTER_ADDR", "SOCKET_IFNAME", "CKPT_DIR")
             else ""
         )
         for s in SETTINGS
@@ -364,6 +399,7 @@ __all__ = [
     "validate_for_cluster",
     "cluster_setting_problems",
     "config_path_value",
+    "node_list",
     "describe_settings",
     "dashboard_exposure",
     "ALLOW_REMOTE_DASHBOARD_FLAG",

@@ -15,9 +15,11 @@ import os
 import sys
 from pathlib import Path
 
+from verl_patches.base.host_device import forced_device
+from verl_patches.npu_emulation.catalog import limits_table, ops_table
+
 SITE_DIR = Path(__file__).resolve().parent / "site"
 EMULATED_PACKAGES = ("torch_npu", "torchair", "acl")
-DEVICE_ENV = "VERL_PATCHES_DEVICE"
 
 
 def is_emulation_path(path: str | os.PathLike | None) -> bool:
@@ -40,11 +42,12 @@ def real_torch_npu_installed() -> bool:
 
 
 def _host_is_cpu() -> bool:
-    forced = os.environ.get(DEVICE_ENV)
+    forced = forced_device()
     if forced:
         return forced == "cpu"
     if real_torch_npu_installed():
         return False
+    # lazy: asked only when neither the override nor a real torch_npu decides
     import torch
 
     return not torch.cuda.is_available()
@@ -79,7 +82,6 @@ def is_active() -> bool:
 def emulation_report() -> dict:
     """For the audit: where the stand-ins live, whether they are active here, every emulated op and
     every MindSpeed feature that cannot run on a CPU host (with the reason)."""
-    from verl_patches.npu_emulation.catalog import limits_table, ops_table
 
     return {
         "site": str(SITE_DIR),

@@ -12,15 +12,17 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from pathlib import Path
+
+from verl_patches.base.atomic_write import is_temp_name, write_json_atomically
+from verl_patches.base.env_flags import env_str
 
 ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
 
 
 def write_record(summary: str, patches: dict[str, str]) -> Path | None:
     """Write <dir>/<host>-<pid>.json (atomically); None when no folder is asked for or it cannot be written."""
-    folder = os.environ.get(ACTIVATION_DIR_ENV, "")
+    folder = env_str(ACTIVATION_DIR_ENV)
     if not folder:
         return None
     host, pid = socket.gethostname(), os.getpid()
@@ -32,15 +34,10 @@ def write_record(summary: str, patches: dict[str, str]) -> Path | None:
         "patches": patches,
     }
     try:
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
         # the host name is data: keep only characters that cannot leave the folder
         safe_host = "".join(c if c.isalnum() or c in "-_." else "_" for c in host).lstrip(".") or "host"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".activation.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        target = out / f"{safe_host}-{pid}.json"
-        os.replace(tmp, target)
+        target = Path(folder) / f"{safe_host}-{pid}.json"
+        write_json_atomically(target, record, indent=None)
         return target
     except OSError as e:  # evidence only: never stop a process for it, but say so
         print(f"verl_patches: could not write the activation record in {folder}: {e}", file=sys.stderr)
@@ -48,5 +45,7 @@ def write_record(summary: str, patches: dict[str, str]) -> Path | None:
 
 
 def read_records(folder: Path) -> list[dict]:
-    """Every record in the folder (for the tests and whoever checks a run)."""
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(Path(folder).glob("*.json"))]
+    """Every record in the folder (for the tests and whoever checks a run); a record still being written
+    (its temp file) is not one yet."""
+    paths = sorted(p for p in Path(folder).glob("*.json") if not is_temp_name(p.name))
+    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]

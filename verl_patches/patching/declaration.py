@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
-import os
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from verl_patches.base.env_flags import env_flag
 
 DEVICES = ("npu", "cuda", "cpu")
 ALL_DEVICES = DEVICES
@@ -27,12 +29,16 @@ class PatchError(RuntimeError):
 class PatchDriftError(PatchError):
     """The upstream object a patch replaces is not the one it was written against."""
 
-    def __init__(self, patch: "Patch", found: str, pin: str) -> None:
-        self.patch, self.found, self.pin = patch, found, pin
+    def __init__(self, patch: "Patch", found: str, pin: str, relied_on: str = "", declared: str = "") -> None:
+        """`relied_on`: the upstream object (one of `patch.relies_on`) that drifted, with its `declared`
+        fingerprint; empty when the patch's own target drifted."""
+        self.patch, self.found, self.pin, self.relied_on = patch, found, pin, relied_on
+        what = f"relies on {relied_on}" if relied_on else f"targets {patch.target}"
+        pinned = f"the fingerprint of {relied_on}" if relied_on else "its fingerprint"
         super().__init__(
-            f"patch {patch.name!r} ({patch.vendor_item}) targets {patch.target}, whose upstream source "
-            f"fingerprint is {found} but the patch was written against {patch.fingerprint} at {pin}. "
-            f"Review the patch against the new upstream code and update its fingerprint; to run anyway "
+            f"patch {patch.name!r} ({patch.vendor_item}) {what}, whose upstream source "
+            f"fingerprint is {found} but the patch was written against {declared or patch.fingerprint} at {pin}. "
+            f"Review the patch against the new upstream code and update {pinned}; to run anyway "
             f"(at your own risk) set VERL_PATCHES_ALLOW_DRIFT={patch.name} (or =all)."
         )
 
@@ -53,7 +59,7 @@ class Patch:
     target: str
     kind: Kind
     fingerprint: str
-    vendor_item: str  # item id in shared/reference/vendor_recipe.md (e.g. "G1"), or "local"
+    vendor_item: str  # vendor item id(s) glossed in verl_patches/patches/VENDOR_ITEMS.md (e.g. "G1"), or "local"
     reason: str
     devices: tuple[str, ...] = ALL_DEVICES
     replacement: Callable[..., Any] | None = None
@@ -64,6 +70,11 @@ class Patch:
     env_flag: str = ""  # apply only when this environment variable is set to a true value
     env_default: bool = False  # the flag's value when it is unset
     rebind: bool = True  # also rebind other modules' references to the replaced object
+    relies_on: tuple[tuple[str, str], ...] = ()  # ("module:qualname", fingerprint) of each upstream object the
+    #   replacement calls by name besides its target: each is checked on its own, so drift names the one that changed
+    calls_original: bool = True  # WRAP: False when the factory gives the target a new body instead of calling
+    #   the original (keeps only its attributes, or recompiles its source): nothing beneath it runs, so it must
+    #   be the innermost layer of its target's stack (the registry refuses it over another patch)
 
     def __post_init__(self) -> None:
         for d in self.devices:
@@ -79,6 +90,13 @@ class Patch:
                 raise ValueError(f"patch {self.name}: needs a replacement")
         if self.kind is Kind.REGISTRY and not self.registry_key:
             raise ValueError(f"patch {self.name}: a registry patch needs registry_key")
+        if not self.calls_original and self.kind is not Kind.WRAP:
+            raise ValueError(f"patch {self.name}: calls_original=False is for a WRAP patch")
+        for relied, pin in self.relies_on:
+            if ":" not in relied or not pin.startswith("sha256:"):
+                raise ValueError(
+                    f"patch {self.name}: relies_on entries are ('module:qualname', 'sha256:...'), got {(relied, pin)!r}"
+                )
 
     @property
     def module(self) -> str:
@@ -100,24 +118,17 @@ class Patch:
     def condition_holds(self, device: str) -> tuple[bool, str]:
         if device not in self.devices:
             return False, f"device is {device}; applies on {','.join(self.devices)}"
-        if self.env_flag and not self.env_flag_on(os.environ):
+        if self.env_flag and not self.env_flag_on():
             return False, f"{self.env_flag} is off"
         return True, ""
 
-    def env_flag_on(self, environ: Mapping[str, str]) -> bool:
-        """The value of this patch's environment flag in `environ` (True when it has none)."""
-        return True if not self.env_flag else flag_on(environ, self.env_flag, self.env_default)
-
-
-def flag_on(environ: Mapping[str, str], name: str, default: bool = False) -> bool:
-    """A patch switch in the environment: unset -> `default`; "", 0, false, no, off -> off; else on."""
-    raw = environ.get(name)
-    return default if raw is None else raw.strip().lower() not in ("", "0", "false", "no", "off")
+    def env_flag_on(self, environ: Mapping[str, str] | None = None) -> bool:
+        """The value of this patch's switch in `environ` (default: this process's environment; True when the
+        patch has none), in the one grammar of `verl_patches.base.env_flags` (an unknown value is an error)."""
+        return True if not self.env_flag else env_flag(self.env_flag, default=self.env_default, environ=environ)
 
 
 def _resolve(path: str) -> Any:
-    import importlib
-
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 

@@ -8,14 +8,16 @@ audit (from the vendored tree, nothing imported), and on hosts where the module 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import importlib.util
-import os
 import sys
-import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.base.env_flags import env_str
 
 PREFIX = "sha256:"
 # Parsing a large upstream file (transformers' modeling_utils is 300 kB) costs tens of ms, and far more
@@ -211,12 +213,12 @@ def target_nodes(target: str, root: Path | None = None) -> list[ast.AST]:
 
 
 def _cache_dir() -> Path | None:
-    raw = os.environ.get(CACHE_ENV, "")
+    raw = env_str(CACHE_ENV)  # a folder, or "off"
     if raw.lower() == "off":
         return None
     if raw:
         return Path(raw)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_patches" / "fingerprints"
+    return Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_patches" / "fingerprints"
 
 
 def _cache_key(targets: tuple[str, ...], root: Path | None) -> str | None:
@@ -233,10 +235,7 @@ def _cache_key(targets: tuple[str, ...], root: Path | None) -> str | None:
 
 def _store(path: Path, value: str) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            f.write(value)
-        os.replace(f.name, path)
+        write_text_atomically(path, value)
     except OSError:
         pass  # a read-only home only costs the parse next time
 
@@ -264,7 +263,6 @@ def fingerprint_target(*targets: str, root: Path | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m verl_patches.patching.fingerprint module:qualname ...`: print pinned fingerprints."""
-    import argparse
 
     p = argparse.ArgumentParser(
         description="Fingerprint upstream definitions in the vendored trees "

@@ -17,12 +17,18 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from verl_patches.base.env_flags import env_flag, env_list
+from verl_patches.device import device_kind
 from verl_patches.patching import import_hook
+from verl_patches.patching.activation_record import write_record
 from verl_patches.patching.declaration import ABSENT, Kind, Patch, PatchDriftError, PatchError
 from verl_patches.patching.fingerprint import FingerprintError, fingerprint_target
+from verl_patches.sources.lock import load_lock
 
 logger = logging.getLogger("verl_patches")
 
@@ -67,7 +73,7 @@ class Record:
 
 
 def _drift_allowed(name: str) -> bool:
-    allowed = {s.strip() for s in os.environ.get("VERL_PATCHES_ALLOW_DRIFT", "").split(",") if s.strip()}
+    allowed = set(env_list("VERL_PATCHES_ALLOW_DRIFT"))
     return "all" in allowed or name in allowed
 
 
@@ -75,10 +81,6 @@ def lock_pin(module: str) -> str:
     """ "verl refs/tags/v0.4.0 @ 0758489422e8" for the component that owns a module, for messages."""
     top = module.partition(".")[0]
     try:
-        from pathlib import Path
-
-        from verl_patches.sources.lock import load_lock
-
         lock = load_lock(Path(__file__).resolve().parents[2] / "sources.lock")
         for c in lock.components.values():
             if c.package == top:
@@ -194,24 +196,29 @@ class Registry:
 
     # ---- applying ---------------------------------------------------------------------------
     def _check_fingerprint(self, rec: Record) -> None:
+        """The target's pin, then each upstream object the replacement relies on, each on its own."""
         p = rec.patch
-        if p.fingerprint in ("", ABSENT) and not p.fingerprint_of:
-            return
-        try:
-            rec.found_fingerprint = fingerprint_target(*p.fingerprint_targets)
-        except FingerprintError as e:
-            rec.found_fingerprint = "missing"
-            detail = str(e)
-        else:
-            if rec.found_fingerprint == p.fingerprint:
-                return
-            detail = ""
-        err = PatchDriftError(p, rec.found_fingerprint, lock_pin(p.fingerprint_targets[0].split(":")[0]))
+        if p.fingerprint not in ("", ABSENT) or p.fingerprint_of:
+            rec.found_fingerprint, detail = _found_fingerprint(p.fingerprint_targets)
+            if rec.found_fingerprint != p.fingerprint:
+                pin = lock_pin(p.fingerprint_targets[0].split(":")[0])
+                self._drifted(rec, PatchDriftError(p, rec.found_fingerprint, pin), detail)
+        for relied, declared in p.relies_on:
+            found, detail = _found_fingerprint((relied,))
+            if found != declared:
+                pin = lock_pin(relied.split(":")[0])
+                self._drifted(rec, PatchDriftError(p, found, pin, relied_on=relied, declared=declared), detail)
+
+    @staticmethod
+    def _drifted(rec: Record, err: PatchDriftError, detail: str) -> None:
+        """Raise `err` (the record says drift), or, where VERL_PATCHES_ALLOW_DRIFT names the patch, warn."""
         if detail:
             err.args = (f"{err.args[0]} ({detail})",)
-        if _drift_allowed(p.name):
+        if _drift_allowed(rec.patch.name):
             logger.warning("DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT: %s", err)
-            rec.detail = f"applied despite drift: found {rec.found_fingerprint}"
+            what = f"found {err.found}" + (f" for {err.relied_on}" if err.relied_on else "")
+            prior = rec.detail if rec.detail.startswith("applied despite drift") else ""
+            rec.detail = f"{prior}; {what}" if prior else f"applied despite drift: {what}"
             return
         rec.status, rec.detail = "drift", str(err)
         raise err
@@ -264,6 +271,14 @@ class Registry:
             logger.warning("DRIFT ALLOWED BY VERL_PATCHES_ALLOW_DRIFT: %s", err)
             rec.detail = f"applied despite drift: found {found}"
         self._check_fingerprint(rec)
+        beneath = getattr(_unwrap(current), MARKER, None) if current is not _MISSING else None
+        if p.kind is Kind.WRAP and not p.calls_original and beneath is not None:
+            # it would silently discard the patch beneath it: the catalog order is wrong
+            raise PatchError(
+                f"patch {p.name!r} gives {p.target} a new body without calling what it wraps, so patch "
+                f"{beneath!r}, applied before it, would never run; declare {p.name!r} before {beneath!r} "
+                f"(verl_patches.patches.catalog order)"
+            )
         try:
             if p.kind is Kind.WRAP:
                 if current is _MISSING:
@@ -427,6 +442,14 @@ class Registry:
         return f"verl_patches active in pid {os.getpid()} (device={self.device}): {len(self.records)} declared: {parts}"
 
 
+def _found_fingerprint(targets: tuple[str, ...]) -> tuple[str, str]:
+    """(fingerprint, "") or ("missing", why) for sources read from where Python finds them."""
+    try:
+        return fingerprint_target(*targets), ""
+    except FingerprintError as e:
+        return "missing", str(e)
+
+
 def _initializing(module: types.ModuleType) -> bool:
     """True while the module's own code is still executing (the import system marks its spec)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
@@ -457,20 +480,20 @@ def get_registry() -> Registry | None:
     return _REGISTRY
 
 
-def activate(device: str | None = None) -> Registry:
-    """Create (once per process) and activate the registry with every patch in the catalog."""
+def activate(catalog: Callable[[], Sequence[Patch]], device: str | None = None) -> Registry:
+    """Create (once per process) and activate the registry with every patch of ``catalog()``.
+
+    The catalog is handed in by the activation point (`verl_patches.prelude_patch`), so this machinery never
+    imports the patches it applies; it is called only the first time, as the registry is made once.
+    """
     global _REGISTRY
     with _REGISTRY_LOCK:
         if _REGISTRY is None:
-            from verl_patches.device import device_kind
-            from verl_patches.patches.catalog import all_patches
-
-            _REGISTRY = Registry(all_patches(), device or device_kind())
+            _REGISTRY = Registry(list(catalog()), device or device_kind())
         if not _REGISTRY.active:
             _REGISTRY.activate()
-            if os.environ.get("VERL_PATCHES_QUIET", "0") in ("", "0"):
+            if not env_flag("VERL_PATCHES_QUIET"):
                 print(_REGISTRY.summary_line(), file=sys.stderr, flush=True)
-            from verl_patches.patching.activation_record import write_record
 
             write_record(_REGISTRY.summary_line(), {r.patch.name: r.status for r in _REGISTRY.records})
     return _REGISTRY

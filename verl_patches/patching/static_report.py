@@ -6,16 +6,17 @@ root, so the answer is available on any host, NPU-only targets included, before 
 
 from __future__ import annotations
 
+import importlib.metadata
+from collections.abc import Sequence
 from pathlib import Path
 
+from verl_patches.device import device_kind
 from verl_patches.patching.declaration import ABSENT, Kind, Patch
 from verl_patches.patching.fingerprint import FingerprintError, fingerprint_target, module_file, source_nodes
 from verl_patches.patching.registry import UPSTREAM_ROOTS, lock_pin
 
 
 def _installed_version(top: str) -> str:
-    import importlib.metadata
-
     for dist in (top, top.replace("_", "-")):
         try:
             return importlib.metadata.version(dist)
@@ -67,16 +68,42 @@ def _status(patch: Patch, root: Path, device: str) -> tuple[str, str, str]:
     return "ok", found, f"matches {pin}"
 
 
-def static_patch_report(root: Path, device: str | None = None) -> list[dict]:
-    from verl_patches.patches.catalog import all_patches
+def _relied_on_status(target: str, declared: str, root: Path) -> dict:
+    """One upstream object a replacement calls by name, checked like a target (vendored tree, else installed)."""
+    module = target.partition(":")[0]
+    in_lock = module.partition(".")[0] in UPSTREAM_ROOTS
+    where = lock_pin(module) if in_lock else f"the installed {module.partition('.')[0]}"
+    entry = {"target": target, "declared_fingerprint": declared, "pin_fingerprint": ""}
+    try:
+        found = fingerprint_target(target, root=root) if in_lock else fingerprint_target(target)
+    except FingerprintError as e:
+        return {**entry, "status": "target-missing", "detail": f"relies on {target}: {e} — {where}"}
+    if found != declared:
+        detail = f"relies on {target}: declared {declared}, {where} has {found}"
+        return {**entry, "pin_fingerprint": found, "status": "drift", "detail": detail}
+    return {**entry, "pin_fingerprint": found, "status": "ok", "detail": f"matches {where}"}
 
+
+def _with_relied_on(status: tuple[str, str, str], relied: list[dict]) -> tuple[str, str, str]:
+    """The patch's status, made worse by any object it relies on that drifted or is missing (named in the detail)."""
+    bad = [r for r in relied if r["status"] != "ok"]
+    if not bad:
+        return status
+    state, found, detail = status
+    if state == "ok":
+        state = "drift" if any(r["status"] == "drift" for r in bad) else "target-missing"
+    return state, found, "; ".join([detail, *(r["detail"] for r in bad)])
+
+
+def static_patch_report(root: Path, patches: Sequence[Patch], device: str | None = None) -> list[dict]:
+    """Each of ``patches`` (the catalog, handed in by the audit or the preflight) against the pinned sources
+    under ``root``, without importing them."""
     if device is None:
-        from verl_patches.device import device_kind
-
         device = device_kind()
     out = []
-    for p in all_patches():
-        status, found, detail = _status(p, Path(root), device)
+    for p in patches:
+        relied = [_relied_on_status(t, fp, Path(root)) for t, fp in p.relies_on]
+        status, found, detail = _with_relied_on(_status(p, Path(root), device), relied)
         out.append(
             {
                 "name": p.name,
@@ -90,6 +117,7 @@ def static_patch_report(root: Path, device: str | None = None) -> list[dict]:
                 "pin_fingerprint": found,
                 "status": status,
                 "detail": detail,
+                "relies_on": relied,
             }
         )
     return out

@@ -235,6 +235,7 @@ class TensorCache:
 
         Every rank must call this with the same keys in the same order (each reshard is a collective).
         """
+        # deferred: importing this module must not load verl; it loads once the prelude patched it
         from verl.protocol import DataProto
 
         if dp_ranks is not None:

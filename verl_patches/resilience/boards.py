@@ -21,11 +21,13 @@ class RayKVBoard:
         self.namespace = namespace
 
     def publish(self, key: str, value: str) -> None:
+        # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
         from ray.experimental.internal_kv import _internal_kv_put
 
         _internal_kv_put(key, value, overwrite=True, namespace=self.namespace)
 
     def read(self, keys: list[str]) -> dict[str, str | None]:
+        # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
         from ray.experimental import internal_kv
 
         client = internal_kv.internal_kv_get_gcs_client()

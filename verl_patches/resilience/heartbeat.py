@@ -22,8 +22,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.env_flags import env_flag, env_int
 from verl_patches.resilience import fault_injection, progress
 from verl_patches.resilience.boards import Board, RayKVBoard, StoreBoard
+from verl_patches.resilience.reap import start_ticks
 from verl_patches.resilience.timeout import configured_timeout, publish_interval
 
 STACK_DEPTH = 12  # frames of the main thread compared for activity
@@ -114,7 +116,6 @@ def process_identity(rank: int, environ: dict[str, str] | None = None) -> dict[s
     """Who publishes: rank, node address, host name and Ray node id, pid and start time (for `reap`), its log
     file, where torch_npu's flight recorder would dump, and the job's rendezvous store (torch_npu's dump
     signal lives there)."""
-    from verl_patches.resilience.reap import start_ticks
 
     env = os.environ if environ is None else environ
     ident: dict[str, Any] = {
@@ -128,19 +129,16 @@ def process_identity(rank: int, environ: dict[str, str] | None = None) -> dict[s
     node_id = _node_id()
     if node_id:
         ident["node_id"] = node_id
-    if _truthy(env.get("TORCH_HCCL_DUMP_ON_TIMEOUT")) and _truthy(env.get("TORCH_HCCL_ENABLE_MONITORING")):
+    if env_flag("TORCH_HCCL_DUMP_ON_TIMEOUT", environ=env) and env_flag("TORCH_HCCL_ENABLE_MONITORING", environ=env):
         ident["flight_recorder"] = (env.get("TORCH_HCCL_DEBUG_INFO_TEMP_FILE") or FLIGHT_RECORDER_DEFAULT) + str(rank)
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         ident["store"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return ident
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _node_ip() -> str:
     try:
+        # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
         import ray
 
         if ray.is_initialized():
@@ -152,6 +150,7 @@ def _node_ip() -> str:
 
 def _node_id() -> str | None:
     try:
+        # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
         import ray
 
         if ray.is_initialized():
@@ -185,12 +184,13 @@ def start_in_ray_worker() -> Heartbeat | None:
     timeout = configured_timeout()
     if not timeout or _ACTIVE is not None:
         return _ACTIVE
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
     if actor_id is None:
         return None
-    rank = int(os.environ.get("RANK", "-1"))
+    rank = env_int("RANK", -1)
     with _START_LOCK:
         if _ACTIVE is None:
             _ACTIVE = Heartbeat(RayKVBoard(), actor_id, process_identity(rank), publish_interval(timeout)).start()

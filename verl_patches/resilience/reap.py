@@ -22,6 +22,7 @@ def kill_if_same(pid: int, started: int | None) -> bool:
 def kill_processes(records: list[dict[str, Any]], timeout_s: float = 30.0) -> int:
     """SIGKILL the processes these heartbeats name: directly on this node, by a task pinned to theirs
     elsewhere. Returns how many were signalled (or asked to be)."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

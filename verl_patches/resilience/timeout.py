@@ -8,24 +8,16 @@ check shortens it for a local run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+
+from verl_patches.base.env_flags import env_float
 
 TIMEOUT_ENV = "VERL_PATCHES_COLLECTIVE_TIMEOUT_S"
 
 
 def configured_timeout(environ: Mapping[str, str] | None = None) -> float:
-    """The time-out in seconds (0 = off); a bad value is one line naming the variable."""
-    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    if value < 0 or value != value:
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: must be >= 0")
-    return value
+    """The time-out in seconds (0 = off); a bad value is one line naming the variable (`EnvError`)."""
+    return env_float(TIMEOUT_ENV, 0.0, minimum=0.0, environ=environ)
 
 
 def publish_interval(timeout_s: float) -> float:

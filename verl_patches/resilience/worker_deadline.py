@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from datetime import timedelta
 from typing import Any
 
 from verl_patches.resilience import reap
@@ -29,6 +30,7 @@ from verl_patches.resilience.boards import RayKVBoard
 from verl_patches.resilience.call_watch import CallWatch
 from verl_patches.resilience.hang_diagnosis import Diagnosis, death_message, hang_message
 from verl_patches.resilience.timeout import configured_timeout, publish_interval
+from verl_patches.worker_calls.step_payloads import STEP_META_KEY
 
 logger = logging.getLogger("verl_patches")
 
@@ -53,6 +55,7 @@ def func_generator(
     self: Any, method_name: str, dispatch_fn: Any, collect_fn: Any, execute_fn: Any, blocking: bool
 ) -> Any:
     """verl v0.4.0's ``func_generator`` with a bounded wait for the workers' results."""
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.protocol import DataProto, _padding_size_key
 
     class Functor:
@@ -77,8 +80,6 @@ def func_generator(
 
 
 def _payload_step(args: tuple, kwargs: dict) -> int | None:
-    from verl_patches.trainer.step_payloads import STEP_META_KEY
-
     for value in (*args, *kwargs.values()):
         meta = getattr(value, "meta_info", None)
         if isinstance(meta, dict) and meta.get(STEP_META_KEY) is not None:
@@ -88,6 +89,7 @@ def _payload_step(args: tuple, kwargs: dict) -> int | None:
 
 def wait_for_workers(group: Any, method: str, refs: Any, step: int | None = None) -> Any:
     """``ray.get(refs)`` for a worker group's call, bounded by the time-out (see the module docstring)."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     timeout = configured_timeout()
@@ -140,6 +142,7 @@ def wait_for_workers(group: Any, method: str, refs: Any, step: int | None = None
 
 def ray_actor_states(actor_ids: list[str]) -> dict[str, dict]:
     """Ray's actor table (GCS, no dashboard needed) for workers that have not published a heartbeat yet."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     from ray._private import state
 
     out = {}
@@ -169,6 +172,7 @@ def flight_recorder_note(watch: CallWatch, keys: list[str]) -> str:
 
 def end_job(workers: list[Any], message: str, diagnosis: Diagnosis | None, watch: CallWatch) -> None:
     """Say who, let the flight recorder dump, stop every worker of the group, raise `WorkerHangError`."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     print(message, flush=True)
@@ -209,8 +213,8 @@ def _request_flight_recorder_dump(watch: CallWatch, diagnosis: Diagnosis) -> Non
 def signal_flight_recorder(store_address: str, culprit_rank: int, timeout_s: float = 10.0) -> None:
     """torch_npu 2.5.1's coordinated dump: every rank's monitor thread (TORCH_HCCL_ENABLE_MONITORING=1,
     TORCH_HCCL_DUMP_ON_TIMEOUT=1) checks this key of the default group's store and dumps when it exists."""
-    from datetime import timedelta
 
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch.distributed as dist
 
     host, _, port = store_address.rpartition(":")

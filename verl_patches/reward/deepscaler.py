@@ -32,6 +32,7 @@ DEFAULT_TIMEOUT_S = 1.0
 # A committed answer longer than this is only compared as an exact string: no real answer is that long.
 MAX_ANSWER_CHARS = 2000
 _SYMBOLIC_CACHE_SIZE = 65536
+_DEFAULT_LIMITS = SymbolicLimits()  # frozen, so one shared instance is a safe default argument
 
 
 class GradeReason(str, enum.Enum):
@@ -145,7 +146,7 @@ def _as_text(value: Any) -> str | None:
 def prejudge(
     solution: Any,
     ground_truth: Any,
-    limits: SymbolicLimits = SymbolicLimits(),
+    limits: SymbolicLimits = _DEFAULT_LIMITS,
     format_rule: FormatRule = FormatRule.STRICT,
 ) -> Grade | tuple[str, str]:
     """A final Grade, or the canonical (pred, truth) pair that needs the symbolic check."""

@@ -40,6 +40,7 @@ def _deepscaler():
     # started from another directory); the package lives two levels above this file.
     if importlib.util.find_spec("verl_patches") is None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    # deferred: importable only once the lines above put the repo root on sys.path
     from verl_patches.reward import deepscaler
 
     return deepscaler
@@ -50,6 +51,7 @@ def compute_score(data_source: Any, solution_str: Any, ground_truth: Any, extra_
     ours, theirs = _split_kwargs(kwargs)
     if data_source == DEEPSCALER:
         return _deepscaler().compute_score(data_source, solution_str, ground_truth, extra_info, **ours)
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.utils.reward_score import default_compute_score
 
     return default_compute_score(data_source, solution_str, ground_truth, extra_info, **theirs)
@@ -79,6 +81,7 @@ def compute_score_batch(
             scores[i] = score
     others = [i for i in range(len(solution_strs)) if scores[i] is None]
     if others:
+        # deferred: importing this module must not load verl; it loads once the prelude patched it
         from verl.utils.reward_score import default_compute_score
 
         for i in others:

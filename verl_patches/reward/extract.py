@@ -155,8 +155,8 @@ def _strip_math_delimiters(answer: str) -> str:
 def marked_answer(text: str) -> str | None:
     """The phrase after the last "the answer is" / "final answer:" marker, up to the sentence end."""
     last = None
-    for last in _ANSWER_MARKER.finditer(text):
-        pass
+    for marker in _ANSWER_MARKER.finditer(text):
+        last = marker
     if last is None:
         return None
     rest = text[last.end() : last.end() + _MAX_MARKED_ANSWER_CHARS].lstrip(" :\t")

@@ -225,6 +225,7 @@ class GuardedPool:
 
     def judge_many(self, pairs: Sequence[tuple[str, str]], timeout_s: float, progress: bool = False) -> list[Verdict]:
         """Judge (pred, truth) pairs on up to max_workers workers, each pair within timeout_s."""
+        # lazy: only this path needs tqdm; importing this module stays light
         from tqdm import tqdm
 
         results: list[Verdict | None] = [None] * len(pairs)

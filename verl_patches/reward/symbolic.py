@@ -66,6 +66,7 @@ def _polynomial_verdict(a: Any, b: Any) -> bool | None:
     `(x+3)^2 - (x^2+6x+9)` takes sympy hundreds of milliseconds). None when either side is not such
     a polynomial, or has a degree above `_MAX_EXPANDED_DEGREE`.
     """
+    # lazy: only this path needs sympy; importing this module stays light
     from sympy import Expr, Float, Pow, Symbol
 
     try:

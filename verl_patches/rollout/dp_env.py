@@ -23,6 +23,7 @@ import socket
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from verl_patches.base import node_ip
 from verl_patches.reshard.layout import RolloutLayout
 
 IFNAME_ENVS = ("HCCL_SOCKET_IFNAME", "SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -93,15 +94,13 @@ def all_group_ports(layout: RolloutLayout, base_port: int) -> dict[int, int]:
 def host_address(environ: MutableMapping[str, str] | None = None) -> str:
     """This host's address for the DP master: the NIC named by HCCL_SOCKET_IFNAME (or SOCKET_IFNAME,
     GLOO_SOCKET_IFNAME), else the address the host name resolves to. No packet leaves the host."""
-    from verl_patches.launch.node_ip import NetworkError, interface_ipv4
-
     env = os.environ if environ is None else environ
     for key in IFNAME_ENVS:
         name = env.get(key, "").split(",")[0].strip()
         if name:
             try:
-                return interface_ipv4(name)
-            except NetworkError as e:
+                return node_ip.interface_ipv4(name)
+            except node_ip.NetworkError as e:
                 raise DpEnvError(f"{key}: {e}") from None
     try:
         return socket.gethostbyname(socket.gethostname())
@@ -136,6 +135,7 @@ def init_vllm_dp_env(
     tp: int, dp: int, base_port: int, group=None, environ: MutableMapping[str, str] | None = None
 ) -> DpAssignment:
     """Every rank of the job calls this once before building its engine (collective over `group`)."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -21,7 +21,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from verl_patches.patching.declaration import flag_on
+from verl_patches.base.env_flags import env_flag, env_int
+from verl_patches.compile_toggle import real_torch_compile
+from verl_patches.device import torch_device
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 
 
@@ -43,7 +45,7 @@ def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | N
     out["disable_mm_preprocessor_cache"] = False
     out["enable_sleep_mode"] = False
     out["enable_prefix_caching"] = False
-    dp = int(env.get("VLLM_DP_SIZE", "1") or 1)
+    dp = env_int("VLLM_DP_SIZE", 1, environ=env)
     if dp > 1:
         out["enable_expert_parallel"] = True
     extra = dict(out.get("additional_config") or {})
@@ -79,7 +81,7 @@ def engine_seed(base: Any, tp: int, environ: Mapping[str, str]) -> int:
     sampling stream (the device's default generator on A3) from it once, at engine start; every rank of
     one engine (its TP group: consecutive ranks in verl's layout) must draw the same noise to agree on the
     tokens, and every engine, across DP ranks and vLLM instances, draws its own."""
-    rank = int(environ.get("RANK", "0") or 0)
+    rank = env_int("RANK", 0, environ=environ)
     return int(base or 0) + rank // max(1, tp)
 
 
@@ -87,7 +89,7 @@ def check_kv_nz_patch(graph: Mapping[str, Any], environ: Mapping[str, str]) -> N
     """F4 is installed by a patch flag the launcher derives from this config; an engine whose config and
     flag disagree would either write an NZ cache without the fix or skip the ND cache writes it needs."""
     want = kv_nz_wanted(graph)
-    flag = flag_on(environ, KV_NZ_FLAG)
+    flag = env_flag(KV_NZ_FLAG, environ=environ)
     if want != flag:
         raise EngineArgumentError(
             f"{_ENGINE_KEYS}.additional_config.torchair_graph_config: enabled={graph.get('enabled')}, "
@@ -104,8 +106,10 @@ def overlay_llm_class() -> type:
     """vllm.LLM with sleep/wake_up mapped to the lifecycle (created once, on first use)."""
     global _OVERLAY_CLASS
     if _OVERLAY_CLASS is None:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm import LLM
 
+        # lazy: that module loads torch; importing this one must not
         from verl_patches.rollout.lifecycle import RolloutLifecycle
 
         class OverlayLLM(LLM):
@@ -126,20 +130,17 @@ def overlay_llm_class() -> type:
 
 
 def _device() -> Any:
-    from verl_patches.device import torch_device
-
     return torch_device()
 
 
 def build_llm(*args: Any, **kwargs: Any) -> Any:
-    from verl_patches.compile_toggle import real_torch_compile
-
     with real_torch_compile():
         return overlay_llm_class()(*args, **rollout_llm_kwargs(kwargs))
 
 
 def build_standin_llm(*args: Any, **kwargs: Any) -> Any:
     """On a CPU host: the same engine arguments, given to the CPU stand-in instead of vLLM's engine."""
+    # lazy: that module loads numpy, torch, transformers; importing this one must not
     from verl_patches.rollout.standin.engine import StandinLLM
 
     return StandinLLM(*args, **rollout_llm_kwargs(kwargs))

@@ -17,7 +17,9 @@ error naming it and how to provide it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,10 +29,26 @@ import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from verl_patches.base.atomic_write import swap_folder_in, temp_dir_for
+from verl_patches.sources.errors import SourceError
+from verl_patches.sources.lock import load_lock
+from verl_patches.sources.paths import user_cache_dir
+from verl_patches.sources.pypi_route import cached_artifact, fetch_artifact, sha256_file
+
 KERNEL_DIR_NAME = "vllm_ascend_kernels"
 EXTENSION = "vllm_ascend_C"
 DEFAULT_SOC = "ascend910_9391"  # Atlas A3 (vllm-ascend's SOC_VERSION name for the 910C dies)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# The pinned sdist's [build-system] requires that requirements.txt does not pin, and why none is needed:
+# `pip wheel --no-build-isolation` installs nothing, so every other name of that list must be a pin there
+# (tests/rollout/test_kernel_build_requirements.py reads the list from the sdist and checks both).
+BUILD_REQUIRES_WITHOUT_PIN: dict[str, str] = {
+    "pip": "the installer that runs the build",
+    "wheel": "setuptools >= 70.1 builds wheels itself (requirements.txt pins setuptools 79.0.1)",
+    "packaging": "a dependency of setuptools-scm (requirements.txt), installed with it",
+}
 
 
 class KernelBuildError(RuntimeError):
@@ -48,7 +66,6 @@ def missing_prerequisites(
     path_exists: Callable[[Path], bool] = Path.exists,
 ) -> list[str]:
     """Every prerequisite of the build that this host lacks, each with how to provide it ([] = ready)."""
-    import importlib.util
 
     env = os.environ if environ is None else environ
     has_module = module_exists or (lambda m: importlib.util.find_spec(m) is not None)
@@ -68,7 +85,7 @@ def missing_prerequisites(
     for module, why in (
         ("torch_npu", "torch-npu==2.5.1.post1 (requirements.txt)"),
         ("pybind11", "pybind11 (requirements.txt)"),
-        ("setuptools_scm", "setuptools-scm>=8"),
+        ("setuptools_scm", "setuptools-scm==8.3.1 (requirements.txt)"),
     ):
         if not has_module(module):
             out.append(f"{module}: not importable; install {why}")
@@ -76,6 +93,22 @@ def missing_prerequisites(
     if not path_exists(include):
         out.append(f"Python headers: {include} is missing (install python3-devel)")
     return out
+
+
+def build_requirements(pyproject_text: str) -> list[str]:
+    """The canonical names in a pyproject.toml's ``[build-system] requires`` (versions and markers dropped)."""
+
+    try:
+        # probe: tomllib is standard from Python 3.11; on 3.10 tomli reads the toml
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli comes with setuptools-scm there
+        # probe: tomllib is standard from Python 3.11; on 3.10 tomli reads the toml
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    requires = tomllib.loads(pyproject_text).get("build-system", {}).get("requires", [])
+    return [
+        re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r.strip()).group(0)).lower() for r in requires
+    ]
 
 
 def compiled_members(wheel: Path) -> list[str]:
@@ -90,35 +123,24 @@ def compiled_members(wheel: Path) -> list[str]:
 def install_members(wheel: Path, members: list[str], into: Path) -> list[Path]:
     """Copy the compiled files flat into `into` (atomically: a temporary folder renamed into place)."""
     into.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{into.name}.", dir=into.parent))
+    tmp = temp_dir_for(into)
     try:
         with zipfile.ZipFile(wheel) as z:
             for name in members:
                 target = tmp / Path(name).name
                 target.write_bytes(z.read(name))
                 target.chmod(0o755)
-        old = into.with_name(f".{into.name}.old.{os.getpid()}")
-        if into.exists():
-            into.rename(old)
-        tmp.rename(into)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_folder_in(tmp, into, into.with_name(f".{into.name}.old.{os.getpid()}"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return sorted(into.iterdir())
 
 
 def pinned_sdist() -> Path:
-    from verl_patches.sources.lock import load_lock
-    from verl_patches.sources.paths import user_cache_dir
-    from verl_patches.sources.pypi_route import cached_artifact, sha256_file
-
     comp = load_lock(REPO_ROOT / "sources.lock").components["vllm_ascend"]
     assert comp.pypi is not None
     path = cached_artifact(user_cache_dir(), comp.pypi)
     if not path.is_file():  # set up from git or an exported cache: fetch the sdist (sha256-checked)
-        from verl_patches.sources.errors import SourceError
-        from verl_patches.sources.pypi_route import fetch_artifact
-
         try:
             path, _ = fetch_artifact(comp.pypi, user_cache_dir())
         except SourceError as e:

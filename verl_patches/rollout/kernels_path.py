@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verl_patches.rollout.kernels import default_kernel_dir
+
 ENV = "VERL_PATCHES_VLLM_ASCEND_KERNELS"
 
 
 def kernel_dir() -> Path:
-    from verl_patches.rollout.kernels import default_kernel_dir
-
     return Path(os.environ[ENV]) if os.environ.get(ENV) else default_kernel_dir()
 
 

@@ -61,6 +61,7 @@ def reinitialize_kv_caches(engine_core: Any) -> int:
     every step the same sampling noise and overwrite a resumed run's restored stream. The process's RNG
     states (Python, NumPy, torch, the device's generator, which vLLM samples from on A3) are kept across
     the re-init, so the rollout's stream continues from where the last generation left it."""
+    # lazy: that module loads numpy, torch; importing this one must not
     from verl_patches.checkpoint import rng
 
     configs = saved_configs(engine_core)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from verl_patches.device import empty_cache
 from verl_patches.rollout.graph_binding import forget_graphs_if_moved
 from verl_patches.rollout.kv_cache_config import reinitialize_kv_caches
 
@@ -62,6 +63,7 @@ def _forward_context_layers(llm: Any) -> Iterable[Any]:
 
 def _is_decoder_attention(layer: Any) -> bool:
     try:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm.attention import AttentionType
     except ImportError:  # stand-in without vLLM attention types: every layer with a kv_cache counts
         return hasattr(layer, "kv_cache")
@@ -70,7 +72,6 @@ def _is_decoder_attention(layer: Any) -> bool:
 
 def _empty_cache() -> None:
     gc.collect()
-    from verl_patches.device import empty_cache
 
     empty_cache()
 

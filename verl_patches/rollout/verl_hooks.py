@@ -9,26 +9,26 @@
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
+from verl_patches.base.env_flags import env_int, env_str
+from verl_patches.compile_toggle import real_torch_compile
+from verl_patches.rollout.dp_env import init_vllm_dp_env
+
 
 def _dp_env_from_config(config: Any) -> None:
-    dp = int(os.environ.get("VLLM_DP_SIZE", "1") or 1)
-    if dp <= 1 or os.environ.get("VLLM_DP_MASTER_PORT"):
+    dp = env_int("VLLM_DP_SIZE", 1)
+    if dp <= 1 or env_str("VLLM_DP_MASTER_PORT"):
         return
-    from verl_patches.rollout.dp_env import init_vllm_dp_env
 
     tp = int(config.get("tensor_model_parallel_size", 1))
-    init_vllm_dp_env(tp=tp, dp=dp, base_port=int(os.environ.get("MASTER_PORT", "29444")))
+    init_vllm_dp_env(tp=tp, dp=dp, base_port=env_int("MASTER_PORT", 29444))
 
 
 def wrap_rollout_init(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __init__(self: Any, model_path: str, config: Any, *args: Any, **kwargs: Any) -> None:
-        from verl_patches.compile_toggle import real_torch_compile
-
         _dp_env_from_config(config)
         with real_torch_compile():
             original(self, model_path, config, *args, **kwargs)
@@ -39,8 +39,6 @@ def wrap_rollout_init(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_generate_sequences(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def generate_sequences(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from verl_patches.compile_toggle import real_torch_compile
-
         with real_torch_compile():
             return original(self, *args, **kwargs)
 

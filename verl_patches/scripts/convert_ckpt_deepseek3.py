@@ -27,10 +27,9 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.strict_int import int_arg  # noqa: E402
+from verl_patches.base.strict_int import StepNumberError, int_arg, parse_step_int  # noqa: E402
 from verl_patches.weights.cli import run_cli  # noqa: E402
 from verl_patches.weights.config import load_config  # noqa: E402
-from verl_patches.checkpoint.tracker import StepNumberError, parse_step_int  # noqa: E402
 from verl_patches.weights.errors import LayoutError  # noqa: E402
 from verl_patches.weights.estimates import summarize_plan  # noqa: E402
 from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore  # noqa: E402
@@ -103,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan (sizes, disk, memory) and exit")
     p.add_argument("--overwrite", action="store_true", help="ignore an existing result instead of resuming it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for flag, why in _UNSUPPORTED.items():
+    for flag in _UNSUPPORTED:
         p.add_argument(
             flag,
             dest="unsupported_" + flag[2:].replace("-", "_"),

@@ -22,7 +22,7 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.strict_int import int_arg  # noqa: E402
+from verl_patches.base.strict_int import int_arg  # noqa: E402
 from verl_patches.weights.cli import run_cli  # noqa: E402
 from verl_patches.weights.fp8_cast import run_fp8_cast  # noqa: E402
 from verl_patches.weights.verify import verify_fp8_cast  # noqa: E402

@@ -25,10 +25,11 @@ def _ratio(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # deferred: run as a file, this script has the package only once the __main__ block put the repo on sys.path
+    from verl_patches.base.strict_int import int_arg
     from verl_patches.data.convert import DEFAULT_SEED, DEFAULT_TRAIN_RATIO
     from verl_patches.data.templates import DEFAULT_TEMPLATE, TEMPLATES
     from verl_patches.data.validation import DEFAULT_MAX_FIELD_CHARS, MAX_FIELD_FLAG
-    from verl_patches.strict_int import int_arg
 
     parser = argparse.ArgumentParser(
         description="deepscaler JSON/JSONL -> verl RL parquet (train.parquet, test.parquet).",
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--template",
         default=DEFAULT_TEMPLATE,
-        help=f"prompt template: one of {sorted(TEMPLATES)} ('none' keeps the bare problem) or a text containing {{problem}} (default {DEFAULT_TEMPLATE})",
+        help=f"prompt template: one of {sorted(TEMPLATES)} ('none' keeps the bare problem) "
+        f"or a text containing {{problem}} (default {DEFAULT_TEMPLATE})",
     )
     parser.add_argument(
         MAX_FIELD_FLAG,
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # deferred: run as a file, this script has the package only once the __main__ block put the repo on sys.path
     from verl_patches.data.convert import convert
     from verl_patches.data.errors import DeepscalerInputError, InvalidRowsError
     from verl_patches.data.templates import TemplateError
@@ -101,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(exc.errors) > MAX_ERRORS_SHOWN:
             print(f"error: ... and {len(exc.errors) - MAX_ERRORS_SHOWN} more invalid rows", file=sys.stderr)
         print(
-            f"error: {len(exc.errors)} of {exc.rows_in} rows are invalid; nothing written (use --skip-invalid to convert the valid rows)",
+            f"error: {len(exc.errors)} of {exc.rows_in} rows are invalid; "
+            "nothing written (use --skip-invalid to convert the valid rows)",
             file=sys.stderr,
         )
         return 1

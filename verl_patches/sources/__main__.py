@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from verl_patches.sources import dist_info
-from verl_patches.sources import names
+from verl_patches.base.host_device import DeviceSettingError, detect_host_device
+from verl_patches.sources import dist_info, names
 from verl_patches.sources.errors import SourceError
 from verl_patches.sources.install import SetupOptions, export_cache, git_urls, relock, setup
-from verl_patches.sources.lock import ROUTES, LockError, load_lock
-from verl_patches.sources.paths import detect_device, user_cache_dir
+from verl_patches.sources.lock import ROUTES, Lock, LockError, load_lock
+from verl_patches.sources.paths import user_cache_dir
 from verl_patches.sources.report import exit_status, render_verify, sources_report
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
@@ -25,7 +25,7 @@ CPU machine that cannot reach git); 1 something this host needs is missing or di
 environment: VERL_OVERLAY_CACHE (download cache, default ~/.cache/verl_overlay),
 VERL_OVERLAY_SOURCES_CACHE (an exported cache directory, used as --cache DIR when that option is absent),
 VERL_OVERLAY_GIT_MIRROR_<NAME>=url1,url2 (mirrors tried first, e.g. VERL_OVERLAY_GIT_MIRROR_MINDSPEED),
-PIP_INDEX_URL (PyPI mirror), VERL_OVERLAY_DEVICE=npu|cuda|cpu (override host detection).
+PIP_INDEX_URL (PyPI mirror), VERL_PATCHES_DEVICE=npu|cuda|cpu (override host detection).
 """
 
 
@@ -101,34 +101,36 @@ def _print_outcomes(outcomes: list) -> None:
             print(f"    tried {a}")
 
 
+def lock_root_device(args: argparse.Namespace) -> tuple[Lock, Path, str]:
+    """The lock (narrowed to ``--only``), the folder the packages live in, and this host's device. Raises
+    LockError or DeviceSettingError, each naming the file or setting at fault."""
+    lock = load_lock(args.lock or Path(__file__).resolve().parents[2] / "sources.lock")
+    if args.only:
+        lock.select(args.only)
+    root = (args.root or lock.path.parent).resolve()
+    return lock, root, detect_host_device()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    lock_path = args.lock or Path(__file__).resolve().parents[2] / "sources.lock"
     try:
-        lock = load_lock(lock_path)
-        if args.only:
-            lock.select(args.only)
-    except LockError as e:
+        lock, root, device = lock_root_device(args)
+    except (LockError, DeviceSettingError) as e:
         print(f"setup_sources.sh: {e}", file=sys.stderr)
         return EXIT_USAGE
-    root = (args.root or lock.path.parent).resolve()
-    device = detect_device()
+    if args.audit:
+        # setup_sources.sh hands --audit to verl_patches.audit (a layer above this package), never here
+        print("setup_sources.sh: --audit is the audit's report: run `bash setup_sources.sh --audit`", file=sys.stderr)
+        return EXIT_USAGE
 
-    if args.verify or args.audit:
-        report = sources_report(root, lock, device, args.only, with_diff=args.audit)
+    if args.verify:
+        report = sources_report(root, lock, device, args.only, with_diff=False)
         report["distributions"] = dist_info.report(root, lock, args.only)  # generated .dist-info folders
-        if args.audit:
-            from verl_patches.audit import audit_exit_status, full_report, render_text
-
-            report = full_report(root, lock, device, args.only, sources=report)
-            print(json.dumps(report, indent=2) if args.json else render_text(report))
-            return audit_exit_status(report)
-        else:
-            print(
-                json.dumps(report, indent=2)
-                if args.json
-                else render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"])
-            )
+        print(
+            json.dumps(report, indent=2)
+            if args.json
+            else render_verify(report["components"]) + "\n" + dist_info.render(report["distributions"])
+        )
         return exit_status(report["components"]) or dist_info.exit_status(report["distributions"])
 
     routes = ["cache", "git", "pypi"] if args.route == "auto" else [args.route]

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
 from verl_patches.sources.lock import HEX64, Component
@@ -99,6 +100,4 @@ def write_index(cache_dir: Path, updates: dict[str, dict]) -> None:
     p = cache_dir / MANIFEST
     data = read_index(cache_dir) if p.exists() else {"schema": 1, "components": {}}
     data["components"].update(updates)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(p)
+    write_json_atomically(p, data, sort_keys=True)

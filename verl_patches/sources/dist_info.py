@@ -26,13 +26,18 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
+from verl_patches.base.atomic_write import swap_folder_in, temp_dir_for
+from verl_patches.sources import git_route
 from verl_patches.sources.errors import SourceError
+from verl_patches.sources.extract import read_member
+from verl_patches.sources.paths import user_cache_dir
+from verl_patches.sources.pypi_route import cached_artifact
+from verl_patches.sources.state import load_state
 
 if TYPE_CHECKING:
     from verl_patches.sources.lock import Component, Lock
@@ -83,7 +88,6 @@ def put_on_path(root: Path) -> bool:
     exist). Every process with the overlay then discovers vllm-ascend's platform and general plugins as the
     job's processes do, whoever started it (the launcher, a check tool's ranks, a test). Appended: metadata
     of a really installed vllm still wins."""
-    import sys
 
     if not dist_dir(root).is_dir():
         return False
@@ -177,7 +181,6 @@ def _sdist_top(comp: Component) -> str:
 def _from_artifact(comp: Component, artifact: Path) -> tuple[dict[str, dict[str, str]], str]:
     if comp.pypi is None or comp.pypi.is_wheel:
         raise DistInfoError(f"{comp.name}: {artifact.name} is not the pinned sdist")
-    from verl_patches.sources.extract import read_member
 
     member = f"{comp.package}.egg-info/entry_points.txt"
     data = read_member(artifact, _sdist_top(comp), member)
@@ -188,8 +191,6 @@ def _from_artifact(comp: Component, artifact: Path) -> tuple[dict[str, dict[str,
 
 
 def _from_git(comp: Component, git_dir: Path) -> tuple[dict[str, dict[str, str]], str]:
-    from verl_patches.sources import git_route
-
     found: list[dict[str, dict[str, str]]] = []
     for name, reader in (("pyproject.toml", entry_points_from_pyproject), ("setup.py", entry_points_from_setup_py)):
         blob = git_route.read_blob(git_dir, comp.commit, name)
@@ -202,8 +203,6 @@ def _from_git(comp: Component, git_dir: Path) -> tuple[dict[str, dict[str, str]]
 
 def upstream_entry_points(comp: Component, provenance: dict) -> tuple[dict[str, dict[str, str]], str]:
     """Entry points the pinned upstream declares, from whatever artifact setup used (no network)."""
-    from verl_patches.sources import git_route
-    from verl_patches.sources.paths import user_cache_dir
 
     route = provenance.get("route")
     artifact = provenance.get("artifact")
@@ -219,8 +218,6 @@ def upstream_entry_points(comp: Component, provenance: dict) -> tuple[dict[str, 
         if git_route.has_commit(git_dir, comp.commit):
             return _from_git(comp, git_dir)
     if comp.pypi is not None:  # any route: the sdist may still be in the download cache
-        from verl_patches.sources.pypi_route import cached_artifact
-
         cached = cached_artifact(user_cache_dir(), comp.pypi)
         if cached.is_file():
             return _from_artifact(comp, cached)
@@ -282,16 +279,11 @@ def _folder_matches(folder: Path, files: dict[str, str]) -> bool:
 
 def _write_folder(parent: Path, name: str, files: dict[str, str]) -> None:
     """Build beside the target, then rename: a reader sees the old folder or the new one, never half."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=parent))
+    tmp = temp_dir_for(parent / name)
     try:
         for fname, text in files.items():
             (tmp / fname).write_text(text, encoding="utf-8")
-        target = parent / name
-        old = parent / f".{name}.old.{os.getpid()}"
-        if target.exists():
-            target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_folder_in(tmp, parent / name, parent / f".{name}.old.{os.getpid()}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -305,7 +297,6 @@ class DistOutcome:
 
 def generate(root: Path, lock: Lock, names: list[str] | None = None) -> list[DistOutcome]:
     """Write (or leave as is) the .dist-info folder of every selected component that needs one."""
-    from verl_patches.sources.state import load_state
 
     state = load_state(root)
     out: list[DistOutcome] = []
@@ -343,7 +334,6 @@ def report(root: Path, lock: Lock, names: list[str] | None = None) -> list[dict]
     `match` means the folder holds exactly what `generate` would write now (entry points re-read from
     the pinned artifact). Without the artifact (cache cleared), the folder is checked against the lock's
     name and version only, and the status says so (`unverified`)."""
-    from verl_patches.sources.state import load_state
 
     state = load_state(root)
     rows = []

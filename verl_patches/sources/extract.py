@@ -9,6 +9,8 @@ import zipfile
 from pathlib import Path
 from typing import IO
 
+from verl_patches.base.atomic_write import atomic_path
+from verl_patches.base.env_flags import EnvError, env_int
 from verl_patches.sources.errors import IntegrityError
 
 
@@ -23,11 +25,10 @@ _CHUNK = 1 << 20
 
 
 def _limit(name: str) -> int:
-    raw = os.environ.get(name, "")
     try:
-        return int(raw) if raw else LIMITS[name]
-    except ValueError:
-        raise IntegrityError(f"{name}={raw!r}: expected an integer") from None
+        return env_int(name, LIMITS[name], minimum=0)
+    except EnvError as err:
+        raise IntegrityError(str(err)) from None
 
 
 def confined_target(dest: Path, rel: str) -> Path:
@@ -147,10 +148,8 @@ def read_member(archive: Path, subdir: str, rel: str) -> bytes | None:
 
 def write_tar(src: Path, archive: Path, arcroot: str) -> None:
     """Pack a folder as an uncompressed tar with `arcroot/` as its top folder (for cache exports)."""
-    tmp = archive.with_name(archive.name + ".part")
-    with tarfile.open(tmp, "w") as t:
+    with atomic_path(archive) as tmp, tarfile.open(tmp, "w") as t:
         for path in sorted(src.rglob("*")):
             if "__pycache__" in path.parts or path.is_dir():
                 continue
             t.add(path, arcname=f"{arcroot}/{path.relative_to(src).as_posix()}", recursive=False)
-    tmp.replace(archive)

@@ -10,18 +10,26 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_patches.base.env_flags import EnvError, env_float
 from verl_patches.sources import names
-from verl_patches.sources.errors import IntegrityError, RouteUnavailable
+from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import confined_target
 from verl_patches.sources.lock import Component
 
-GIT_TIMEOUT_S = float(os.environ.get("VERL_OVERLAY_GIT_TIMEOUT", "600"))
+GIT_TIMEOUT_ENV = "VERL_OVERLAY_GIT_TIMEOUT"  # seconds per git command, default 600
 # Transports git may use, whatever a URL says (ext:: and fd:: run commands); local paths are "file".
 ALLOWED_PROTOCOLS = "https:http:ssh:git:file"
 
 
 class BadGitArgument(IntegrityError):
     """A URL or ref that git could read as an option or a command-running transport."""
+
+
+def git_timeout_s() -> float:
+    try:
+        return env_float(GIT_TIMEOUT_ENV, 600.0, minimum=0.0)
+    except EnvError as err:
+        raise SourceError(str(err)) from None
 
 
 def checked_url(url: str) -> str:
@@ -39,8 +47,9 @@ class GitFetch:
 
 
 def _git(
-    args: list[str], git_dir: Path | None = None, timeout: float = GIT_TIMEOUT_S, input_bytes: bytes | None = None
+    args: list[str], git_dir: Path | None = None, timeout: float | None = None, input_bytes: bytes | None = None
 ) -> subprocess.CompletedProcess:
+    timeout = git_timeout_s() if timeout is None else timeout
     cmd = ["git"] + (["--git-dir", str(git_dir)] if git_dir else []) + args
     env = dict(
         os.environ,
@@ -88,7 +97,7 @@ def resolve_ref(url: str, ref: str) -> str | None:
         names.git_ref(ref)
     except ValueError as e:
         raise BadGitArgument(f"git ref refused: {e}") from None
-    proc = _git(["ls-remote", url, ref, f"{ref}^{{}}"], timeout=min(GIT_TIMEOUT_S, 120))
+    proc = _git(["ls-remote", url, ref, f"{ref}^{{}}"], timeout=min(git_timeout_s(), 120))
     if proc.returncode:
         raise RouteUnavailable(_last_line(proc))
     plain = peeled = None
@@ -163,7 +172,7 @@ def export_tree(git_dir: Path, commit: str, subdir: str, dest: Path) -> int:
     if batch.returncode:
         raise IntegrityError(f"cannot read blobs at {commit}: {_last_line(batch)}")
     out, pos = batch.stdout, 0
-    for mode, sha, path in entries:
+    for mode, _sha, path in entries:
         header_end = out.index(b"\n", pos)
         size = int(out[pos:header_end].split()[2])
         data = out[header_end + 1 : header_end + 1 + size]

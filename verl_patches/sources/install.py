@@ -6,18 +6,22 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_patches.base.atomic_write import rename_durably, swap_folder_in, temp_dir_for, write_bytes_atomically
+from verl_patches.base.env_flags import env_list
 from verl_patches.sources import cache_route, git_route, names, prelude_line, pypi_route
 from verl_patches.sources.errors import IntegrityError, LocalEditsError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import extract_subdir, write_tar
-from verl_patches.sources.folder_check import check_folder, pristine_filters, prelude_relpath
-from verl_patches.sources.lock import Component, Lock
-from verl_patches.sources.manifests import save_manifest
+from verl_patches.sources.folder_check import check_folder, prelude_relpath, pristine_filters
+from verl_patches.sources.lock import Component, Lock, rewrite_tree_hash
+from verl_patches.sources.manifests import load_manifest, save_manifest
 from verl_patches.sources.paths import BUILD_DIR_NAME
+from verl_patches.sources.required_parts import describe_missing, missing_subfolders
 from verl_patches.sources.state import load_state, save_state
-from verl_patches.sources.treehash import combine, file_hashes
+from verl_patches.sources.treehash import combine, compare, file_hashes
 
 
 @dataclass
@@ -63,7 +67,7 @@ class BadMirror(SourceError):
 def git_urls(opts: SetupOptions, comp: Component) -> list[str]:
     """Mirrors first (environment, then flags), then the lock's URLs; every one allow-listed."""
     var = f"VERL_OVERLAY_GIT_MIRROR_{comp.name.upper()}"
-    sources = [(u, var) for u in os.environ.get(var, "").split(",") if u]
+    sources = [(u, var) for u in env_list(var)]
     sources += [(u, f"--mirror {comp.name}=") for u in opts.mirrors.get(comp.name, [])]
     for url, origin in sources:
         try:
@@ -135,9 +139,6 @@ def _check_tree(opts: SetupOptions, comp: Component, built: Built) -> str:
             f"run setup_sources.sh --relock --route {built.origin_route} --only {comp.name}"
         )
     if found != expected:
-        from verl_patches.sources.manifests import load_manifest
-        from verl_patches.sources.treehash import compare
-
         manifest = load_manifest(opts.lock.path, comp.name, built.origin_route)
         detail = ""
         if manifest is not None:
@@ -152,16 +153,25 @@ def _check_tree(opts: SetupOptions, comp: Component, built: Built) -> str:
 
 
 def build_component(
-    opts: SetupOptions, comp: Component, workdir: Path, check: bool = True
+    opts: SetupOptions, comp: Component, workdir: Path, check: bool = True, need_on: Iterable[str] = ()
 ) -> tuple[Built | None, list[str]]:
-    """Try each route in order; return the first verified build and the failed attempts."""
+    """Try each route in order; return the first verified build and the failed attempts.
+
+    A tree that lacks a subfolder the jobs of a device in `need_on` import (the lock's ``subfolders_needed_on``)
+    is refused like an unreachable route, so the next route is tried."""
     attempts: list[str] = []
     for route in opts.routes:
-        dest = Path(tempfile.mkdtemp(prefix=f"{comp.package}.{route}.", dir=workdir))
+        dest = temp_dir_for(workdir / f"{comp.package}.{route}")  # becomes the package folder: the umask's mode
         try:
             built = _materialize(opts, comp, route, dest)
             if check:
                 _check_tree(opts, comp, built)
+            missing = missing_subfolders(comp, built.tree_dir, need_on)
+            if missing:
+                attempts.append(f"{route}: REFUSED: {describe_missing(comp, missing)}")
+                log(f"  {comp.name}: {route}: REFUSED: {describe_missing(comp, missing)}")
+                shutil.rmtree(dest, ignore_errors=True)
+                continue
             return built, attempts
         except RouteUnavailable as e:
             attempts.append(f"{route}: {e}")
@@ -183,10 +193,7 @@ def _insert_prelude(lock: Lock, comp: Component, folder: Path) -> bool:
     new = prelude_line.insert(data, lock.prelude_line, str(target))
     if new == data:
         return False
-    tmp = target.with_name(target.name + ".prelude-tmp")
-    tmp.write_bytes(new)
-    os.chmod(tmp, target.stat().st_mode & 0o777)
-    tmp.replace(target)
+    write_bytes_atomically(target, new, mode=target.stat().st_mode & 0o777)
     return True
 
 
@@ -203,7 +210,7 @@ def _recover_interrupted_swap(root: Path, comp: Component) -> None:
         for old in olds:
             shutil.rmtree(old, ignore_errors=True)
         return
-    olds[-1].rename(folder)
+    rename_durably(olds[-1], folder)
     log(f"  {comp.name}: restored {comp.package}/ from an interrupted earlier run")
 
 
@@ -220,12 +227,7 @@ def _package_folder(root: Path, comp: Component) -> Path:
 def _swap_in(root: Path, comp: Component, new_dir: Path) -> None:
     folder = _package_folder(root, comp)
     build = root / BUILD_DIR_NAME
-    old = build / f"{comp.package}.old.{os.getpid()}"
-    if folder.exists():
-        folder.rename(old)
-    new_dir.rename(folder)
-    if old.exists():
-        shutil.rmtree(old)
+    swap_folder_in(new_dir, folder, build / f"{comp.package}.old.{os.getpid()}")
 
 
 def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome:
@@ -233,7 +235,10 @@ def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome
     optional = opts.device not in comp.needed_on
     _recover_interrupted_swap(root, comp)
     rep = check_folder(root, opts.lock, comp, state.get(comp.name, {}).get("origin_route"))
-    if rep.exists and rep.pristine and not opts.force:
+    # a pristine tree of a route that lacks what this host's jobs import (megatron-core's wheel on an NPU host) is
+    # rebuilt from a route that has it: nothing of the user's is lost, it equals what its route pins
+    incomplete = rep.exists and rep.pristine and bool(missing_subfolders(comp, root / comp.package, [opts.device]))
+    if rep.exists and rep.pristine and not opts.force and not incomplete:
         inserted = _insert_prelude(opts.lock, comp, root / comp.package)
         entry = state.setdefault(comp.name, {})
         if entry.get("tree_sha256") != rep.tree_sha256:
@@ -259,7 +264,7 @@ def setup_component(opts: SetupOptions, comp: Component, state: dict) -> Outcome
         )
     build = root / BUILD_DIR_NAME
     build.mkdir(exist_ok=True)
-    built, attempts = build_component(opts, comp, build)
+    built, attempts = build_component(opts, comp, build, need_on=[opts.device])
     if built is None:
         status = "missing" if not rep.exists else "failed"
         return Outcome(comp.name, status, None, "no route could supply it", attempts, optional_here=optional)
@@ -310,7 +315,8 @@ def export_cache(opts: SetupOptions, dest: Path, names: list[str] | None = None)
         o2 = SetupOptions(**{**opts.__dict__, "routes": routes})
         for comp in opts.lock.select(names):
             log(f"{comp.name}: exporting")
-            built, attempts = build_component(o2, comp, Path(work))
+            # the cache is for the cluster, whatever this host is: every device's subfolders must be in it
+            built, attempts = build_component(o2, comp, Path(work), need_on=comp.subfolders_needed_on)
             if built is None:
                 outcomes.append(
                     Outcome(
@@ -344,7 +350,6 @@ def export_cache(opts: SetupOptions, dest: Path, names: list[str] | None = None)
 
 def relock(opts: SetupOptions, names: list[str] | None = None) -> list[Outcome]:
     """Recompute tree hashes and per-file manifests for every route that can be reached, and write them."""
-    from verl_patches.sources.lock import rewrite_tree_hash
 
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="relock.") as work:

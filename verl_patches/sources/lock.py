@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.sources import names
 
 try:  # Python 3.11+
@@ -49,6 +50,10 @@ class Component:
     pypi: PypiArtifact | None
     tree_sha256: dict[str, str] = field(default_factory=dict)  # route -> expected tree hash
     notes: str = ""
+    # device -> subfolders of the package folder that jobs on that device import. A route whose tree lacks
+    # one (megatron-core's wheel holds megatron/core only; MindSpeed-LLM on A3 imports megatron/training)
+    # matches its own tree hash and still cannot run the job: `required_parts` refuses it by name.
+    subfolders_needed_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def expected_hashes(self) -> dict[str, str]:
         return {route: h for route, h in self.tree_sha256.items() if h}
@@ -140,6 +145,7 @@ def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
     for d in needed:
         if d not in ("npu", "cuda", "cpu"):
             raise LockError(f"{where}.needed_on: unknown device '{d}'")
+    subfolders = _subfolders_needed_on(table.get("subfolders_needed_on", {}), f"{where}.subfolders_needed_on")
     return Component(
         name=name,
         package=_checked(names.package_folder, _req(table, "package", where, str), f"{where}.package"),
@@ -151,7 +157,22 @@ def _parse_component(name: str, table: dict[str, Any], where: str) -> Component:
         pypi=pypi,
         tree_sha256=dict(hashes),
         notes=table.get("notes", ""),
+        subfolders_needed_on=subfolders,
     )
+
+
+def _subfolders_needed_on(raw: object, where: str) -> dict[str, tuple[str, ...]]:
+    """``{device: [relative folder, ...]}``: each device one the lock knows, each folder confined to the package."""
+    if not isinstance(raw, dict):
+        raise LockError(f"{where}: expected a table of device = [folders], got {type(raw).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for device, folders in raw.items():
+        if device not in ("npu", "cuda", "cpu"):
+            raise LockError(f"{where}.{device}: unknown device (expected npu, cuda or cpu)")
+        if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+            raise LockError(f"{where}.{device}: expected a list of folder names")
+        out[device] = tuple(_checked(names.relative_path, f, f"{where}.{device}") for f in folders)
+    return out
 
 
 def load_lock(path: Path) -> Lock:
@@ -209,11 +230,5 @@ def rewrite_tree_hash(path: Path, component: str, route: str, new_hash: str) -> 
         body2 = body.rstrip("\n") + f"\n{new_line}\n" + ("\n" if nxt else "")
     if body2 == body:
         return False
-    _atomic_write(path, text[: m.end()] + body2 + text[end:])
+    write_text_atomically(path, text[: m.end()] + body2 + text[end:])
     return True
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.sources.treehash import FileHashes, combine
 
 MANIFEST_DIR_NAME = "sources.manifests"
@@ -30,7 +31,5 @@ def save_manifest(lock_path: Path, component: str, route: str, files: FileHashes
     p = manifest_path(lock_path, component, route)
     p.parent.mkdir(parents=True, exist_ok=True)
     body = {"component": component, "route": route, "tree_sha256": combine(files), "files": dict(sorted(files.items()))}
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=0, sort_keys=False) + "\n", encoding="utf-8")
-    tmp.replace(p)
+    write_json_atomically(p, body, indent=0)
     return p

@@ -3,9 +3,12 @@ the run-time check of what is installed all derive from it.
 
 Standard library only: `setup_cpu_env.sh` runs this with the system Python before `.venv` exists.
 
-    python -m verl_patches.sources.pins cpu-requirements   # requirements.txt minus what cannot exist on a CPU host
-    python -m verl_patches.sources.pins check              # one line: installed versions vs requirements.txt (exit 1: differ)
-    python -m verl_patches.sources.pins freeze             # regenerate constraints-cpu.txt from this interpreter's packages
+    python -m verl_patches.sources.pins cpu-requirements
+        requirements.txt minus what cannot exist on a CPU host
+    python -m verl_patches.sources.pins check
+        one line: installed versions vs requirements.txt (exit 1: differ)
+    python -m verl_patches.sources.pins freeze
+        regenerate constraints-cpu.txt from this interpreter's packages
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+
+from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.device import device_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO_ROOT / "requirements.txt"
@@ -96,8 +103,6 @@ class Difference:
 
 
 def _installed_version(name: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -147,7 +152,6 @@ def summary_line(pins: dict[str, Pin], found: list[Difference], cpu_host: bool) 
 
 def host_is_cpu() -> bool:
     """No NPU stack here (our torch_npu emulation does not count) and no CUDA device."""
-    from verl_patches.device import device_kind
 
     return device_kind() == "cpu"
 
@@ -213,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
         freeze = subprocess.run(
             [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
         ).stdout.splitlines()
-        from verl_patches.weights.atomic_io import write_text_atomically  # standard library only
-
         write_text_atomically(CONSTRAINTS, constraints_text(freeze, pins))
         print(f"wrote {CONSTRAINTS.name}")
         return 0

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import html.parser
-import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -18,19 +16,28 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from verl_patches.base.atomic_write import atomic_open, copy_file_atomically
+from verl_patches.base.env_flags import EnvError, env_float, env_str
 from verl_patches.sources import names
-from verl_patches.sources.errors import IntegrityError, RouteUnavailable
+from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError
 from verl_patches.sources.lock import PypiArtifact
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-HTTP_TIMEOUT_S = float(os.environ.get("VERL_OVERLAY_HTTP_TIMEOUT", "60"))
+HTTP_TIMEOUT_ENV = "VERL_OVERLAY_HTTP_TIMEOUT"  # seconds per request, default 60
+
+
+def http_timeout_s() -> float:
+    try:
+        return env_float(HTTP_TIMEOUT_ENV, 60.0, minimum=0.0)
+    except EnvError as err:
+        raise SourceError(str(err)) from None
 
 
 def configured_index_url(explicit: str | None = None) -> str:
     if explicit:
         return explicit
-    if os.environ.get("PIP_INDEX_URL"):
-        return os.environ["PIP_INDEX_URL"]
+    if env_str("PIP_INDEX_URL"):
+        return env_str("PIP_INDEX_URL")
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
@@ -71,7 +78,7 @@ def find_on_index(index_url: str, artifact: PypiArtifact) -> tuple[str, str | No
     """(download URL, sha256 from the index or None) of the artifact's exact file name."""
     page = f"{index_url.rstrip('/')}/{_normalize(artifact.name)}/"
     try:
-        with urllib.request.urlopen(page, timeout=HTTP_TIMEOUT_S) as r:
+        with urllib.request.urlopen(page, timeout=http_timeout_s()) as r:
             body = r.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError) as e:
         raise RouteUnavailable(f"index {page} unreachable: {getattr(e, 'reason', e)}") from None
@@ -91,9 +98,8 @@ def find_on_index(index_url: str, artifact: PypiArtifact) -> tuple[str, str | No
 
 
 def _download(url: str, target: Path, label: str) -> None:
-    tmp = target.with_name(target.name + f".part{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as r, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=http_timeout_s()) as r, atomic_open(target, "wb") as f:
             total = int(r.headers.get("Content-Length") or 0)
             done, next_report = 0, 0.0
             while block := r.read(1 << 20):
@@ -102,9 +108,7 @@ def _download(url: str, target: Path, label: str) -> None:
                 if total and done / total >= next_report:
                     print(f"  {label}: {done / 1e6:.1f}/{total / 1e6:.1f} MB", file=sys.stderr)
                     next_report += 0.25
-        tmp.replace(target)
     except (urllib.error.URLError, OSError) as e:
-        tmp.unlink(missing_ok=True)
         raise RouteUnavailable(f"download of {url} failed: {getattr(e, 'reason', e)}") from None
 
 
@@ -149,7 +153,5 @@ def fetch_artifact(
 def copy_into(src: Path, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / src.name
-    tmp = dest.with_name(dest.name + ".part")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dest)
+    copy_file_atomically(src, dest)
     return dest

@@ -14,6 +14,7 @@ from verl_patches.sources import git_route, prelude_line, pypi_route
 from verl_patches.sources.extract import read_member
 from verl_patches.sources.folder_check import FolderReport, check_folder, prelude_relpath
 from verl_patches.sources.lock import Component, Lock
+from verl_patches.sources.required_parts import describe_missing, missing_subfolders
 from verl_patches.sources.paths import user_cache_dir
 from verl_patches.sources.state import load_state
 
@@ -76,6 +77,11 @@ def component_report(root: Path, lock: Lock, comp: Component, state: dict, devic
     problems = []
     if rep.exists and not rep.pristine:
         problems += rep.difference_lines(limit=10**6) or [f"tree hash {rep.tree_sha256} matches no route"]
+    lacking = missing_subfolders(comp, Path(root) / comp.package, [device]) if rep.exists else {}
+    if lacking:  # exactly what its route pins, and still not what this host's jobs import
+        problems.append(describe_missing(comp, lacking))
+        if status == "match":
+            status = "incomplete"
     if rep.exists and rep.prelude_expected and not rep.prelude_in_place:
         problems.append(f"prelude line missing or misplaced in {lock.prelude_file}: '{lock.prelude_line}'")
     out = {
@@ -143,7 +149,7 @@ def exit_status(components: list[dict]) -> int:
 def render_verify(components: list[dict]) -> str:
     lines = []
     for c in components:
-        tag = {"match": "OK", "mismatch": "MISMATCH", "missing": "MISSING"}[c["status"]]
+        tag = {"match": "OK", "mismatch": "MISMATCH", "missing": "MISSING", "incomplete": "INCOMPLETE"}[c["status"]]
         if c["status"] == "missing" and c["optional_here"]:
             tag = "MISSING (optional on this host)"
         lines.append(f"{c['name']:<14} {tag:<32} {c['ref']} @ {c['commit'][:12]}  route={c['route'] or '-'}")

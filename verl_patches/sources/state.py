@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.sources.paths import STATE_FILE_NAME
 
 
@@ -27,6 +28,4 @@ def save_state(root: Path, state: dict[str, dict]) -> None:
     text = json.dumps(state, indent=2, sort_keys=True) + "\n"
     if p.exists() and p.read_text(encoding="utf-8") == text:
         return
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(p)
+    write_text_atomically(p, text)

@@ -7,13 +7,13 @@ the rollout's parallel settings. The plan is cached per (config, layouts, path):
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
+from verl_patches.base.env_flags import EnvError, env_int
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.sync.generator import SyncGroups
@@ -84,12 +84,10 @@ def megatron_layout(mpu: Any, rank: int, world_size: int) -> MegatronLayout:
 
 def rollout_layout(world_size: int, rollout_tp: int, environ: Mapping[str, str] | None = None) -> RolloutLayout:
     """vLLM's layout: ``rollout_tp`` ranks per engine, ``VLLM_DP_SIZE`` engines per expert-parallel instance."""
-    env = os.environ if environ is None else environ
-    raw = env.get("VLLM_DP_SIZE", "1")
     try:
-        dp = int(raw)
-    except ValueError:
-        raise InvalidLayoutError("vllm_dp_size_integer", f"VLLM_DP_SIZE={raw!r} is not an integer") from None
+        dp = env_int("VLLM_DP_SIZE", 1, environ=environ)
+    except EnvError as err:
+        raise InvalidLayoutError("vllm_dp_size_integer", str(err)) from None
     return RolloutLayout(world_size=world_size, tp=rollout_tp, dp_per_instance=dp)
 
 

@@ -10,21 +10,16 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from verl_patches.base.env_flags import env_flag
+
 ENV_FLAG = "NO_ALL_TO_ALL_RESHARD"
 ALL_TO_ALL = "all-to-all"
 ALL_GATHER = "all-gather"
-_TRUE = ("1", "true", "yes", "on")
 
 
 def active_sync_path(environ: Mapping[str, str] | None = None) -> str:
-    """``"all-to-all"`` or ``"all-gather"``; an unrecognised flag value is an error naming it."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_FLAG)
-    if raw is None or raw.strip().lower() in ("", "0", "false", "no", "off"):
-        return ALL_TO_ALL
-    if raw.strip().lower() in _TRUE:
-        return ALL_GATHER
-    raise ValueError(f"environment variable {ENV_FLAG}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
+    """``"all-to-all"`` or ``"all-gather"``; an unrecognised flag value is an error naming it (`EnvError`)."""
+    return ALL_GATHER if env_flag(ENV_FLAG, environ=environ) else ALL_TO_ALL
 
 
 def describe_sync_path(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -29,7 +29,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from verl_patches.device import empty_cache
 from verl_patches.resilience import progress
+from verl_patches.rollout.lifecycle import rebuild_mla
 
 logger = logging.getLogger(__name__)
 SWITCH_TIME_ATTR = "_verl_patches_enter_s"  # read by verl_patches.patches.verl.workers.step_timing
@@ -54,14 +56,13 @@ def _default_weights(manager: "MegatronRolloutShardingManager") -> Weights:
 
 
 def _default_prepare(model: Any) -> None:
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
 
     patch_vllm_moe_model_weight_loader(model)
 
 
 def _default_empty_cache() -> None:
-    from verl_patches.device import empty_cache
-
     empty_cache()
 
 
@@ -134,7 +135,6 @@ class MegatronRolloutShardingManager:
         hook = self._lifecycle("rebuild_mla_absorbed")
         if hook is not None:
             return loaded, int(hook() or 0)
-        from verl_patches.rollout.lifecycle import rebuild_mla
 
         return loaded, rebuild_mla(model)
 
@@ -172,6 +172,7 @@ class MegatronRolloutShardingManager:
 
     def _tp(self) -> tuple[int, int, Any]:
         if self._infer_tp is None:
+            # deferred: importing this module must not load vLLM; it loads once the prelude patched it
             from vllm.distributed import parallel_state as vllm_ps
 
             group = vllm_ps.get_tensor_model_parallel_group()
@@ -186,6 +187,7 @@ class MegatronRolloutShardingManager:
         size, _, group = self._tp()
         if size == 1:
             return data
+        # deferred: importing this module must not load verl; it loads once the prelude patched it
         from verl.protocol import all_gather_data_proto
 
         all_gather_data_proto(data, group)

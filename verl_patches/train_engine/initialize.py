@@ -17,6 +17,9 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
+from verl_patches.base.env_flags import env_int
+from verl_patches.compile_toggle import capture_real_compile, restore_real_compile
+from verl_patches.device import dist_backend
 from verl_patches.train_engine.argv import parse_args_from_config
 from verl_patches.train_engine.megatron_config import MegatronConfig
 
@@ -46,7 +49,6 @@ def apply_mindspeed_adaptor(argv: list[str]) -> None:
     never be imported before this runs (a second call with other flags cannot change what it patched).
     """
     global _ADAPTOR_ARGV
-    from verl_patches.compile_toggle import capture_real_compile, restore_real_compile
 
     if _ADAPTOR_ARGV is not None:
         # The adaptor patched Megatron by the feature switches (bare flags); values such as the micro-batch
@@ -77,6 +79,7 @@ def _switches(argv: list[str]) -> set[str]:
 
 
 def _ensure_process_group(backend: str, timeout_minutes: int) -> None:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -92,7 +95,6 @@ def initialize_megatron(config: MegatronConfig | Mapping[str, Any], prog: str = 
 
     Idempotent for the same config: parallel state that is already initialised is kept.
     """
-    from verl_patches.device import dist_backend
 
     cfg = config if isinstance(config, MegatronConfig) else MegatronConfig(config)
     # Megatron refuses overlapped gradient reduction without it; the A3 job environment sets it too.
@@ -100,11 +102,16 @@ def initialize_megatron(config: MegatronConfig | Mapping[str, Any], prog: str = 
     argv = [prog] + parse_args_from_config(cfg)
     apply_mindspeed_adaptor(argv)
 
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch.distributed as dist
+
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.core import parallel_state as mpu
     from megatron.training import arguments as megatron_arguments
     from megatron.training.global_vars import set_global_variables
     from megatron.training.initialize import _set_random_seed
+
+    # deferred: importing this module must not load MindSpeed-LLM; it loads once the prelude patched it
     from mindspeed_llm.training.arguments import parse_args_decorator
 
     timeout_minutes = 10
@@ -112,7 +119,7 @@ def initialize_megatron(config: MegatronConfig | Mapping[str, Any], prog: str = 
     with _argv(argv):
         args = parse_args_decorator(megatron_arguments.parse_args)(None, False)
     args.rank, args.world_size = dist.get_rank(), dist.get_world_size()
-    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    args.local_rank = env_int("LOCAL_RANK", 0)
     megatron_arguments.validate_args(args, {})
     _reset_global_args()
     set_global_variables(args, build_tokenizer=False)
@@ -135,6 +142,7 @@ def initialize_megatron(config: MegatronConfig | Mapping[str, Any], prog: str = 
 def _reset_global_args() -> None:
     """set_global_variables asserts nothing is set yet; a second bring-up (the reference after the actor,
     a test after a test) replaces the previous values."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.training import global_vars
 
     for name in (
@@ -151,6 +159,7 @@ def _reset_global_args() -> None:
         if hasattr(global_vars, name):
             setattr(global_vars, name, None)
     try:
+        # deferred: importing this module must not load Megatron; it loads once the prelude patched it
         from megatron.core import num_microbatches_calculator as nmc
 
         nmc._GLOBAL_NUM_MICROBATCHES_CALCULATOR = None

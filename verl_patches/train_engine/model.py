@@ -15,11 +15,13 @@ layers with shared experts and grouped-GEMM routed experts); the transformer con
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 
 def gpt_model_provider(pre_process: bool = True, post_process: bool = True) -> Any:
     """One GPTModel chunk for this rank's pipeline stage, from Megatron's global args."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.core.models.gpt import GPTModel
     from megatron.training import get_args
     from megatron.training.arguments import core_transformer_config_from_args
@@ -46,14 +48,13 @@ def gpt_model_provider(pre_process: bool = True, post_process: bool = True) -> A
 
 
 def _import_spec(spec: list[str]) -> Any:
-    import importlib
-
     module, name = spec
     return getattr(importlib.import_module(module), name)
 
 
 def build_model(args: Any = None, wrap_with_ddp: bool = True) -> list:
     """Megatron's get_model with the provider above (DDP-wrapped chunks, virtual PP aware)."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.training.training import get_model
 
     return get_model(gpt_model_provider, wrap_with_ddp=wrap_with_ddp)
@@ -62,6 +63,7 @@ def build_model(args: Any = None, wrap_with_ddp: bool = True) -> list:
 def build_optimizer(model: list, args: Any = None) -> Any:
     """Megatron's optimizer for the chunks, configured from the global args (distributed optimizer
     when --use-distributed-optimizer)."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.training import get_args
 
@@ -77,6 +79,7 @@ def attach_schedule_hooks(model: list, optimizer: Any, args: Any = None) -> Any:
     """What Megatron's train() sets on the model config before running the pipeline schedules: loss
     scaling, no_sync while grads of earlier micro-batches accumulate (overlap_grad_reduce), the grad/param
     sync hooks, and finalize_model_grads. Returns the config. Call once after build_optimizer."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.core.distributed import DistributedDataParallel as DDP
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.utils import get_model_config

@@ -6,7 +6,8 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from verl_patches.trainer.config_access import get  # noqa: F401  (its readers import it from here too)
+from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
+from verl_patches.base.env_flags import EnvError
 from verl_patches.trainer.rollout_settings import rollout_problems
 from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
@@ -88,9 +89,13 @@ def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     the driver never holds input_ids, position_ids, ref_log_prob or old_log_probs, and the workers rely on
     the row order of generate: everything that needs one of those on the driver is refused here, each
     naming its key and what turned the cache on."""
+    # lazy: that module loads torch; importing this one must not
     from verl_patches.reshard.tensor_cache import PRECONDITIONS
 
-    on, source = d2d_setting(cfg, environ)
+    try:
+        on, source = d2d_setting(cfg, environ)
+    except EnvError as err:  # a value that is neither on nor off: the switch itself is the problem
+        return [str(err)]
     if not on:
         return []
     problems = []

@@ -6,6 +6,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from verl_patches.device import device_kind
+from verl_patches.trainer.override_suggest import nearest_key, unknown_key_message, unknown_override_key
+from verl_patches.trainer.rollout_settings import seqs_per_rollout_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
@@ -26,11 +31,7 @@ def register_resolvers() -> None:
     ${overlay_device:} is npu/cuda/cpu as the device layer sees this host."""
 
     def _device() -> str:
-        from verl_patches.device import device_kind
-
         return device_kind()
-
-    from verl_patches.trainer.rollout_settings import seqs_per_rollout_engine
 
     OmegaConf.register_new_resolver("overlay_root", lambda: str(REPO_ROOT), replace=True)
     OmegaConf.register_new_resolver("overlay_device", _device, replace=True)
@@ -40,10 +41,10 @@ def register_resolvers() -> None:
 
 def compose_config(config_name: str = "ppo_mindspeed_trainer", overrides: list[str] | None = None) -> DictConfig:
     """The composed config, interpolations left in place (verl resolves them in its TaskRunner)."""
+    # lazy: Hydra is heavy and only this path needs it; importing this module stays light
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     if not VERL_CONFIG_DIR.is_dir():
         raise ConfigCompositionError(f"{VERL_CONFIG_DIR} is missing: run `bash setup_sources.sh` first")
@@ -55,9 +56,26 @@ def compose_config(config_name: str = "ppo_mindspeed_trainer", overrides: list[s
                 config_name=config_name, overrides=[f"hydra.searchpath=[file://{VERL_CONFIG_DIR}]", *(overrides or [])]
             )
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigCompositionError(f"config {config_name!r}: {_one_line(e)}") from None
+        suggestion = _unknown_key_error(config_name, overrides or [], str(e))
+        raise ConfigCompositionError(suggestion or f"config {config_name!r}: {_one_line(e)}") from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _unknown_key_error(config_name: str, overrides: list[str], message: str) -> str | None:
+    """For an override whose key the config lacks: one line naming the nearest key, in place of Hydra's advice
+    to add the misspelt key with '+' (verl_patches.trainer.override_suggest). None for any other error."""
+
+    key = unknown_override_key(message)
+    if key is None:
+        return None
+    line = next((o for o in overrides if o.lstrip("~+").split("=", 1)[0] == key), None)
+    groups = [o for o in overrides if "=" in o and _is_group_override(o.split("=", 1)[0])]
+    try:  # the config the value overrides apply to: verl's and ours with the chosen profile
+        base = OmegaConf.to_container(compose_config(config_name, groups), resolve=False)
+    except ConfigCompositionError:
+        return None
+    return unknown_key_message(config_name, key, line, nearest_key(base, key))
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -78,7 +96,6 @@ def resolved(cfg: DictConfig) -> DictConfig:
     override) would be read as a new interpolation here and again by verl's ``OmegaConf.resolve``, which no
     escaping survives: it is refused, naming the key, instead of failing later with a grammar error.
     """
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
@@ -108,6 +125,7 @@ def check_integer_overrides(config_name: str, overrides: list[str], cfg: DictCon
     config-group overrides alone (the profile), so only the user's values are judged. A value that is itself
     an interpolation is left to the resolution.
     """
+    # lazy: Hydra is heavy and only this path needs it; importing this module stays light
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)

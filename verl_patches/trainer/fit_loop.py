@@ -33,10 +33,11 @@ from typing import Any, Callable
 import numpy as np
 
 from verl_patches.resilience import worker_deadline
-from verl_patches.trainer import logprob_mismatch
+from verl_patches.sync.path import describe_sync_path
 from verl_patches.trainer.rank_memory import StepMemory
-from verl_patches.trainer.step_payloads import ref_payload, stamp, update_payload
 from verl_patches.trainer.step_plan import StepPlan, plan_steps
+from verl_patches.worker_calls import logprob_mismatch
+from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
 
 logger = logging.getLogger("verl_patches")
 
@@ -48,6 +49,7 @@ GEN_NON_TENSOR_OPTIONAL = ("multi_modal_data", "raw_prompt", "tools_kwargs")
 def with_overlay_fit(fit: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(fit)
     def overlay_fit(self: Any) -> Any:
+        # lazy: that module loads omegaconf; importing this one must not
         from verl_patches.trainer.config_checks import raise_on_problems
 
         # Again here, in the process that drives the workers: verl's own entry points skip our entry's check.
@@ -78,12 +80,12 @@ def worker_summary(trainer: Any, plan: StepPlan) -> str:
 
 def sync_summary(cfg: Any) -> str:
     """The train -> rollout weight path: ours (verl_patches.sync) on the Megatron path, else verl's own."""
+    # lazy: that module loads omegaconf; importing this one must not
     from verl_patches.trainer.config_checks import get
 
     strategy, rollout = get(cfg, "actor_rollout_ref.actor.strategy"), get(cfg, "actor_rollout_ref.rollout.name")
     if strategy != "megatron":
         return f"verl's {strategy} -> {rollout} sharding manager"
-    from verl_patches.sync.path import describe_sync_path
 
     d = describe_sync_path()
     return f"Megatron -> {rollout}, {d['path']} ({d['flag']})"
@@ -104,6 +106,7 @@ def _generate(trainer: Any, gen_batch: Any) -> Any:
 
 
 def _old_log_prob(trainer: Any, batch: Any, metrics: dict[str, Any]) -> Any:
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.trainer.ppo import ray_trainer as rt
 
     old = trainer.actor_rollout_wg.compute_log_prob(stamp(batch, trainer.global_steps, False))
@@ -118,6 +121,7 @@ def _old_log_prob(trainer: Any, batch: Any, metrics: dict[str, Any]) -> Any:
 
 
 def _advantages(trainer: Any, batch: Any, reward_tensor: Any, extra: dict[str, list], metrics: dict[str, Any]) -> Any:
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.trainer.ppo import ray_trainer as rt
 
     cfg = trainer.config
@@ -149,7 +153,10 @@ def run_step(
     trainer: Any, batch: Any, plan: StepPlan, metrics: dict[str, Any], timing_raw: dict[str, float], is_last_step: bool
 ) -> tuple[Any, Any]:
     """One step on `batch` (a fresh DataProto of prompts); returns (final batch, validation metrics or None)."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
+
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.trainer.ppo import ray_trainer as rt
 
     cfg = trainer.config
@@ -238,8 +245,13 @@ def run_step(
 
 
 def run_fit(trainer: Any, plan: StepPlan) -> None:
+    # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
+
+    # lazy: only this path needs tqdm; importing this module stays light
     from tqdm import tqdm
+
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl import DataProto
     from verl.trainer.ppo import ray_trainer as rt
     from verl.utils.tracking import Tracking

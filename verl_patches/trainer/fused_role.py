@@ -24,6 +24,7 @@ FUSED_PREFIX = "actor_rollout_ref"
 
 def register_fused_role(role_worker_mapping: dict[Any, Any], pool_mapping: dict[Any, str]) -> None:
     """Add Role.ActorRolloutRef (the ActorRollout worker class, on the ActorRollout pool) in place."""
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.trainer.ppo.ray_trainer import Role
 
     if Role.ActorRollout not in role_worker_mapping or Role.ActorRollout not in pool_mapping:
@@ -48,6 +49,7 @@ def planned_groups(use_critic: bool, use_rm: bool) -> list[str]:
 def with_fused_role(init_workers: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(init_workers)
     def overlay_init_workers(self: Any) -> Any:
+        # lazy: that module loads omegaconf; importing this one must not
         from verl_patches.trainer.config_checks import get
 
         if not get(self.config, FUSED_ROLE_KEY, False):
@@ -58,7 +60,10 @@ def with_fused_role(init_workers: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def init_fused_workers(trainer: Any) -> None:
+    # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
+
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl.trainer.ppo import ray_trainer as rt
 
     Role = rt.Role

@@ -1,6 +1,7 @@
 """Golden-metrics check of a finished run against a stored baseline (issue 15 item 4).
 
-    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time] [--up-to-step N] [--json]
+    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time]
+        [--up-to-step N] [--json]
     python -m verl_patches.trainer.golden RUN_DIR RUN_DIR RUN_DIR [...] --write-baseline BASELINE.json
 
 RUN_DIR is a launch log folder (``logs/<profile>-<time>-<role>-<host>/``). Metrics come from what the run
@@ -50,10 +51,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.atomic_write import write_json_atomically
+from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
-from verl_patches.regular_file import FileRefused, read_regular_file
-from verl_patches.trainer.logprob_mismatch import ABS_DIFF, RATIO_DEV
-from verl_patches.weights.atomic_io import write_json_atomically
+from verl_patches.trainer.rank_memory import FILE_NAME
+from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
 SCHEMA = 2
 MIN_RUNS = 3
@@ -130,6 +132,7 @@ def _regular(path: Path) -> None:
 
 
 def read_tensorboard(folder: Path) -> dict[int, dict[str, float]]:
+    # lazy: tensorboard is heavy and only this path needs it; importing this module stays light
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     steps: dict[int, dict[str, float]] = {}
@@ -189,8 +192,6 @@ def read_rank_memory(path: Path) -> dict[int, float]:
 
 
 def read_run(run_dir: Path) -> RunMetrics:
-    from verl_patches.trainer.rank_memory import FILE_NAME
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GoldenInputError(f"{run_dir}: not a run folder")

@@ -9,8 +9,9 @@ the model or the data set: `data.seed=1+i` and `actor_rollout_ref.rollout.seed=i
 README gives it. With `--same-command` every run is README command 1 as is: with the CPU kernels pinned
 (trainer/cpu_numerics.py) its reruns are bit-identical, and the bands are the tolerances around that one
 run (the stored baseline: at the tiny settings one of the two seeded variants stalls, and bands over it could
-not tell a learning rate of 0 from a healthy run). Each run takes 5-20 minutes on a 2-core machine; progress is printed per run. Nothing is
-written unless every run finished and the baseline could be made from them (then atomically).
+not tell a learning rate of 0 from a healthy run). Each run takes 5-20 minutes on a 2-core machine; progress is
+printed per run. Nothing is written unless every run finished and the baseline could be made from them (then
+atomically).
 """
 
 from __future__ import annotations

@@ -11,7 +11,14 @@ import argparse
 import os
 import sys
 
-from verl_patches.trainer.config_compose import CONFIG_NAMES
+from omegaconf import OmegaConf
+
+from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
+from verl_patches.sources.pins import check as check_package_versions
+from verl_patches.trainer.checkpoint_folder import folder_problem
+from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
+from verl_patches.trainer.config_compose import CONFIG_NAMES, ConfigCompositionError, compose_config, resolved
+from verl_patches.trainer.tiny_a3 import prepare_for
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -33,10 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import verl_patches.prelude_patch  # noqa: F401  (activates our patches in the driver)
-    from omegaconf import OmegaConf
-
-    from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
-    from verl_patches.trainer.config_compose import ConfigCompositionError, compose_config, resolved
 
     try:
         cfg = resolved(compose_config(args.config_name, overrides))
@@ -47,16 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
-    from verl_patches.sources.pins import check as check_package_versions
+
+    folder = folder_problem(cfg)  # the resume reads the folder first thing: refused before any worker starts
+    if folder:
+        print(f"main_ppo_npu: {folder}", file=sys.stderr)
+        return 2
 
     # before step 1, so a user on another image sees which versions this run does not share with A3's pins
     print(f"main_ppo_npu: {check_package_versions()[0]}", flush=True)
-    from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
 
     os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
     if cfg.get("overlay", {}).get("profile") == "tiny":
-        from verl_patches.trainer.tiny_a3 import prepare_for
-
         try:
             prepare_for(cfg)
         except ValueError as e:

@@ -18,6 +18,9 @@ import resource
 from pathlib import Path
 from typing import Any, Mapping
 
+from verl_patches import device
+from verl_patches.base.env_flags import env_int
+
 logger = logging.getLogger("verl_patches")
 GIB = float(1 << 30)
 FILE_NAME = "rank_memory.jsonl"
@@ -26,10 +29,9 @@ RUN_DIR_ENV = "VERL_PATCHES_RUN_DIR"
 
 def probe(_worker: Any = None) -> dict[str, Any]:
     """This process's memory (called inside a worker; `_worker` is the actor instance Ray passes)."""
-    from verl_patches import device
 
     mod = device.accelerator_module()
-    rank = int(os.environ.get("RANK", "-1") or -1)
+    rank = env_int("RANK", -1)
     if mod is not None:
         return {
             "rank": rank,
@@ -38,6 +40,7 @@ def probe(_worker: Any = None) -> dict[str, Any]:
             "peak_gib": mod.max_memory_allocated() / GIB,
             "current_gib": mod.memory_allocated() / GIB,
         }
+    # lazy: only this path needs psutil; importing this module stays light
     import psutil
 
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
@@ -55,6 +58,7 @@ def collect(worker_group: Any, timeout_s: float = 60.0) -> list[dict[str, Any]] 
     workers = getattr(worker_group, "_workers", None)
     if not workers:
         return None
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     rows = ray.get([w.__ray_call__.remote(probe) for w in workers], timeout=timeout_s)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_patches.trainer.config_access import get
+from verl_patches.base.config_access import get
 
 R = "actor_rollout_ref.rollout"
 ENGINE = f"{R}.engine_kwargs.vllm"
@@ -162,9 +162,11 @@ def describe(cfg: Any) -> str:
     """One line: what the engine is built with (for the preflight and the fit line)."""
     seqs = engine_max_num_seqs(cfg)
     tbs, n = get(cfg, "data.train_batch_size"), get(cfg, f"{R}.n")
+    nnodes, per_node = get(cfg, "trainer.nnodes", 1), get(cfg, "trainer.n_gpus_per_node", 1)
+    rollout_tp = get(cfg, f"{R}.tensor_model_parallel_size", 1)
     seqs_text = (
         f"max_num_seqs {seqs} (train_batch_size {tbs} x n {n} / rollout DP {rollout_dp(cfg)} = "
-        f"{seqs_per_rollout_engine(tbs, n, get(cfg, 'trainer.nnodes', 1), get(cfg, 'trainer.n_gpus_per_node', 1), get(cfg, f'{R}.tensor_model_parallel_size', 1))})"
+        f"{seqs_per_rollout_engine(tbs, n, nnodes, per_node, rollout_tp)})"
         if seqs is not None
         else "max_num_seqs: vLLM's default"
     )

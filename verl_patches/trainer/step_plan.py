@@ -23,19 +23,19 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from verl_patches.trainer.config_access import get
+from verl_patches.base.env_flags import env_flag
+from verl_patches.base.config_access import get
 
 D2D_ENV = "D2D_DATA_TRANSFER"
 D2D_KEY = "overlay.d2d_tensor_cache"
 FUSED_ROLE_KEY = "overlay.fused_actor_rollout_ref"
 RECOMPUTE_KEY = "actor_rollout_ref.actor.recompute_old_log_prob"
-_OFF = ("", "0", "false", "no", "off")
 
 
 def d2d_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """`D2D_DATA_TRANSFER` set to anything but 0/false/no/off/empty (the vendor's reading: `!= 0`)."""
-    raw = (os.environ if environ is None else environ).get(D2D_ENV)
-    return raw is not None and raw.strip().lower() not in _OFF
+    """`D2D_DATA_TRANSFER` as a switch (`verl_patches.base.env_flags`: 1/true/yes/on, 0/false/no/off/empty;
+    anything else is an error naming it); off when unset."""
+    return env_flag(D2D_ENV, environ=environ)
 
 
 def d2d_setting(cfg: Any, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:

@@ -15,6 +15,8 @@ from typing import Any
 
 from verl_patches.trainer.config_checks import get
 from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
+from verl_patches.weights.config import official_config
+from verl_patches.weights.layout import ParallelLayout
 
 MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
     "n_group": 1,
@@ -42,7 +44,6 @@ def tiny_spec(cfg: Any) -> TinySpec:
     )
     if not is_megatron(cfg):
         return spec
-    from verl_patches.weights.config import official_config
 
     rope = dict(official_config()["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
     overrides = dict(MEGATRON_MODEL_OVERRIDES, rope_scaling=rope)
@@ -59,7 +60,6 @@ def tiny_spec(cfg: Any) -> TinySpec:
 
 def megatron_layout(cfg: Any) -> Any:
     """The actor's Megatron layout as our converter writes it (pure)."""
-    from verl_patches.weights.layout import ParallelLayout
 
     m = "actor_rollout_ref.actor.megatron"
     layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.trainer import cpu_numerics, tiny_base
+from verl_patches.weights.config import make_tiny_config
+
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]
 THINK_TOKENS = ["<think>", "</think>"]
 # How a sum is asked: different openings, the same ending, so a held-out text differs from trained ones of the
@@ -126,16 +130,16 @@ def write_arithmetic_json(path: Path, spec: TinySpec) -> Path:
                 "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}.",
             }
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps(rows))
     return path
 
 
 def build_tokenizer(out_dir: Path, texts: list[str], max_operand: int) -> Any:
     """A word-level tokenizer over the words of `texts`, digits one by one, with a chat template."""
+    # lazy: tokenizers is heavy and only this path needs it; importing this module stays light
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # lazy: transformers is heavy and only this path needs it; importing this module stays light
     from transformers import PreTrainedTokenizerFast
 
     pre = pre_tokenizers.Sequence(
@@ -169,10 +173,11 @@ def build_model(
     out_dir: Path, vocab_size: int, seed: int, tokenizer: Any, overrides: dict[str, Any] | None = None
 ) -> Path:
     """A randomly initialised DeepSeek-V3-shaped model (MLA + MoE) from our tiny config generator."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig
 
-    from verl_patches.weights.config import make_tiny_config
+    # lazy: transformers is heavy and only this path needs it; importing this module stays light
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig
 
     cfg = make_tiny_config(vocab_size=vocab_size, **(overrides or {}))
     cfg.update(
@@ -189,9 +194,11 @@ def build_model(
 
 def keep_one_row_per_problem(parquet: Path) -> None:
     """Rewrite `parquet` (atomically) with the first row of each distinct problem, in order."""
+    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # lazy: that module loads pyarrow; importing this one must not
     from verl_patches.data.parquet_io import write_tables_atomically
 
     table = pq.read_table(parquet)
@@ -206,6 +213,7 @@ def keep_one_row_per_problem(parquet: Path) -> None:
 
 def check_learnable_split(assets: TinyAssets, spec: TinySpec) -> None:
     """`check_held_out` on the built parquet files."""
+    # lazy: pandas is heavy and only this path needs it; importing this module stays light
     import pandas as pd
 
     check_held_out(
@@ -243,8 +251,10 @@ def check_held_out(spec: TinySpec, train: list[str], held_out: list[str]) -> Non
 
 def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> TinyAssets:
     """Build (or reuse, if built with the same spec) the data, tokenizer and model under `root`."""
+    # lazy: pandas is heavy and only this path needs it; importing this module stays light
     import pandas as pd
 
+    # lazy: that module loads pyarrow, tqdm; importing this one must not
     from verl_patches.data.convert import convert
 
     root = Path(root)
@@ -256,7 +266,6 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
         raw_json=root / "raw" / "arithmetic.json",
     )
     stamp = root / STAMP
-    from verl_patches.trainer import cpu_numerics
 
     recorded = {**spec.as_dict(), "cpu_numerics": cpu_numerics.current()}  # the base model depends on both
     if (
@@ -292,18 +301,15 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple
     build_model(assets.model_dir, vocab, spec.seed, tok, dict(spec.model_overrides))
     if spec.base_steps:
-        from verl_patches.trainer.tiny_base import train_base
-
-        train_base(assets.model_dir, assets.train_parquet, spec.base_steps, spec.seed)
-    tmp = stamp.with_name(STAMP + ".tmp")
-    tmp.write_text(json.dumps(recorded, indent=2))
-    tmp.replace(stamp)
+        tiny_base.train_base(assets.model_dir, assets.train_parquet, spec.base_steps, spec.seed)
+    write_text_atomically(stamp, json.dumps(recorded, indent=2))
     return assets
 
 
 def prepare_megatron(assets: TinyAssets, out_dir: Path, layout: Any, progress: bool = True) -> Path:
     """The tiny model in our converter's Megatron layout (`layout`: a weights.layout.ParallelLayout), the
     weights the Megatron actor and reference load; rebuilt when the model or the layout changes."""
+    # lazy: that module loads safetensors, torch, tqdm; importing this one must not
     from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
 
     out_dir = Path(out_dir)
@@ -313,7 +319,5 @@ def prepare_megatron(assets: TinyAssets, out_dir: Path, layout: Any, progress: b
         return out_dir
     stamp.unlink(missing_ok=True)
     convert_hf_to_mcore(assets.model_dir, out_dir, layout, overwrite=True, progress=progress)
-    tmp = stamp.with_name(stamp.name + ".tmp")
-    tmp.write_text(json.dumps(key, indent=2))
-    tmp.replace(stamp)
+    write_text_atomically(stamp, json.dumps(key, indent=2))
     return out_dir

@@ -40,6 +40,7 @@ BASE_BATCH = 64
 
 def supervised_rows(train_parquet: Path, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """(prompt ids as the rollout sees them, the response ids: `\\boxed{answer}` then EOS) per training row."""
+    # lazy: pandas is heavy and only this path needs it; importing this module stays light
     import pandas as pd
 
     rows = []
@@ -55,6 +56,7 @@ def supervised_rows(train_parquet: Path, tokenizer: Any) -> list[tuple[list[int]
 
 def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
     """Left-padded prompt + response, its attention mask, and labels on the response tokens only."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     seqs = [p + r for p, r in rows]
@@ -62,7 +64,7 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, A
     ids = torch.full((len(seqs), width), pad_id)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     labels = torch.full((len(seqs), width), -100)
-    for i, ((p, r), s) in enumerate(zip(rows, seqs)):
+    for i, ((_prompt, r), s) in enumerate(zip(rows, seqs)):
         ids[i, width - len(s) :] = torch.tensor(s)
         mask[i, width - len(s) :] = 1
         labels[i, width - len(r) :] = torch.tensor(r)
@@ -72,7 +74,10 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, A
 def train_base(model_dir: Path, train_parquet: Path, steps: int, seed: int) -> float:
     """`steps` supervised steps of `BASE_BATCH` training rows on the model in `model_dir`, saved in place;
     returns the last loss. The caller's stamp (tiny_assets) marks the folder complete only afterwards."""
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
+
+    # lazy: transformers is heavy and only this path needs it; importing this module stays light
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

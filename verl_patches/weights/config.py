@@ -9,13 +9,13 @@ architecture (MLA + dense first layers + grouped MoE with a shared expert).
 
 from __future__ import annotations
 
-import math
-
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.weights.errors import ConfigError
 from verl_patches.weights.hf_dir import CONFIG_FILE
 
@@ -337,7 +337,6 @@ def resolve_config_path(path: str | Path) -> Path:
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
     """Parse a config.json (file or directory) without validating it; errors name the file and line."""
-    from verl_patches.regular_file import FileRefused, read_regular_file
 
     p = resolve_config_path(path)
     if not p.exists():

@@ -12,7 +12,6 @@ complete checkpoint. Peak memory per worker is about one tensor (the embedding, 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +19,14 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from verl_patches.weights.atomic_io import (
+from verl_patches.base.atomic_write import (
+    atomic_path,
     copy_file_atomically,
-    file_sha256,
     remove_stale_temps,
-    temp_path_for,
     write_json_atomically,
 )
 from verl_patches.weights.config import CONFIG_FILE, read_config_json
+from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.dequant import (
     DEFAULT_BLOCK,
     FP8_DTYPES,
@@ -113,7 +112,7 @@ def plan_fp8_cast(
     ``keep_layers_below`` drops ``model.layers.N.*`` with ``N >=`` it (the MTP layer of DeepSeek-V3).
     """
     info: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
-    for fname, hdr in headers.items():
+    for hdr in headers.values():
         for name, dt_shape in hdr.items():
             info[name] = dt_shape
     for name, fname in index.weight_map.items():
@@ -145,7 +144,8 @@ def plan_fp8_cast(
                     )
                 if len(shape) != 2:
                     raise CheckpointError(
-                        f"{index.root / fname}: FP8 tensor {name!r} has shape {shape}; only 2-D weights are block-quantised"
+                        f"{index.root / fname}: FP8 tensor {name!r} has shape {shape}; "
+                        "only 2-D weights are block-quantised"
                     )
                 if not info[sname][0].is_floating_point or info[sname][0] in FP8_DTYPES + _OTHER_FP8:
                     raise CheckpointError(
@@ -201,14 +201,9 @@ def cast_shard(job: tuple[str, str, ShardTask, tuple[int, int]]) -> dict[str, An
         except ValueError as err:
             raise CheckpointError(f"{Path(in_root) / task.file}: tensor {it.name!r}: {err}") from None
 
-    target = Path(out_root) / task.file
-    tmp = temp_path_for(target)
     try:
-        size, sha = write_safetensors_file(tmp, specs, produce, {"format": "pt"})
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_path(Path(out_root) / task.file) as tmp:
+            size, sha = write_safetensors_file(tmp, specs, produce, {"format": "pt"})
     finally:
         src.close()
     return {

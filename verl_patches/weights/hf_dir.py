@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from verl_patches.weights.atomic_io import copy_file_atomically, write_text_atomically
+from verl_patches.base.atomic_write import copy_file_atomically, write_text_atomically
 from verl_patches.weights.errors import CheckpointError
 
 CONFIG_FILE = "config.json"

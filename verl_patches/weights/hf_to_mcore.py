@@ -14,7 +14,6 @@ loadable. The manifest also records the layout and the HF config, which the reve
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,15 +21,15 @@ from typing import Any, Mapping
 import torch
 
 from verl_patches.weights import tensor_layout as tl
-from verl_patches.weights.atomic_io import (
-    file_sha256,
+from verl_patches.base.atomic_write import (
+    atomic_path,
     remove_stale_temps,
-    temp_path_for,
     write_json_atomically,
     write_text_atomically,
 )
 from verl_patches.weights.config import load_config
 from verl_patches.weights.errors import CheckpointError, MissingTensorError
+from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.hf_dir import HF_TO_MCORE_MANIFEST
 from verl_patches.weights.hf_schema import hf_tensor_specs, is_moe_layer
@@ -259,16 +258,10 @@ def _convert_rank(job: tuple[str, str, dict, dict, Rank, int]) -> dict[str, Any]
                 f"{load_dir}: the weights for {key!r} (rank {rank_dir_name(layout, rank)}) hold a "
                 f"non-finite value ({bad[1]}) at {bad[0]}; refused"
             )
-    target = rank_file(Path(save_dir), layout, rank)
-    tmp = temp_path_for(target)
-    try:
+    with atomic_path(rank_file(Path(save_dir), layout, rank)) as tmp:
         torch.save({"model": sd, "checkpoint_version": 3.0, "iteration": ITERATION}, tmp)
         del sd
         size, sha = tmp.stat().st_size, file_sha256(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return {"rank": rank_dir_name(layout, rank), "size": size, "sha256": sha}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
+from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.weights.errors import LayoutError
 
 
@@ -57,8 +58,6 @@ def parse_layer_list(text: str | None) -> tuple[int, ...] | None:
     """``"7,7,8"`` -> ``(7, 7, 8)``; errors name the flag and the bad item."""
     if text is None or text == "":
         return None
-    from verl_patches.strict_int import IntError, parse_int
-
     items = [s.strip() for s in text.split(",")]
     try:
         return tuple(parse_int(s, "item") for s in items)
@@ -135,8 +134,8 @@ def validate_layout(
         _need(e % layout.ep == 0, f"n_routed_experts={e} is not divisible by --target-expert-parallel-size {layout.ep}")
         _need(
             cfg["moe_intermediate_size"] % tp == 0,
-            f"moe_intermediate_size={cfg['moe_intermediate_size']} is not divisible by --target-tensor-parallel-size {tp} "
-            f"(experts are TP-sliced without --moe-tp-extend-ep)",
+            f"moe_intermediate_size={cfg['moe_intermediate_size']} is not divisible by "
+            f"--target-tensor-parallel-size {tp} (experts are TP-sliced without --moe-tp-extend-ep)",
         )
     _need(isinstance(cfg.get("q_lora_rank"), int), "config.json: key 'q_lora_rank' must be set (MLA with a q LoRA)")
 

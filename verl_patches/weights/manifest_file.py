@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from verl_patches.regular_file import FileRefused, read_regular_file
+from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.weights.errors import ManifestError
 from verl_patches.weights.layout import ParallelLayout
 

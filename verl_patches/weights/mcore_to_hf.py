@@ -12,7 +12,6 @@ resumable; index, config and tokenizer files come last.
 
 from __future__ import annotations
 
-import os
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,27 +19,31 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from verl_patches.weights import tensor_layout as tl
-from verl_patches.weights.atomic_io import (
+from verl_patches.base.atomic_write import (
+    atomic_path,
     copy_file_atomically,
-    file_sha256,
     remove_stale_temps,
-    temp_path_for,
     write_json_atomically,
 )
+from verl_patches.checkpoint.safe_load import CheckpointFileError, load_tensor_file
+from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
+from verl_patches.weights import tensor_layout as tl
 from verl_patches.weights.config import CONFIG_FILE, validate_config
 from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
+from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
 from verl_patches.weights.hf_to_mcore import (
     CKPT_FILE,
     ITERATION,
-    MANIFEST_FILE as MCORE_MANIFEST,
     TRACKER_FILE,
     iteration_dir,
     meta_source,
     plan_rank_shapes,
+)
+from verl_patches.weights.hf_to_mcore import (
+    MANIFEST_FILE as MCORE_MANIFEST,
 )
 from verl_patches.weights.layout import (
     ParallelLayout,
@@ -52,17 +55,17 @@ from verl_patches.weights.layout import (
     stage_layers,
     validate_layout,
 )
-from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_name, layer_rule_for, split_layer_name
-from verl_patches.weights.parallel import progress_bar
-from verl_patches.weights.st_reader import INDEX_FILE
-from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 from verl_patches.weights.manifest_file import (
     ACTOR_CHECKPOINT_TOOL,
     CONVERTER_TOOL,
     is_shard_file_name,
     read_conversion_manifest,
 )
+from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, hf_to_mcore_name, layer_rule_for, split_layer_name
+from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
+from verl_patches.weights.st_reader import INDEX_FILE
+from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -72,7 +75,6 @@ Fetch = Callable[[Rank, str], torch.Tensor]
 
 def read_tracker(mcore_dir: Path) -> int | str:
     """The iteration ``latest_checkpointed_iteration.txt`` names (the one strict tracker reader)."""
-    from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
 
     p = Path(mcore_dir) / TRACKER_FILE
     if not p.exists() and not p.is_symlink():
@@ -86,11 +88,14 @@ def read_tracker(mcore_dir: Path) -> int | str:
 def _rank_file_globals() -> list[Any]:
     """Data-only types a Megatron rank file holds besides tensors: the training args (a Namespace) and the
     numpy arrays of its RNG states. The weights-only unpickler builds these and nothing else."""
+    # lazy: numpy is heavy and only this path needs it; importing this module stays light
     import numpy as np
 
     try:
+        # lazy: numpy is heavy and only this path needs it; importing this module stays light
         from numpy.core.multiarray import _reconstruct
     except ImportError:  # numpy 2 moved it
+        # lazy: numpy is heavy and only this path needs it; importing this module stays light
         from numpy._core.multiarray import _reconstruct  # type: ignore[no-redef]
     dtype_classes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUS"}
     return [Namespace, _reconstruct, np.ndarray, np.dtype, *dtype_classes]
@@ -151,7 +156,6 @@ def load_rank_file(path: Path, expected_sha256: str | None = None) -> tuple[dict
     """``(model state dict, training args or None)`` of a rank file, memory-mapped and loaded weights-only
     (never unpickling code, whatever the torch version); Megatron's ``_extra_state`` entries dropped. With
     ``expected_sha256`` (the converter's manifest records one per rank) a differing file is refused unread."""
-    from verl_patches.checkpoint.safe_load import CheckpointFileError, load_tensor_file
 
     if not path.is_file():
         raise CheckpointError(f"{path}: rank file not found")
@@ -435,8 +439,6 @@ def convert_mcore_to_hf(
         (save / CONFIG_FILE).unlink(missing_ok=True)
     with progress_bar(sum(s.nbytes for _, g in todo for s in g), "mcore->hf", progress) as bar:
         for fname, group in todo:
-            target = save / fname
-            tmp = temp_path_for(target)
 
             def produce(spec: TensorSpec) -> torch.Tensor:
                 t = hf_tensor_from_ranks(spec.name, cfg, layout, store.fetch)
@@ -445,11 +447,8 @@ def convert_mcore_to_hf(
                 return t
 
             try:
-                size, sha = write_safetensors_file(tmp, group, produce, {"format": "pt"})
-                os.replace(tmp, target)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+                with atomic_path(save / fname) as tmp:
+                    size, sha = write_safetensors_file(tmp, group, produce, {"format": "pt"})
             finally:
                 store.clear()
             manifest["shards"][fname] = {"size": size, "sha256": sha, "tensors": len(group)}

@@ -6,26 +6,26 @@ rollout engine (vendor item G10). Layer names are relative to ``decoder.layers.{
 ``model.layers.{L}.`` (HF); at runtime ``L`` is the global layer index (verl normalises the per-stage
 index before naming).
 
-| Megatron (``decoder.layers.L.`` ...)        | HF (``model.layers.L.`` ...)                              | kind        |
-|---------------------------------------------|-----------------------------------------------------------|-------------|
-| input_layernorm.weight                      | input_layernorm.weight                                    | replicated  |
-| self_attention.linear_qkv.weight            | self_attn.q_a_proj.weight, self_attn.kv_a_proj_with_mqa.weight | concat_rows |
-| self_attention.q_layernorm.weight           | self_attn.q_a_layernorm.weight                            | replicated  |
-| self_attention.k_layernorm.weight           | self_attn.kv_a_layernorm.weight                           | replicated  |
-| self_attention.linear_qb.weight             | self_attn.q_b_proj.weight                                 | tp_rows     |
-| self_attention.linear_kvb.weight            | self_attn.kv_b_proj.weight                                | tp_rows     |
-| self_attention.linear_proj.weight           | self_attn.o_proj.weight                                   | tp_cols     |
-| pre_mlp_layernorm.weight                    | post_attention_layernorm.weight                           | replicated  |
-| mlp.linear_fc1.weight (dense layers)        | mlp.gate_proj.weight, mlp.up_proj.weight                  | gate_up     |
-| mlp.linear_fc2.weight (dense layers)        | mlp.down_proj.weight                                      | tp_cols     |
-| mlp.router.weight                           | mlp.gate.weight                                           | replicated  |
-| mlp.router.expert_bias                      | mlp.gate.e_score_correction_bias                          | replicated  |
-| mlp.shared_experts.linear_fc1.weight        | mlp.shared_experts.gate_proj.weight, ...up_proj.weight    | gate_up     |
-| mlp.shared_experts.linear_fc2.weight        | mlp.shared_experts.down_proj.weight                       | tp_cols     |
-| mlp.experts.weight1 (grouped GEMM)          | mlp.experts.{e}.gate_proj.weight, mlp.experts.{e}.up_proj.weight for every e | grouped_w1 |
-| mlp.experts.weight2 (grouped GEMM)          | mlp.experts.{e}.down_proj.weight for every e              | grouped_w2  |
-| mlp.experts.local_experts.{j}.linear_fc1.weight | mlp.experts.{e}.gate_proj.weight, ...up_proj.weight   | gate_up     |
-| mlp.experts.local_experts.{j}.linear_fc2.weight | mlp.experts.{e}.down_proj.weight                      | tp_cols     |
+| Megatron (``decoder.layers.L.`` ...) | HF (``model.layers.L.`` ...)                                    | kind        |
+|--------------------------------------|-----------------------------------------------------------------|-------------|
+| input_layernorm.weight               | input_layernorm.weight                                          | replicated  |
+| self_attention.linear_qkv.weight     | self_attn.q_a_proj.weight, self_attn.kv_a_proj_with_mqa.weight  | concat_rows |
+| self_attention.q_layernorm.weight    | self_attn.q_a_layernorm.weight                                  | replicated  |
+| self_attention.k_layernorm.weight    | self_attn.kv_a_layernorm.weight                                 | replicated  |
+| self_attention.linear_qb.weight      | self_attn.q_b_proj.weight                                       | tp_rows     |
+| self_attention.linear_kvb.weight     | self_attn.kv_b_proj.weight                                      | tp_rows     |
+| self_attention.linear_proj.weight    | self_attn.o_proj.weight                                         | tp_cols     |
+| pre_mlp_layernorm.weight             | post_attention_layernorm.weight                                 | replicated  |
+| mlp.linear_fc1.weight (dense layers) | mlp.gate_proj.weight, mlp.up_proj.weight                        | gate_up     |
+| mlp.linear_fc2.weight (dense layers) | mlp.down_proj.weight                                            | tp_cols     |
+| mlp.router.weight                    | mlp.gate.weight                                                 | replicated  |
+| mlp.router.expert_bias               | mlp.gate.e_score_correction_bias                                | replicated  |
+| mlp.shared_experts.linear_fc1.weight | mlp.shared_experts.gate_proj.weight, ...up_proj.weight          | gate_up     |
+| mlp.shared_experts.linear_fc2.weight | mlp.shared_experts.down_proj.weight                             | tp_cols     |
+| mlp.experts.weight1 (grouped GEMM)   | mlp.experts.{e}.gate_proj.weight, ...up_proj.weight for every e | grouped_w1  |
+| mlp.experts.weight2 (grouped GEMM)   | mlp.experts.{e}.down_proj.weight for every e                    | grouped_w2  |
+| mlp.experts.local_experts.{j}.linear_fc1.weight | mlp.experts.{e}.gate_proj.weight, ...up_proj.weight  | gate_up     |
+| mlp.experts.local_experts.{j}.linear_fc2.weight | mlp.experts.{e}.down_proj.weight                     | tp_cols     |
 
 Outside the layers: ``embedding.word_embeddings.weight`` <-> ``model.embed_tokens.weight`` (vocab rows),
 ``decoder.final_layernorm.weight`` <-> ``model.norm.weight``, ``output_layer.weight`` <-> ``lm_head.weight``

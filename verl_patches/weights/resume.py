@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from verl_patches.weights.atomic_io import is_temp_name
+from verl_patches.base.atomic_write import is_temp_name
 from verl_patches.weights.errors import ManifestError, ResumeError
 from verl_patches.weights.manifest_file import parse_file_entries, parse_file_list, read_manifest_json
 

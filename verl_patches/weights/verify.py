@@ -65,9 +65,8 @@ def check_index_consistent(root: Path) -> CheckpointIndex:
         present = set(read_header(root / fname))
         if listed != present:
             diff = sorted(listed ^ present)[0]
-            raise VerifyError(
-                f"{root / fname}: tensor {diff!r} is {'missing from the shard' if diff in listed else 'not in the index'}"
-            )
+            where = "missing from the shard" if diff in listed else "not in the index"
+            raise VerifyError(f"{root / fname}: tensor {diff!r} is {where}")
     total = index.metadata.get("total_size")
     if total is not None:
         actual = sum(tensor_bytes(root / f) for f in index.files())
@@ -112,7 +111,8 @@ def _verify_fp8_shard(job: tuple[str, str, str, list[str], tuple[int, int]]) -> 
                     i = int((err - bound).argmax())
                     raise VerifyError(
                         f"{Path(out_root) / out_file}: tensor {name!r} differs from the float32 reference "
-                        f"beyond BF16 rounding at flat index {i} ({got.reshape(-1)[i].item()} vs {ref.reshape(-1)[i].item()})"
+                        f"beyond BF16 rounding at flat index {i} "
+                        f"({got.reshape(-1)[i].item()} vs {ref.reshape(-1)[i].item()})"
                     )
                 rel = (err / ref.abs().clamp_min(1e-30)).max().item() if err.numel() else 0.0
                 worst = max(worst, rel)

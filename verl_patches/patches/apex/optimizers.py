@@ -11,6 +11,7 @@ from typing import Any
 
 
 def fused_adam_class() -> type:
+    # deferred: a patch applies while upstream is still importing; MindSpeed is read at call time
     from mindspeed.optimizer.adamw import AdamW
 
     return AdamW
@@ -20,6 +21,7 @@ def __getattr__(name: str) -> Any:
     if name == "FusedAdam":
         return fused_adam_class()
     if name == "FusedSGD":  # MindSpeed has no fused SGD; Megatron imports the name together with FusedAdam
+        # lazy: torch is heavy and only this path needs it; importing this module stays light
         import torch
 
         return torch.optim.SGD

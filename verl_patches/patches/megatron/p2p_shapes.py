@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from verl_patches.device import synchronize, torch_device
+
 
 def communicate_shapes(
     tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool, config: Any, tensor_dim: int = 3
 ) -> tuple[list[int], list[int]]:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
+
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import p2p_communication as p2p
-
-    from verl_patches.device import synchronize, torch_device
 
     device = torch_device()
 

@@ -47,6 +47,7 @@ def check_layout(counts: Sequence[int], num_layers: int, pp_size: int) -> None:
 
 
 def _uneven_counts(config: Any) -> list[int] | None:
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state
 
     counts = parse_num_layer_list(getattr(config, "num_layer_list", None))
@@ -63,6 +64,7 @@ def _uneven_counts(config: Any) -> list[int] | None:
 def uneven_num_layers_to_build(original: Callable[[Any], int]) -> Callable[[Any], int]:
     @functools.wraps(original)
     def get_num_layers_to_build(config: Any) -> int:
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core import parallel_state
 
         counts = _uneven_counts(config)
@@ -76,6 +78,7 @@ def uneven_num_layers_to_build(original: Callable[[Any], int]) -> Callable[[Any]
 def uneven_layer_offset(original: Callable[[Any], int]) -> Callable[[Any], int]:
     @functools.wraps(original)
     def _get_layer_offset(self: Any) -> int:
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core import parallel_state
 
         counts = _uneven_counts(self.config)

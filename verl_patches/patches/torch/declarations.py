@@ -11,7 +11,8 @@ PATCHES = [
         fingerprint="sha256:b4ea82ab27844d89",
         replacement=lazy_object("verl_patches.patches.torch.fsdp_init:allow_cpu_module_states"),
         vendor_item="local",
-        reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; gloo broadcasts them",
+        reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; "
+        "gloo broadcasts them",
         devices=("cpu",),
     ),
     Patch(
@@ -32,7 +33,8 @@ PATCHES = [
         fingerprint="sha256:977cb60a38e38ea0",
         replacement=lazy_call("verl_patches.patches.torch.fsdp_init:cpu_host_cpu_offload_policy"),
         vendor_item="local",
-        reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; pinning needs an accelerator",
+        reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; "
+        "pinning needs an accelerator",
         devices=("cpu",),
     ),
 ]

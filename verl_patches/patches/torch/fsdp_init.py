@@ -7,6 +7,8 @@ a CPU tensor, so the refusal is the only thing in the way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -18,8 +20,7 @@ def allow_cpu_module_states(module_states: list[torch.Tensor]) -> None:
 def cpu_host_cpu_offload() -> type:
     """A CPUOffload whose parameter offloading is off: on a CPU host the parameters already live in
     host memory, and FSDP's offload path pins memory, which needs an accelerator."""
-    from dataclasses import dataclass
-
+    # deferred: this runs while the patch on this very module applies; a module-level import would recurse
     from torch.distributed.fsdp.api import CPUOffload
 
     @dataclass
@@ -35,8 +36,7 @@ def cpu_host_cpu_offload() -> type:
 def cpu_host_cpu_offload_policy() -> type:
     """FSDP2's CPUOffloadPolicy with pin_memory off: pinning needs an accelerator, and on a CPU host
     the sharded parameters already live in (unpinned) host memory."""
-    from dataclasses import dataclass
-
+    # deferred: this runs while the patch on this very module applies; a module-level import would recurse
     from torch.distributed._composable.fsdp._fsdp_api import CPUOffloadPolicy
 
     @dataclass

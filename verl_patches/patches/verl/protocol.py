@@ -8,6 +8,8 @@ kept; a key present on both sides must still hold equal tensors.
 
 from __future__ import annotations
 
+import functools
+import io
 from typing import Any
 
 
@@ -45,15 +47,14 @@ def pickle_empty_batch(getstate: Any) -> Any:
     not ship either. There is nothing to consolidate then: save it as it is. Every other batch takes
     upstream's path.
     """
-    import functools
 
     @functools.wraps(getstate)
     def __getstate__(self: Any) -> Any:
         batch = self.batch
         if batch is None or len(batch.keys()) > 0:
             return getstate(self)
-        import io
 
+        # lazy: torch is heavy and only this path needs it; importing this module stays light
         import torch
 
         buffer = io.BytesIO()

@@ -16,6 +16,7 @@ from typing import Any
 
 def registry_after_general_plugins(model_registry: Any) -> Any:
     """WRAP of `vllm:ModelRegistry`: load the general plugins, then hand out the same registry."""
+    # deferred: a patch applies while upstream is still importing; vLLM is read at call time
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # idempotent: vLLM keeps a process-wide flag

@@ -1,5 +1,6 @@
 """Patches of vllm_ascend.* (v0.9.1)."""
 
+from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import Kind, Patch, lazy_call
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 
@@ -11,6 +12,8 @@ _KV_NZ_REASON = (
     "build refuses a disagreement); static, so dynamo traces it with fullgraph=True. NPU kernels "
     "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically"
 )
+
+_DP_METADATA = "vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_forward_metadata_across_dp"
 
 PATCHES = [
     Patch(
@@ -34,8 +37,8 @@ PATCHES = [
         name="vllm_ascend.model_runner_v1.dp_sync_over_hccl.dist",
         target="vllm_ascend.worker.model_runner_v1:dist",
         kind=Kind.WRAP,
-        fingerprint="sha256:0a368e62fb52f5f9",
-        fingerprint_of=("vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_forward_metadata_across_dp",),
+        fingerprint=pinned(_DP_METADATA),
+        fingerprint_of=(_DP_METADATA,),
         replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:proxied_dist"),
         vendor_item="local",
         reason="per-step DP forward-metadata all-reduce over HCCL instead of Gloo (vendor measured rollout "
@@ -45,9 +48,9 @@ PATCHES = [
     ),
     Patch(
         name="vllm_ascend.model_runner_v1.dp_sync_over_hccl.method",
-        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_forward_metadata_across_dp",
+        target=_DP_METADATA,
         kind=Kind.WRAP,
-        fingerprint="sha256:0a368e62fb52f5f9",
+        fingerprint=pinned(_DP_METADATA),
         replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:wrap_forward_metadata"),
         vendor_item="local",
         reason="marks the DP metadata all-reduce so it runs on the DP group's device group (HCCL on A3; gloo "

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 def pack(obj: Any) -> torch.Tensor:
@@ -22,7 +23,6 @@ def unpack(t: torch.Tensor) -> Any:
 
 def exchange(outgoing: Sequence[Any], group: Any = None) -> list[Any]:
     """outgoing[r] is sent to rank r of `group` (None = nothing); returns what each rank sent here."""
-    import torch.distributed as dist
 
     world = dist.get_world_size(group)
     if len(outgoing) != world:

@@ -21,6 +21,7 @@ def layer_names(num_layers: int) -> list[str]:
 
 
 def attention_spec(hf_config: Any, block_size: int, dtype: torch.dtype) -> Any:
+    # deferred: importing this module must not load vLLM; it loads once the prelude patched it
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     head = hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim + hf_config.v_head_dim

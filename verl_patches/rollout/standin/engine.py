@@ -18,16 +18,19 @@ The engine core runs F3's `initialize_kv_caches_keeping_configs` with vLLM's own
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from transformers import AutoConfig
 
+from verl_patches.base.env_flags import env_int
 from verl_patches.checkpoint import rng
 from verl_patches.resilience import progress
 from verl_patches.rollout.kv_cache_config import initialize_kv_caches_keeping_configs
+from verl_patches.rollout.lifecycle import RolloutLifecycle, is_placeholder
 from verl_patches.rollout.standin import cache as kv
 from verl_patches.rollout.standin.model import StandinDeepseekV3
 from verl_patches.rollout.standin.sampler import sample
@@ -47,6 +50,7 @@ class AttentionLayer:
     """A static-forward-context entry: what vLLM's Attention layer exposes to the lifecycle."""
 
     def __init__(self, name: str) -> None:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm.attention import AttentionType
 
         self.layer_name, self.attn_type = name, AttentionType.DECODER
@@ -95,8 +99,6 @@ class StandinLLM:
         enable_expert_parallel: bool = False,
         **engine_kwargs: Any,
     ) -> None:
-        from transformers import AutoConfig
-
         if tensor_parallel_size != 1:
             raise ValueError("the CPU rollout stand-in runs at tensor_parallel_size 1")
         self.engine_kwargs = dict(
@@ -114,8 +116,8 @@ class StandinLLM:
         torch_dtype = torch.float32 if dtype in (None, "auto") else _DTYPES.get(str(dtype), torch.float32)
         ep_size, ep_rank = 1, 0
         if enable_expert_parallel:  # vLLM: EP over the DP x TP ranks of the instance
-            ep_size = int(os.environ.get("VLLM_DP_SIZE", "1")) * tensor_parallel_size
-            ep_rank = int(os.environ.get("VLLM_DP_RANK", "0")) * tensor_parallel_size
+            ep_size = env_int("VLLM_DP_SIZE", 1) * tensor_parallel_size
+            ep_rank = env_int("VLLM_DP_RANK", 0) * tensor_parallel_size
         _ensure_vllm_parallel_state(tensor_parallel_size)
         self.max_model_len = int(max_model_len or hf_config.max_position_embeddings)
         self.max_num_seqs = int(max_num_seqs)
@@ -151,15 +153,11 @@ class StandinLLM:
 
     # ---- verl's calls --------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
-        from verl_patches.rollout.lifecycle import RolloutLifecycle
-
         life = RolloutLifecycle(self)
         life.free_cache_engine()
         life.offload_model_weights()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        from verl_patches.rollout.lifecycle import RolloutLifecycle
-
         life = RolloutLifecycle(self, device="cpu")
         if tags is None or "weights" in tags:
             life.onload_model_weights()
@@ -177,6 +175,7 @@ class StandinLLM:
         lora_request: Any = None,
         **kwargs: Any,
     ) -> list[Any]:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm import SamplingParams
 
         requests = [_prompt_ids(p) for p in (prompts if isinstance(prompts, list) else [prompts])]
@@ -188,7 +187,6 @@ class StandinLLM:
         runner = self.llm_engine.model_executor.runner
         if not runner.kv_caches:
             raise RuntimeError("the KV cache is freed: init_cache_engine() (or wake_up) before generate")
-        from verl_patches.rollout.lifecycle import is_placeholder
 
         if is_placeholder(next(runner.model.parameters()).data):
             raise RuntimeError("the weights are offloaded: onload_model_weights() and a weight load before generate")
@@ -256,6 +254,7 @@ class StandinLLM:
         return [(tokens[b], logps[b], reasons[b]) for b in range(batch)]
 
     def _request_output(self, i: int, prompt: list[int], sp: Any, results: dict) -> Any:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm.outputs import CompletionOutput, RequestOutput
         from vllm.sequence import Logprob
 
@@ -286,7 +285,7 @@ class StandinLLM:
 def _ensure_vllm_parallel_state(tp: int) -> None:
     """vLLM's LLM (external_launcher) brings up vllm.distributed's groups over the job's process group;
     verl's weight sync reads the rollout TP size from them. The stand-in does the same, over gloo."""
-    import torch.distributed as dist
+    # deferred: importing this module must not load vLLM; it loads once the prelude patched it
     from vllm.distributed import parallel_state as ps
 
     if not dist.is_initialized() or ps.model_parallel_is_initialized():
@@ -295,7 +294,7 @@ def _ensure_vllm_parallel_state(tp: int) -> None:
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
         distributed_init_method="env://",
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_rank=env_int("LOCAL_RANK", 0),
         backend="gloo",
     )
     ps.ensure_model_parallel_initialized(tp, 1)
@@ -314,6 +313,7 @@ def _prompt_ids(prompt: Any) -> list[int]:
 
 
 def _safetensors_weights(model_dir: Path):
+    # lazy: safetensors is heavy and only this path needs it; importing this module stays light
     from safetensors import safe_open
 
     files = sorted(model_dir.glob("*.safetensors"))

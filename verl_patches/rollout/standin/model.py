@@ -71,6 +71,7 @@ class StandinDeepseekV3(nn.Module):
         device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
+        # lazy: transformers is heavy and only this path needs it; importing this module stays light
         from transformers import DeepseekV3ForCausalLM
 
         self.config = hf_config
@@ -126,6 +127,7 @@ class StandinDeepseekV3(nn.Module):
 
     # ---- loading (vLLM's own loader) ----------------------------------------------------------
     def _attach_loaders(self) -> None:
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
         for name, param in self.named_parameters():
@@ -168,6 +170,7 @@ class StandinDeepseekV3(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM 0.9.1's DeepseekV2ForCausalLM.load_weights, unmodified, with this module as `self`."""
+        # deferred: importing this module must not load vLLM; it loads once the prelude patched it
         from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 
         filtered = ((n, w) for n, w in weights if ".module." not in n)  # vllm-ascend's override does this

@@ -23,6 +23,7 @@ import torch
 @lru_cache(maxsize=1)
 def stacked_params_mapping() -> tuple[tuple[str, str, int], ...]:
     """(param_name, shard_name, shard_id) as vLLM's DeepSeek loader declares it at the pin."""
+    # deferred: importing this module must not load vLLM; it loads once the prelude patched it
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(DeepseekV2ForCausalLM.load_weights)))
@@ -33,6 +34,7 @@ def stacked_params_mapping() -> tuple[tuple[str, str, int], ...]:
 
 
 def expert_params_mapping(num_experts: int) -> list[tuple[str, str, int, str]]:
+    # deferred: importing this module must not load vLLM; it loads once the prelude patched it
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     return FusedMoE.make_expert_params_mapping(
@@ -47,6 +49,7 @@ def local_experts(num_experts: int, ep_size: int, ep_rank: int) -> list[int]:
     """Global ids of the experts rank `ep_rank` serves, by vLLM's own expert map."""
     if ep_size == 1:
         return list(range(num_experts))
+    # deferred: importing this module must not load vLLM; it loads once the prelude patched it
     from vllm.model_executor.layers.fused_moe.layer import determine_expert_map
 
     _, expert_map = determine_expert_map(ep_size, ep_rank, num_experts)

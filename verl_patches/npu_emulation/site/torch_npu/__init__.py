@@ -5,8 +5,6 @@ exposes the emulated fused operations under their torch_npu names. Additive by d
 namespaces are new submodules; new ops go in verl_patches/npu_emulation/ops and the list below.
 """
 
-import torch
-
 from torch_npu import _C, _device  # noqa: F401
 from torch_npu import npu  # noqa: F401  (the torch.npu module)
 from torch_npu import _hccl_backend  # noqa: F401  (an `hccl` backend carried by gloo, for vllm-ascend)

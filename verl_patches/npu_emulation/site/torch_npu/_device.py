@@ -42,6 +42,7 @@ def register() -> None:
     elif name != "npu":
         raise RuntimeError(f"torch_npu CPU emulation: the privateuse1 backend is already named {name!r}")
     if not hasattr(torch, "npu"):
+        # deferred: torch_npu imports this module; resolved at call time
         from torch_npu import npu
 
         torch._register_device_module("npu", npu)

@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 
 def _create_gloo_as_hccl(store, group_rank, group_size, timeout):
+    # deferred: torch_npu imports this module; resolved at call time
     from torch_npu import npu
 
     if npu.device_count() > 1 and not npu.device_was_set():

@@ -61,6 +61,7 @@ class FrozenParameterGraph:
     """One compiled graph: runs the FX module; with frozen parameters, checks their addresses."""
 
     def __init__(self, gm: Any, example_inputs: Sequence[Any], frozen: bool) -> None:
+        # lazy: torch is heavy and only this path needs it; importing this module stays light
         import torch
 
         self.gm = gm

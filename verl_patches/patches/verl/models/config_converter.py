@@ -80,6 +80,7 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any], where: str) -> An
 
 def hf_to_mcore_config_dpskv3(hf_config: Any, dtype: torch.dtype, **override_transformer_config: Any) -> Any:
     """The transformer config MindSpeed-LLM builds from the global arguments, for ``dtype``."""
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.training import get_args
     from megatron.training.arguments import core_transformer_config_from_args
 

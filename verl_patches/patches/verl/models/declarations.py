@@ -21,7 +21,8 @@ PATCHES = [
         fingerprint=ABSENT,
         replacement=lazy_object(f"{_M}.specs:get_gpt_decoder_block_spec"),
         vendor_item="G4",
-        reason="verl's model_initializer imports it (Megatron >= 0.11); a call says which model families this stack supports",
+        reason="verl's model_initializer imports it (Megatron >= 0.11); "
+        "a call says which model families this stack supports",
     ),
     Patch(
         name="verl.models.get_gpt_mtp_block_spec",

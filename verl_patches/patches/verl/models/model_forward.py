@@ -39,6 +39,7 @@ def gptmodel_forward(
     logits_processor: Callable[..., dict] | None = None,
     logits_processor_args: dict | None = None,
 ) -> Any:
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.models.mcore.util import recover_left_padding, remove_left_padding
     from verl.utils.megatron_utils import unwrap_model
 

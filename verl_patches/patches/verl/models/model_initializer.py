@@ -9,6 +9,7 @@ arguments too, so no rope arguments are passed to ``GPTModel`` here.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 # MindSpeed-LLM's spec module reads the global arguments at import time: import it only when building.
@@ -23,8 +24,6 @@ class DeepseekV3Model:
         self.hf_config = hf_config
 
     def get_transformer_layer_spec(self) -> Any:
-        import importlib
-
         return importlib.import_module(DEEPSEEK_SPEC_MODULE).layer_spec
 
     def get_rope_scaling_args(self) -> dict:
@@ -39,6 +38,7 @@ class DeepseekV3Model:
         freeze_moe_router: bool = False,
         **_: Any,
     ) -> Any:
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.training import get_args
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from verl_patches.patching.declaration import lazy_object
+
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 
 
@@ -22,8 +24,6 @@ def with_deepseek_v3(mapping: Mapping[Any, Any], value: Any) -> dict:
 
 def _wrapper(path: str) -> Callable[[Mapping[Any, Any]], dict]:
     def wrap(original: Mapping[Any, Any]) -> dict:
-        from verl_patches.patching.declaration import lazy_object
-
         return with_deepseek_v3(original, lazy_object(path)())
 
     return wrap

@@ -27,7 +27,8 @@ PATCHES = [
         ),
         replacement=lazy_call("verl_patches.patches.verl.utils.device:torch_for_fsdp_utils"),
         vendor_item="local",
-        reason="verl's FSDP2 helpers call torch.cuda.current_device()/empty_cache() directly; on CPU they get the CPU device module",
+        reason="verl's FSDP2 helpers call torch.cuda.current_device()/empty_cache() directly; "
+        "on CPU they get the CPU device module",
         devices=("cpu",),
         rebind=False,  # only this module's name `torch` changes; every other module keeps the real torch
     ),

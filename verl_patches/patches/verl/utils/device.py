@@ -22,6 +22,7 @@ class CpuDeviceModule:
 
     @staticmethod
     def _rss() -> int:
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         rss = psutil.Process().memory_info().rss
@@ -58,6 +59,7 @@ class CpuDeviceModule:
         CpuDeviceModule._peak_rss = 0
 
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         vm = psutil.virtual_memory()

@@ -19,9 +19,12 @@ from __future__ import annotations
 from typing import Any, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.pp_plan import layer_offsets
+from verl_patches.sync import megatron_source as src
+from verl_patches.sync.generator import iter_rollout_weights
 from verl_patches.sync.megatron_source import layer_list_from
 
 
@@ -31,6 +34,7 @@ def num_layer_list(config: Any) -> tuple[int, ...] | None:
     if found is not None:
         return found
     try:
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.training import get_args
 
         args = get_args()
@@ -72,13 +76,14 @@ def per_tensor_generator(
     layer_name_mapping: Any,
     convert_qkv_gate_up_by_simple_split: bool = True,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    import torch.distributed as dist
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state as mpu
-    from vllm.distributed import parallel_state as vllm_ps
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.megatron_utils import unwrap_model
 
-    from verl_patches.sync import megatron_source as src
-    from verl_patches.sync.generator import iter_rollout_weights
+    # deferred: a patch applies while upstream is still importing; vLLM is read at call time
+    from vllm.distributed import parallel_state as vllm_ps
 
     rank, world = dist.get_rank(), dist.get_world_size()
     local = src.local_state([unwrap_model(m) for m in actor_module])

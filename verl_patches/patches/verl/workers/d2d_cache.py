@@ -1,5 +1,5 @@
 """The D2D tensor cache inside verl's Megatron ``ActorRolloutRefWorker`` (vendor items C1 and C2, with
-A2's driver payloads in `verl_patches.trainer.step_payloads`).
+A2's driver payloads in `verl_patches.worker_calls.step_payloads`).
 
 A call takes part in the D2D flow when the driver says so (``meta_info[D2D_META_KEY]``, written by our fit
 loop) and it is not a validation call (``meta_info["validate"]``); every other call runs upstream's method
@@ -33,11 +33,12 @@ import functools
 import logging
 from typing import Any, Callable
 
-from verl_patches.resilience import progress
+from verl_patches.device import torch_device
 from verl_patches.reshard.dp_plan import DpRankMap
 from verl_patches.reshard.errors import TensorCacheError, TensorCachePreconditionError
 from verl_patches.reshard.tensor_cache import TensorCache
-from verl_patches.trainer.step_payloads import (
+from verl_patches.resilience import progress
+from verl_patches.worker_calls.step_payloads import (
     CACHED_BY_GENERATE,
     D2D_META_KEY,
     GENERATE_TO_DRIVER_WITH_D2D,
@@ -146,6 +147,7 @@ def _check_rows(worker: Any, data: Any, cache: TensorCache, call: str) -> None:
 
 def _with_cached(data: Any, cached: Any) -> Any:
     """The driver's DataProto with the cached tensors added (a fresh, unlocked TensorDict; same meta_info)."""
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl import DataProto
 
     tensors = dict(cached.batch.items())
@@ -158,8 +160,6 @@ def _with_cached(data: Any, cached: Any) -> Any:
 
 
 def _device() -> Any:
-    from verl_patches.device import torch_device
-
     return torch_device()
 
 
@@ -197,7 +197,10 @@ def wrap_compute_ref_log_prob(original: Callable) -> Callable:
     def compute_ref_log_prob(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         if not is_d2d_call(data):
             return original(self, data, *args, **kwargs)
+        # lazy: tensordict is heavy and only this path needs it; importing this module stays light
         from tensordict import TensorDict
+
+        # deferred: a patch applies while upstream is still importing; verl is read at call time
         from verl import DataProto
 
         cache = _cache_in_step(self, "compute_ref_log_prob")

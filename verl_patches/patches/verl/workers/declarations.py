@@ -1,5 +1,6 @@
 """Patches of verl.workers.*."""
 
+from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call
 
 
@@ -37,7 +38,12 @@ _SWITCH_TIMING = [
         reason="hand the measured weight-switch time to the driver with the generated batch",
         devices=ALL_DEVICES,
     )
-    for mod, fp in (("fsdp_workers", "sha256:933f386de9ab97b7"), ("megatron_workers", "sha256:5d343eed8e9b5efc"))
+    # the innermost layer of megatron_workers' generate_sequences stack: the D2D and progress wraps
+    # (megatron_declarations) come later in the catalog and wrap it
+    for mod, fp in (
+        ("fsdp_workers", "sha256:933f386de9ab97b7"),
+        ("megatron_workers", pinned("verl.workers.megatron_workers:ActorRolloutRefWorker.generate_sequences")),
+    )
 ]
 
 PATCHES = _SWITCH_TIMING + [

@@ -8,22 +8,23 @@ rank and world size from the environment, makes verl's own `if not is_initialize
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable
+
+from verl_patches.base.env_flags import env_int
+from verl_patches.device import dist_backend
 
 
 def init_process_group_first(init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        # lazy: torch is heavy and only this path needs it; importing this module stays light
         import torch.distributed as dist
-
-        from verl_patches.device import dist_backend
 
         if not dist.is_initialized():
             dist.init_process_group(
                 backend=dist_backend(),
-                rank=int(os.environ.get("RANK", 0)),
-                world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                rank=env_int("RANK", 0),
+                world_size=env_int("WORLD_SIZE", 1),
             )
         init(self, *args, **kwargs)
 

@@ -75,6 +75,7 @@ def plan_rank_file(ckpt_dir: Path, running: RunningLayout) -> Path:
 
 def running_layout() -> RunningLayout:
     """The running layout from Megatron's parallel state and global arguments."""
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state as mpu
     from megatron.training import get_args
 
@@ -117,6 +118,7 @@ def load_legacy_weights(
     parallel_model: Sequence[torch.nn.Module], dist_weight_path: str, is_value_model: bool = False
 ) -> None:
     """Drop-in for ``verl.utils.model.load_mcore_dist_weights`` reading our converter's legacy layout."""
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.megatron_utils import unwrap_model
 
     if is_value_model:

@@ -1,5 +1,6 @@
 """Patches of verl's Megatron worker and actor for DeepSeek-V3 on core_r0.8.0 + MindSpeed (vendor items C1, C3, C6)."""
 
+from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 _W = "verl_patches.patches.verl.workers.megatron_workers"
@@ -36,8 +37,9 @@ PATCHES = (
             name="megatron_worker.init_model",
             target=f"{_WORKER}.init_model",
             kind=Kind.WRAP,
-            fingerprint="sha256:5ff5e4bac0b5e9a0",
+            fingerprint=pinned(f"{_WORKER}.init_model"),
             replacement=lazy_call(f"{_W}:wrap_init_model"),
+            calls_original=False,  # our init_model under upstream's registration: the innermost layer
             vendor_item="C1",
             reason="pass is_for_actor to the model builder and take the parameter dtype from the Megatron arguments",
         ),
@@ -45,7 +47,7 @@ PATCHES = (
             name="megatron_worker.update_actor_temperature",
             target=f"{_WORKER}.update_actor",
             kind=Kind.WRAP,
-            fingerprint="sha256:2d577a0fd0a2b110",
+            fingerprint=pinned(f"{_WORKER}.update_actor"),
             replacement=lazy_call(f"{_W}:wrap_with_temperature"),
             vendor_item="local",
             reason="the actor's loss needs the rollout's sampling temperature on every batch it trains on",
@@ -56,17 +58,17 @@ PATCHES = (
             name="megatron_worker.generate_sequences_d2d_cache",
             target=f"{_WORKER}.generate_sequences",
             kind=Kind.WRAP,
-            fingerprint="sha256:5d343eed8e9b5efc",
+            fingerprint=pinned(f"{_WORKER}.generate_sequences"),
             replacement=lazy_call(f"{_D2D}:wrap_generate_sequences"),
             vendor_item="C1",
-            reason="with the D2D tensor cache, keep responses/input_ids/attention_mask/position_ids/rollout_log_probs on "
-            "the worker and hand the driver only prompts/responses/attention_mask (not on validation)",
+            reason="with the D2D tensor cache, keep responses/input_ids/attention_mask/position_ids/rollout_log_probs "
+            "on the worker and hand the driver only prompts/responses/attention_mask (not on validation)",
         ),
         Patch(
             name="megatron_worker.compute_ref_log_prob_d2d_cache",
             target=f"{_WORKER}.compute_ref_log_prob",
             kind=Kind.WRAP,
-            fingerprint="sha256:78cd82e383702008",
+            fingerprint=pinned(f"{_WORKER}.compute_ref_log_prob"),
             replacement=lazy_call(f"{_D2D}:wrap_compute_ref_log_prob"),
             vendor_item="C1",
             reason="with the D2D tensor cache, take the inputs from the cache resharded to the Megatron DP layout (C2) "
@@ -76,33 +78,37 @@ PATCHES = (
             name="megatron_worker.update_actor_d2d_cache",
             target=f"{_WORKER}.update_actor",
             kind=Kind.WRAP,
-            fingerprint="sha256:2d577a0fd0a2b110",
+            fingerprint=pinned(f"{_WORKER}.update_actor"),
             replacement=lazy_call(f"{_D2D}:wrap_update_actor"),
             vendor_item="C1",
             reason="with the D2D tensor cache, add the cached tensors to the driver's advantages, clear the cache "
             "after the update (also when it fails)",
         ),
     ]
+    # The outermost layer of each method's stack (declared after the temperature, D2D and timing wraps and,
+    # through the catalog order, after the checkpoint save's new body): the call's phase is entered before the
+    # D2D wraps mark their reshard phase inside it and left after, so a rank stuck in a D2D reshard is reported
+    # in its call and step; beneath the D2D wrap those marks would land outside any call.
     + [
         Patch(
             name=f"megatron_worker.{method}_progress",
             target=f"{_WORKER}.{method}",
             kind=Kind.WRAP,
-            fingerprint=fp,
+            fingerprint=pinned(f"{_WORKER}.{method}"),
             replacement=lazy_call(f"{_PROGRESS}:{method}_progress"),
             vendor_item="local",
             reason="hang diagnosis: the call is a phase of the trainer step (meta_info['global_steps'], written by our "
             "fit loop) in this process's progress, which its heartbeat publishes; a stuck rank is named "
             "with its phase and step",
         )
-        for method, fp in (
-            ("generate_sequences", "sha256:5d343eed8e9b5efc"),
-            ("compute_ref_log_prob", "sha256:78cd82e383702008"),
-            ("compute_log_prob", "sha256:f01abc1745a4c4e1"),
-            ("update_actor", "sha256:2d577a0fd0a2b110"),
-            ("init_model", "sha256:5ff5e4bac0b5e9a0"),
-            ("save_checkpoint", "sha256:d2161384f9bd2067"),
-            ("load_checkpoint", "sha256:9c3ec75b93b07c65"),
+        for method in (
+            "generate_sequences",
+            "compute_ref_log_prob",
+            "compute_log_prob",
+            "update_actor",
+            "init_model",
+            "save_checkpoint",
+            "load_checkpoint",
         )
     ]
     + [
@@ -121,7 +127,7 @@ PATCHES = (
             name="cpu.megatron_worker.torch_cuda_is_cpu",
             target="verl.workers.megatron_workers:torch",
             kind=Kind.REPLACE,
-            fingerprint="sha256:2d577a0fd0a2b110",
+            fingerprint=pinned(f"{_WORKER}.update_actor"),
             fingerprint_of=(f"{_WORKER}.update_actor",),
             replacement=lazy_call("verl_patches.patches.verl.utils.device:torch_for_fsdp_utils"),
             vendor_item="local",
@@ -146,7 +152,8 @@ PATCHES = (
             fingerprint="sha256:87ff9bb61611fd1c",
             replacement=lazy_object(f"{_A}:compute_log_prob"),
             vendor_item="C3",
-            reason="honour recompute_old_log_prob (upstream leaves log_probs unbound when it is False); tempered log-probs",
+            reason="honour recompute_old_log_prob (upstream leaves log_probs unbound when it is False); "
+            "tempered log-probs",
         ),
         Patch(
             name="megatron_actor.make_minibatch_iterator",

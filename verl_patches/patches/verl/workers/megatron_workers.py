@@ -19,11 +19,17 @@ What changes against verl v0.4.0, and why:
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable
 
 import torch
 
+from verl_patches.device import dist_backend, set_local_device
 from verl_patches.patches.verl.workers.legacy_checkpoint import load_legacy_weights
+from verl_patches.resilience import heartbeat, progress
+from verl_patches.train_engine.initialize import initialize_megatron
+from verl_patches.train_engine.router_buffers import keep_router_buffers_float32
+from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
 
 def normalize_ref_batch_sizes(ref_config: Any, dp_size: int) -> None:
@@ -44,6 +50,7 @@ def trainer_config_view(config: Any) -> Any:
     (our trainer entry requires it to equal ``data.train_batch_size`` for the A3 profiles). The advantage
     estimator is not visible here; the trainer entry refuses anything but grpo before workers start.
     """
+    # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
 
     if "actor_rollout_ref" in config:
@@ -64,14 +71,12 @@ def trainer_config_view(config: Any) -> Any:
 
 def bring_up(config: Any) -> None:
     """Process group + Megatron/MindSpeed initialisation, once per process."""
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state as mpu
 
     if not torch.distributed.is_initialized():
         init_process_group()
     if not mpu.model_parallel_is_initialized():
-        from verl_patches.train_engine.initialize import initialize_megatron
-        from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
-
         initialize_megatron(translate_verl_train_configs_to_megatron(trainer_config_view(config)))
         apply_params_dtype(trainer_config_view(config))
 
@@ -79,7 +84,6 @@ def bring_up(config: Any) -> None:
 def init_process_group(kind: str | None = None) -> None:
     """The device first, then the group: HCCL binds the current device, and an actor that sees several NPUs
     would otherwise put every rank of its node on device 0."""
-    from verl_patches.device import dist_backend, set_local_device
 
     set_local_device(kind)
     torch.distributed.init_process_group(backend=dist_backend(kind))
@@ -94,6 +98,7 @@ def apply_params_dtype(config: Any) -> None:
         return
     if want not in ("float32", "fp32"):
         raise ValueError(f"actor_rollout_ref.actor.megatron.params_dtype must be float32 or null, got {want!r}")
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.training import get_args
 
     args = get_args()
@@ -102,8 +107,6 @@ def apply_params_dtype(config: Any) -> None:
 
 def wrap_init(original: Callable) -> Callable:
     def __init__(self, config: Any, role: str) -> None:
-        from verl_patches.resilience import heartbeat, progress
-
         # hang diagnosis: the bring-up below is collectives (process group, Megatron's groups); publish from here
         heartbeat.start_in_ray_worker()
         progress.enter_call("__init__", None, "init")
@@ -119,11 +122,13 @@ def _init(self: Any, original: Callable, config: Any, role: str) -> None:
     bring_up(config)
     original(self, config, role)
     if self._is_actor and not self._is_rollout:  # upstream normalises the actor only inside the hybrid role
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core import parallel_state as mpu
 
         self.config.actor.ppo_mini_batch_size *= self.config.rollout.n
         self.config.actor.ppo_mini_batch_size //= mpu.get_data_parallel_world_size()
     if self._is_actor and self._is_ref:  # upstream's elif skipped the reference block for the fused role
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core import parallel_state as mpu
 
         normalize_ref_batch_sizes(self.config.ref, mpu.get_data_parallel_world_size())
@@ -138,12 +143,13 @@ def _build_model_optimizer(
     override_transformer_config: dict,
     is_for_actor: bool = True,
 ) -> tuple:
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core.models.gpt.gpt_model import ModelType
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.megatron.optimizer import get_megatron_optimizer
     from verl.utils.megatron_utils import get_model, init_megatron_optim_config
     from verl.utils.model import get_generation_config, load_megatron_gptmodel_weights
-
-    from verl_patches.train_engine.router_buffers import keep_router_buffers_float32
 
     self._init_hf_config_and_tf_config(
         model_path,
@@ -157,6 +163,7 @@ def _build_model_optimizer(
     freeze_router = override_model_config.get("moe_config", {}).get("freeze_moe_router", False)
 
     def provider(pre_process: bool, post_process: bool) -> Any:
+        # deferred: a patch applies while upstream is still importing; verl is read at call time
         from verl.models.mcore import init_mcore_model
 
         model = init_mcore_model(
@@ -207,17 +214,22 @@ def _build_model_optimizer(
 
 
 def init_model(self) -> None:
+    # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
+
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
+    from megatron.training import get_args
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager
     from verl.utils.device import get_torch_device
     from verl.utils.flops_counter import FlopsCounter
     from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
-    from megatron.training import get_args
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.workers.actor.megatron_actor import MegatronPPOActor
 
     if self.config.model.get("external_lib", None) is not None:
-        import importlib
-
         importlib.import_module(self.config.model.external_lib)
     override_model_config = OmegaConf.to_container(self.config.model.get("override_config", OmegaConf.create()))
 

@@ -18,7 +18,8 @@ import functools
 from typing import Any, Callable, Iterator
 
 from verl_patches.resilience import progress
-from verl_patches.trainer.step_payloads import STEP_META_KEY
+from verl_patches.resilience.heartbeat import start_in_ray_worker
+from verl_patches.worker_calls.step_payloads import STEP_META_KEY
 
 
 def step_of(data: Any) -> int | None:
@@ -98,7 +99,6 @@ def start_heartbeat(init: Callable) -> Callable:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        from verl_patches.resilience.heartbeat import start_in_ray_worker
 
         start_in_ray_worker()
 

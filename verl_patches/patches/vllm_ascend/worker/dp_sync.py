@@ -53,6 +53,7 @@ def proxied_dist(original: Any) -> DeviceAllReduce:
 def wrap_forward_metadata(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _get_forward_metadata_across_dp(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # deferred: a patch applies while upstream is still importing; vLLM is read at call time
         from vllm.distributed.parallel_state import get_dp_group
 
         dp = get_dp_group()

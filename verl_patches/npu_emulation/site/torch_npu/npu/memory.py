@@ -5,6 +5,7 @@ import os
 
 def _host_memory() -> tuple[int, int]:
     try:
+        # lazy: only this path needs psutil; importing this module stays light
         import psutil
 
         vm = psutil.virtual_memory()

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from verl_patches.patches.verl.models.registry_entries import with_deepseek_v3
 from verl_patches.sync.convert import to_hf
 from verl_patches.sync.param_table import kind_of
 from verl_patches.weights.names import mcore_to_hf_names
@@ -48,6 +49,5 @@ class McoreToHFWeightConverterDeepseekV3:
 
 def with_deepseek_v3_converter(registry: Any) -> dict:
     """verl's MODEL_WEIGHT_CONVERTER_REGISTRY with the DeepSeek-V3 entry replaced by ours."""
-    from verl_patches.patches.verl.models.registry_entries import with_deepseek_v3
 
     return with_deepseek_v3(registry, McoreToHFWeightConverterDeepseekV3)

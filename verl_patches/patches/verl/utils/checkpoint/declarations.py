@@ -1,6 +1,7 @@
 """Checkpoint and resume (issues #16, #27): verl's Megatron checkpoint manager, the FSDP manager's load and the
 trainer's save/load."""
 
+from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
 
 _M = "verl.utils.checkpoint.megatron_checkpoint_manager:MegatronCheckpointManager"
@@ -48,7 +49,7 @@ PATCHES = [
         name="checkpoint.trainer.save",
         target=f"{_T}._save_checkpoint",
         kind=Kind.REPLACE,
-        fingerprint="sha256:cb278748657f4828",
+        fingerprint=pinned(f"{_T}._save_checkpoint"),
         replacement=lazy_object(f"{_IMPL}.trainer:_save_checkpoint"),
         vendor_item="local",
         reason="a step checkpoint appears by one rename once every rank's files are checked (a crash while "
@@ -59,7 +60,7 @@ PATCHES = [
         name="checkpoint.trainer.load",
         target=f"{_T}._load_checkpoint",
         kind=Kind.REPLACE,
-        fingerprint="sha256:c4f100f1f314ffc6",
+        fingerprint=pinned(f"{_T}._load_checkpoint"),
         replacement=lazy_object(f"{_IMPL}.trainer:_load_checkpoint"),
         vendor_item="local",
         reason="resume from the newest complete checkpoint (a stale tracker or an interrupted save is "
@@ -70,8 +71,12 @@ PATCHES = [
         name="checkpoint.megatron_worker.save_without_barrier",
         target=f"{_W}.save_checkpoint",
         kind=Kind.WRAP,
-        fingerprint="sha256:d2161384f9bd2067",
+        fingerprint=pinned(f"{_W}.save_checkpoint"),
         replacement=lazy_call(f"{_IMPL}.megatron_worker:keep_dispatch"),
+        # our save_checkpoint under upstream's registration: it never calls what it wraps, so it must be the
+        # innermost layer (the catalog lists this module before megatron_declarations, whose progress wrap
+        # then runs around it; declared after, it discarded that wrap)
+        calls_original=False,
         vendor_item="local",
         reason="the trailing barrier is redundant (the driver waits for every worker and checks every rank's "
         "record) and fails on the CPU npu emulation; offloaded parameters are handled as upstream",

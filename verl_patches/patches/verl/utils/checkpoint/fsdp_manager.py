@@ -14,10 +14,16 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from verl_patches.checkpoint.committed_role import CommittedRole
+from verl_patches.checkpoint.safe_load import load_tensor_file
+
 
 def fsdp_safe_globals() -> list[Any]:
     """Classes (and NumPy's array rebuild function) the weights-only loader may build for an FSDP checkpoint."""
+    # lazy: numpy is heavy and only this path needs it; importing this module stays light
     import numpy as np
+
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -45,12 +51,12 @@ def fsdp_safe_globals() -> list[Any]:
 def load_checkpoint(
     self: Any, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False
 ) -> None:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     from torch.distributed.fsdp import ShardedOptimStateDictConfig, ShardedStateDictConfig, StateDictType
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.device import is_cuda_available
     from verl.utils.fsdp_utils import get_fsdp_state_ctx
-
-    from verl_patches.checkpoint.actor_state import CommittedRole
-    from verl_patches.checkpoint.safe_load import load_tensor_file
 
     if local_path is None:
         return

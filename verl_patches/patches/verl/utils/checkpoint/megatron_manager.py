@@ -2,7 +2,7 @@
 
 Upstream v0.4.0 writes one optimizer file name per (pp, tp, dp) with no EP index (EP ranks overwrite each
 other), keeps no optimizer step count or param groups, and reads ``torch.cuda`` RNG state; its HF saver for
-DeepSeek-V3 raises (vendor item G13). These replacements call `verl_patches.checkpoint.actor_state`,
+DeepSeek-V3 raises (vendor item G13). These replacements call `verl_patches.train_engine.actor_state`,
 which writes model shards in our converter's layout (exported to HF by ``convert_ckpt_deepseek3.py
 --reverse``), the distributed optimizer's DP-gathered state per (tp, pp, ep), and every RNG. Pruning is the
 driver's (`trainer_io`); ``max_ckpt_to_keep`` is ignored here.
@@ -25,9 +25,11 @@ def _hf_config_dict(hf_config: Any) -> dict | None:
 def save_checkpoint(
     self: Any, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
 ) -> None:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
-    from verl_patches.checkpoint.actor_state import save_actor
+    # lazy: that module loads numpy, safetensors, torch, tqdm; importing this one must not
+    from verl_patches.train_engine.actor_state import save_actor
 
     if hdfs_path is not None:
         raise NotImplementedError("remote (hdfs) checkpoints are not supported by the overlay")
@@ -54,9 +56,11 @@ def save_checkpoint(
 def load_checkpoint(
     self: Any, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False
 ) -> None:
+    # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
-    from verl_patches.checkpoint.actor_state import load_actor
+    # lazy: that module loads numpy, safetensors, torch, tqdm; importing this one must not
+    from verl_patches.train_engine.actor_state import load_actor
 
     if local_path is None:
         return

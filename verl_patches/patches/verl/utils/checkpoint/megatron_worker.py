@@ -19,6 +19,7 @@ def save_checkpoint(
     global_step: int = 0,
     max_ckpt_to_keep: int | None = None,
 ) -> None:
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.megatron_utils import load_megatron_model_to_gpu, offload_megatron_model_to_cpu
 
     if self._is_offload_param:

@@ -16,6 +16,7 @@ class VocabParallelEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, vocab_parallel_logits: torch.Tensor) -> torch.Tensor:
+        # deferred: a patch applies while upstream is still importing; Megatron is read at call time
         from megatron.core import parallel_state as mpu
 
         group = mpu.get_tensor_model_parallel_group()

@@ -26,6 +26,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
+from verl_patches import profiler as npu_profiler  # read at call time: tests put a fake NPUProfiler there
+from verl_patches.tools import empty_cache
+
 NOT_RECOMPUTED = "old_log_probs_not_recomputed"  # meta_info flag on the batch compute_log_prob returns
 
 
@@ -75,8 +79,6 @@ def dynamic_bsz_token_budget(config: Any, forward_only: bool, meta_max_token_len
 def wrap_init(original: Callable) -> Callable:
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
         if config.get("use_packed_seq", False):
-            from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
-
             raise PackedSequencesUnsupported(
                 "use_packed_seq=True: packed sequences are not supported for DeepSeek-V3 on core_r0.8.0 + "
                 "MindSpeed-LLM (its MLA takes no packed_seq_params); set it to False"
@@ -93,7 +95,10 @@ def wrap_init(original: Callable) -> Callable:
 
 
 def compute_log_prob(self, data: Any, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state as mpu
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.seqlen_balancing import get_reverse_idx
 
     data.batch = data.batch.contiguous()
@@ -179,8 +184,11 @@ def forward_backward_batch(
     max_token_len: int | None = None,
     mini_batch_size: int | None = None,
 ) -> dict:
+    # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.models.mcore import get_mcore_forward_fn
     from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, kl_penalty
     from verl.utils.megatron.pipeline_parallel import make_batch_generator
@@ -246,7 +254,7 @@ def forward_backward_batch(
         if not recompute and ROLLOUT_LOG_PROBS in data.keys():
             # the driver never holds the training log-probs when the old-log-prob pass is skipped: report the
             # rollout/train mismatch of the sampled tokens from here (both at the sampling temperature)
-            from verl_patches.trainer.logprob_mismatch import mismatch_metrics
+            from verl_patches.worker_calls.logprob_mismatch import mismatch_metrics
 
             metrics.update(mismatch_metrics(data[ROLLOUT_LOG_PROBS], log_prob.detach(), response_mask))
         if self.config.use_kl_loss:
@@ -328,15 +336,13 @@ PROFILED_ITERATION = 1  # the second optimizer step: the first one pays for lazy
 
 
 def update_policy(self, dataloader: Iterable[Any]) -> dict:
+    # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.py_functional import append_to_dict
-
-    from verl_patches.profiler import NPUProfiler
-    from verl_patches.tools import empty_cache
 
     metrics: dict = {}
     for data in dataloader:
         # PROFILE_UPDATE=1 traces one whole step on rank 0 to ./profiling/update_actor (vendor item C9)
-        profiler = NPUProfiler("update_actor") if self.iteration == PROFILED_ITERATION else None
+        profiler = npu_profiler.NPUProfiler("update_actor") if self.iteration == PROFILED_ITERATION else None
         if profiler is not None:
             profiler.start()
         self.actor_optimizer.zero_grad()

@@ -1,5 +1,6 @@
 """Patches of verl.workers.rollout.vllm_rollout (verl v0.4.0's SPMD vLLM rollout)."""
 
+from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 _SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
@@ -10,7 +11,7 @@ PATCHES = [
         name="cpu.verl.vllm_rollout_spmd.LLM.standin",
         target=f"{_SPMD}:LLM",
         kind=Kind.REPLACE,
-        fingerprint="sha256:3c1c605129261085",
+        fingerprint=pinned(*_USES_LLM),
         fingerprint_of=_USES_LLM,
         replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
         vendor_item="local",
@@ -25,7 +26,7 @@ PATCHES = [
         name="verl.vllm_rollout_spmd.LLM.lifecycle",
         target=f"{_SPMD}:LLM",
         kind=Kind.REPLACE,
-        fingerprint="sha256:3c1c605129261085",
+        fingerprint=pinned(*_USES_LLM),
         fingerprint_of=_USES_LLM,
         replacement=lazy_object("verl_patches.rollout.engine_factory:build_llm"),
         vendor_item="E1,F1",
@@ -39,8 +40,11 @@ PATCHES = [
         name="verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
         target=f"{_SPMD}:vLLMRollout.__init__",
         kind=Kind.WRAP,
-        fingerprint="sha256:7d4430ccf148ca6c",
+        fingerprint=pinned(f"{_SPMD}:vLLMRollout.__init__"),
         replacement=lazy_call("verl_patches.patches.verl.workers.rollout.init_checks:without_checks"),
+        # recompiled from the source of what it wraps, which must be upstream's own __init__: declared before
+        # dp_env_and_compile, so it is the innermost layer and that wrap runs around it
+        calls_original=False,
         vendor_item="F1",
         reason="upstream's __init__ without its two checks the A3 rollout trips (enforce_eager=False with "
         "free_cache_engine=True; chunked prefill with max_num_batched_tokens < max_model_len), every other "
@@ -51,7 +55,7 @@ PATCHES = [
         name="verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
         target=f"{_SPMD}:vLLMRollout.__init__",
         kind=Kind.WRAP,
-        fingerprint="sha256:7d4430ccf148ca6c",
+        fingerprint=pinned(f"{_SPMD}:vLLMRollout.__init__"),
         replacement=lazy_call("verl_patches.rollout.verl_hooks:wrap_rollout_init"),
         vendor_item="F1,F2",
         reason="export VLLM_DP_* per rank before vLLM's parallel state is built (expert parallelism in the "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -30,8 +31,13 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``max_bytes`` (`FileRefused` otherwise).
+class FileMissing(FileRefused):
+    """The path does not exist."""
+
+
+def open_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = True) -> BinaryIO:
+    """``path`` opened for binary reading (blocking), after checking it is a regular file before and after the
+    open (`FileRefused`, or `FileMissing` when it does not exist). The caller closes it.
 
     With ``follow_symlinks=False`` a symbolic link is refused without reading what it points at.
     """
@@ -39,7 +45,7 @@ def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlink
     try:
         st = os.stat(p, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
-        raise FileRefused(f"{p}: no such file") from None
+        raise FileMissing(f"{p}: no such file") from None
     except OSError as e:
         raise FileRefused(f"{p}: cannot read ({e.strerror or e})") from None
     if not stat.S_ISREG(st.st_mode):
@@ -55,20 +61,27 @@ def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlink
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
             raise FileRefused(f"{p}: not a regular file ({_kind(st.st_mode)})")
-        if st.st_size > max_bytes:
-            raise FileRefused(f"{p}: {st.st_size} bytes, more than the {max_bytes} this file may have")
         os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while total <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > max_bytes:  # grew while being read
-            raise FileRefused(f"{p}: more than the {max_bytes} bytes this file may have")
-        return b"".join(chunks)
-    except OSError as e:
-        raise FileRefused(f"{p}: cannot read ({e.strerror or e})") from None
-    finally:
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes`` (`FileRefused` otherwise).
+
+    With ``follow_symlinks=False`` a symbolic link is refused without reading what it points at.
+    """
+    p = Path(path)
+    with open_regular_file(p, follow_symlinks=follow_symlinks) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise FileRefused(f"{p}: {size} bytes, more than the {max_bytes} this file may have")
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise FileRefused(f"{p}: cannot read ({e.strerror or e})") from None
+    if len(data) > max_bytes:  # grew while being read
+        raise FileRefused(f"{p}: more than the {max_bytes} bytes this file may have")
+    return data

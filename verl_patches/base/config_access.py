@@ -1,5 +1,6 @@
 """Reading a composed trainer config by dotted key: the one helper every config reader shares (the checks,
-the step plan, the preflight), so none of them imports another for it."""
+the step plan, the preflight, the validation-subset patch), so none of them imports another for it.
+Standard library only: it asks ``.get`` and ``in`` of whatever mapping it is handed (an OmegaConf node, a dict)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""How a worker process of ours (check_logprobs' ranks, a test's or a benchmark's gloo rank) ends once its
-result is written.
+"""How a worker process of ours (a multi-rank harness rank: check_logprobs', a test's or a benchmark's) ends
+once its result is written.
 
 Not through ``destroy_process_group``: on torch 2.5.1, ProcessGroupGloo's destructor waits for the group's
 lock while its thread holds the GIL, and a gloo worker thread that is releasing a finished collective's tensor

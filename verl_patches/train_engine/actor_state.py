@@ -1,5 +1,8 @@
 """Per-rank save and load of a Megatron actor: model shards, (distributed) optimizer state, RNG states.
 
+The step checkpoint's format (`verl_patches.checkpoint`) sits below the weights tools; the actor's shards are
+written in the weights tools' converter layout, so this module, which needs both, lives with the engine.
+
 Called by every rank of the actor with the same role folder (verl's ONE_TO_ALL ``save_checkpoint`` /
 ``load_checkpoint``). Who writes what:
 
@@ -28,22 +31,28 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from verl_patches.base.atomic_write import (
+    commit,
+    discard,
+    temp_path_for,
+    write_atomically,
+    write_json_atomically,
+    write_text_atomically,
+)
 from verl_patches.checkpoint import rng
-from verl_patches.checkpoint.commit import read_manifest, read_rank_records
-from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
+from verl_patches.checkpoint.committed_role import CommittedRole, saved_layout
 from verl_patches.checkpoint.manifest import (
     CheckpointIncomplete,
-    FileRecord,
     RankRecord,
     TrainLayout,
     check_resume_layout,
     rank_record_name,
 )
 from verl_patches.checkpoint.optimizer_state import load_parameter_state
-from verl_patches.checkpoint.safe_load import load_tensor_file, sha256_file
+from verl_patches.checkpoint.safe_load import sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
-from verl_patches.weights.atomic_io import write_atomically, write_json_atomically, write_text_atomically
-from verl_patches.weights.hf_to_mcore import CKPT_FILE, MANIFEST_FILE as CONVERTER_MANIFEST, TRACKER_FILE, iteration_dir
+from verl_patches.weights.hf_to_mcore import CKPT_FILE, TRACKER_FILE, iteration_dir
+from verl_patches.weights.hf_to_mcore import MANIFEST_FILE as CONVERTER_MANIFEST
 from verl_patches.weights.layout import ParallelLayout, Rank, rank_dir_name
 
 OPTIM_DIR = "optim"
@@ -64,10 +73,12 @@ class RankPlace:
 
 def running_place(use_distributed_optimizer: bool) -> tuple[RankPlace, TrainLayout, bool]:
     """(place, layout, moe_grouped_gemm) from Megatron's parallel state and, when set, its global args."""
+    # deferred: importing this module must not load Megatron; it loads once the prelude patched it
     from megatron.core import parallel_state as mpu
 
     args: Any = None
     try:
+        # deferred: importing this module must not load Megatron; it loads once the prelude patched it
         from megatron.training import get_args
 
         args = get_args()
@@ -202,11 +213,18 @@ def save_actor(
         stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
         if stepped and hasattr(optimizer, "save_parameter_state") and use_distributed_optimizer:
             rel = optim_params_file(coords)
-            tmp = role / f"{rel}.tmp-{place.rank}"
-            optimizer.save_parameter_state(str(tmp))  # collective: the DP gather; DP rank 0 writes
-            if tmp.is_file():
-                os.replace(tmp, role / rel)
+            tmp = temp_path_for(role / rel)  # one per rank: every rank joins the gather, DP rank 0 writes
+            try:
+                optimizer.save_parameter_state(str(tmp))  # collective: the DP gather
+                written = tmp.stat().st_size > 0  # torch.save never writes an empty file
+            except BaseException:
+                discard(tmp)
+                raise
+            if written:
+                commit(tmp, role / rel)
                 out.add(rel)
+            else:
+                discard(tmp)
         if writer:
             out.save(
                 {"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
@@ -242,48 +260,6 @@ def save_actor(
     return record
 
 
-@dataclass(frozen=True)
-class CommittedRole:
-    """A role folder of a committed step: where it is, the step, and its files as the step manifest records them."""
-
-    role: Path
-    step: int
-    files: Mapping[str, FileRecord]
-    layout: TrainLayout | None
-
-    @classmethod
-    def open(cls, role_dir: str | os.PathLike) -> "CommittedRole":
-        """The role folder ``role_dir`` of a committed step (``<step>/checkpoint.json`` lists its files);
-        CheckpointIncomplete, one line naming the file, for a link, an uncommitted or damaged folder."""
-        role = Path(role_dir)
-        manifest = read_manifest(role.parent)  # refuses a linked step folder, checks the manifest strictly
-        if role.name not in manifest.roles or not is_real_dir(role):
-            raise CheckpointIncomplete(
-                f"{role}: not a role folder of the committed step {role.parent} (a real folder "
-                "listed in its checkpoint.json)"
-            )
-        return cls(
-            role=role, step=manifest.step, files=manifest.role_files(role.name), layout=manifest.roles[role.name]
-        )
-
-    def path(self, rel: str) -> tuple[Path, str]:
-        """(the file's path inside the role folder, its recorded sha256); a file the manifest does not list,
-        or one reached through a link, is refused by name."""
-        where = str(self.role.parent / "checkpoint.json")
-        try:
-            path = confined_path(self.role, rel, where)
-        except ConfinementError as err:
-            raise CheckpointIncomplete(str(err)) from None
-        rec = self.files.get(rel)
-        if rec is None:
-            raise CheckpointIncomplete(f"{path}: not listed in {where}; only files of the committed save are read")
-        return path, rec.sha256
-
-    def load(self, rel: str) -> Any:
-        path, sha = self.path(rel)
-        return load_tensor_file(path, expected_sha256=sha)
-
-
 def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole, rel: str) -> None:
     """Strict, shape-checked copy of the saved shard into this rank's model."""
     if len(modules) != 1:
@@ -307,17 +283,6 @@ def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole
     with torch.no_grad():
         for k, v in own.items():
             v.copy_(saved[k].to(v.dtype))
-
-
-def saved_layout(committed: CommittedRole) -> tuple[TrainLayout, list[RankRecord]]:
-    records = read_rank_records(committed.role, committed.files)  # exactly the records the manifest lists
-    if not records or committed.layout is None:
-        raise CheckpointIncomplete(f"{committed.role}: no rank records; not a checkpoint written by verl_patches")
-    if any(r.layout != committed.layout for r in records):
-        raise CheckpointIncomplete(
-            f"{committed.role}: rank records disagree with the layout in {committed.role.parent / 'checkpoint.json'}"
-        )
-    return committed.layout, records
 
 
 def load_actor(

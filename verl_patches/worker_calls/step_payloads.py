@@ -63,7 +63,10 @@ def payload_keys(call: str, batch_keys: list[str], d2d: bool) -> list[str]:
 
 
 def _restricted(batch: Any, keys: list[str]) -> Any:
+    # lazy: tensordict is heavy and only this path needs it; importing this module stays light
     from tensordict import TensorDict
+
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
     from verl import DataProto
 
     tensors = TensorDict({k: batch.batch[k] for k in keys}, batch_size=[len(batch)])

@@ -1,0 +1,29 @@
+"""The tier reporter's pure parts: which tier a marker expression is, and which tests outgrew the fast tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from tier_report import slow_in_fast_tier, tier_name
+
+
+@pytest.mark.parametrize(
+    ("expr", "tier"),
+    [("", "full"), ("not slow", "fast"), ("  not   slow ", "fast"), ("slow", "custom"), ("not network", "custom")],
+)
+def test_tier_name(expr: str, tier: str) -> None:
+    assert tier_name(expr) == tier
+
+
+def test_slow_in_fast_tier_names_unmarked_long_tests_longest_first() -> None:
+    durations = {"a::quick": 0.5, "b::long": 31.0, "c::marked": 300.0, "d::longer": 45.0}
+    assert slow_in_fast_tier(durations, {"c::marked"}, 20.0) == [("d::longer", 45.0), ("b::long", 31.0)]
+
+
+def test_the_slow_marker_is_declared_for_the_split() -> None:
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    markers = config["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("slow:") for m in markers)

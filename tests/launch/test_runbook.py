@@ -1,0 +1,149 @@
+"""README's first-day runbook, run as written where a CPU host can: the smoke run's env file and dry run (data,
+model and checkpoint folder checked, not "not-checked-here"), the cluster.env example (MODEL_PATH is
+make_config.py's output, not the FP8 download; NODES lists NNODES nodes), the data command with the Python that
+has pyarrow and its first output line, and the flags of the load pass, the collective check and the log gathering
+(each command's own parser accepts them). Only the data paths are replaced by this test's folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from verl_patches.launch.settings import load_settings, node_list, read_env_file
+from verl_patches.weights.config import config_to_json, official_config
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+CLUSTER_VARS = ("MASTER_ADDR", "NNODES", "NODE_ROLE", "MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR")
+
+
+def code_block(marker: str) -> str:
+    """The fenced code block of README that contains `marker` (the same block may appear more than once)."""
+    blocks = [re.sub(r"^ {3}", "", b, flags=re.M) for b in re.findall(r"```(?:bash)?\n(.*?)```", README, re.S)]
+    hits = {b for b in blocks if marker in b}  # blocks inside a numbered list are indented: dedented above
+    assert len(hits) == 1, f"{len(hits)} different README code blocks contain {marker!r}"
+    return hits.pop()
+
+
+def command(block: str, marker: str) -> list[str]:
+    line = next(ln for ln in block.splitlines() if marker in ln)
+    return shlex.split(line, comments=True)
+
+
+def env_file_with(block: str, path: Path, **paths: str) -> Path:
+    """README's env file block, written to `path` with the named settings pointed at this test's folders."""
+    lines = []
+    for ln in block.splitlines():
+        key = ln.split("=", 1)[0].strip()
+        lines.append(f"{key}={paths[key]}" if key in paths else ln)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS}
+
+
+@pytest.fixture
+def smoke_inputs(tmp_path):
+    """make_config.py's 5-layer folder for the smoke run, and DeepScaleR-format JSON."""
+    model = tmp_path / "DeepSeek-V3-smoke"
+    model.mkdir()
+    cfg = official_config()
+    cfg["num_hidden_layers"] = 5
+    (model / "config.json").write_text(config_to_json(cfg))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_text("{}")
+    raw = tmp_path / "deepscaler.json"
+    raw.write_text(
+        json.dumps([{"problem": f"What is {i} + 1?", "answer": str(i + 1), "solution": "."} for i in range(40)])
+    )
+    return model, raw
+
+
+@pytest.fixture
+def data(tmp_path, smoke_inputs):
+    """json_to_parquet's output, made by the converter itself (the README command is run by its own test)."""
+    from verl_patches.data.convert import convert
+
+    convert(smoke_inputs[1], tmp_path / "deepscaler")
+    return tmp_path / "deepscaler"
+
+
+def test_the_data_command_as_written_uses_the_venv_python_and_prints_the_count_first(tmp_path, smoke_inputs):
+    convert = command(code_block("json_to_parquet.py --json_path"), "json_to_parquet.py")
+    assert convert[0] == ".venv/bin/python"
+    convert[convert.index("--json_path") + 1] = str(smoke_inputs[1])
+    convert[convert.index("--output_dir") + 1] = str(tmp_path / "out")
+    out = subprocess.run(convert, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "rows in: 40 = train 36 + test 4 + rejected 0"
+    assert "The first line of its output reads `rows in: N = train T + test E + rejected R`" in README
+
+
+def test_the_smoke_dry_run_as_written_checks_data_model_and_checkpoint_folder(tmp_path, smoke_inputs, data):
+    model = smoke_inputs[0]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir(mode=0o700)
+    block = code_block("# smoke.env")
+    env_file = env_file_with(
+        block, tmp_path / "smoke.env", MODEL_PATH=str(model), DATA_DIR=str(data), CKPT_DIR=str(ckpt)
+    )
+    dry = command(code_block("a3_16die_smoke --env-file smoke.env --dry-run"), "--dry-run")
+    assert dry[:4] == ["bash", "verl_patches/scripts/launch_job.sh", "a3_16die_smoke", "--env-file"]
+    dry[dry.index("smoke.env")] = str(env_file)
+    r = subprocess.run(dry, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    for check in ("data.schema", "model.config", "model.tokenizer", "checkpoint.folder", "checkpoint.resume"):
+        assert re.search(rf"^ok +{re.escape(check)} ", r.stdout, re.M), (check, r.stdout[-3000:] + r.stderr)
+    assert not re.search(r"^not-checked-here +(data|model)\.", r.stdout, re.M)
+    # this host has no room for one 372.66 GB step of the smoke model: the one failure, and the right one
+    failures = re.findall(r"^fail +(\S+) +(.*)$", r.stdout, re.M)
+    if failures:
+        assert r.returncode == 1 and [c for c, _ in failures] == ["checkpoint.storage"], failures
+        assert "GB free, needs" in " ".join(r.stdout.split())  # the message wraps in the table
+    else:
+        assert r.returncode == 0 and "preflight: PASS" in r.stdout
+
+
+def test_the_cluster_env_example_points_at_make_configs_output_and_lists_every_node(tmp_path):
+    block = code_block("# cluster.env")
+    values = {k: v for k, (v, _) in read_env_file(env_file_with(block, tmp_path / "cluster.env")).items()}
+    fp8 = re.search(r"Download the FP8 checkpoint to `([^`]+)`", README).group(1)
+    make_config = command(code_block("make_config.py --from /data/DeepSeek-V3-bf16 --out /data"), "make_config.py")
+    assert values["MODEL_PATH"] != fp8
+    assert values["MODEL_PATH"] == make_config[make_config.index("--out") + 1]
+    settings = load_settings({}, tmp_path / "cluster.env", environ={})
+    assert len(node_list(settings)) == int(values["NNODES"])
+
+
+def test_the_load_pass_flags_are_accepted_at_both_layouts():
+    from verl_patches.checks.cli import build_parser, request_from_args
+    from verl_patches.checks.run import validate_request
+
+    block = code_block("--mcore /data/dsv3-mcore \\\n  --layers 4 --experts 16")
+    args = shlex.split(block.replace("\\\n", " "))[2:]
+    req = request_from_args(build_parser().parse_args(args))
+    validate_request(req)
+    assert (req.layers, req.experts, req.world) == (4, 16, 1)
+    smoke = re.search(r"`\.\.\. (--layers 5 --experts 32 [^`]*) \.\.\.`", README).group(1)
+    req = request_from_args(build_parser().parse_args(args[:4] + shlex.split(smoke)))
+    validate_request(req)
+    assert (req.world, req.num_layer_list, req.rollout_tp, req.rollout_ep_size) == (16, (4, 1), 2, 16)
+
+
+def test_the_collective_check_and_gather_commands_parse(tmp_path):
+    from verl_patches.launch import collective_check, gather_logs
+
+    check = command(code_block("collective_check --env-file cluster.env"), "on_every_node python3")
+    assert check[1:4] == ["python3", "-m", "verl_patches.launch.collective_check"]
+    assert collective_check.parse_args(check[4:]).env_file == Path("cluster.env")
+    gather = shlex.split(code_block("gather_logs --env-file").replace("\\\n", " "))
+    assert gather[:3] == ["python3", "-m", "verl_patches.launch.gather_logs"]
+    args = gather_logs.parse_args(gather[3:])
+    assert args.run_dir.endswith("-head-a3-node-01") and args.env_file == Path("cluster.env")

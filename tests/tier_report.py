@@ -1,0 +1,94 @@
+"""The two test tiers and what each took.
+
+The fast tier (`pytest -m "not slow"`) is what a developer runs between edits: budget 10 minutes on a 2-core
+machine. The full suite (plain `pytest`, README's command, .ci/run) adds the Ray jobs, trainer runs and
+multi-process engines. Each tier keeps its durations: the last run of a tier is stored under the user's cache
+(`~/.cache/verl_patches/test-durations/<tier>.json`) and the summary compares this run with it, so a test that
+slipped into the fast tier, or a tier that grew, shows up at the next run rather than in CI. Nothing here fails
+a run: speed is measured by benchmarks, not by timed tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_patches.base.atomic_write import write_json_atomically
+
+FAST_TIER_BUDGET_S = 600.0
+# A test of the fast tier that takes longer than this belongs in the slow tier.
+FAST_TEST_LIMIT_S = 20.0
+
+
+def tier_name(markexpr: str) -> str:
+    """`fast` for the fast tier's marker expression, `full` for no expression, otherwise `custom`."""
+    expr = " ".join(markexpr.split())
+    if not expr:
+        return "full"
+    if expr == "not slow":
+        return "fast"
+    return "custom"
+
+
+def durations_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "verl_patches" / "test-durations"
+
+
+def slow_in_fast_tier(durations: dict[str, float], slow_ids: set[str], limit_s: float) -> list[tuple[str, float]]:
+    """Tests not marked slow that took longer than `limit_s`, longest first."""
+    late = [(nodeid, s) for nodeid, s in durations.items() if nodeid not in slow_ids and s > limit_s]
+    return sorted(late, key=lambda item: -item[1])
+
+
+class TierReport:
+    def __init__(self, config: pytest.Config) -> None:
+        # A run of some files only (`pytest tests/x`) is neither tier, whatever its marker expression.
+        whole_suite = sorted(config.args) == sorted(config.getini("testpaths"))
+        self.tier = tier_name(config.getoption("markexpr", "") or "") if whole_suite else "custom"
+        self.started = time.monotonic()
+        self.durations: dict[str, float] = {}
+        self.slow_ids: set[str] = set()
+        self.selected = 0
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.slow_ids = {item.nodeid for item in items if item.get_closest_marker("slow")}
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.selected = len(session.items)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001 (pytest's TerminalReporter)
+        if self.tier == "custom" or not self.durations:
+            return
+        wall = time.monotonic() - self.started
+        path = durations_dir() / f"{self.tier}.json"
+        previous = None
+        try:
+            previous = json.loads(path.read_text()).get("wall_s")
+        except (OSError, ValueError, AttributeError):
+            pass
+        line = f"tier {self.tier}: {self.selected} tests in {wall:.0f} s"
+        if self.tier == "fast":
+            line += f" (budget {FAST_TIER_BUDGET_S:.0f} s)"
+        if isinstance(previous, (int, float)):
+            line += f"; last run of this tier: {previous:.0f} s"
+        terminalreporter.write_sep("-", line)
+        for nodeid, seconds in slow_in_fast_tier(self.durations, self.slow_ids, FAST_TEST_LIMIT_S):
+            terminalreporter.write_line(
+                f"  {seconds:.0f} s, not marked slow (the fast tier's limit is {FAST_TEST_LIMIT_S:.0f} s): {nodeid}"
+            )
+        # A partial run (-x, a keyword filter, an interrupted session) is not the tier's measurement.
+        if terminalreporter.config.getoption("keyword", "") or terminalreporter.config.getoption("exitfirst", False):
+            return
+        record = {"wall_s": round(wall, 1), "tests": self.selected, "durations_s": self.durations}
+        try:
+            write_json_atomically(path, record)
+        except OSError as err:
+            terminalreporter.write_line(f"  durations not kept: {path}: {err.strerror}")

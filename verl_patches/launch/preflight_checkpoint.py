@@ -1,0 +1,324 @@
+"""Preflight: the checkpoint folder, what checkpointing costs, and which step a resume would take.
+
+* ``checkpoint.folder``: ``trainer.default_local_dir`` is named, and absolute on a cluster profile
+  (`trainer.checkpoint_folder.folder_problem`, the trainer entry's own rule);
+* ``checkpoint.cadence``: how often a step is saved, its size from the model config, how many are kept, and
+  the work a failure loses at the vendor's step time (`run_costs`);
+* ``checkpoint.storage``: on this host, the folder exists, the job may write there (a file is created and
+  removed; a root anyone may write into is refused as the save refuses it), and it has room for the steps
+  kept plus the one being written; a folder on a local filesystem type is named (other nodes see it only
+  if this host exports it);
+* ``checkpoint.nodes``: the same storage, writable, on every node: only the nodes can answer, so the launch
+  asks each of them once Ray is up (`checkpoint_nodes`); the dry run says so;
+* ``checkpoint.resume``: the step a resume would start from, read as the resume reads it
+  (`checkpoint.trainer_io.resume_dir`: the root's tracker, the newest complete step, its small files).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import OmegaConf
+
+from verl_patches.checkpoint.commit import CheckpointRootError, check_root_permissions, listing
+from verl_patches.checkpoint.manifest import CheckpointIncomplete
+from verl_patches.checkpoint.plan import parse_step_dir
+from verl_patches.checkpoint.trainer_io import resume_dir
+from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
+from verl_patches.launch.run_costs import (
+    CHECKPOINT_BYTES_NOTE,
+    VENDOR_SOURCE,
+    checkpoint_step,
+    human_bytes,
+    human_seconds,
+    room_needed,
+    saves_in_run,
+    vendor_step,
+)
+from verl_patches.trainer.checkpoint_folder import CKPT_KEY, CKPT_SETTING, KEY_TO_CHANGE, folder_problem
+
+KEEP_KEY = "trainer.max_actor_ckpt_to_keep"
+SAVE_KEY = "trainer.save_freq"
+# filesystems that live on one machine: another node sees such a folder only if this host exports it
+LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "ramfs", "overlay", "vfat", "zfs"})
+# Filesystems that are never a checkpoint folder shared by the nodes: a RAM filesystem or a container's own
+# layer. A local disk (ext4, xfs...) can still be exported to the others by this host, so it is only a warning here
+# and the launch's per-node marker check decides.
+NEVER_SHARED_FS_TYPES = frozenset({"tmpfs", "ramfs", "overlay"})
+
+
+def save_freq(cfg: Any) -> int:
+    value = get(cfg, SAVE_KEY, -1)
+    return int(value) if value is not None else -1
+
+
+def keep_count(cfg: Any) -> int | None:
+    """Steps kept after each save (the trainer's `trainer_io.keep_last`): None keeps every one."""
+    if get(cfg, "trainer.remove_previous_ckpt_in_save", False):
+        return 1
+    keep = get(cfg, KEEP_KEY)
+    return int(keep) if keep else None
+
+
+def folder_path(ctx: Context) -> Path | None:
+    """The checkpoint root as the trainer resolves it (its working directory is the repo root), or None when
+    `folder_problem` refuses it."""
+    if folder_problem(ctx.cfg):
+        return None
+    p = Path(str(get(ctx.cfg, CKPT_KEY)))  # as `trainer_io.checkpoint_root` reads it: no '~' expansion
+    return p if p.is_absolute() else ctx.root / p
+
+
+def kept_steps_present(folder: Path) -> int:
+    """Complete steps this root's saves wrote (the ones pruning counts against the steps kept)."""
+    try:
+        return sum(
+            1 for name, e in listing(folder).items() if e.complete and e.ours and parse_step_dir(name) is not None
+        )
+    except OSError:
+        return 0
+
+
+def run_saves(cfg: Any) -> int | None:
+    total = get(cfg, "trainer.total_training_steps")
+    return saves_in_run(save_freq(cfg), int(total) if total is not None else None)
+
+
+def room_note(cfg: Any, step_bytes: int) -> str:
+    keep, saves = keep_count(cfg), run_saves(cfg)
+    if keep is None:
+        note = f"the next step ({human_bytes(step_bytes)}; every step is kept: {KEEP_KEY} is unset)"
+    else:
+        note = f"{keep} kept step(s) ({KEEP_KEY}) + 1 being written, {human_bytes(step_bytes)} each"
+    if saves is not None and (keep is None or saves < keep + 1):
+        note += f"; the run saves {saves} step(s) (trainer.total_training_steps)"
+    return note
+
+
+def checkpoint_room(cfg: Any, model: Mapping[str, Any], folder: Path | None) -> tuple[int, str]:
+    """(free bytes the folder needs now, what for): the steps kept plus the one being written, less the steps
+    of this root already there, at most the steps the run saves."""
+    step = checkpoint_step(model).nbytes
+    present = kept_steps_present(folder) if folder is not None and folder.is_dir() else 0
+    note = room_note(cfg, step) + (f", {present} already there" if present else "")
+    return room_needed(step, keep_count(cfg), present, run_saves(cfg)), note
+
+
+# ---- the findings --------------------------------------------------------------------------------
+
+
+def checkpoint_folder_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
+    problem = folder_problem(ctx.cfg)
+    folder = folder_path(ctx)
+    out = [
+        Finding("checkpoint.folder", FAIL, problem, KEY_TO_CHANGE)
+        if problem
+        else Finding("checkpoint.folder", OK, f"{CKPT_KEY}={folder}"),
+        cadence_finding(ctx, model),
+    ]
+    if folder is None:
+        return out
+    if save_freq(ctx.cfg) > 0:
+        out += storage_findings(ctx, model, folder)
+        if ctx.cluster_profile:
+            out.append(nodes_finding(ctx, folder))
+    out.append(resume_finding(ctx, folder))
+    return out
+
+
+def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
+    freq = save_freq(ctx.cfg)
+    if freq <= 0:
+        if ctx.cluster_profile:
+            return Finding(
+                "checkpoint.cadence",
+                WARN,
+                f"checkpoints off ({SAVE_KEY}={freq}): a failure loses every step since the start (the A3 profiles "
+                f"save every 10 steps)",
+                SAVE_KEY,
+            )
+        return Finding("checkpoint.cadence", OK, f"checkpoints off ({SAVE_KEY}={freq})")
+    step = checkpoint_step(model)
+    keep, saves = keep_count(ctx.cfg), run_saves(ctx.cfg)
+    on_disk = (keep + 1 if saves is None else min(keep + 1, saves)) if keep else None
+    kept = (
+        f"{keep} kept ({KEEP_KEY}) and a save commits before it prunes: at most {on_disk} on disk at once "
+        f"({human_bytes(on_disk * step.nbytes)})"
+        if keep and on_disk is not None
+        else f"every step kept ({KEEP_KEY} unset): {human_bytes(step.nbytes)} more per save"
+    )
+    in_run = "" if saves is None else f", {saves} in this run of {get(ctx.cfg, 'trainer.total_training_steps')} steps"
+    text = (
+        f"a step saved every {freq} steps and at the last ({SAVE_KEY}={freq}{in_run}); one step is "
+        f"{human_bytes(step.nbytes)} ({step.params / 1e9:.2f} B parameters x {CHECKPOINT_BYTES_NOTE}); {kept}"
+    )
+    vendor = vendor_step(get(ctx.cfg, "overlay.profile"))
+    if vendor is not None:
+        text += (
+            f"; a failure loses at most {freq} steps ({human_seconds(freq * vendor.step_s)} at {vendor.step_s} s a "
+            f"step, {VENDOR_SOURCE})"
+        )
+    return Finding("checkpoint.cadence", OK if keep else WARN, text, "" if keep else KEEP_KEY)
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` is on (longest mount point of /proc/mounts), None if unknown."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        real = os.path.realpath(path)
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def _write_problem(folder: Path) -> str | None:
+    probe = folder / f".verl_patches-preflight-{secrets.token_hex(8)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    return None
+
+
+def storage_findings(ctx: Context, model: Mapping[str, Any], folder: Path) -> list[Finding]:
+    """The folder on this host: exists, writable by the job, permissions the save accepts, room, filesystem."""
+
+    check = "checkpoint.storage"
+    if not folder.is_dir():
+        if not ctx.cluster_profile:
+            return [Finding(check, OK, f"{folder} does not exist yet: the first save creates it")]
+        if not ctx.authoritative:
+            return [
+                Finding(
+                    check,
+                    NOT_CHECKED,
+                    f"{folder} is not on this host (it lives on the cluster's storage): writable, room and the same "
+                    f"storage on every node are checked by the launch on the nodes",
+                    CKPT_SETTING,
+                )
+            ]
+        return [
+            Finding(
+                check,
+                FAIL,
+                f"{folder} does not exist on this node: create it on the shared storage (mkdir -p -m 700 {folder}); "
+                f"the launch never creates it, so that a node whose mount is missing cannot write a local folder "
+                f"of that name",
+                CKPT_SETTING,
+            )
+        ]
+    out: list[Finding] = []
+    notes: list[str] = []
+    try:
+        check_root_permissions(folder, say=notes.append)
+    except CheckpointRootError as err:
+        out.append(Finding(check, FAIL, str(err), CKPT_SETTING))
+    unwritable = _write_problem(folder)
+    if unwritable:
+        out.append(
+            Finding(check, FAIL, f"{folder}: cannot create a file there from this host ({unwritable})", CKPT_SETTING)
+        )
+    need, what = checkpoint_room(ctx.cfg, model, folder)
+    try:
+        st = os.statvfs(folder)
+        free = st.f_bavail * st.f_frsize
+    except OSError as err:
+        free = None
+        out.append(Finding(check, FAIL, f"{folder}: statvfs failed ({err})", CKPT_SETTING))
+    if free is not None and free < need:
+        out.append(
+            Finding(
+                check,
+                FAIL,
+                f"{folder} has {human_bytes(free)} free, needs {human_bytes(need)} for {what}",
+                f"{CKPT_SETTING} / {KEEP_KEY}",
+            )
+        )
+    if out:
+        return out
+    fs = filesystem_type(folder)
+    text = f"{folder}: writable from this host, {human_bytes(free or 0)} free >= {human_bytes(need)} needed for {what}"
+    text += f"; filesystem {fs}" if fs else ""
+    if ctx.cluster_profile and fs in NEVER_SHARED_FS_TYPES:
+        return [
+            Finding(
+                check,
+                FAIL,
+                f"{folder} is on {fs}, this host's memory or container layer: no other node sees it and it does not "
+                "outlive the node; name a folder on the cluster's shared storage",
+                CKPT_SETTING,
+            )
+        ]
+    if ctx.cluster_profile and fs in LOCAL_FS_TYPES:
+        notes.append(
+            f"{folder} is on a local filesystem ({fs}) of this host: other nodes see it only if this host exports "
+            "it; the launch checks every node"
+        )
+    return [Finding(check, WARN if notes else OK, "; ".join([text, *notes]), CKPT_SETTING if notes else "")]
+
+
+def nodes_finding(ctx: Context, folder: Path) -> Finding:
+    nodes = get(ctx.cfg, "trainer.nnodes")
+    return Finding(
+        "checkpoint.nodes",
+        NOT_CHECKED,
+        f"{folder} is the same storage and writable on every node: checked by the launch on all {nodes} node(s) "
+        f"once they joined Ray, before the trainer starts (each node writes a marker that every other node must see)",
+        CKPT_SETTING,
+    )
+
+
+def resume_finding(ctx: Context, folder: Path) -> Finding:
+    """Which step a resume would take, read as the trainer reads it (`trainer_io.resume_dir`)."""
+
+    check = "checkpoint.resume"
+    mode = get(ctx.cfg, "trainer.resume_mode", "auto")
+    if mode == "disable":
+        return Finding(check, OK, "resume: disabled (trainer.resume_mode=disable): starts at step 1")
+    if mode == "auto" and not folder.is_dir():
+        if ctx.cluster_profile and not ctx.authoritative:
+            return Finding(check, NOT_CHECKED, f"resume: {folder} is not on this host; read on the head", CKPT_SETTING)
+        return Finding(check, OK, f"resume: none: starts at step 1 ({folder} does not exist yet)")
+
+    trainer = OmegaConf.create(
+        {
+            "default_local_dir": str(folder),
+            "resume_mode": mode,
+            "resume_from_path": get(ctx.cfg, "trainer.resume_from_path"),
+            "default_hdfs_dir": get(ctx.cfg, "trainer.default_hdfs_dir"),
+        }
+    )
+    try:
+        path, note = resume_dir(trainer)
+    except (CheckpointRootError, CheckpointIncomplete, ValueError, NotImplementedError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return Finding(check, FAIL, f"resume: {first}", "trainer.resume_mode / trainer.resume_from_path")
+    if path is None:
+        return Finding(check, OK, f"resume: none: starts at step 1 ({note})")
+
+    step = parse_step_dir(path.name)
+    tail = f"; {note}" if note else ""
+    return Finding(check, OK, f"resume: from {path} (step {step}{tail}): continues at step {(step or 0) + 1}")
+
+
+__all__ = [
+    "checkpoint_folder_findings",
+    "checkpoint_room",
+    "filesystem_type",
+    "keep_count",
+    "save_freq",
+]
