@@ -57,6 +57,8 @@ def launch(
     if marker.exists():
         how = "whole job"
         marker.unlink()
-    elif any(run.killed for run in runs):
+    elif any(run.status != 0 for run in runs):
+        # A rank ended on its own with an error (the one the test killed, or a peer that saw it go and exited
+        # before the harness ended it): the job is over, as a cluster's would be.
         how = "peer died"
     return JobResult([run.status for run in runs], [run.output for run in runs], how)
