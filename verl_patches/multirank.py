@@ -110,6 +110,8 @@ def run_ranks(
     Raises `RankFailure` naming each failed rank, after every rank it started has ended.
     """
     _check_world(world, rank_env)
+    # Pickled here and unpickled in the rank only after its environment (and the overlay) is in place: the
+    # target's module may read either at import. Bytes this process made, never read from a file.
     payload = pickle.dumps((target, setup, dict(kwargs or {})))
     group_timeout = group_timeout_s if group_timeout_s is not None else 0.8 * timeout_s
     ctx = get_context("spawn")

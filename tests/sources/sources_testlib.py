@@ -351,6 +351,29 @@ def alpha_component(
     return comp
 
 
+def beta_component(index: LocalIndex, missing_git: Path) -> dict:
+    """A second component, "beta", published on ``index`` as a wheel of the v1 files and reachable only there
+    (its one git URL, ``missing_git``, does not exist)."""
+    wheel = make_wheel(V1_FILES, package="beta")
+    index.publish("beta", "beta-1.0-py3-none-any.whl", wheel)
+    return {
+        "package": "beta",
+        "git_urls": [str(missing_git)],
+        "ref": "refs/tags/v1.0",
+        "commit": "b" * 40,
+        "git_subdir": "beta",
+        "needed_on": ["cpu"],
+        "pypi": {
+            "name": "beta",
+            "version": "1.0",
+            "file": "beta-1.0-py3-none-any.whl",
+            "sha256": sha256_bytes(wheel),
+            "subdir": "beta",
+        },
+        "tree_sha256": {"pypi": pypi_hash_v1()},
+    }
+
+
 # --------------------------------------------------------------------------- running setup
 
 

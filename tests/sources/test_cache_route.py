@@ -11,9 +11,9 @@ import pytest
 from sources_testlib import (
     V1_FILES,
     alpha_component,
+    beta_component,
     dead_url,
     make_wheel,
-    pypi_hash_v1,
     run_setup,
     sha256_bytes,
     write_alpha_manifests,
@@ -25,25 +25,8 @@ from sources_testlib import (
 def exported(tmp_path, upstream, index):
     """A lock with a git component (alpha) and a PyPI one (beta), exported into a cache dir, then every
     network source made unreachable."""
-    beta_wheel = make_wheel(V1_FILES, package="beta")
-    index.publish("beta", "beta-1.0-py3-none-any.whl", beta_wheel)
     alpha = alpha_component(upstream)
-    beta = {
-        "package": "beta",
-        "git_urls": [str(tmp_path / "no-such.git")],
-        "ref": "refs/tags/v1.0",
-        "commit": "b" * 40,
-        "git_subdir": "beta",
-        "needed_on": ["cpu"],
-        "pypi": {
-            "name": "beta",
-            "version": "1.0",
-            "file": "beta-1.0-py3-none-any.whl",
-            "sha256": sha256_bytes(beta_wheel),
-            "subdir": "beta",
-        },
-        "tree_sha256": {"pypi": pypi_hash_v1()},
-    }
+    beta = beta_component(index, tmp_path / "no-such.git")
     lock = write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha, "beta": beta})
     # per-file records beside the lock, as committed for the real lock, so errors can name files
     write_alpha_manifests(lock)

@@ -10,10 +10,8 @@ import pytest
 from sources_testlib import (
     V1_FILES,
     alpha_component,
-    make_wheel,
-    pypi_hash_v1,
+    beta_component,
     run_setup,
-    sha256_bytes,
     snapshot,
     write_alpha_manifests,
     write_lock,
@@ -137,24 +135,7 @@ def test_an_edit_next_to_the_prelude_line_is_a_local_edit(installed):
 
 
 def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path, upstream, index):
-    beta_wheel = make_wheel(V1_FILES, package="beta")
-    index.publish("beta", "beta-1.0-py3-none-any.whl", beta_wheel)
-    beta = {
-        "package": "beta",
-        "git_urls": [str(tmp_path / "no-such.git")],
-        "ref": "refs/tags/v1.0",
-        "commit": "b" * 40,
-        "git_subdir": "beta",
-        "needed_on": ["cpu"],
-        "pypi": {
-            "name": "beta",
-            "version": "1.0",
-            "file": "beta-1.0-py3-none-any.whl",
-            "sha256": sha256_bytes(beta_wheel),
-            "subdir": "beta",
-        },
-        "tree_sha256": {"pypi": pypi_hash_v1()},
-    }
+    beta = beta_component(index, tmp_path / "no-such.git")
     lock = _lock(tmp_path, upstream, extra={"beta": beta})
     root = tmp_path / "root"
     r = run_setup("--index-url", index.simple_url, lock=lock, root=root)
