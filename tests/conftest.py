@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from suite_components import require_components
@@ -10,6 +12,11 @@ from tier_report import TierReport
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TierReport(config), "verl_patches_tier_report")
+    # Every process that imports Megatron (a test's ranks, Ray workers, check tools) would otherwise pre-start
+    # torch Inductor's compile pool (a process importing torch, and two forks) that nothing in the suite uses;
+    # the tiny run's launcher says the same (verl_patches.launch.job.no_compile_pool). Inductor still starts
+    # the pool on first use.
+    os.environ.setdefault("TORCH_WARM_POOL", "0")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

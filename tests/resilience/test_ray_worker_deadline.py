@@ -2,7 +2,10 @@
 private local Ray cluster, our patches in the driver and the workers): a worker SIGSTOPped in the middle of
 its micro-batches is named by the driver (rank, node, pid, phase, step, micro-batch) one time-out after its
 last progress, the call fails with that line and every worker process of the group is gone (the stopped
-one included); a worker that dies is named at once; a slow but live worker is waited for."""
+one included); a worker that dies is named at once; a slow but live worker is waited for.
+
+The three cases run one after the other in one driver and one Ray cluster (a module fixture), each with a
+group of its own started after the previous group is gone: what each test checks is its own group's call."""
 
 from __future__ import annotations
 
@@ -19,10 +22,13 @@ DRIVER = Path(__file__).with_name("ray_group_driver.py")
 TIMEOUT_S = 6.0
 SLACK_S = 5.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(600)]  # the first test runs all three
 
 
-def run(mode: str) -> dict:
+MODES = ("frozen", "dies", "slow")
+
+
+def run(*modes: str) -> dict[str, dict]:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -32,15 +38,20 @@ def run(mode: str) -> dict:
     }
     env.pop("RAY_ADDRESS", None)
     p = subprocess.run(
-        [sys.executable, str(DRIVER), mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=280
+        [sys.executable, str(DRIVER), *modes], cwd=REPO, env=env, capture_output=True, text=True, timeout=560
     )
-    line = next((out for out in p.stdout.splitlines() if out.startswith("RESULT ")), None)
-    assert line is not None, (p.stdout[-3000:], p.stderr[-3000:])
-    return json.loads(line[len("RESULT ") :])
+    results = [json.loads(out[len("RESULT ") :]) for out in p.stdout.splitlines() if out.startswith("RESULT ")]
+    assert [r["mode"] for r in results] == list(modes), (p.stdout[-3000:], p.stderr[-3000:])
+    return {r["mode"]: r for r in results}
 
 
-def test_a_frozen_worker_is_named_and_the_group_is_ended() -> None:
-    out = run("frozen")
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    return run(*MODES)
+
+
+def test_a_frozen_worker_is_named_and_the_group_is_ended(results: dict[str, dict]) -> None:
+    out = results["frozen"]
     assert out["patched"] == "verl_patches.resilience.worker_deadline"
     err, pid = out.get("error", ""), out["pids"][1]
     assert err.startswith("WorkerHangError: verl_patches hang: work (step 7) made no progress for "), out
@@ -52,16 +63,16 @@ def test_a_frozen_worker_is_named_and_the_group_is_ended() -> None:
     assert out["alive_after"] == [], out  # ray.kill ended the stopped process too
 
 
-def test_a_worker_that_dies_is_named_at_once() -> None:
-    out = run("dies")
+def test_a_worker_that_dies_is_named_at_once(results: dict[str, dict]) -> None:
+    out = results["dies"]
     err = out.get("error", "")
     assert err.startswith("WorkerHangError: verl_patches hang: work (step 7): worker process died: rank 1 (node "), out
     assert f"pid {out['pids'][1]}) last in phase 'update' (micro-batch 2/4 of batch 1) of step 7" in err
     assert out["elapsed"] < TIMEOUT_S, out["elapsed"]
 
 
-def test_a_slow_but_live_worker_is_waited_for() -> None:
-    out = run("slow")
+def test_a_slow_but_live_worker_is_waited_for(results: dict[str, dict]) -> None:
+    out = results["slow"]
     assert "error" not in out, out
     assert sorted(out["result"]) == sorted(out["pids"])
     assert out["elapsed"] > 2 * TIMEOUT_S  # four micro-batches of 0.7 time-out on rank 1

@@ -207,6 +207,18 @@ def source_scripts(paths: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0") if "=" in item)
 
 
+def no_compile_pool(environ: dict[str, str]) -> dict[str, str]:
+    """TORCH_WARM_POOL=0 unless the user set it (pure).
+
+    With the x86-64 torch wheel (it ships Triton), the first ``torch.compile`` decoration (Megatron's fusions, at
+    import) pre-starts Inductor's compile pool in every process: a process that imports torch (about 3 s of CPU)
+    and two forks of it, about 1 GB resident per Ray worker, which the tiny run never uses. Without the warm-up
+    Inductor starts the pool on first use instead, so nothing else changes; aarch64 wheels (A3) have no Triton
+    and never warm it.
+    """
+    return {} if "TORCH_WARM_POOL" in environ else {"TORCH_WARM_POOL": "0"}
+
+
 def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch = Launch(args, settings, "local")
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
@@ -218,6 +230,11 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
         launch.say(
             "CPU kernels pinned to AVX2 for reproducible numbers: " + " ".join(f"{k}={v}" for k, v in pins.items())
         )
+    if device() == "cpu":
+        env.update(no_compile_pool(env))
+    # vLLM's V1 engine, as the A3 job exports it (job_env): left unset, vLLM 0.9.1 may fall back to V0 without
+    # an error, which vllm-ascend's TorchAir graph mode refuses
+    env.setdefault("VLLM_USE_V1", "1")
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()

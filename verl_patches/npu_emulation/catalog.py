@@ -130,6 +130,134 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.optim:npu_apply_fused_adamw_v2",
         "torch.optim.AdamW step t (amsgrad, maximize)",
     ),
+    EmulatedOp(
+        "torch_npu.npu_moe_gating_top_k",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_gating_top_k",
+        "s = sigmoid|softmax(x); choose on s + bias: k_group best groups (max or top-2 sum), then top k; "
+        "y = s[chosen] / (sum + eps) (sigmoid) * routed_scaling_factor",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_gating_top_k_softmax",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_gating_top_k_softmax",
+        "top-k of softmax(x); row_idx[t, j] = j*T + t",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_init_routing",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_init_routing",
+        "stable sort of the (t, k) slots by expert; expanded_row_idx[k*T + t] = its sorted row; rows x[t]",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_compute_expert_tokens",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_compute_expert_tokens",
+        "out[e] = #(sorted expert ids <= e)",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_finalize_routing",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_finalize_routing",
+        "out[t] = skip1 + skip2 + sum_k scales[t,k] * (rows[idx[k*T + t]] + bias[expert[t,k]]), fp32 inside",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_re_routing",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.moe_routing:npu_moe_re_routing",
+        "rank-major (rank, expert) row blocks regrouped expert-major; rows per expert",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_grouped_matmul",
+        "torch_npu",
+        "verl_patches.npu_emulation.ops.grouped_matmul:npu_grouped_matmul",
+        "list form: y[group e rows] = x[group e rows] @ w[e] (group_type 0, cumsum or counts), or x_i @ w_i",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_distribute_dispatch",
+        "torch_npu (MC2 collective, over gloo)",
+        "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_dispatch",
+        "each (t, k) row to the rank of its expert (all_to_all_single), grouped by local expert; fixed A rows",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_distribute_combine",
+        "torch_npu (MC2 collective, over gloo)",
+        "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_combine",
+        "rows back to their tokens; out[t] = sum_k expert_scales[t,k] * expert_{e[t,k]}(x[t])",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_fused_infer_attention_score",
+        "torch_npu (torch.ops.npu custom op; vllm-ascend MLA graph-mode decode)",
+        "verl_patches.npu_emulation.ops.mla:npu_fused_infer_attention_score",
+        "softmax(scale*(q k^T + q_rope k_rope^T), blocked) v per head (kv head n // (N/Nkv)) over each sequence's "
+        "tokens gathered through block_table (or contiguous), layouts BNSD/BSND/BSH/TND, sparse_mode 0-3, lse flag",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_kv_rmsnorm_rope_cache",
+        "torch_npu (torch.ops.npu / torch.ops.npu_inference custom op)",
+        "verl_patches.npu_emulation.ops.infer_norm_rope:npu_kv_rmsnorm_rope_cache",
+        "y = RMSNorm(kv[..., :Dv]) * gamma, k = interleave_rope(kv[..., Dv:]); scattered into the paged caches at "
+        "slot index[t] >= 0 (PA) or per-sequence offsets (Norm), in place; returns (k_cache, ckv_cache, k, y)",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_interleave_rope",
+        "torch_npu (torch.ops.npu / torch.ops.npu_inference custom op)",
+        "verl_patches.npu_emulation.ops.infer_norm_rope:npu_interleave_rope",
+        "pair (x[2i], x[2i+1]) rotated by theta_i as (a + ib) e^(i theta_i), out = [reals, imags]; "
+        "generally cat(x1, x2)*cos + cat(-x2, x1)*sin with x1, x2 = x[..., 0::2], x[..., 1::2]",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_add_rms_norm",
+        "torch_npu (torch.ops.npu custom op)",
+        "verl_patches.npu_emulation.ops.infer_norm_rope:npu_add_rms_norm",
+        "x = x1 + x2, y = x * rsqrt(mean(x^2) + eps) * gamma (fp32 inside), returns (y, rstd, x)",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_prefetch",
+        "torch_npu (torch.ops.npu custom op)",
+        "verl_patches.npu_emulation.ops.prefetch:npu_prefetch",
+        "no effect on any value (an L2 prefetch hint); max_size > 0, offset >= 0 checked",
+    ),
+    EmulatedOp(
+        "torch_npu.npu_top_k_top_p",
+        "torch_npu (torch.ops.npu custom op; vllm-ascend sampler with VLLM_ASCEND_ENABLE_TOPK_OPTIMIZE=1)",
+        "verl_patches.npu_emulation.ops.top_k_top_p:npu_top_k_top_p",
+        "per row: -inf below the k-th largest logit, then -inf for the least likely survivors while their "
+        "cumulative probability <= 1 - p (the most likely always kept)",
+    ),
+    EmulatedOp(
+        "torch_npu.atb.npu_ring_mla (+ .out)",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend MLA prefill)",
+        "verl_patches.npu_emulation.ops.mla:npu_ring_mla",
+        "per sequence softmax(scale*(q_nope k_nope^T + q_rope k_rope^T)) v, causal for mask_type_triu, lse [N, T]; "
+        "calc_type_default merges with (pre_out, prev_lse): equals attention over the concatenated keys",
+    ),
+    EmulatedOp(
+        "torch_npu.atb.npu_paged_cache_load (+ .out)",
+        "torch_npu ATB (torch.ops.atb custom op)",
+        "verl_patches.npu_emulation.ops.paged_cache:npu_paged_cache_load",
+        "sequence b's tokens seq_starts[b] .. + context_lens[b], token p at block_table[b][p // bs], row p % bs, "
+        "concatenated over b (lengths or cumulative ends)",
+    ),
+    EmulatedOp(
+        "torch_npu._npu_reshape_and_cache",
+        "torch_npu ATB (torch.ops.atb custom op)",
+        "verl_patches.npu_emulation.ops.paged_cache:npu_reshape_and_cache",
+        "key_cache[s // bs, s % bs] = key[t], value_cache likewise, for s = slot_indices[t] >= 0, in place",
+    ),
+    EmulatedOp(
+        "torch_npu._npu_paged_attention_mla",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend MLA eager decode)",
+        "verl_patches.npu_emulation.ops.mla:npu_paged_attention_mla",
+        "softmax(scale * q k^T) v over sequence b's context_lens[b] paged tokens, v = k[..., :mla_vheadsize]",
+    ),
+    EmulatedOp(
+        "torch_npu._npu_rotary_embedding",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend RotaryEmbedding.forward_oot)",
+        "verl_patches.npu_emulation.ops.infer_norm_rope:npu_rotary_embedding",
+        "in place: each head's first rot_dim dims rotated by the cache's angle for the token's position, "
+        "pairs (i, i + rot_dim/2) neox style, else (2i, 2i + 1)",
+    ),
 )
 
 # MindSpeed features (A3 profile) and NPU facilities that do not run on a CPU host.
@@ -171,6 +299,22 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
     CpuLimit(
         "NPU memory statistics, streams, events, profiler NPU activity",
         "the host has no device allocator or streams: memory stats are 0, totals are host memory, streams are one",
+    ),
+    CpuLimit(
+        "the npu device itself (npu tensors, verl_patches/npu_emulation/device: a C++ extension built into the user's "
+        "cache)",
+        "emulated: npu:N tensors are real PrivateUse1 tensors whose memory is host memory; every op runs the CPU "
+        "kernel over the same memory (views stay views, in-place ops write in place), collectives run gloo over it; "
+        "one stream per device, events record nothing, the RNG is the host's, memory stats count npu tensors' bytes "
+        "(no caching allocator: reserved = allocated); is_available() stays False so device probes keep choosing the "
+        "CPU",
+    ),
+    CpuLimit(
+        "vllm-ascend's MC2 kernels beyond the unquantized decode path (npu_moe_distribute_dispatch_v2 / combine_v2, "
+        "quant_mode 2, shared-expert ranks, a TP group, A2's expert_scales)",
+        "not emulated (NotImplementedError); the emulated v1 pair moves rows with all_to_all_single over gloo on the "
+        "group registered under the HCCL name (verl_patches/npu_emulation/hccl_names.py), and torch_npu exposes no "
+        "dispatch_v2, as torch_npu 2.5.1.post1, so vllm-ascend calls the v1 pair",
     ),
 )
 

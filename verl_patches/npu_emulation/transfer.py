@@ -9,7 +9,9 @@ the same remapping ends on the CPU: device arguments naming cuda/npu (or a bare 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,6 +49,25 @@ FACTORY_FUNCTIONS = (
 )
 TENSOR_METHODS = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided")
 _APPLIED = False
+_native_depth = 0  # > 0 while code that runs on the emulated npu device runs (the rollout engine)
+
+
+@contextlib.contextmanager
+def native_devices() -> Iterator[None]:
+    """Inside: no remapping, "npu" means the emulated npu device (verl_patches.npu_emulation.device).
+
+    The remapping exists for Megatron and MindSpeed, whose CPU proof runs on CPU tensors. vllm-ascend's engine,
+    colocated in the same worker process, runs on npu tensors: its model runner's `torch.zeros(...,
+    device="npu:0")` must give an npu tensor beside the npu weights, not a CPU one. The rollout's entry points
+    (engine build, generate, sleep/wake-up) run inside this scope. Re-entrant; a no-op where nothing was remapped
+    (A3, where the real torch_npu maps cuda to npu).
+    """
+    global _native_depth
+    _native_depth += 1
+    try:
+        yield
+    finally:
+        _native_depth -= 1
 
 
 def host_device(device: Any) -> Any:
@@ -66,6 +87,8 @@ def host_device(device: Any) -> Any:
 def _map_device_kwarg(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _native_depth:
+            return fn(*args, **kwargs)
         if "device" in kwargs:
             kwargs["device"] = host_device(kwargs["device"])
         if kwargs.get("pin_memory"):
@@ -96,6 +119,8 @@ def _map_to(fn):
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
+        if _native_depth:
+            return fn(self, *args, **kwargs)
         if args and _is_device_like(args[0]):
             args = (host_device(args[0]),) + args[1:]
         if "device" in kwargs:
@@ -107,6 +132,9 @@ def _map_to(fn):
 
 
 def _to_host(self, device=None, non_blocking: bool = False, **kwargs):
+    if _native_depth:
+        target = torch.device("npu", device) if isinstance(device, int) else (device or "npu")
+        return self.to(target, non_blocking=non_blocking) if isinstance(self, torch.Tensor) else self.to(target)
     return self.to("cpu", non_blocking=non_blocking) if isinstance(self, torch.Tensor) else self.to("cpu")
 
 
@@ -118,7 +146,8 @@ def _device_type_name(fn):
     def wrapper(self, *args, **kwargs):
         name = fn(self, *args, **kwargs)
         if (
-            not args
+            not _native_depth
+            and not args
             and not kwargs
             and isinstance(name, str)
             and name.startswith("torch.")
@@ -222,6 +251,14 @@ def apply() -> None:
     global _APPLIED
     if _APPLIED:
         return
+    # `with torch.device(...)` (vLLM builds its model inside one) gives factories called without a device that
+    # device; torch recognises them from a set of its own functions computed once, on first use. Computed
+    # after the wrappers below replace them, the set would hold the wrappers, and the originals they call
+    # would get no device (a CPU tensor inside `with torch.device("npu:0")`): compute it now, from the originals.
+    # lazy: torch's private module that keeps the set; only this call needs it
+    from torch.utils import _device as device_mode
+
+    device_mode._device_constructors()
     for name in FACTORY_FUNCTIONS:
         wrapper = _map_device_kwarg(getattr(torch, name))
         setattr(torch, name, wrapper)

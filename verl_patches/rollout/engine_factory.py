@@ -23,7 +23,7 @@ from typing import Any
 
 from verl_patches.base.env_flags import env_flag, env_int
 from verl_patches.compile_toggle import real_torch_compile
-from verl_patches.device import torch_device
+from verl_patches.npu_emulation.transfer import native_devices
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 
 
@@ -110,27 +110,34 @@ def overlay_llm_class() -> type:
         from vllm import LLM
 
         # lazy: that module loads torch; importing this one must not
-        from verl_patches.rollout.lifecycle import RolloutLifecycle
+        from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
 
         class OverlayLLM(LLM):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                with native_devices():
+                    super().__init__(*args, **kwargs)
+
+            def generate(self, *args: Any, **kwargs: Any) -> Any:
+                with native_devices():
+                    return super().generate(*args, **kwargs)
+
             def sleep(self, level: int = 1) -> None:
-                life = RolloutLifecycle(self)
-                life.free_cache_engine()
-                life.offload_model_weights()
+                with native_devices():
+                    life = RolloutLifecycle(self)
+                    life.free_cache_engine()
+                    life.offload_model_weights()
 
             def wake_up(self, tags: list[str] | None = None) -> None:
-                life = RolloutLifecycle(self, device=_device())
-                if tags is None or "weights" in tags:
-                    life.onload_model_weights()
-                if tags is None or "kv_cache" in tags:
-                    life.init_cache_engine()
+                with native_devices():
+                    # the model runner's own device (npu:LOCAL_RANK): where its graphs and KV cache are
+                    life = RolloutLifecycle(self, device=model_runner_of(self).device)
+                    if tags is None or "weights" in tags:
+                        life.onload_model_weights()
+                    if tags is None or "kv_cache" in tags:
+                        life.init_cache_engine()
 
         _OVERLAY_CLASS = OverlayLLM
     return _OVERLAY_CLASS
-
-
-def _device() -> Any:
-    return torch_device()
 
 
 def build_llm(*args: Any, **kwargs: Any) -> Any:

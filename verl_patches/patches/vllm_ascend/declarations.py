@@ -74,3 +74,19 @@ PATCHES.append(
         rebind=False,
     )
 )
+
+PATCHES.append(
+    Patch(
+        name="vllm_ascend.forward_context.mc2_decode_at_small_ep",
+        target="vllm_ascend.ascend_forward_context:get_fused_moe_state",
+        kind=Kind.WRAP,
+        fingerprint="sha256:be847a37e9110ee6",
+        replacement=lazy_call("verl_patches.patches.vllm_ascend.forward_context.mc2_at_small_ep:wrap_fused_moe_state"),
+        vendor_item="local",
+        reason="CPU proof at rollout EP 2: decode through MC2 dispatch/combine as A3 does at EP 256 (upstream "
+        "picks All2All below EP 16, a path A3 never decodes through and one TorchAir cannot trace); prefill and "
+        "EP 1 as upstream",
+        devices=("cpu",),
+        rebind=False,  # called only inside its own module
+    )
+)

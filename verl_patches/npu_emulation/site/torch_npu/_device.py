@@ -1,35 +1,15 @@
-"""Register the "npu" device name (PyTorch's privateuse1 backend) and torch.npu, once per process."""
+"""Register the "npu" device (PyTorch's privateuse1 backend) and torch.npu, once per process.
+
+This folder is on sys.path only on a CPU host, so the device registered here is the emulated one: the C++
+extension of verl_patches.npu_emulation.device (built once into the user's cache) gives npu tensors whose
+memory is host memory, PyTorch's hooks for the backend, and npu collectives over the CPU (gloo) kernels.
+"""
 
 import torch
 
+from verl_patches.npu_emulation.device.build import load_extension
+
 _done = False
-
-
-# torch 2.5.1 (the A3 pin) has no Python hook registration (`torch._C._acc` came later) and does not
-# ask a renamed privateuse1 backend for hooks at barrier time; newer torch does, so register them there.
-_ACC = getattr(torch._C, "_acc", None)
-_HookBase = _ACC.PrivateUse1Hooks if _ACC is not None else object
-_GuardBase = _ACC.DeviceGuard if _ACC is not None else object
-
-
-class _Hooks(_HookBase):
-    """What PyTorch asks a registered privateuse1 backend: torch.distributed.barrier() and
-    torch.accelerator query it once the backend is named (without hooks they raise "Please register
-    PrivateUse1HooksInterface"); a gloo group still picks the CPU for its barrier."""
-
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id: int) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _Guard(_GuardBase):
-    def type_(self):  # noqa: ANN201 (a torch._C enum)
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def register() -> None:
@@ -46,7 +26,9 @@ def register() -> None:
         from torch_npu import npu
 
         torch._register_device_module("npu", npu)
-    if _ACC is not None:
-        _ACC.register_python_privateuseone_hook(_Hooks())
-        _ACC.register_python_privateuseone_device_guard(_Guard())
+    load_extension().install()
+    if not hasattr(torch.Tensor, "is_npu") and not hasattr(torch.Tensor, "npu"):
+        # Tensor.npu() / is_npu / Module.npu() as torch_npu users expect; storages too, which torch.load
+        # needs to put storages saved from npu tensors back on npu
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     _done = True

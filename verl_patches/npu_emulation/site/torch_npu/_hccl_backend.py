@@ -1,5 +1,7 @@
 """An `hccl` process-group backend on a CPU host, carried by gloo (the real torch_npu registers HCCL when
-imported; vllm-ascend's worker asks torch.distributed for "hccl"). Collectives run on CPU tensors."""
+imported; vllm-ascend's worker asks torch.distributed for "hccl"). Registered for cpu and npu tensors, with one
+gloo backend serving both: collectives on npu tensors reach gloo through the npu device emulation's c10d
+kernels (verl_patches/npu_emulation/device/npu_device.cpp), which run gloo over the npu tensors' memory."""
 
 import torch.distributed as dist
 
@@ -19,7 +21,7 @@ def _create_gloo_as_hccl(store, group_rank, group_size, timeout):
 
 def register() -> None:
     if "hccl" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("hccl", _create_gloo_as_hccl, devices=["cpu"])
+        dist.Backend.register_backend("hccl", _create_gloo_as_hccl, devices=["cpu", "npu"])
 
 
 register()

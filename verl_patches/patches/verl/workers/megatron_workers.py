@@ -19,6 +19,7 @@ What changes against verl v0.4.0, and why:
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 from typing import Any, Callable
 
@@ -308,6 +309,19 @@ def init_model(self) -> None:
             checkpoint_contents=self.config.actor.checkpoint.contents,
         )
     get_torch_device().empty_cache()
+    freeze_startup_heap()
+
+
+def freeze_startup_heap() -> None:
+    """Exempt what the worker holds after start-up (modules, models, engines) from every later collection.
+
+    verl's offload helpers and the rollout's sleep call ``gc.collect()`` several times a step, to free device
+    memory held by cycles made during the step. Each full collection walks every tracked object of the
+    process (about 0.6 M after the imports: 0.5 s of CPU a call); after ``gc.freeze()`` it walks only what was
+    made since, and collects the same garbage. The cycles made during start-up are collected here first.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def wrap_with_temperature(original: Callable) -> Callable:

@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from verl_patches.npu_emulation.device.build import loaded_extension
 from torch_npu.npu import memory, streams, utils  # noqa: F401
 from torch_npu.npu.memory import (  # noqa: F401
     empty_cache,
@@ -74,6 +75,9 @@ def device_count() -> int:
 
 
 def current_device() -> int:
+    ext = loaded_extension()  # the npu device's own record (per thread, as on the device)
+    if ext is not None:
+        return ext.current_device()
     return 0 if _current is None else _current
 
 
@@ -95,6 +99,9 @@ def set_device(device) -> None:
             f"(ASCEND_RT_VISIBLE_DEVICES={os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '')!r})"
         )
     _current = index
+    ext = loaded_extension()
+    if ext is not None:
+        ext.set_device(index)  # where npu tensors without an index are allocated
 
 
 def synchronize(device=None) -> None:
@@ -151,6 +158,10 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     manual_seed(seed)
+
+
+def _is_in_bad_fork() -> bool:
+    return False  # torch.manual_seed seeds a device module only when it has this (and manual_seed_all)
 
 
 def seed() -> None:

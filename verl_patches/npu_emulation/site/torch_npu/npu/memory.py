@@ -1,6 +1,11 @@
-"""Memory calls: the "device" is the host, so totals come from host memory and allocator stats are 0."""
+"""Memory calls: the "device" is the host, so totals come from host memory; allocated bytes are those of npu
+tensors (the npu device emulation's counters, 0 before it is loaded). Nothing is cached: reserved is allocated."""
 
 import os
+
+import torch
+
+from verl_patches.npu_emulation.device.build import loaded_extension
 
 
 def _host_memory() -> tuple[int, int]:
@@ -16,39 +21,64 @@ def _host_memory() -> tuple[int, int]:
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    return _host_memory()
+    """(free, total) of the emulated device: its capacity is the host's total memory, and what is used is what
+    this process holds in npu tensors. Not the host's available memory: that moves with every other process,
+    and vllm-ascend's KV-cache sizing asserts free memory fell while it profiled (it would rise at random)."""
+    total = _host_memory()[1]
+    return max(0, total - memory_allocated(device)), total
 
 
 def empty_cache() -> None:
     return None
 
 
+def _index(device) -> int:
+    """The device index a memory call names; -1 for the current device."""
+    if device is None:
+        return -1
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        return -1 if device.index is None else device.index
+    return int(device)
+
+
 def memory_allocated(device=None) -> int:
-    return 0
+    ext = loaded_extension()
+    return ext.memory_allocated(_index(device)) if ext is not None else 0
 
 
 def max_memory_allocated(device=None) -> int:
-    return 0
+    ext = loaded_extension()
+    return ext.max_memory_allocated(_index(device)) if ext is not None else 0
 
 
 def memory_reserved(device=None) -> int:
-    return 0
+    return memory_allocated(device)
 
 
 def max_memory_reserved(device=None) -> int:
-    return 0
+    return max_memory_allocated(device)
 
 
 def memory_stats(device=None) -> dict:
-    return {}
-
-
-def reset_max_memory_allocated(device=None) -> None:
-    return None
+    current, peak = memory_allocated(device), max_memory_allocated(device)
+    return {
+        "allocated_bytes.all.current": current,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": current,
+        "reserved_bytes.all.peak": peak,
+    }
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    return None
+    ext = loaded_extension()
+    if ext is not None:
+        ext.reset_peak_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
 
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:

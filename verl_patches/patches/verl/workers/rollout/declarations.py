@@ -8,21 +8,6 @@ _USES_LLM = (f"{_SPMD}:vLLMRollout.__init__", f"{_SPMD}:vLLMRollout.generate_seq
 
 PATCHES = [
     Patch(
-        name="cpu.verl.vllm_rollout_spmd.LLM.standin",
-        target=f"{_SPMD}:LLM",
-        kind=Kind.REPLACE,
-        fingerprint=pinned(*_USES_LLM),
-        fingerprint_of=_USES_LLM,
-        replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
-        vendor_item="local",
-        reason="CPU rollout stand-in: vLLM's LLM surface verl uses (generate, model_runner.model.load_weights with "
-        "vLLM's own DeepSeek loader, KV init/free, offload/onload) backed by transformers' "
-        "DeepseekV3ForCausalLM, given the A3 engine arguments (rollout_llm_kwargs); vllm-ascend's kernels "
-        "need an NPU",
-        devices=("cpu",),
-        rebind=False,  # only verl's rollout module builds the stand-in
-    ),
-    Patch(
         name="verl.vllm_rollout_spmd.LLM.lifecycle",
         target=f"{_SPMD}:LLM",
         kind=Kind.REPLACE,
@@ -32,9 +17,26 @@ PATCHES = [
         vendor_item="E1,F1",
         reason="vLLM's LLM without sleep mode (camem) or prefix caching: sleep/wake_up become KV free/init and "
         "weight offload/onload; EP on with VLLM_DP_SIZE>1; TorchAir/scheduler additional_config; built "
-        "under the real torch.compile",
-        devices=("npu",),
+        "under the real torch.compile. On a CPU host the same engine (vllm-ascend's NPUWorker, model runner, "
+        "DeepSeek model, TorchAir compile) runs on the npu device emulation",
+        devices=("npu", "cpu"),
         rebind=False,
+    ),
+    Patch(
+        name="cpu.verl.vllm_rollout_spmd.LLM.standin",
+        target=f"{_SPMD}:LLM",
+        kind=Kind.REPLACE,
+        fingerprint=pinned(*_USES_LLM),
+        fingerprint_of=_USES_LLM,
+        replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
+        vendor_item="local",
+        reason="test double, opt-in (VERL_PATCHES_ROLLOUT_STANDIN=1), never in the tiny run: vLLM's LLM surface "
+        "verl uses backed by transformers' DeepseekV3ForCausalLM, for the tests whose claim is not the rollout "
+        "engine (weight sync bit-equality, checkpoint RNG, hang diagnosis) and must stay fast on 2 cores; "
+        "replaces the real engine binding above on a CPU host when the switch is on",
+        devices=("cpu",),
+        env_flag="VERL_PATCHES_ROLLOUT_STANDIN",
+        rebind=False,  # only verl's rollout module builds the stand-in
     ),
     Patch(
         name="verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
