@@ -4,8 +4,9 @@ The slow tests here start a local Ray cluster and train the tiny DeepSeek-V3-sha
 additions with our reward:
 
 * README command 1 (`train_deepseekv3_256die_random_init.sh --tiny`), the A3 path: verl's Megatron actor and
-  reference through MindSpeed on the torch_npu emulation (TP2 x EP2, 4 ranks), the vLLM rollout seam with
-  the CPU stand-in, our weight sync, the fused actor_rollout_ref group, no old-log-prob pass. ONE run of 60
+  reference through MindSpeed on the torch_npu emulation (TP2 x EP2, 4 ranks), verl's vLLM rollout driving
+  vllm-ascend's own engine (NPUModelRunner, CustomDeepseekV3ForCausalLM, TorchAir graph mode) at rollout EP2,
+  our weight sync, the fused actor_rollout_ref group, no old-log-prob pass. ONE run of 60
   steps (the session fixture `a3_run` of conftest.py) serves every A3 test, including the golden-metrics
   check against the stored baseline and the kill-and-resume test's reference, so the suite pays for one
   tiny run;
@@ -27,7 +28,8 @@ from verl_patches.patching.activation_record import read_records
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")
-MISMATCH_TOL = 1e-3  # fp32 on CPU: rollout stand-in vs Megatron actor, same weights after the sync
+MISMATCH_TOL = 1e-3  # fp32 on CPU: vllm-ascend's engine vs Megatron actor, same weights after the sync
+ENGINE_LINE = re.compile(r"verl_patches rollout engine: (.*)")
 STEPS, TEST_FREQ = 60, 20
 VAL_KEY = "val-core/deepscaler/reward/mean@1"
 
@@ -84,6 +86,21 @@ def test_tiny_a3_path_runs_the_a3_components(a3_run: TinyRun) -> None:
         assert r["summary"].startswith(f"verl_patches active in pid {r['pid']} (device=cpu)"), r
         assert r["patches"]["vllm.general_plugins_at_import"] in ("applied", "pending"), r
     assert "package versions: all " in out, out[:3000]  # launcher and driver: A3's pins installed as pinned
+    # the engine that generated, read from the built engine: one line per vLLM instance (two of DP2 x TP1)
+    engines = {m.group(1) for m in ENGINE_LINE.finditer(out)}
+    assert engines, out[-3000:]
+    for line in engines:
+        assert line.startswith(
+            "vllm_ascend.worker.model_runner_v1.NPUModelRunner running "
+            "vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM on npu:0 (float32), "
+            "TorchAir graph mode, graphs compiled, EP 2 (DP 2 x TP 1); "
+            "attention vllm_ascend.attention.mla_v1.AscendMLAImpl; "
+            "MoE vllm_ascend.ops.fused_moe.AscendFusedMoE; "
+        ), line
+        assert "top-k/top-p from vllm_ascend.patch.worker.patch_common.patch_sampler" in line, line
+    assert "cpu.verl.vllm_rollout_spmd.LLM.standin" not in {
+        name for r in records for name, status in r["patches"].items() if status == "applied"
+    }
 
 
 @pytest.mark.slow

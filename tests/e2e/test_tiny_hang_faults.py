@@ -1,5 +1,5 @@
 """A stuck rank on the tiny A3-path run (README command 1: verl's Megatron actor/ref on MindSpeed, TP2 x EP2,
-4 Ray workers, the vLLM seam with the CPU stand-in, our weight sync, the D2D cache) is named, the job ends
+4 Ray workers, vllm-ascend's engine at rollout EP2, our weight sync, the D2D cache) is named, the job ends
 by itself, and the same command resumes.
 
 Four launches of the same command share one checkpoint folder (a checkpoint every step, 4 steps in all,

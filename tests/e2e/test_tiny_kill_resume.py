@@ -1,5 +1,5 @@
 """Kill and resume README command 1 (the tiny A3-path run: verl's Megatron actor/ref on MindSpeed, TP2 x EP2,
-4 Ray workers, the vLLM seam with the CPU stand-in, our weight sync), the same command every launch, with a
+4 Ray workers, vllm-ascend's engine at rollout EP2, our weight sync), the same command every launch, with a
 checkpoint every 2 steps (keep the last 2) and 8 steps in all:
 
 1. launch 1 runs from scratch; once step 3 is logged (checkpoint 2 exists) ONE Ray worker process of verl's

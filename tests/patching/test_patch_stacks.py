@@ -37,8 +37,8 @@ STACKS = {
         ],
     },
     f"{_SPMD}:LLM": {
-        ("npu",): ["verl.vllm_rollout_spmd.LLM.lifecycle"],
-        ("cpu",): ["cpu.verl.vllm_rollout_spmd.LLM.standin"],
+        ("npu", "cpu"): ["verl.vllm_rollout_spmd.LLM.lifecycle"],  # vllm-ascend's engine, the tiny run's too
+        ("cpu", "VERL_PATCHES_ROLLOUT_STANDIN=1"): ["cpu.verl.vllm_rollout_spmd.LLM.standin"],  # tests only
     },
     f"{_SPMD}:vLLMRollout.__init__": {
         ("npu", "cpu"): [
@@ -73,7 +73,7 @@ STACKS = {
 def _as_table(stacks) -> dict:
     table: dict = {}
     for s in stacks:
-        table.setdefault(s.target, {})[s.devices] = [p.name for p in s.layers] + (
+        table.setdefault(s.target, {})[s.devices + s.switches] = [p.name for p in s.layers] + (
             ["upstream"] if s.calls_upstream else []
         )
     return table
@@ -92,7 +92,9 @@ def test_the_audit_text_prints_each_stack_outermost_first():
     for target, by_devices in STACKS.items():
         start = lines.index(target)
         for devices, layers in by_devices.items():
-            header = lines.index(f"  on {','.join(devices)}:", start)
+            on = [d for d in devices if "=" not in d]
+            switched = "".join(f" with {d}" for d in devices if "=" in d)
+            header = lines.index(f"  on {','.join(on)}{switched}:", start)
             names = [n for n in layers if n != "upstream"]
             for i, name in enumerate(names, 1):
                 assert lines[header + i].startswith(f"    {i}. {name} "), (target, devices, lines[header + i])
@@ -135,6 +137,25 @@ def test_a_new_body_or_a_replace_over_other_layers_hides_them():
     [r] = patch_stacks([a, _p("r", Kind.REPLACE)])
     assert [p.name for p in r.hidden] == ["a"]
     assert "    !! never run (covered by a later layer; fix the catalog order): a" in render_stacks(stack_entries([r]))
+
+
+def test_a_switched_alternative_is_its_own_stack_and_hides_nothing():
+    """A REPLACE behind an opt-in switch over an always-on one: without the switch the default layering; with
+    it, the alternative alone on the devices it changes, listed under the switch, not reported as hidden."""
+    base = _p("engine", Kind.REPLACE, devices=("npu", "cpu"))
+    alt = _p("double", Kind.REPLACE, devices=("cpu",), env_flag="DOUBLE")
+    stacks = patch_stacks([base, alt])
+    assert [(s.devices, [p.name for p in s.layers], s.hidden, s.switches) for s in stacks] == [
+        (("npu", "cpu"), ["engine"], (), ()),
+        (("cpu",), ["double"], (), ("DOUBLE=1",)),
+    ]
+    assert "  on cpu with DOUBLE=1:" in render_stacks(stack_entries(stacks))
+    on_by_default = _p("w", devices=("cpu",), env_flag="OFF_SWITCH", env_default=True)
+    assert [(s.devices, [p.name for p in s.layers], s.switches) for s in patch_stacks([base, on_by_default])] == [
+        (("npu",), ["engine"], ()),
+        (("cpu",), ["w", "engine"], ()),
+        (("cpu",), ["engine"], ("OFF_SWITCH=0",)),  # a switch on by default is turned off
+    ]
 
 
 def test_calls_original_false_is_only_for_wraps():
@@ -181,7 +202,7 @@ def test_registry_refuses_a_new_body_over_an_applied_patch(scratch, make_registr
 
 # ---- the registry on the real upstream objects, every device --------------------------------------
 RUNTIME_SCRIPT = r"""
-import dataclasses, json, sys, types
+import dataclasses, json, os, sys, types
 from verl_patches.patching import registry as R
 from verl_patches.patching.declaration import DEVICES, Kind
 from verl_patches.patching.stacks import patch_stacks
@@ -243,14 +264,21 @@ def resolve(target):
     slot = qual.split(".")[-1]
     return owner, slot, (owner.__dict__[slot] if isinstance(owner, type) else getattr(owner, slot))
 
-for target in sorted(stacked):
+switched = {(s.target, s.switches[0]) for s in patch_stacks(all_patches()) if s.switches}
+out["runs_switched"] = {}
+for target, switch in [(t, None) for t in sorted(stacked)] + sorted(switched):
     group = [p for p in all_patches() if p.target == target]
-    out["runs"][target] = {}
+    if switch is None:
+        runs = out["runs"].setdefault(target, {})
+    else:
+        runs = out["runs_switched"].setdefault(switch, {}).setdefault(target, {})
+    if switch is not None:
+        os.environ[switch.partition("=")[0]] = switch.partition("=")[2]
     for device in DEVICES:
         if group[0].kind is Kind.MODULE_ALIAS:
             reg = R.Registry(group, device).activate()
             alias = sys.modules.get(target)
-            out["runs"][target][device] = [getattr(alias, R.MARKER)] if alias is not None else []
+            runs[device] = [getattr(alias, R.MARKER)] if alias is not None else []
             reg.revert()
             continue
         upstream = R._unwrap(resolve(target)[2])
@@ -263,12 +291,14 @@ for target in sorted(stacked):
         calls.clear()
         now = R._unwrap(resolve(target)[2])
         if now is upstream:
-            out["runs"][target][device] = []
+            runs[device] = []
         else:
             now(None, None) if ":" in target and "." in target.partition(":")[2] else now()
-            out["runs"][target][device] = list(calls)
+            runs[device] = list(calls)
         reg.revert()
         assert R._unwrap(resolve(target)[2]) is upstream, target
+    if switch is not None:
+        del os.environ[switch.partition("=")[0]]
 print(json.dumps(out))
 """
 
@@ -281,11 +311,22 @@ def runtime():
 @pytest.mark.slow  # shares one fresh interpreter importing verl's Megatron worker: about 40 s
 def test_calling_each_target_runs_its_layers_in_the_printed_order_on_every_device(runtime):
     expected = {target: {d: [] for d in DEVICES} for target in STACKS}
+    switched: dict = {}
     for target, by_devices in STACKS.items():
         for devices, layers in by_devices.items():
-            for d in devices:
-                expected[target][d] = layers
+            switches = [d for d in devices if "=" in d]
+            if not switches:
+                for d in devices:
+                    expected[target][d] = layers
+    for target, by_devices in STACKS.items():  # with a switch on, the devices it changes; others as without
+        for devices, layers in by_devices.items():
+            for switch in [d for d in devices if "=" in d]:
+                runs = switched.setdefault(switch, {}).setdefault(target, dict(expected[target]))
+                for d in devices:
+                    if "=" not in d:
+                        runs[d] = layers
     assert runtime["runs"] == expected
+    assert runtime["runs_switched"] == switched
 
 
 @pytest.mark.slow  # shares one fresh interpreter importing verl's Megatron worker: about 40 s

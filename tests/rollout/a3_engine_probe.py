@@ -2,8 +2,11 @@
 the A3 engine on a CPU host: our prelude, then verl's `LLM` name bound to `engine_factory.build_llm` exactly as
 the NPU patch binds it (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's NPUPlatform
 .check_and_update_config and ascend_config, the V1 engine core and vllm-ascend's worker run for real on the
-torch_npu emulation, until the first NPU tensor. For each case of the spec it records where construction
-stopped and what the engine received, and writes it to the result file."""
+torch_npu emulation. For each case of the spec it records where construction stopped and what the engine
+received. The last case ("a3") builds the whole engine; the probe then names the classes that run (model runner,
+model, attention and MoE implementations, sampler, graph mode), loads the model directory's weights through the
+lifecycle as the weight sync does, decodes greedily with log-probs and scores the same tokens with transformers'
+DeepseekV3 (float32, same weights). Results go to the result file."""
 
 import json
 import os
@@ -24,6 +27,7 @@ from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 from verl_patches.rollout import engine_factory  # noqa: E402
+from verl_patches.rollout.engine_report import describe  # noqa: E402
 
 out = {"cpu_binding": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__qualname__}", "cases": {}}
 vllm_rollout_spmd.LLM = engine_factory.build_llm  # the binding of the NPU patch verl.vllm_rollout_spmd.LLM.lifecycle
@@ -94,6 +98,41 @@ def summary(cfg) -> dict:
     }
 
 
+def decode_against_hf(llm, rank: int) -> dict:
+    """Weights from the model directory through the lifecycle (onload -> the model's loader -> KV re-init),
+    a greedy decode with log-probs on this rank's prompts, the same tokens scored by transformers."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from vllm import SamplingParams
+
+    from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
+
+    from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
+
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    llm.wake_up(tags=["weights"])
+    patch_vllm_moe_model_weight_loader(model_runner_of(llm).model)  # as the sharding manager does each sync
+    RolloutLifecycle(llm, device=model_runner_of(llm).device).load_weights(iter(weights.items()))
+    llm.wake_up(tags=["kv_cache"])
+    prompts = [tokenizer.encode(text) for text in ([f"{rank} + 1 =", "2 + 2 ="], [f"{rank} + 2 =", "1 + 1 ="])[rank]]
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True)
+    outs = llm.generate(prompts=[{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    worst, tokens = 0.0, []
+    for prompt, out in zip(prompts, outs):
+        gen = list(out.outputs[0].token_ids)
+        got = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, gen)]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + gen])).logits[0, len(prompt) - 1 : -1].double()
+        want = torch.log_softmax(logits, -1)
+        hf_greedy = want.argmax(-1).tolist()
+        ref = [want[i, t].item() for i, t in enumerate(gen)]
+        worst = max([worst] + [abs(a - b) for a, b in zip(got, ref)])
+        tokens.append({"vllm": gen, "hf_greedy": hf_greedy})
+    return {"tokens": tokens, "logprob_abs_diff_max": worst}
+
+
 model_dir = spec["model_dir"]
 hf_config = AutoConfig.from_pretrained(model_dir)
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -102,8 +141,11 @@ for name, case in spec["cases"].items():
     config = OmegaConf.merge(OmegaConf.create(spec["rollout"]), case)
     result: dict = {}
     try:
-        vllm_rollout_spmd.vLLMRollout(model_dir, config, tokenizer, hf_config)
+        rollout = vllm_rollout_spmd.vLLMRollout(model_dir, config, tokenizer, hf_config)
         result["stopped_at"] = None
+        if name == "a3":
+            result["built"] = describe(rollout.inference_engine)  # what the job log's engine line reports
+            result["decoded"] = decode_against_hf(rollout.inference_engine, rank)
     except BaseException as e:  # noqa: BLE001  (where it stops is the data)
         frames = traceback.extract_tb(e.__traceback__)
         tb = frames[-1]

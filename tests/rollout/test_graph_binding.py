@@ -1,10 +1,13 @@
-"""The rollout lifecycle under TorchAir's frozen-parameter contract, and the sampling stream across KV re-inits.
+"""The rollout lifecycle and TorchAir's frozen parameters, and the sampling stream across KV re-inits.
 
-The graph is built by vllm-ascend's own `NPUModelRunner._get_torchair_lazy_compiled_model` (frozen_parameter
-True, `torch.compile(..., fullgraph=True)`) on the emulated TorchAir backend, which raises
-`FrozenParameterMoved` where TorchAir on A3 would silently keep reading a parameter's old address. The KV
-re-init goes through vLLM's own `Executor.initialize_from_config` and vllm-ascend's own
-`NPUWorker.compile_or_warm_up_model` (graph re-capture, then `set_random_seed`)."""
+Graphs are built by vllm-ascend's `NPUModelRunner._get_torchair_lazy_compiled_model` (`torch.compile(...,
+fullgraph=True)`) on the emulated TorchAir backend, which raises `FrozenParameterMoved` where TorchAir on A3
+would silently keep reading a frozen parameter's old address. Two builders: upstream's own (frozen_parameter
+True; taken from the patch registry's record of the original), where the lifecycle must rebuild the graphs
+whenever the weights moved, and the one our patch `vllm_ascend.model_runner_v1.torchair_unfrozen_parameters`
+installs (upstream's method recompiled with frozen_parameter False), where the weights are graph inputs and
+one graph serves every step. The KV re-init goes through vLLM's own `Executor.initialize_from_config` and
+vllm-ascend's own `NPUWorker.compile_or_warm_up_model` (graph re-capture, then `set_random_seed`)."""
 
 from __future__ import annotations
 
@@ -33,8 +36,22 @@ class TinyModel(torch.nn.Module):
         return loaded
 
 
-@pytest.fixture()
-def runner_cls(monkeypatch):
+UNFROZEN = "vllm_ascend.model_runner_v1.torchair_unfrozen_parameters"
+
+
+def upstream_graph_builder():
+    """vllm-ascend's own `_get_torchair_lazy_compiled_model` (frozen parameters), as the registry found it."""
+    from verl_patches.patching.registry import get_registry
+
+    registry = get_registry()
+    assert registry is not None, "the prelude's registry is not active in this process"
+    rec = next(r for r in registry.records if r.patch.name == UNFROZEN)
+    assert rec.status.startswith("applied"), (rec.status, rec.detail)
+    return rec.original
+
+
+@pytest.fixture(params=["upstream", "patched"])
+def runner_cls(request, monkeypatch):
     import vllm_ascend.worker.model_runner_v1 as mr
 
     monkeypatch.setattr(
@@ -42,7 +59,17 @@ def runner_cls(monkeypatch):
         "get_ascend_config",
         lambda: SimpleNamespace(torchair_graph_config=SimpleNamespace(enable_view_optimize=False)),
     )
+    if request.param == "upstream":
+        cls = type("UpstreamNPUModelRunner", (mr.NPUModelRunner,), {})
+        cls._get_torchair_lazy_compiled_model = upstream_graph_builder()
+        return cls
     return mr.NPUModelRunner
+
+
+def frozen(runner_cls) -> bool:
+    from verl_patches.rollout.graph_binding import graphs_freeze_parameters
+
+    return graphs_freeze_parameters(runner_cls.__new__(runner_cls))
 
 
 def build_engine(runner_cls) -> tuple[Any, Any]:
@@ -53,7 +80,11 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     model = TinyModel()
-    runner = SimpleNamespace(
+    from torchair._graph_mode import graphs_compiled
+
+    runner = runner_cls.__new__(runner_cls)  # the class's graph builder; the state a runner has at capture time
+    runner.__dict__.update(
+        graphs_before=graphs_compiled(),
         model=model,
         use_cached_npu_graph=False,
         torchair_graph_batch_sizes=[4],
@@ -68,7 +99,8 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
 
     def capture_model() -> None:  # what capture_model does per graph batch size: run the compiled graph once
         runner.captures += 1
-        runner.decode(torch.zeros(4, 6))
+        with torch.no_grad():  # as vLLM runs its model (a grad-mode change alone would recompile)
+            runner.decode(torch.zeros(4, 6))
 
     runner.capture_model = capture_model
     runner.eplb_warmup = lambda: None
@@ -97,6 +129,13 @@ def build_engine(runner_cls) -> tuple[Any, Any]:
     return llm, runner
 
 
+def compiled_graphs(runner: Any) -> int:
+    """How many graphs the emulated TorchAir backend compiled since this runner was built."""
+    from torchair._graph_mode import graphs_compiled
+
+    return graphs_compiled() - runner.graphs_before
+
+
 def new_weights(model: torch.nn.Module, scale: float) -> dict[str, torch.Tensor]:
     return {n: torch.randn_like(p) * scale for n, p in model.named_parameters()}
 
@@ -113,8 +152,53 @@ def test_the_emulated_torchair_refuses_a_moved_frozen_parameter_by_name(runner_c
     llm, runner = build_engine(runner_cls)
     assert runner.captures == 1 and runner.torchair_compiled_model is not None
     runner.model.down.weight.data = runner.model.down.weight.data.clone()  # what a rebinding lifecycle does
-    with pytest.raises(FrozenParameterMoved, match=r"down\.weight"):
-        runner.decode(torch.zeros(4, 6))
+    x = torch.zeros(4, 6)
+    if frozen(runner_cls):  # upstream's graphs: an error naming the parameter, never a silent read
+        with pytest.raises(FrozenParameterMoved, match=r"down\.weight"), torch.no_grad():
+            runner.decode(x)
+    else:  # the patched builder: the weights are inputs, the graph reads the moved one
+        with torch.no_grad():
+            torch.testing.assert_close(runner.decode(x), runner.model(x))
+
+
+def test_the_patch_changes_one_assignment_of_upstreams_method() -> None:
+    """The recompiled method is upstream's source with `frozen_parameter = True` -> False and nothing else."""
+    import dis
+    import inspect
+    import textwrap
+
+    import vllm_ascend.worker.model_runner_v1 as mr
+
+    from verl_patches.patches.vllm_ascend.worker.unfrozen_parameters import without_frozen_parameters
+    from verl_patches.patching.source_edit import SourceEditError
+    from verl_patches.rollout.graph_binding import FROZEN_ATTR
+
+    upstream = upstream_graph_builder()
+    patched = mr.NPUModelRunner._get_torchair_lazy_compiled_model
+    assert getattr(patched, FROZEN_ATTR) is False and not hasattr(upstream, FROZEN_ATTR)
+    assert patched.__code__.co_filename == upstream.__code__.co_filename  # upstream's file and lines
+    assert patched.__code__.co_firstlineno == upstream.__code__.co_firstlineno
+    source = textwrap.dedent(inspect.getsource(upstream))
+    assert source.count("frozen_parameter = True") == 1
+    edited: dict = {}
+    exec(
+        compile(source.replace("frozen_parameter = True", "frozen_parameter = False"), "<edited>", "exec"),
+        dict(upstream.__globals__),
+        edited,
+    )
+
+    def instructions(fn) -> list[tuple[str, object]]:
+        return [(i.opname, i.argval) for i in dis.get_instructions(fn)]
+
+    assert instructions(patched) == instructions(edited[upstream.__name__])
+    assert instructions(patched) != instructions(upstream)
+    # a drifted source (no such assignment) patches nothing and says what it looked for
+
+    def drifted(self, batch_size):
+        return batch_size
+
+    with pytest.raises(SourceEditError, match="found 0 assignments"):
+        without_frozen_parameters(drifted)
 
 
 def test_each_step_decodes_with_that_steps_weights_under_frozen_parameters(runner_cls) -> None:
@@ -129,12 +213,15 @@ def test_each_step_decodes_with_that_steps_weights_under_frozen_parameters(runne
         state = new_weights(runner.model, 1.0 + step)
         life.onload_model_weights()  # train -> rollout: new storage for every parameter
         life.load_weights(state.items())
-        life.init_cache_engine()  # KV re-init (its warm-up captures the graphs again)
+        life.init_cache_engine()  # KV re-init (its warm-up runs the graphs: captures them again if dropped)
         with torch.no_grad():
             torch.testing.assert_close(runner.decode(x), reference(state, x))
         life.free_cache_engine()
         life.offload_model_weights()
-    assert runner.captures == 4  # the build, then one capture per step, each on that step's addresses
+    assert runner.captures == 4  # the build, then one warm-up per step
+    # upstream's frozen graphs are compiled again each step on that step's addresses; the patched builder's
+    # one graph (weights as inputs) serves every step
+    assert compiled_graphs(runner) == (4 if frozen(runner_cls) else 1)
 
 
 def test_graphs_are_kept_when_the_weights_did_not_move(runner_cls) -> None:
@@ -147,7 +234,10 @@ def test_graphs_are_kept_when_the_weights_did_not_move(runner_cls) -> None:
         runner.model.up.weight.mul_(2)  # written in place: same storage
     assert forget_graphs_if_moved(runner) == [] and runner.torchair_compiled_model is compiled
     runner.model.up.bias.data = runner.model.up.bias.data.clone()
-    assert forget_graphs_if_moved(runner) == ["up.bias"] and runner.torchair_compiled_model is None
+    if frozen(runner_cls):
+        assert forget_graphs_if_moved(runner) == ["up.bias"] and runner.torchair_compiled_model is None
+    else:  # graphs that take the weights as inputs are never dropped
+        assert forget_graphs_if_moved(runner) == [] and runner.torchair_compiled_model is compiled
 
 
 def test_each_step_samples_a_new_stream_and_a_resume_restores_it(runner_cls) -> None:

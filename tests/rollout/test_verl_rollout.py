@@ -1,6 +1,9 @@
-"""verl v0.4.0's own vLLMRollout on a CPU host through our declared patches: `LLM` is the stand-in
-(CPU only), verl's `sleep(level=1)` frees KV + offloads, the lifecycle drives a weight load and KV
-init, and verl's generate_sequences runs on a DataProto. Plus the A3 engine arguments (pure)."""
+"""verl v0.4.0's own vLLMRollout on a CPU host through our declared patches, plus the A3 engine arguments (pure).
+
+The probe opts into the test-only stand-in (`VERL_PATCHES_ROLLOUT_STANDIN=1`): what it checks is verl's side of
+the seam (the patch binding `LLM`, verl's `sleep(level=1)` freeing KV and offloading, the lifecycle driving a
+weight load and KV init, verl's generate_sequences on a DataProto) in seconds. Without the switch the same
+binding builds vllm-ascend's engine (tests/rollout/test_a3_engine_build.py, and the tiny run)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
         dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
+    env["VERL_PATCHES_ROLLOUT_STANDIN"] = "1"
     p = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("verl_rollout_probe.py")), str(tiny_model_dir)],
         cwd=REPO,
@@ -42,7 +46,7 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
     assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
     assert out["applied"] == [
-        "cpu.verl.vllm_rollout_spmd.LLM.standin",
+        "cpu.verl.vllm_rollout_spmd.LLM.standin",  # over the lifecycle binding (a two-patch stack on a CPU host)
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
         "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile",
@@ -119,7 +123,8 @@ def test_engine_arguments_that_contradict_each_other_are_refused(change: dict, k
 def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
     by_name = {p.name: p for p in PATCHES}
     assert by_name["cpu.verl.vllm_rollout_spmd.LLM.standin"].devices == ("cpu",)
-    assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu",)
+    assert by_name["cpu.verl.vllm_rollout_spmd.LLM.standin"].env_flag == "VERL_PATCHES_ROLLOUT_STANDIN"  # opt-in
+    assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu", "cpu")
     for p in PATCHES:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
         if p.kind.value == "wrap" and not p.name.endswith(".a3_checks"):  # that one needs upstream's source:

@@ -38,7 +38,9 @@ ALLOWED: dict[str, str] = {
     "*.pipeline_model_parallel_size": "parallel size",
     "*.expert_model_parallel_size": "parallel size",
     "actor_rollout_ref.actor.megatron.pipeline_parallel_num_layer_list": "layers (PP1)",
-    "overlay.vllm_dp_size": "parallel size (one rollout instance per rank: the stand-in computes at EP1)",
+    "overlay.vllm_dp_size": "parallel size (rollout DP2 x TP1 instances: EP2 over the two ranks of each)",
+    f"{R}.engine_kwargs.vllm.num_gpu_blocks_override": "host resources (the emulated npu device's memory is host "
+    "memory: vLLM would size the KV cache from the host's free gigabytes)",
     # dtype and device
     "*.params_dtype": "dtype: fp32 so rollout and training log-probs agree to 1e-3",
     "actor_rollout_ref.actor.megatron.swap_optimizer": "follows the dtype: MindSpeed's swap optimizer has no Adam "

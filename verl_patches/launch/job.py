@@ -28,6 +28,7 @@ from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
+from verl_patches.launch import job_env
 from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -219,6 +220,20 @@ def no_compile_pool(environ: dict[str, str]) -> dict[str, str]:
     return {} if "TORCH_WARM_POOL" in environ else {"TORCH_WARM_POOL": "0"}
 
 
+def tiny_rollout_env(config_name: str, overrides: list[str]) -> dict[str, str]:
+    """What the cluster launch exports from the composed config for the rollout, for the tiny run: the
+    instance's DP size (``overlay.vllm_dp_size`` as VLLM_DP_SIZE: expert parallelism across the instance's
+    ranks) and the F4 switch, so its engines are built as the cluster's."""
+    # lazy: these modules load omegaconf and Hydra; importing this one must not
+    from omegaconf import OmegaConf
+
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    cfg = resolved(compose_config(config_name, overrides))
+    dp = int(OmegaConf.select(cfg, "overlay.vllm_dp_size", default=1) or 1)
+    return {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
+
+
 def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch = Launch(args, settings, "local")
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
@@ -232,9 +247,18 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
         )
     if device() == "cpu":
         env.update(no_compile_pool(env))
-    # vLLM's V1 engine, as the A3 job exports it (job_env): left unset, vLLM 0.9.1 may fall back to V0 without
-    # an error, which vllm-ascend's TorchAir graph mode refuses
-    env.setdefault("VLLM_USE_V1", "1")
+    # vLLM's and vllm-ascend's variables as the A3 job exports them (V1 engine, vllm-ascend's sampler): the
+    # rollout takes A3's code paths; a value the user set wins
+    for key, value in job_env.rollout_engine_environment().items():
+        env.setdefault(key, value)
+    # lazy: that module loads omegaconf; importing this one must not
+    from verl_patches.trainer.config_compose import ConfigCompositionError
+
+    try:
+        env.update(tiny_rollout_env(TINY_CONFIGS[args.tiny_engine], list(args.overrides)))
+    except ConfigCompositionError as e:
+        launch.say(f"the tiny config does not compose: {e}")
+        return 2
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()
@@ -337,7 +361,7 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
-    from verl_patches.launch import checkpoint_nodes, job_env, preflight, ray_cluster
+    from verl_patches.launch import checkpoint_nodes, preflight, ray_cluster
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(

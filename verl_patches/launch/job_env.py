@@ -57,6 +57,13 @@ STATIC_VARS: tuple[EnvVar, ...] = (
 )
 
 
+def rollout_engine_environment() -> dict[str, str]:
+    """The variables vLLM and vllm-ascend read (``vendored:vllm*``): every run whose rollout is vllm-ascend's
+    engine exports them, the tiny run on a CPU host included, so its engine takes A3's code paths (V1 engine,
+    vllm-ascend's top-k/top-p sampler)."""
+    return {v.name: v.value for v in STATIC_VARS if v.consumer.startswith(("vendored:vllm ", "vendored:vllm_ascend"))}
+
+
 def find_jemalloc(setting: str | None) -> str | None:
     if setting in (None, "", "none"):
         return None

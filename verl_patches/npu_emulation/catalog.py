@@ -293,12 +293,14 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
         "not use; it also needs sequence parallel",
     ),
     CpuLimit(
-        "HCCL process groups and hcom names (npu_all_gather_base_mm, npu_mm_reduce_scatter_base, MC2)",
-        "gloo has no HCCL communicator names; the A3 profile does not enable MC2 (use_ascend_mc2)",
+        "HCCL communicator names for training's fused collectives (npu_all_gather_base_mm, "
+        "npu_mm_reduce_scatter_base, MindSpeed's use_ascend_mc2)",
+        "not emulated: the A3 profile does not enable them. The rollout's MC2 dispatch/combine is emulated: gloo "
+        "groups get HCCL-style names (ProcessGroup.get_hccl_comm_name, verl_patches/npu_emulation/hccl_names.py)",
     ),
     CpuLimit(
-        "NPU memory statistics, streams, events, profiler NPU activity",
-        "the host has no device allocator or streams: memory stats are 0, totals are host memory, streams are one",
+        "NPU streams, events, profiler NPU activity",
+        "the host has one stream per device and events record nothing; the profiler records CPU activity only",
     ),
     CpuLimit(
         "the npu device itself (npu tensors, verl_patches/npu_emulation/device: a C++ extension built into the user's "

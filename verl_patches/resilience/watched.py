@@ -25,7 +25,11 @@ PROGRESS_POINTS = (
         "per micro-batch",
     ),
     ("weight-sync bucket k", "verl_patches.sync.generator.iter_rollout_weights", "per bucket"),
-    ("rollout engine step k", "verl_patches.rollout.standin.engine (CPU stand-in only)", "per decode step, CPU only"),
+    (
+        "rollout engine step k",
+        "verl_patches.rollout.standin.engine (the test-only stand-in; never in a job)",
+        "per decode step, tests only",
+    ),
 )
 
 NOT_WATCHED = (
@@ -35,7 +39,7 @@ NOT_WATCHED = (
         "about a missing peer, and a wrapper would run per layer per decode step",
     ),
     (
-        "vLLM's decode loop on NPU",
+        "vLLM's decode loop (vllm-ascend's engine, on NPU and in the CPU tiny run)",
         "no progress point of ours per decode step; while in the coarse phase "
         "'generate' the heartbeat counts changes of the main thread's stack as activity",
     ),

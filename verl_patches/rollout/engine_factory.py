@@ -141,8 +141,20 @@ def overlay_llm_class() -> type:
 
 
 def build_llm(*args: Any, **kwargs: Any) -> Any:
+    engine_kwargs = rollout_llm_kwargs(kwargs)
     with real_torch_compile():
-        return overlay_llm_class()(*args, **rollout_llm_kwargs(kwargs))
+        llm = overlay_llm_class()(*args, **engine_kwargs)
+    if first_rank_of_instance(int(engine_kwargs.get("tensor_parallel_size") or 1), os.environ):
+        # lazy: that module loads torch; importing this one must not
+        from verl_patches.rollout.engine_report import describe, report_line
+
+        print(report_line(describe(llm)), flush=True)  # the job log names the engine that generates
+    return llm
+
+
+def first_rank_of_instance(tp: int, environ: Mapping[str, str]) -> bool:
+    """Rank 0 of one vLLM instance (DP rank 0, TP rank 0 in verl's layout): one report line per instance."""
+    return env_int("VLLM_DP_RANK", 0, environ=environ) == 0 and env_int("RANK", 0, environ=environ) % max(1, tp) == 0
 
 
 def build_standin_llm(*args: Any, **kwargs: Any) -> Any:

@@ -29,6 +29,14 @@ from typing import Any
 import torch
 
 ATTR = "_verl_patches_graph_weight_addresses"
+FROZEN_ATTR = "verl_patches_frozen_parameter"  # set False on vllm-ascend's graph builder by our patch
+
+
+def graphs_freeze_parameters(runner: Any) -> bool:
+    """Whether `runner`'s TorchAir graphs bind parameter addresses at their first run: True unless its class
+    builds them through the unfrozen-parameters patch (patches/vllm_ascend/worker/unfrozen_parameters.py)."""
+    method = getattr(type(runner), "_get_torchair_lazy_compiled_model", None)
+    return bool(getattr(method, FROZEN_ATTR, True))
 
 
 def weight_addresses(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
@@ -57,8 +65,11 @@ def moved_parameters(runner: Any) -> list[str]:
 
 
 def forget_graphs_if_moved(runner: Any) -> list[str]:
-    """Drop the runner's TorchAir graphs if they were built on other weight addresses; returns the moved
-    parameters (empty: nothing dropped). The next capture or decode compiles them on today's addresses."""
+    """Drop the runner's TorchAir graphs if they froze other weight addresses; returns the moved parameters
+    (empty: nothing dropped). The next capture or decode compiles them on today's addresses. Graphs that take
+    the weights as inputs (the unfrozen-parameters patch) are kept: they read wherever the weights are."""
+    if not graphs_freeze_parameters(runner):
+        return []
     if not has_graphs(runner):
         record(runner)  # graphs built from now on bind the current addresses
         return []

@@ -90,3 +90,20 @@ PATCHES.append(
         rebind=False,  # called only inside its own module
     )
 )
+
+PATCHES.append(
+    Patch(
+        name="vllm_ascend.model_runner_v1.torchair_unfrozen_parameters",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_torchair_lazy_compiled_model",
+        kind=Kind.WRAP,
+        fingerprint="sha256:d6421b5fcf846eba",
+        replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.unfrozen_parameters:without_frozen_parameters"),
+        calls_original=False,  # upstream's method recompiled from its source with one assignment changed
+        vendor_item="local",
+        reason="TorchAir graphs take the weights as inputs at every run (frozen_parameter False, TorchAir's "
+        "default) instead of binding their addresses at the first run: the rollout's weights get new device "
+        "memory every step (offload for training, onload before the sync), which a frozen graph would keep "
+        "reading silently; no per-step graph rebuild, no resident copy. Upstream's method otherwise unchanged",
+        devices=("npu", "cpu"),
+    )
+)

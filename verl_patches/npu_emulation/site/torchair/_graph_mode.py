@@ -95,10 +95,18 @@ class FrozenParameterGraph:
         return self.gm(*args)
 
 
+_COMPILED = [0]  # graphs compiled in this process: what a test counts to see a rebuild (TorchAir logs each)
+
+
+def graphs_compiled() -> int:
+    return _COMPILED[0]
+
+
 def get_npu_backend(compiler_config: CompilerConfig | None = None) -> Callable[..., Any]:
     frozen = _frozen(compiler_config)
 
     def npu_backend(gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        _COMPILED[0] += 1
         return FrozenParameterGraph(gm, example_inputs, frozen)
 
     return npu_backend

@@ -22,15 +22,14 @@ engine factory on NPU, the CPU stand-in on CPU) and reported at upstream's line 
 from __future__ import annotations
 
 import ast
-import functools
-import inspect
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from verl_patches.patching.source_edit import SourceEditError, recompile
 
-class CheckNotFoundError(RuntimeError):
+
+class CheckNotFoundError(SourceEditError):
     """Upstream's __init__ does not contain the statement a drop names (exactly once)."""
 
 
@@ -81,36 +80,22 @@ def _matches(stmt: ast.stmt, drop: DroppedCheck) -> bool:
 
 def without_checks(original: Callable[..., Any], drops: tuple[DroppedCheck, ...] = DROPPED) -> Callable[..., Any]:
     """`original` compiled again from its source without the top-level statements `drops` name."""
-    source_lines, first_line = inspect.getsourcelines(original)
-    tree = ast.parse(textwrap.dedent("".join(source_lines)))
-    fn = tree.body[0]
-    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:
-        raise CheckNotFoundError(f"{original.__qualname__}: expected a plain function definition")
-    kept = list(fn.body)
-    for drop in drops:
-        hits = [s for s in kept if _matches(s, drop)]
-        if len(hits) != 1:
-            raise CheckNotFoundError(
-                f"{original.__module__}.{original.__qualname__}: found {len(hits)} statements "
-                f"checking {drop.name} (expected exactly 1); the patch was written for verl v0.4.0"
-            )
-        kept.remove(hits[0])
-    fn.body = kept
-    ast.increment_lineno(tree, first_line - 1)
-    # Zero-argument super() needs a `__class__` cell: compile the function inside a factory that provides it.
-    factory = ast.FunctionDef(
-        name="_factory",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg("__class__")], kwonlyargs=[], kw_defaults=[], defaults=[]),
-        body=[fn, ast.Return(ast.Name(fn.name, ast.Load()))],
-        decorator_list=[],
-        returns=None,
-    )
-    module = ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))
-    namespace: dict[str, Any] = {}
-    exec(compile(module, inspect.getsourcefile(original) or "<upstream>", "exec"), original.__globals__, namespace)
-    owner = original.__globals__[original.__qualname__.split(".")[0]]
-    new = namespace["_factory"](owner)
-    new.__defaults__, new.__kwdefaults__ = original.__defaults__, original.__kwdefaults__
-    functools.update_wrapper(new, original)
+
+    def drop_checks(fn: ast.FunctionDef) -> None:
+        kept = list(fn.body)
+        for drop in drops:
+            hits = [s for s in kept if _matches(s, drop)]
+            if len(hits) != 1:
+                raise CheckNotFoundError(
+                    f"{original.__module__}.{original.__qualname__}: found {len(hits)} statements "
+                    f"checking {drop.name} (expected exactly 1); the patch was written for verl v0.4.0"
+                )
+            kept.remove(hits[0])
+        fn.body = kept
+
+    try:
+        new = recompile(original, drop_checks)
+    except SourceEditError as e:
+        raise CheckNotFoundError(str(e)) from None
     new.dropped_checks = tuple(d.name for d in drops)  # for tests and the audit
     return new
