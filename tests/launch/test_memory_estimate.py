@@ -24,6 +24,7 @@ from verl_patches.launch.memory_estimate import (
     mlp_params,
     optimizer_shard_bytes,
     rank_params,
+    rollout_parameter_tensors,
     rollout_weight_bytes,
     rollout_workspace_bytes,
     stage_activation_bytes,
@@ -208,3 +209,40 @@ def test_671b_rollout_fits_a3_with_kv_for_all_sequences():
     r64 = RolloutSetup(2, 64, 0.8, 64, 4096, 1024)
     r128 = RolloutSetup(2, 128, 0.8, 64, 4096, 1024)
     assert rollout_weight_bytes(DSV3, r64) - rollout_weight_bytes(DSV3, r128) == 2 * 58 * 3 * 7168 * 2048
+
+
+def test_rollout_parameter_tensors_by_hand():
+    """What unfrozen TorchAir graphs take as inputs per run: 906 tensors for DeepSeek-V3 (61 layers, 3 dense);
+    the count of the built vLLM model is checked in tests/rollout/test_a3_engine_build.py."""
+    assert rollout_parameter_tensors(DSV3) == 61 * (2 + 3 + 4) + 58 * 6 + 3 * 2 + 3 == 906
+
+
+def test_the_lifecycle_finding_states_both_designs_costs():
+    from omegaconf import OmegaConf
+
+    from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, Component, PhaseEstimate
+    from verl_patches.launch.preflight_memory import graph_rebuild_finding
+
+    cfg = OmegaConf.create(
+        {
+            "data": {"max_response_length": 3072},
+            "actor_rollout_ref": {
+                "rollout": {
+                    "response_length": 3072,
+                    "engine_kwargs": {
+                        "vllm": {
+                            "additional_config": {"torchair_graph_config": {"enabled": True, "graph_batch_sizes": [64]}}
+                        }
+                    },
+                }
+            },
+        }
+    )
+    training = PhaseEstimate("train", (Component("weights", 30 * 2**30),), 64 * 2**30, "", "")
+    f = graph_rebuild_finding(cfg, training, 20 * 2**30, ATLAS_A3_DIE, 906)
+    assert f.check == "memory.rollout_weight_lifecycle" and f.status == "ok", f
+    assert (
+        "nothing is rebuilt: 0 GiB, about 2.8-8.3 s per step to refresh 906 weight addresses at each of 3072"
+        in f.message
+    )
+    assert "Frozen parameters instead: the 1 graph(s) compiled again each step, about 0.5-1.5 min per step" in f.message

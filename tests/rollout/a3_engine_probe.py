@@ -135,6 +135,7 @@ def decode_against_hf(llm, rank: int) -> dict:
 
 model_dir = spec["model_dir"]
 hf_config = AutoConfig.from_pretrained(model_dir)
+out["model_config"] = json.load(open(os.path.join(model_dir, "config.json")))
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 for name, case in spec["cases"].items():
     seen.clear()

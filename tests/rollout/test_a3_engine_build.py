@@ -81,6 +81,11 @@ WRONG = {
 
 
 @pytest.fixture(scope="module")
+def tiny_hf_config(ranks) -> dict:
+    return ranks[0]["model_config"]
+
+
+@pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     from verl_patches.trainer.config_compose import compose_config, resolved
     from verl_patches.trainer.tiny_a3 import tiny_spec
@@ -133,7 +138,10 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks) -> None:
+def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks, tiny_hf_config) -> None:
+    from verl_patches.launch.memory_estimate import ModelShape, rollout_parameter_tensors
+
+    parameter_tensors = rollout_parameter_tensors(ModelShape.from_hf_config(tiny_hf_config))
     for rank, out in enumerate(ranks):
         assert out["cpu_binding"] == "verl_patches.rollout.engine_factory.build_llm"  # the lifecycle patch, on CPU too
         a3 = out["cases"]["a3"]
@@ -150,6 +158,7 @@ def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks) -> N
             "graphs_compiled": True,
             "device": f"npu:{rank}",
             "dtype": "float32",
+            "parameter_tensors": parameter_tensors,  # the preflight's count (memory_estimate), on the built model
             "groups": {"tp": 1, "dp": 2, "ep": 2},  # vLLM's groups: experts over DP x TP
         }, a3["built"]
         assert a3["dp_env"] == {"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": str(rank)}  # F2

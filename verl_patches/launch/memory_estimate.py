@@ -476,6 +476,19 @@ def rollout_weight_bytes(m: ModelShape, r: RolloutSetup) -> float:
     return BF16 * n
 
 
+def rollout_parameter_tensors(m: ModelShape) -> int:
+    """`nn.Parameter`s of vLLM's DeepSeek-V3 on one rollout rank (what a TorchAir graph takes as inputs
+    when parameters are not frozen): per layer the two norms and MLA's seven projections and norms
+    (q_a, q_a_layernorm, q_b, kv_a_proj_with_mqa, kv_a_layernorm, kv_b, o); per MoE layer the router's
+    weight and bias, the fused expert w13/w2 and the shared experts' gate_up/down; per dense layer its
+    gate_up/down; plus embedding, final norm and lm_head. Independent of TP and EP (each rank holds a share
+    of every tensor)."""
+    q_proj = 3 if m.q_lora else 1  # q_a_proj, q_a_layernorm, q_b_proj, or one q_proj
+    per_layer = 2 + q_proj + 4
+    moe_layers = sum(1 for layer in range(m.layers) if m.is_moe(layer))
+    return m.layers * per_layer + moe_layers * 6 + (m.layers - moe_layers) * 2 + 3
+
+
 def rollout_workspace_bytes(m: ModelShape, r: RolloutSetup) -> float:
     tokens = max(r.max_num_batched_tokens, r.max_num_seqs)
     h = m.hidden

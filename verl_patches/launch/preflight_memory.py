@@ -17,6 +17,7 @@ from verl_patches.launch.memory_estimate import (
     estimate_rollout,
     estimate_training,
     gib,
+    rollout_parameter_tensors,
     rollout_weight_bytes,
 )
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
@@ -149,17 +150,23 @@ def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> lis
     else:
         out.append(Finding("memory.rollout", OK, _table(v) + kv_msg))
     out.append(_finding("memory.rollout_outside_vllm", ro.outside))
-    out.append(graph_rebuild_finding(cfg, tr, rollout_weight_bytes(m, r), die))
+    out.append(graph_rebuild_finding(cfg, tr, rollout_weight_bytes(m, r), die, rollout_parameter_tensors(m)))
     return out
 
 
 # vllm-ascend's own log line for a TorchAir capture: "this usually takes 0.5~1.5 mins" per graph batch size
 TORCHAIR_CAPTURE_MIN = (0.5, 1.5)
+# Host time TorchAir spends per graph input per run to take its current address (an assumption for the
+# estimate, not measured on A3): what unfrozen parameters add to every decode step
+INPUT_REFRESH_US = (1.0, 3.0)
 
 
-def graph_rebuild_finding(cfg: Any, training: PhaseEstimate, rollout_weights: float, die: DieSpec) -> Finding:
-    """What the rollout's weight lifecycle costs under TorchAir's frozen parameters (rollout/graph_binding.py):
-    no device memory, one graph compile per step; and what keeping the weights resident would cost instead."""
+def graph_rebuild_finding(
+    cfg: Any, training: PhaseEstimate, rollout_weights: float, die: DieSpec, parameter_tensors: int
+) -> Finding:
+    """What the rollout's weight lifecycle costs under TorchAir graph mode (rollout/graph_binding.py, the
+    unfrozen-parameters patch): no device memory, no graph rebuild, every decode step refreshes the weights'
+    addresses; and what the alternatives would cost (frozen parameters: a compile per step; resident weights)."""
     extra = get(cfg, f"{R}.engine_kwargs.vllm.additional_config") or {}
     graph = (extra.get("torchair_graph_config") or {}) if hasattr(extra, "get") else {}
     if not graph.get("enabled"):
@@ -171,12 +178,18 @@ def graph_rebuild_finding(cfg: Any, training: PhaseEstimate, rollout_weights: fl
         )
     sizes = len(list(graph.get("graph_batch_sizes") or [1]))
     low, high = (round(x * sizes, 1) for x in TORCHAIR_CAPTURE_MIN)
+    decode_steps = int(get(cfg, f"{R}.response_length", 0) or get(cfg, "data.max_response_length", 0) or 0)
+    refresh = [round(us * 1e-6 * parameter_tensors * decode_steps, 1) for us in INPUT_REFRESH_US]
     resident = training.total_bytes + rollout_weights
     return Finding(
         "memory.rollout_weight_lifecycle",
         OK,
-        f"rollout weights {gib(rollout_weights):.1f} GiB per die released for training; TorchAir freezes parameter "
-        f"addresses, so the {sizes} graph(s) are compiled again on the new addresses each step: 0 GiB, about "
-        f"{low}-{high} min per step (vllm-ascend's capture time). Keeping the weights resident instead would put "
-        f"training at {gib(resident):.1f} GiB of {gib(die.hbm_bytes):.0f} GiB",
+        f"rollout weights {gib(rollout_weights):.1f} GiB per die released for training and re-allocated each "
+        f"step; TorchAir graphs take them as inputs (frozen_parameter off: vllm_ascend.model_runner_v1."
+        f"torchair_unfrozen_parameters), so nothing is rebuilt: 0 GiB, about {refresh[0]}-{refresh[1]} s per step "
+        f"to refresh {parameter_tensors} weight addresses at each of {decode_steps} decode steps "
+        f"({INPUT_REFRESH_US[0]:g}-{INPUT_REFRESH_US[1]:g} us per input, assumed, not measured). Frozen "
+        f"parameters instead: the {sizes} graph(s) compiled again each step, about {low}-{high} min per step "
+        f"(vllm-ascend's capture time); weights kept resident instead: training at {gib(resident):.1f} GiB of "
+        f"{gib(die.hbm_bytes):.0f} GiB",
     )

@@ -1,9 +1,10 @@
 """What generated: the rollout engine's classes and modes, read from the built engine (not from the config).
 
 `describe(llm)` names the worker, model runner, model, attention and MoE implementations, the sampler and its
-top-k/top-p function, TorchAir graph mode and whether its graphs are compiled, the dtype, and vLLM's parallel
-groups; `report_line` is the one line the job log carries per engine, so a log says which engine produced
-its tokens (vllm-ascend's on A3 and on a CPU host; the stand-in only where a test opts into it).
+top-k/top-p function, TorchAir graph mode and whether its graphs are compiled, the dtype, the number of
+parameter tensors (what an unfrozen graph takes as inputs at every run), and vLLM's parallel groups;
+`report_line` is the one line the job log carries per engine, so a log says which engine produced its tokens
+(vllm-ascend's on A3 and on a CPU host; the stand-in only where a test opts into it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def describe(llm: Any) -> dict[str, Any]:
         "graphs_compiled": has_graphs(runner),
         "device": str(getattr(runner, "device", "")),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "parameter_tensors": sum(1 for _ in model.parameters()),  # a graph's weight inputs, per run
         "groups": _groups(),
     }
 

@@ -1,25 +1,24 @@
-"""TorchAir graphs and the rollout's moving weights: graphs are rebuilt whenever the weights move.
+"""TorchAir graphs and the rollout's moving weights.
 
 vllm-ascend 0.9.1 compiles the model for TorchAir with `frozen_parameter = True`: each `nn.Parameter`'s
 device address is bound at a graph's first run and never read again, and dynamo (torch 2.5.1) neither
 guards on nor recompiles for a replaced `param.data`. The lifecycle (lifecycle.py) releases the weights'
-device memory for training and gives them new storage before each weight sync, so a graph built before
-would decode from freed (soon reused) memory: garbage tokens, no error.
+device memory for training and gives them new storage before each weight sync, so a frozen graph built
+before would decode from freed (soon reused) memory: garbage tokens, no error.
 
-Design: the addresses the graphs were built with are recorded on the model runner (`record`), and before
-the rollout generates again (`init_cache_engine`) `forget_graphs_if_moved` compares them with the
-parameters' current storage; if any moved, dynamo's caches and the runner's compiled models are dropped,
-so vllm-ascend compiles the graphs again on the new addresses (in the capture that the KV cache init
-runs, or lazily at the first decode). Cost on A3: one TorchAir compile of the decode graph per step
-(vllm-ascend: 0.5-1.5 min per graph batch size; the profiles use one) and no device memory. Why not
-the alternatives: keeping the rollout weights resident costs 27.4 GiB per die (true weight) / 22.6 GiB
-(random init) through training, which the random-init profile's training phase (53.0 GiB) cannot add
-(launch/memory_estimate.py); vLLM's sleep mode keeps addresses through camem, which the vendor found
-does not free memory across nodes and which no CPU proof can run; TorchAir without frozen parameters
-re-binds every weight at every decode step of every rollout.
+Design: the declared patch `vllm_ascend.model_runner_v1.torchair_unfrozen_parameters`
+(patches/vllm_ascend/worker/unfrozen_parameters.py) builds the graphs with `frozen_parameter = False`, so
+the weights are graph inputs read at every run and graphs stay valid wherever the weights move; it marks its
+builder (`FROZEN_ATTR`), and `graphs_freeze_parameters` reads that mark. For a model runner whose graphs
+still freeze parameters (the patch off, or a runner class it does not reach), the addresses the graphs were
+built with are recorded on the runner (`record`), and before the rollout generates again (`init_cache_engine`)
+`forget_graphs_if_moved` compares them with the parameters' current storage; if any moved, dynamo's caches
+and the runner's compiled models are dropped, so vllm-ascend compiles the graphs again on the new addresses.
+Costs of both on A3 (README, the preflight's `memory.rollout_weight_lifecycle`): unfrozen, a refresh of the
+weights' addresses at every graph run; frozen, one TorchAir compile per step.
 
 On a CPU host the emulated TorchAir backend (npu_emulation/site/torchair) raises `FrozenParameterMoved`,
-naming the parameter, if a graph ever runs on moved weights: the contract is checked, not assumed.
+naming the parameter, if a frozen graph ever runs on moved weights: the contract is checked, not assumed.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ rollout's memory is managed directly:
   onload_model_weights()   every parameter gets fresh, uninitialised device storage (filled by the sync)
   free_cache_engine()      the model runner's `kv_caches` and every attention layer's `kv_cache` in the
                            forward context are emptied
-  init_cache_engine()      TorchAir graphs built on other weight addresses are dropped and compiled again
-                           (graph_binding.py: vllm-ascend freezes parameter addresses in its graphs); when
+  init_cache_engine()      graphs that froze other weight addresses are dropped and compiled again
+                           (graph_binding.py; with our unfrozen-parameters patch the weights are graph
+                           inputs and nothing is dropped); when
                            `kv_caches` is empty, the engine core re-creates the cache from the KV cache
                            configs saved at first init (F3: same block count as the scheduler), keeping
                            the sampling stream (kv_cache_config.reinitialize_kv_caches)
@@ -124,7 +125,7 @@ class RolloutLifecycle:
         _empty_cache()
 
     def init_cache_engine(self) -> None:
-        """Before the rollout generates again: TorchAir graphs built on other weight addresses are dropped
+        """Before the rollout generates again: TorchAir graphs that froze other weight addresses are dropped
         (graph_binding.py; the KV re-init's warm-up compiles them again), then the KV cache is re-created."""
         runner = model_runner_of(self.llm)
         forget_graphs_if_moved(runner)
