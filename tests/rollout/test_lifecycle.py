@@ -1,7 +1,10 @@
 """E1/F1 lifecycle over GRPO-like steps on the CPU stand-in: generate -> free KV -> offload -> train ->
 onload -> load weights -> init KV. The bytes the rollout holds (its weights', buffers' and KV cache's
 storages, walked and summed) return to the pre-generation baseline after every free + offload; after
-each weight load the rollout's log-probs equal the trained actor's (golden comparison)."""
+each weight load the rollout's log-probs equal the trained actor's (golden comparison). On the test-only
+stand-in, which has the engine's attribute paths: the claim is the lifecycle's bookkeeping, in seconds;
+over vllm-ascend's own runner and worker warm-up it is tests/rollout/test_graph_binding.py, and every step
+of the tiny run."""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 8 gloo ranks) synced into the CPU rollout stand-in by the E1 sharding manager and the patched
 ``per_tensor_generator``. The rollout's per-token log-probs equal the actor's within 1e-4 before and after
 an ``update_actor`` step, and the update reaches the rollout. Each rank serves one expert (rollout EP8).
+The rollout side is the test-only stand-in (transformers' DeepseekV3 behind vLLM's own loader): the claim
+here is the sync's, at a layout (TP2·PP2·EP2 into EP8) that 8 ranks of vllm-ascend's engine on 2 cores
+could not build in the suite's time; the tiny run syncs into vllm-ascend's engine every step.
 """
 
 from __future__ import annotations

@@ -224,9 +224,10 @@ def tiny_rollout_env(config_name: str, overrides: list[str]) -> dict[str, str]:
     """What the cluster launch exports from the composed config for the rollout, for the tiny run: the
     instance's DP size (``overlay.vllm_dp_size`` as VLLM_DP_SIZE: expert parallelism across the instance's
     ranks) and the F4 switch, so its engines are built as the cluster's."""
-    # lazy: these modules load omegaconf and Hydra; importing this one must not
+    # lazy: omegaconf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
 
+    # lazy: that module loads Hydra; importing this one must not
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     cfg = resolved(compose_config(config_name, overrides))

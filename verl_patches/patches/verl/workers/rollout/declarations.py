@@ -31,8 +31,8 @@ PATCHES = [
         replacement=lazy_object("verl_patches.rollout.engine_factory:build_standin_llm"),
         vendor_item="local",
         reason="test double, opt-in (VERL_PATCHES_ROLLOUT_STANDIN=1), never in the tiny run: vLLM's LLM surface "
-        "verl uses backed by transformers' DeepseekV3ForCausalLM, for the tests whose claim is not the rollout "
-        "engine (weight sync bit-equality, checkpoint RNG, hang diagnosis) and must stay fast on 2 cores; "
+        "verl uses backed by transformers' DeepseekV3ForCausalLM, for a test whose claim is verl's side of the "
+        "seam, not the engine (tests/rollout/test_verl_rollout.py), and must stay fast on 2 cores; "
         "replaces the real engine binding above on a CPU host when the switch is on",
         devices=("cpu",),
         env_flag="VERL_PATCHES_ROLLOUT_STANDIN",
