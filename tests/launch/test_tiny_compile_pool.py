@@ -17,11 +17,15 @@ from verl_patches.launch.job import no_compile_pool
 
 REPO = Path(__file__).resolve().parents[2]
 # decorate a function as Megatron's fusions do, then list this process's children (the warm pool is one of them)
+# (polled for a few seconds: the pool may be started from a thread, later on a loaded host)
 PROBE = """
-import psutil, torch
+import time, psutil, torch
 @torch.compile
 def f(x):
     return x + 1
+deadline = time.monotonic() + 10
+while not psutil.Process().children() and time.monotonic() < deadline:
+    time.sleep(0.2)
 print(len(psutil.Process().children()))
 """
 

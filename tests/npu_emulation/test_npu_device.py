@@ -213,11 +213,24 @@ def test_parameter_storage_is_stable_across_in_place_updates_and_moves_on_reassi
 
 
 def test_backward_runs_on_npu_tensors(torch_npu):
-    x64 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    x = x64.to("npu").requires_grad_()
-    (x.sin() * x).sum().backward()
-    assert str(x.grad.device) == NPU
-    assert torch.allclose(x.grad.cpu(), x64.cos() * x64 + x64.sin())
+    """In a fresh interpreter that loads the emulation first, as every job process does (the prelude):
+    torch's autograd engine sizes its device queues at the process's first backward, so a process that ran
+    a backward before the npu device existed (as this suite's process may have) cannot run one on it."""
+    probe = (
+        "import json, torch\n"
+        "from verl_patches import npu_emulation\n"
+        "assert npu_emulation.install_on_cpu_host()\n"
+        "import torch_npu\n"
+        "x64 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))\n"
+        "x = x64.to('npu').requires_grad_()\n"
+        "(x.sin() * x).sum().backward()\n"
+        "ok = torch.allclose(x.grad.cpu(), x64.cos() * x64 + x64.sin())\n"
+        "print(json.dumps({'device': str(x.grad.device), 'ok': bool(ok)}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"device": NPU, "ok": True}
 
 
 def test_compile_fullgraph_traces_fake_tensors_of_device_npu(torch_npu):

@@ -9,6 +9,17 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def npu_platform(monkeypatch) -> None:
+    """The oracle reads the platform vLLM resolved once per process: in a test process where vLLM was first
+    used before its plugins were discoverable that is vLLM's unspecified platform. Here it is vllm-ascend's,
+    as in every rollout process (tests/rollout/test_platform_discovery.py)."""
+    import vllm.platforms as platforms
+    from vllm_ascend.platform import NPUPlatform
+
+    monkeypatch.setattr(platforms, "_current_platform", NPUPlatform())
+
+
 def _oracle_and_config(model_dir: Path, **kwargs):
     from vllm.engine.arg_utils import EngineArgs
 
