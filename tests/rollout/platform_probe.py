@@ -1,6 +1,6 @@
 """Run in a fresh interpreter (argv: tiny model dir): vllm-ascend on the torch_npu CPU emulation, found
-through its real `vllm.platform_plugins` entry point, then its Python-level logic as far as it goes
-without NPU kernels. Prints one JSON line."""
+through its real `vllm.platform_plugins` entry point, then its worker's device set-up on the emulated npu
+device. Prints one JSON line."""
 
 import json
 import os
@@ -52,9 +52,11 @@ worker = resolve_obj_by_qualname(cfg.parallel_config.worker_cls)(
     vllm_config=cfg, local_rank=0, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", is_driver_worker=True
 )
 try:
-    worker.init_device()
+    worker.init_device()  # distributed groups, then the model runner and its device buffers
     out["stopped_at"] = None
-except Exception as e:  # the first NPU tensor/kernel: where the stand-in takes over
+    out["model_runner"] = f"{type(worker.model_runner).__module__}.{type(worker.model_runner).__qualname__}"
+    out["runner_buffers_device"] = str(worker.model_runner.input_ids.device)
+except Exception as e:  # where the emulation would end
     tb = traceback.extract_tb(e.__traceback__)[-1]
     out["stopped_at"] = {
         "error": type(e).__name__,

@@ -1,7 +1,8 @@
 """vllm-ascend on CPU: discovered through its real entry point (generated .dist-info) on top of the
 torch_npu CPU emulation, and its Python-level logic run for real: NPUPlatform's config update, the
-worker's distributed set-up over an `hccl` backend (gloo underneath), vLLM's parallel state, and the
-model runner up to the first NPU tensor allocation, where the CPU stand-in takes over."""
+worker's distributed set-up over an `hccl` backend (gloo underneath), vLLM's parallel state, and its model
+runner with its buffers on the emulated npu device (the whole engine, built and decoding, is
+tests/rollout/test_a3_engine_build.py)."""
 
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def test_npu_platform_updates_the_engine_config(probe) -> None:
 
 
 @pytest.mark.slow
-def test_worker_sets_up_distributed_and_parallel_state_then_stops_at_the_first_npu_tensor(probe) -> None:
+def test_worker_sets_up_distributed_parallel_state_and_its_model_runner_on_the_npu_device(probe) -> None:
     assert probe["backend"] == "hccl" and probe["worker_device"] == "npu:0"
     assert (probe["tp_world"], probe["dp_world"], probe["ep_world"]) == (1, 1, 1)
-    stop = probe["stopped_at"]
-    assert stop["file"] == "vllm_ascend/attention/mla_v1.py" and stop["error"] == "NotImplementedError"
-    assert "'npu' backend" in stop["message"]
+    assert probe["stopped_at"] is None, probe["stopped_at"]
+    assert probe["model_runner"] == "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
+    assert probe["runner_buffers_device"] == "npu:0"  # e.g. its input_ids buffer: an npu tensor in host memory

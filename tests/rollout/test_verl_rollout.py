@@ -46,7 +46,8 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
     assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
     assert out["applied"] == [
-        "cpu.verl.vllm_rollout_spmd.LLM.standin",  # over the lifecycle binding (a two-patch stack on a CPU host)
+        "cpu.verl.vllm_rollout_spmd.LLM.standin",  # the switch's layer, over the lifecycle binding
+        "verl.vllm_rollout_spmd.LLM.lifecycle",
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
         "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile",
