@@ -44,6 +44,14 @@ def torch_npu():
     return module
 
 
+def fresh_interpreter(probe: str) -> dict:
+    """Run `probe` (Python source printing one JSON line last) in a new interpreter; its JSON."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def storage_address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -227,10 +235,7 @@ def test_backward_runs_on_npu_tensors(torch_npu):
         "ok = torch.allclose(x.grad.cpu(), x64.cos() * x64 + x64.sin())\n"
         "print(json.dumps({'device': str(x.grad.device), 'ok': bool(ok)}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"device": NPU, "ok": True}
+    assert fresh_interpreter(probe) == {"device": NPU, "ok": True}
 
 
 def test_compile_fullgraph_traces_fake_tensors_of_device_npu(torch_npu):
@@ -420,10 +425,7 @@ def test_a_second_process_loads_the_cached_build_without_compiling(torch_npu):
         "log = io.StringIO(); start = time.monotonic(); ext = build.load_extension(log=log)\n"
         "print(json.dumps({'s': time.monotonic() - start, 'log': log.getvalue(), 'file': ext.__file__}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    res = json.loads(done.stdout.strip().splitlines()[-1])
+    res = fresh_interpreter(probe)
     assert res["log"] == "" and Path(res["file"]) == build.library_path(build.build_dir())
     assert res["s"] < 10, res
     assert build.load_extension() is build.loaded_extension()  # this process: loaded once
