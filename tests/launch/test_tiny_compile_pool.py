@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 # decorate a function as Megatron's fusions do, then list this process's children (the warm pool is one of them)
 # (polled for a few seconds: the pool may be started from a thread, later on a loaded host)
 PROBE = """
-import time, psutil, torch
+import os, time, psutil
+os.sched_setaffinity(0, range(os.cpu_count()))  # the pool follows the CPUs a process may use: all of them
+import torch
 @torch.compile
 def f(x):
     return x + 1
@@ -31,7 +33,9 @@ print(len(psutil.Process().children()))
 
 
 def children_after_compile_decoration(warm_pool: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_WARM_POOL"}
+    # a clean environment, not this process's: other tests of the suite set variables (CPU pins, Inductor's)
+    # that would decide the pool for the child too
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
     if warm_pool is not None:
         env["TORCH_WARM_POOL"] = warm_pool
     out = subprocess.run(
