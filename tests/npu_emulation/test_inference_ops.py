@@ -7,39 +7,17 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from verl_patches import npu_emulation
 from verl_patches.npu_emulation import catalog
 from verl_patches.npu_emulation.ops.inference_registry import INFERENCE_OPS, register_inference_ops
 
 D64 = torch.float64
 BF16_TOL = {"atol": 3e-2, "rtol": 2e-2}
-
-
-@pytest.fixture(scope="module")
-def torch_npu():
-    """The stand-in torch_npu, imported with the emulation's site folder on the path only while importing."""
-    saved_path, saved_pp = list(sys.path), os.environ.get("PYTHONPATH")
-    try:
-        if not npu_emulation.install_on_cpu_host():
-            pytest.skip("the torch_npu stand-in installs only on a CPU host without a real torch_npu")
-        import torch_npu as module
-
-        from torch_npu.op_plugin.atb import _atb_ops  # noqa: F401  (as vllm-ascend's worker imports it)
-    finally:
-        sys.path[:] = saved_path
-        if saved_pp is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved_pp
-    assert getattr(module, "VERL_PATCHES_CPU_EMULATION", False)
-    return module
 
 
 @pytest.fixture(autouse=True)

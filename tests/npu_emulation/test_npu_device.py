@@ -26,24 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 NPU = "npu:0"  # a string: "npu" parses as a device only once torch_npu named the backend
 
 
-@pytest.fixture(scope="module")
-def torch_npu():
-    """The stand-in torch_npu (which loads the extension), with the site folder on the path only while importing."""
-    saved_path, saved_pp = list(sys.path), os.environ.get("PYTHONPATH")
-    try:
-        if not npu_emulation.install_on_cpu_host():
-            pytest.skip("the npu device emulation installs only on a CPU host without a real torch_npu")
-        import torch_npu as module
-    finally:
-        sys.path[:] = saved_path
-        if saved_pp is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved_pp
-    assert getattr(module, "VERL_PATCHES_CPU_EMULATION", False)
-    return module
-
-
 def fresh_interpreter(probe: str) -> dict:
     """Run `probe` (Python source printing one JSON line last) in a new interpreter; its JSON."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -349,7 +331,7 @@ def test_saved_npu_tensors_load_on_the_cpu(torch_npu):
     buf = io.BytesIO()
     torch.save({"w": torch.arange(3.0, device="npu")}, buf)
     buf.seek(0)
-    assert torch.load(buf, map_location="cpu")["w"].tolist() == [0.0, 1.0, 2.0]
+    assert torch.load(buf, map_location="cpu", weights_only=True)["w"].tolist() == [0.0, 1.0, 2.0]
 
 
 # ---- collectives on 2 ranks ------------------------------------------------------------------------------------
