@@ -52,8 +52,9 @@ class RayNode:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self, grace_s: float = 20.0, leftover_grace_s: float = 3.0) -> None:
         pgid = self.pid  # start_new_session: the leader's pid is the group id, even after the leader exited
+        leader_exited = True
         if self.process.poll() is None:
             # SIGTERM to `ray start --block` alone: it drains the node and stops its own daemons in a few
             # seconds. Signalling the whole group at once kills the GCS first, and the drain then waits
@@ -62,10 +63,14 @@ class RayNode:
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
-                pass
-        if _group_alive(pgid):  # daemons that outlived their parent (or a leader that ignored SIGTERM)
+                leader_exited = False
+        if _group_alive(pgid):
+            # After a graceful leader, what is left are the raylet's helper agents (dashboard agent, runtime
+            # env agent), which Ray leaves to notice their parent's death; the runtime env agent at times
+            # ignores SIGTERM for over 20 s. They hold no state, so they get a short grace. A leader that
+            # ignored SIGTERM keeps the full one for its daemons.
             _signal_group(pgid, signal.SIGTERM)
-            deadline = time.time() + grace_s
+            deadline = time.time() + (min(grace_s, leftover_grace_s) if leader_exited else grace_s)
             while time.time() < deadline and _group_alive(pgid):
                 time.sleep(0.2)
             if _group_alive(pgid):
