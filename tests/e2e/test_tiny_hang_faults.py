@@ -2,14 +2,16 @@
 4 Ray workers, vllm-ascend's engine at rollout EP2, our weight sync, the D2D cache) is named, the job ends
 by itself, and the same command resumes.
 
-Four launches of the same command share one checkpoint folder (a checkpoint every step, 4 steps in all,
-no validation), with `VERL_PATCHES_COLLECTIVE_TIMEOUT_S` shortened to `TIMEOUT_S`. In each of the first
-three, one Ray worker stops itself (SIGSTOP, `VERL_PATCHES_INJECT_STOP=<rank>:<phase>:<step>`, after
-publishing its position) when it enters: generation of step 2, the update of step 3, the weight sync of
-step 4. Each time the launcher's last line names that rank (with node and pid), its phase and its step, the
-job exits non-zero within the time-out plus `EXIT_SLACK_S` of the stop, and no process of the job is left.
-Each next launch resumes from the last checkpoint (one line says so) and logs the steps from there; the
-fourth runs to the end.
+Three launches of the same command share one checkpoint folder (a checkpoint every step, no validation),
+with `VERL_PATCHES_COLLECTIVE_TIMEOUT_S` shortened to `TIMEOUT_S`. In each, one Ray worker stops itself
+(SIGSTOP, `VERL_PATCHES_INJECT_STOP=<rank>:<phase>:<step>`, after publishing its position) when it enters:
+generation of step 2, the update of step 3, the weight sync of step 4. Each time the launcher's last line
+names that rank (with node and pid), its phase and its step, the job exits non-zero within the time-out
+plus `EXIT_SLACK_S` of the stop, and no process of the job is left. Each next launch resumes from the last
+checkpoint (one line says so) and logs the steps from there to its own fault: the resume after a stop in
+generation and after a stop in the update. A fourth launch after the weight-sync stop would resume the same
+way (from the checkpoint before the stopped step, whatever the phase) and is left out for the suite's time;
+a resumed run that goes on to its last step and ends with status 0 is test_tiny_kill_resume.py's.
 """
 
 from __future__ import annotations
@@ -92,14 +94,6 @@ def test_a_stopped_worker_is_named_the_job_ends_and_the_same_command_resumes(
         assert f"(process frozen or dead), last in phase '{phase}'" in line, line
         assert f"of step {step} in {CALL_OF[phase]}; its log: " in line, line
         assert line.count("verl_patches hang:") == 1 and f"(VERL_PATCHES_COLLECTIVE_TIMEOUT_S={TIMEOUT_S})" in line
-    final = launch(monkeypatch, tmp_path / "launch4", tiny_a3_assets, ckpt, None)
-    try:
-        rc = final.wait(TO_FAULT_S)
-        assert not final.survivors(), final.describe()
-        outputs.append(final.output)
-    finally:
-        final.close()
-    assert rc == 0, final.output[-6000:]
     print(
         "hang faults: "
         + "; ".join(
@@ -110,12 +104,12 @@ def test_a_stopped_worker_is_named_the_job_ends_and_the_same_command_resumes(
     # the steps each launch logged, and where each one resumed from
     assert step_order(outputs[0]) == [1]
     assert "starting from step 0 (no complete checkpoint under" in resume_lines(outputs[0])[0]
-    for n, resumed_from in ((1, 1), (2, 2), (3, 3)):
+    for n, resumed_from in ((1, 1), (2, 2)):
         lines = resume_lines(outputs[n])
         assert len(lines) == 1 and lines[0].startswith(
             f"verl_patches resume: from {ckpt / f'global_step_{resumed_from}'} (step {resumed_from};"
         ), lines
-        assert step_order(outputs[n]) == list(range(resumed_from + 1, (FAULTS[n][2] if n < 3 else STEPS + 1))), (
+        assert step_order(outputs[n]) == list(range(resumed_from + 1, FAULTS[n][2])), (
             n,
             step_order(outputs[n]),
         )

@@ -25,9 +25,11 @@ def write_run(
     steps: int = STEPS,
     val_rise: float | None = 0.3,
     val_shift: float = 0.0,
+    drift: float | None = 0.02,
 ) -> Path:
     """val_rise: validation at step 0 and every 10 steps, from 0.4 + val_shift rising linearly by this much;
-    None: no validation."""
+    None: no validation. drift: the KL to the reference at step 10 and after (rising from 0 before); None:
+    not logged."""
     folder.mkdir(parents=True)
     rows = {}
     for s in range(1, steps + 1):
@@ -37,6 +39,8 @@ def write_run(
             RATIO_DEV: mismatch * 1.01,
             golden.STEP_TIME_KEY: (3.0 if s == 1 else step_time),
         }
+        if drift is not None:
+            rows[s][golden.DRIFT_KEY] = drift * min(1.0, (s - 1) / 9)
     if val_rise is not None:
         for s in range(0, steps + 1, 10):
             rows.setdefault(s, {})[golden.VAL_KEY] = 0.4 + val_shift + val_rise * s / STEPS
@@ -73,7 +77,7 @@ RECORDED = (
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("golden")
     runs = [
-        write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift)
+        write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift, drift=0.02 * (1 + shift))
         for i, (shift, mem) in enumerate(RECORDED)
     ]
     out = root / "baseline.json"
@@ -337,3 +341,56 @@ def test_a_baseline_recorded_before_validation_loads_with_the_default_tolerance(
     old.write_text(json.dumps(doc))
     with pytest.raises(golden.GoldenInputError, match="tolerances.val_abs"):
         golden.load_baseline(old)
+
+
+# ---- policy drift (KL to the reference) -------------------------------------------------------------
+
+
+def test_baseline_holds_the_lowest_drift_of_each_window(baseline: Path) -> None:
+    drift = json.loads(baseline.read_text())["drift"]
+    assert drift["key"] == golden.DRIFT_KEY and drift["steps"] == list(range(1, STEPS + 1))
+    assert [w["steps"] for w in drift["windows"]] == [[1, 10], [11, 20], [21, 30]]
+    # the lowest run (0.97 x 0.02): steps 1-10 ramp from 0, so that window's mean is 0.55 of the plateau
+    assert [w["floor"] for w in drift["windows"]] == pytest.approx([0.0194 * 0.5, 0.0194, 0.0194])
+
+
+def test_a_policy_that_never_moves_fails_in_the_first_window(tmp_path: Path, baseline: Path) -> None:
+    # a learning rate of 0: the actor stays the reference, its KL to it is 0 from the first step; the reward
+    # of the first window is still the base model's, inside its band
+    rc, rep = check(tmp_path / "lr0", baseline, "--up-to-step", "10", steps=10, drift=0.0, reward_shift=-0.05)
+    assert rc == 1 and [(c["metric"], c["where"]) for c in regressions(rep)] == [(golden.DRIFT_KEY, "steps 1-10")]
+    assert "moved away from the reference far less than in every recorded run" in regressions(rep)[0]["message"]
+    rc, rep = check(tmp_path / "lr0-full", baseline, drift=0.0)
+    assert rc == 1 and [c["where"] for c in regressions(rep) if c["metric"] == golden.DRIFT_KEY] == [
+        "steps 1-10",
+        "steps 11-20",
+        "steps 21-30",
+    ]
+
+
+@pytest.mark.parametrize("scale, passes", [(0.3, True), (0.24, False), (5.0, True)])
+def test_the_drift_band_is_a_factor_of_the_lowest_recorded_run(
+    tmp_path: Path, baseline: Path, scale: float, passes: bool
+) -> None:
+    # 0.25 x the lowest run (0.97 x 0.02): a slower policy inside it passes, one below fails, a faster one passes
+    rc, rep = check(tmp_path, baseline, drift=0.02 * 0.97 * scale / 0.99)
+    assert (rc == 0) is passes, regressions(rep)
+
+
+def test_a_run_that_did_not_log_its_drift_fails_and_a_baseline_without_drift_says_so(
+    tmp_path: Path, baseline: Path
+) -> None:
+    rc, rep = check(tmp_path / "none", baseline, drift=None)
+    assert rc == 1 and [c["metric"] for c in regressions(rep)] == [golden.DRIFT_KEY]
+    assert "the run has no actor/kl_loss for 30 of the baseline's 30 steps" in regressions(rep)[0]["message"]
+    # a baseline recorded before the drift check (or from runs without a KL loss) loads, and says it has none
+    doc = json.loads(baseline.read_text())
+    del doc["tolerances"]["drift_factor"], doc["drift"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    loaded = golden.load_baseline(old)
+    assert loaded["tolerances"]["drift_factor"] == golden.DEFAULT_TOLERANCES["drift_factor"]
+    run = golden.read_run(write_run(tmp_path / "r", drift=0.0))
+    assert [c.status for c in golden.compare_drift(run, loaded)] == ["info"]
+    runs = [golden.read_run(write_run(tmp_path / f"nodrift{i}", drift=None)) for i in range(3)]
+    assert golden.make_baseline(runs)["drift"] is None

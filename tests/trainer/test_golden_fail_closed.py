@@ -134,6 +134,9 @@ BAD_BASELINES = [
     ("string step time", lambda d: d.__setitem__("step_time_median_s", "1"), "'step_time_median_s'"),
     ("validation floors short", lambda d: d["validation"]["floors"].pop(), "'validation'"),
     ("NaN rise", lambda d: d["validation"].__setitem__("rise_floor", math.nan), "line"),
+    ("negative drift floor", lambda d: d["drift"]["windows"][0].__setitem__("floor", -0.1), "'drift.windows'"),
+    ("drift steps", lambda d: d["drift"].__setitem__("steps", [3, 2]), "'drift'"),
+    ("drift factor 2", lambda d: d["tolerances"].__setitem__("drift_factor", 2), "'tolerances.drift_factor'"),
     ("schema true", lambda d: d.__setitem__("schema", True), "'schema'"),
     ("a list", lambda d: d.clear(), "'schema'"),
 ]

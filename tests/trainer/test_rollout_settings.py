@@ -5,6 +5,7 @@ dropped __init__ checks protected is checked instead."""
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 import pytest
@@ -138,3 +139,68 @@ def test_preflight_says_the_graph_batch_size() -> None:
 def test_not_a_vllm_rollout_has_no_engine_rules() -> None:
     c = resolved(compose_config("ppo_tiny_local_fsdp", []))
     assert rollout_problems(c) == []
+
+
+# ---- the model's length limit, as vLLM derives it ------------------------------------------------------
+
+LENGTH_CONFIGS = {
+    "deepseek-v3 (yarn 4096 x 40)": {
+        "max_position_embeddings": 163840,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+    },
+    "tiny (yarn 64 x 4)": {
+        "max_position_embeddings": 256,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    },
+    "yarn below max_position_embeddings": {
+        "max_position_embeddings": 8192,
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024},
+    },
+    "plain": {"max_position_embeddings": 2048},
+    "linear x 2": {"max_position_embeddings": 2048, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "dynamic x 1.5": {"max_position_embeddings": 1000, "rope_scaling": {"type": "dynamic", "factor": 1.5}},
+    "llama3 (not scaled)": {
+        "max_position_embeddings": 4096,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+    },
+    "default rope (no factor)": {"max_position_embeddings": 3000, "rope_scaling": {"rope_type": "default"}},
+    "seq_length smaller": {"max_position_embeddings": 4096, "seq_length": 1024},
+    "model_max_length larger": {"max_position_embeddings": 4096, "model_max_length": 8192},
+    "model_max_length smaller": {"max_position_embeddings": 4096, "model_max_length": 2048},
+}
+
+
+@pytest.mark.parametrize("name", sorted(LENGTH_CONFIGS))
+def test_the_length_limit_is_the_one_vllm_enforces(name: str) -> None:
+    """vLLM 0.9.1's own `_get_and_verify_max_len` on the same config refuses exactly the lengths above ours."""
+    from transformers import PretrainedConfig
+    from vllm.config import _get_and_verify_max_len
+
+    from verl_patches.trainer.rollout_settings import model_length_limit
+
+    model = LENGTH_CONFIGS[name]
+    hf = PretrainedConfig(**json.loads(json.dumps(model)))
+    if isinstance(getattr(hf, "rope_scaling", None), dict) and "type" in hf.rope_scaling:
+        hf.rope_scaling["rope_type"] = hf.rope_scaling["type"]  # what vLLM's patch_rope_scaling does on load
+    limit, how = model_length_limit(model)
+    assert limit is not None and how
+    for asked in (1, limit - 1, limit, limit + 1, 2 * limit):
+        try:
+            _get_and_verify_max_len(hf, asked, False, None)
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert accepted is (asked <= limit), (name, asked, limit, how)
+    assert _get_and_verify_max_len(hf, None, False, None) <= limit  # vLLM's default stays inside too
+
+
+def test_a_config_without_a_length_key_has_no_limit() -> None:
+    from verl_patches.trainer.rollout_settings import model_length_limit
+
+    assert model_length_limit({"hidden_size": 8})[0] is None

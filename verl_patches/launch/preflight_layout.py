@@ -21,7 +21,7 @@ from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.train_engine.stages import dense_only_message, dense_only_stages
 from verl_patches.trainer.config_checks import check_config
-from verl_patches.trainer.rollout_settings import describe, rollout_problems
+from verl_patches.trainer.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
@@ -302,16 +302,15 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
         )
     if get(cfg, f"{R}.name") == "vllm":
         out += vllm_dp_findings(ctx, model, world, tp)
-        max_len = int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length")) + int(
-            get(cfg, "data.max_response_length")
-        )
-        pos = int(model.get("max_position_embeddings", max_len))
-        if max_len > pos:
+        max_len = max_model_len(cfg)
+        limit, how = model_length_limit(model)
+        if limit is not None and max_len > limit:
             out.append(
                 Finding(
                     "layout.rollout_model_len",
                     FAIL,
-                    f"max_model_len {max_len} exceeds the model's max_position_embeddings {pos}",
+                    f"max_model_len {max_len} exceeds the model's length limit {limit} ({how}); vLLM refuses "
+                    f"it at engine start",
                     f"data.max_response_length / {R}.max_model_len",
                 )
             )

@@ -21,6 +21,11 @@ keeps bands that hold over all of them: the run-to-run spread of a healthy run i
   (relative) plus ``memory_abs_gib``; the ranks must be the same;
 * log-prob mismatch (``rollout_mismatch/*``, see `logprob_mismatch`): the largest per-step value may be
   at most ``mismatch_factor`` times the recorded runs' largest plus ``mismatch_abs``;
+* policy drift (``actor/kl_loss``, the actor's KL to the frozen reference, i.e. how far training has moved
+  the policy): the mean over each window of ``reward_window`` steps must reach at least ``drift_factor``
+  times the lowest of the recorded runs' means of that window. A policy that never moves (a learning rate
+  of 0, an update that never reaches the weights) fails in the first window, long before its reward falls
+  behind; a policy that moves faster is reported, never a failure;
 * validation (``val-core/deepscaler/reward/mean@1``, greedy, on held-out problems), when the recorded runs
   validated: at each recorded validation step the run's value may fall at most ``val_abs`` below the lowest
   recorded one, and its rise (last validation minus the first, the base model's at step 0) at most
@@ -49,7 +54,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file
@@ -62,6 +67,7 @@ MIN_RUNS = 3
 REWARD_KEY = "critic/score/mean"
 VAL_KEY = "val-core/deepscaler/reward/mean@1"
 STEP_TIME_KEY = "timing_s/step"
+DRIFT_KEY = "actor/kl_loss"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
 DEFAULT_TOLERANCES = {
     "reward_window": 10,
@@ -72,11 +78,12 @@ DEFAULT_TOLERANCES = {
     "mismatch_abs": 1e-5,
     "step_time_rel": 0.25,
     "val_abs": 0.1,
+    "drift_factor": 0.25,
 }
-ADDED_TOLERANCES = ("val_abs",)  # keys added after schema 2's first baselines: defaulted when absent
+ADDED_TOLERANCES = ("val_abs", "drift_factor")  # keys added after schema 2's first baselines: defaulted when absent
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMPARED_KEYS = (REWARD_KEY, VAL_KEY, STEP_TIME_KEY, *MISMATCH_KEYS)
+COMPARED_KEYS = (REWARD_KEY, DRIFT_KEY, VAL_KEY, STEP_TIME_KEY, *MISMATCH_KEYS)
 # What a tolerance may be: outside these a baseline could pass anything (a reward slack of 10, a factor of 1e9)
 TOLERANCE_RANGES = {
     "reward_window": (1, 10_000),
@@ -87,6 +94,7 @@ TOLERANCE_RANGES = {
     "mismatch_abs": (0.0, 1.0),
     "step_time_rel": (0.0, 10.0),
     "val_abs": (0.0, 1.0),
+    "drift_factor": (0.0, 1.0),
 }
 MAX_LOG_BYTES = 1 << 30  # trainer.log, rank_memory.jsonl
 MAX_BASELINE_BYTES = 64 << 20
@@ -241,6 +249,30 @@ def _window_means(series: dict[int, float], steps: list[int], w: int) -> list[fl
     return [sum(series[s] for s in steps[i : i + w]) / len(steps[i : i + w]) for i in range(0, len(steps), w)]
 
 
+def _window_bands(curves: list[dict[int, float]], w: int) -> tuple[list[int], list[dict[str, Any]]]:
+    """The steps every run has, and per window of `w` of them each run's mean and the lowest (the floor)."""
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    per_run = [_window_means(c, steps, w) for c in curves]
+    windows = [
+        {
+            "steps": [steps[i], steps[min(i + w, len(steps)) - 1]],
+            "means": [m[k] for m in per_run],
+            "floor": min(m[k] for m in per_run),
+        }
+        for k, i in enumerate(range(0, len(steps), w))
+    ]
+    return steps, windows
+
+
+def _drift_bands(runs: list[RunMetrics], w: int) -> dict[str, Any] | None:
+    """Window floors of the policy's KL to the reference (None when a recorded run did not log it)."""
+    curves = [dict(r.series(DRIFT_KEY)) for r in runs]
+    if not all(curves):
+        return None
+    steps, windows = _window_bands(curves, w)
+    return {"key": DRIFT_KEY, "steps": steps, "windows": windows} if steps else None
+
+
 def make_baseline(
     runs: list[RunMetrics], tolerances: dict[str, float] | None = None, note: str = "", min_runs: int = MIN_RUNS
 ) -> dict[str, Any]:
@@ -263,17 +295,8 @@ def make_baseline(
         if not reward:
             raise GoldenInputError(f"the run ({run.source}) has no {REWARD_KEY}: nothing to use as a reward curve")
         curves.append(reward)
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
     w = int(tol["reward_window"])
-    per_run = [_window_means(c, steps, w) for c in curves]
-    windows = [
-        {
-            "steps": [steps[i], steps[min(i + w, len(steps)) - 1]],
-            "means": [m[k] for m in per_run],
-            "floor": min(m[k] for m in per_run),
-        }
-        for k, i in enumerate(range(0, len(steps), w))
-    ]
+    steps, windows = _window_bands(curves, w)
     ranks = sorted(set().union(*(r.rank_peak_gib for r in runs)))
     mismatch = {
         k: max(v for r in runs for _, v in r.series(k)) for k in MISMATCH_KEYS if any(r.series(k) for r in runs)
@@ -295,6 +318,7 @@ def make_baseline(
         "mismatch_max": mismatch,
         "step_time_median_s": statistics.median(medians) if medians else None,
         "validation": validation,
+        "drift": _drift_bands(runs, w),
     }
 
 
@@ -357,25 +381,7 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
         raise bad("reward.steps", "must be increasing step numbers")
     if not all(_number(x) for x in rw["values"]):
         raise bad("reward.values", "must be finite numbers")
-    windows = rw.get("windows")
-    if (
-        not isinstance(windows, list)
-        or not windows
-        or any(
-            not isinstance(x, dict)
-            or not _number(x.get("floor"))
-            or not (
-                isinstance(x.get("steps"), list)
-                and len(x["steps"]) == 2
-                and all(_step(v) for v in x["steps"])
-                and x["steps"][0] <= x["steps"][1]
-            )
-            for x in windows
-        )
-    ):
-        raise bad("reward.windows", "must be a non-empty list of {'steps': [first, last], 'floor': finite number}")
-    if any(not any(w["steps"][0] <= s <= w["steps"][1] for s in rw["steps"]) for w in windows):
-        raise bad("reward.windows", "has a window with none of reward.steps in it")
+    _validate_windows(rw, "reward", bad)
     peaks = doc.get("rank_peak_gib")
     if not isinstance(peaks, dict) or any(
         not re.fullmatch(r"[0-9]{1,7}", str(k)) or not _number(v) or v < 0 for k, v in peaks.items()
@@ -404,7 +410,42 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
             "must be null or {'steps': [increasing ints], 'floors': [finite numbers] as long, "
             "'rise_floor': finite number}",
         )
+    drift = doc.get("drift")
+    if drift is not None:
+        if (
+            not isinstance(drift, dict)
+            or not isinstance(drift.get("steps"), list)
+            or not drift["steps"]
+            or not all(_step(x) for x in drift["steps"])
+            or drift["steps"] != sorted(set(drift["steps"]))
+        ):
+            raise bad("drift", "must be null or {'steps': [increasing ints], 'windows': [...]}")
+        _validate_windows(drift, "drift", bad)
+        if any(w["floor"] < 0 for w in drift["windows"]):
+            raise bad("drift.windows", "has a negative floor: a KL is never below 0")
     return doc
+
+
+def _validate_windows(section: dict[str, Any], name: str, bad: Callable[[str, str], GoldenInputError]) -> None:
+    windows = section.get("windows")
+    if (
+        not isinstance(windows, list)
+        or not windows
+        or any(
+            not isinstance(x, dict)
+            or not _number(x.get("floor"))
+            or not (
+                isinstance(x.get("steps"), list)
+                and len(x["steps"]) == 2
+                and all(_step(v) for v in x["steps"])
+                and x["steps"][0] <= x["steps"][1]
+            )
+            for x in windows
+        )
+    ):
+        raise bad(f"{name}.windows", "must be a non-empty list of {'steps': [first, last], 'floor': finite number}")
+    if any(not any(w["steps"][0] <= s <= w["steps"][1] for s in section["steps"]) for w in windows):
+        raise bad(f"{name}.windows", f"has a window with none of {name}.steps in it")
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
@@ -428,44 +469,76 @@ def write_baseline(doc: dict[str, Any], path: Path) -> None:
 # ---- comparison (pure) ---------------------------------------------------------------------------
 
 
-def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
-    slack = float(base["tolerances"]["reward_abs"])
-    windows = [x for x in base["reward"]["windows"] if up_to_step is None or x["steps"][1] <= up_to_step]
+def _compare_windows(
+    run: RunMetrics,
+    key: str,
+    section: dict[str, Any],
+    up_to_step: int | None,
+    limit_of: Callable[[float], float],
+    judge: Callable[[float, float, float], str],
+) -> list[Check]:
+    """Each stored window (those that end by `up_to_step`): the run's mean over its steps against
+    limit_of(floor); judge(mean, floor, limit) words the check. Missing steps are one regression."""
+    windows = [x for x in section["windows"] if up_to_step is None or x["steps"][1] <= up_to_step]
     if not windows:
         return [
             Check(
-                REWARD_KEY,
+                key,
                 f"steps up to {up_to_step}",
                 "regression",
                 f"no baseline window ends by step {up_to_step}: nothing to compare",
             )
         ]
-    want = [s for s in base["reward"]["steps"] if s <= windows[-1]["steps"][1]]
-    have = dict(run.series(REWARD_KEY))
+    want = [s for s in section["steps"] if s <= windows[-1]["steps"][1]]
+    have = dict(run.series(key))
     missing = [s for s in want if s not in have]
     if missing:
         return [
             Check(
-                REWARD_KEY,
+                key,
                 f"steps {missing[0]}-{missing[-1]}",
                 "regression",
-                f"the run has no reward for {len(missing)} of the baseline's {len(want)} steps",
+                f"the run has no {key} for {len(missing)} of the baseline's {len(want)} steps",
             )
         ]
     out = []
     for x in windows:
         first, last = x["steps"]
         window = [s for s in want if first <= s <= last]
-        c = sum(have[s] for s in window) / len(window)
+        mean = sum(have[s] for s in window) / len(window)
         floor = float(x["floor"])
-        where = f"steps {first}-{last}"
-        if c < floor - slack:
-            out.append(Check(REWARD_KEY, where, "regression", f"mean {c:.4f} < lowest recorded {floor:.4f} - {slack}"))
-        else:
-            out.append(
-                Check(REWARD_KEY, where, "ok", f"mean {c:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})")
-            )
+        limit = limit_of(floor)
+        out.append(Check(key, f"steps {first}-{last}", "ok" if mean >= limit else "regression", judge(mean, floor, limit)))
     return out
+
+
+def compare_reward(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
+    slack = float(base["tolerances"]["reward_abs"])
+
+    def judge(mean: float, floor: float, limit: float) -> str:
+        if mean < limit:
+            return f"mean {mean:.4f} < lowest recorded {floor:.4f} - {slack}"
+        return f"mean {mean:.4f} (lowest recorded {floor:.4f}, tolerance -{slack})"
+
+    return _compare_windows(run, REWARD_KEY, base["reward"], up_to_step, lambda f: f - slack, judge)
+
+
+def compare_drift(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
+    drift = base.get("drift")
+    if not drift:
+        return [Check(DRIFT_KEY, "all steps", "info", "the baseline has no policy drift (KL to the reference)")]
+    factor = float(base["tolerances"]["drift_factor"])
+
+    def judge(mean: float, floor: float, limit: float) -> str:
+        if mean < limit:
+            return (
+                f"mean {mean:.3g} < {factor} x lowest recorded {floor:.3g}: the policy moved away from the "
+                "reference far less than in every recorded run (a learning rate of 0, an update that never "
+                "reaches the weights)"
+            )
+        return f"mean {mean:.3g} (lowest recorded {floor:.3g}, at least {factor} x it)"
+
+    return _compare_windows(run, DRIFT_KEY, drift, up_to_step, lambda f: f * factor, judge)
 
 
 def compare_validation(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
@@ -594,6 +667,7 @@ def compare(
     return (
         non_finite(run)
         + compare_reward(run, base, up_to_step)
+        + compare_drift(run, base, up_to_step)
         + compare_validation(run, base, up_to_step)
         + compare_memory(run, base)
         + compare_mismatch(run, base)
@@ -625,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         "--up-to-step",
         type=int,
         metavar="N",
-        help="compare the reward only over the baseline's windows that end by step N (a shorter run)",
+        help="compare the reward and the policy drift only over the baseline's windows that end by step N, and "
+        "the validation at its steps up to N (a shorter run)",
     )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

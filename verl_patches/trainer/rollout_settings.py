@@ -22,7 +22,7 @@ checks protected and our declared patch of ``vLLMRollout.__init__`` drops (F1):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from verl_patches.base.config_access import get
 
@@ -62,6 +62,51 @@ def max_model_len(cfg: Any) -> int:
     return int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length", 0)) + int(
         get(cfg, "data.max_response_length", 0)
     )
+
+
+# vLLM 0.9.1's keys for a model's own length limit (vllm/config.py `_get_and_verify_max_len`): the smallest wins
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def model_length_limit(model: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The longest max_model_len vLLM 0.9.1 accepts for this HF config (without
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN), and how it follows from the config; None when no key bounds it. As
+    vLLM derives it: the smallest length key (``model_max_length`` wins when set), then RoPE scaling other
+    than su/longrope/llama3 multiplies it by its factor, YaRN starting from its
+    ``original_max_position_embeddings`` instead. A ``model_max_length`` above that still admits lengths
+    up to itself."""
+    found = [(model[k], k) for k in LENGTH_KEYS if isinstance(model.get(k), (int, float)) and model.get(k) is not True]
+    if not found:
+        return None, "no length key in the model's config"
+    length, key = min(found)
+    if model.get("model_max_length"):
+        length, key = model["model_max_length"], "model_max_length"
+    how = f"{key} {length:g}"
+    scaling = model.get("rope_scaling")
+    if isinstance(scaling, Mapping):
+        rope_type = scaling.get("rope_type", scaling.get("type"))
+        if rope_type not in ("su", "longrope", "llama3"):
+            factor = scaling.get("factor", 1.0)
+            if rope_type == "yarn":
+                length = scaling["original_max_position_embeddings"]
+                how = f"YaRN original_max_position_embeddings {length:g}"
+            length *= factor
+            how += f" x rope_scaling.factor {factor:g}"
+    limit = int(length)
+    extra = model.get("model_max_length")
+    if isinstance(extra, (int, float)) and extra > limit:
+        limit, how = int(extra), f"model_max_length {extra:g}"
+    return limit, how
 
 
 def engine_max_num_seqs(cfg: Any) -> int | None:
