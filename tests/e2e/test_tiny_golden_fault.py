@@ -70,5 +70,6 @@ def test_a_zero_learning_rate_fails_the_golden_check_that_the_healthy_run_passes
     failed = [c for c in report["checks"] if c["status"] == "regression"]
     assert rc == 1 and failed, report
     # what fails is the policy drift, not memory or the log-prob agreement: the fault is the update
-    assert [(c["metric"], c["where"]) for c in failed if c["metric"] == DRIFT_KEY] == [(DRIFT_KEY, "steps 1-10")], failed
+    drift = [(c["metric"], c["where"]) for c in failed if c["metric"] == DRIFT_KEY]
+    assert drift == [(DRIFT_KEY, "steps 1-10")], failed
     assert {c["metric"] for c in failed} <= {DRIFT_KEY, REWARD_KEY, VAL_KEY}, failed

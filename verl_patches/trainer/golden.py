@@ -508,7 +508,9 @@ def _compare_windows(
         mean = sum(have[s] for s in window) / len(window)
         floor = float(x["floor"])
         limit = limit_of(floor)
-        out.append(Check(key, f"steps {first}-{last}", "ok" if mean >= limit else "regression", judge(mean, floor, limit)))
+        out.append(
+            Check(key, f"steps {first}-{last}", "ok" if mean >= limit else "regression", judge(mean, floor, limit))
+        )
     return out
 
 
