@@ -11,7 +11,8 @@ from tier_report import TierReport
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TierReport(config), "verl_patches_tier_report")
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker reports to the controller, which keeps the tier
+        config.pluginmanager.register(TierReport(config), "verl_patches_tier_report")
     # Every process that imports Megatron (a test's ranks, Ray workers, check tools) would otherwise pre-start
     # torch Inductor's compile pool (a process importing torch, and two forks) that nothing in the suite uses;
     # the tiny run's launcher says the same (verl_patches.launch.job.no_compile_pool). Inductor still starts

@@ -1,8 +1,10 @@
 """The two test tiers and what each took.
 
-The fast tier (`pytest -m "not slow"`) is what a developer runs between edits: budget 10 minutes on a 2-core
-machine. The full suite (plain `pytest`, README's command, .ci/run) adds the Ray jobs, trainer runs and
-multi-process engines. Each tier keeps its durations: the last run of a tier is stored under the user's cache
+The fast tier (`pytest -m "not slow"`, in parallel with `-n 2`) is what a developer runs between edits: budget
+10 minutes on a 2-core machine. The slow tier (`pytest -m slow`, one test at a time: the Ray jobs, trainer runs
+and multi-process engines each use every core) completes it; README's test command (.ci/run) runs the two one
+after the other, and plain `pytest` runs the full suite in one process. Each tier keeps its durations: the
+last run of a tier is stored under the user's cache
 (`~/.cache/verl_patches/test-durations/<tier>.json`) and the summary compares this run with it, so a test that
 slipped into the fast tier, or a tier that grew, shows up at the next run rather than in CI. Nothing here fails
 a run: speed is measured by benchmarks, not by timed tests.
@@ -25,12 +27,14 @@ FAST_TEST_LIMIT_S = 20.0
 
 
 def tier_name(markexpr: str) -> str:
-    """`fast` for the fast tier's marker expression, `full` for no expression, otherwise `custom`."""
+    """`fast` / `slow` for the two tiers' marker expressions, `full` for no expression, otherwise `custom`."""
     expr = " ".join(markexpr.split())
     if not expr:
         return "full"
     if expr == "not slow":
         return "fast"
+    if expr == "slow":
+        return "slow"
     return "custom"
 
 
@@ -55,6 +59,8 @@ class TierReport:
         self.slow_ids: set[str] = set()
         self.selected = 0
 
+    # Under pytest-xdist this runs in the controller only (conftest.py), which collects nothing: the tests and
+    # their markers then come from the reports the workers send.
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         self.slow_ids = {item.nodeid for item in items if item.get_closest_marker("slow")}
 
@@ -63,6 +69,8 @@ class TierReport:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        if "slow" in report.keywords:
+            self.slow_ids.add(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:  # noqa: ANN001 (pytest's TerminalReporter)
         if self.tier == "custom" or not self.durations:
@@ -74,7 +82,10 @@ class TierReport:
             previous = json.loads(path.read_text()).get("wall_s")
         except (OSError, ValueError, AttributeError):
             pass
-        line = f"tier {self.tier}: {self.selected} tests in {wall:.0f} s"
+        workers = getattr(terminalreporter.config.option, "numprocesses", None)
+        line = f"tier {self.tier}: {self.selected or len(self.durations)} tests in {wall:.0f} s"
+        if workers:
+            line += f" ({workers} workers)"
         if self.tier == "fast":
             line += f" (budget {FAST_TIER_BUDGET_S:.0f} s)"
         if isinstance(previous, (int, float)):
@@ -87,7 +98,11 @@ class TierReport:
         # A partial run (-x, a keyword filter, an interrupted session) is not the tier's measurement.
         if terminalreporter.config.getoption("keyword", "") or terminalreporter.config.getoption("exitfirst", False):
             return
-        record = {"wall_s": round(wall, 1), "tests": self.selected, "durations_s": self.durations}
+        record = {
+            "wall_s": round(wall, 1),
+            "tests": self.selected or len(self.durations),
+            "durations_s": self.durations,
+        }
         try:
             write_json_atomically(path, record)
         except OSError as err:

@@ -9,7 +9,7 @@ from tier_report import slow_in_fast_tier, tier_name
 
 @pytest.mark.parametrize(
     ("expr", "tier"),
-    [("", "full"), ("not slow", "fast"), ("  not   slow ", "fast"), ("slow", "custom"), ("not network", "custom")],
+    [("", "full"), ("not slow", "fast"), ("  not   slow ", "fast"), ("slow", "slow"), ("not network", "custom")],
 )
 def test_tier_name(expr: str, tier: str) -> None:
     assert tier_name(expr) == tier
