@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,12 @@ import pytest
 
 from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
+from verl_patches.process_identity import signal_if_same
 from verl_patches.launch.ray_cluster import (
     RayClusterError,
     RayNode,
     forget_current_cluster,
+    group_members,
     head_command,
     start_node,
     wait_for_resource,
@@ -104,8 +107,21 @@ def test_record_location_follows_ray_tmpdir(tmp_path: Path, monkeypatch: pytest.
 # ---- stop() on plain process sessions (fast, no Ray) -----------------------------------------------
 
 
+_SESSIONS: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_session_outlives_its_test():
+    """A test that fails before its stop() would leave its session looping: end what is left of it."""
+    yield
+    while _SESSIONS:
+        for member in group_members(_SESSIONS.pop()):  # only processes this test started
+            signal_if_same(member.pid, member.started, signal.SIGKILL)
+
+
 def _session(tmp_path: Path, script: str) -> RayNode:
     node = start_node(["bash", "-c", script], "worker", tmp_path / "node.log")
+    _SESSIONS.append(node.pid)
     time.sleep(0.5)  # let the children start
     return node
 
