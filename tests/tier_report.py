@@ -1,10 +1,12 @@
 """The two test tiers and what each took.
 
-The fast tier (`pytest -m "not slow"`, in parallel with `-n 2`) is what a developer runs between edits: budget
-10 minutes on a 2-core machine. The slow tier (`pytest -m slow`, one test at a time: the Ray jobs, trainer runs
-and multi-process engines each use every core) completes it; README's test command (.ci/run) runs the two one
-after the other, and plain `pytest` runs the full suite in one process. Each tier keeps its durations: the
-last run of a tier is stored under the user's cache
+The fast tier (`pytest -m "not slow"`, in two processes with `-n 2`) is what a developer runs between edits:
+budget 10 minutes on a 2-core machine. README's test command (.ci/run) runs the whole suite in two parts:
+everything but the tiny-run jobs of tests/e2e in two processes (`pytest -n 2 --ignore=tests/e2e`, part
+`all-but-e2e`), then tests/e2e one test at a time (`pytest tests/e2e`, part `e2e`: each tiny run keeps both
+cores busy, and its checks of time-outs and exits assume it has them). Plain `pytest` is the `full` suite in
+one process; `pytest -m slow` the `slow` tier alone. Each tier keeps its durations: the last run of a tier is
+stored under the user's cache
 (`~/.cache/verl_patches/test-durations/<tier>.json`) and the summary compares this run with it, so a test that
 slipped into the fast tier, or a tier that grew, shows up at the next run rather than in CI. Nothing here fails
 a run: speed is measured by benchmarks, not by timed tests.
@@ -26,16 +28,27 @@ FAST_TIER_BUDGET_S = 600.0
 FAST_TEST_LIMIT_S = 20.0
 
 
-def tier_name(markexpr: str) -> str:
-    """`fast` / `slow` for the two tiers' marker expressions, `full` for no expression, otherwise `custom`."""
+E2E = "tests/e2e"
+
+
+def _norm(paths: list[str]) -> list[str]:
+    return sorted(p.rstrip("/").removeprefix("./") for p in paths)
+
+
+def tier_name(markexpr: str, paths: list[str] | None = None, testpaths: list[str] | None = None, ignored=()) -> str:
+    """The tier a run is (pure): `fast` / `slow` for the two marker expressions over the whole suite, `full` for
+    the whole suite, `all-but-e2e` / `e2e` for the two parts of README's command; anything else `custom`
+    (a run of some files, another marker expression, other ignores)."""
     expr = " ".join(markexpr.split())
-    if not expr:
-        return "full"
-    if expr == "not slow":
-        return "fast"
-    if expr == "slow":
-        return "slow"
-    return "custom"
+    testpaths = ["tests"] if testpaths is None else testpaths
+    paths, ignored = _norm(testpaths if paths is None else paths), _norm(list(ignored or ()))
+    if paths == [E2E] and not expr and not ignored:
+        return "e2e"
+    if paths != _norm(testpaths):
+        return "custom"
+    if ignored:
+        return "all-but-e2e" if ignored == [E2E] and not expr else "custom"
+    return {"": "full", "not slow": "fast", "slow": "slow"}.get(expr, "custom")
 
 
 def durations_dir() -> Path:
@@ -51,9 +64,13 @@ def slow_in_fast_tier(durations: dict[str, float], slow_ids: set[str], limit_s: 
 
 class TierReport:
     def __init__(self, config: pytest.Config) -> None:
-        # A run of some files only (`pytest tests/x`) is neither tier, whatever its marker expression.
-        whole_suite = sorted(config.args) == sorted(config.getini("testpaths"))
-        self.tier = tier_name(config.getoption("markexpr", "") or "") if whole_suite else "custom"
+        # A run of some files only (`pytest tests/x`) is no tier, whatever its marker expression.
+        self.tier = tier_name(
+            config.getoption("markexpr", "") or "",
+            list(config.args),
+            list(config.getini("testpaths")),
+            config.getoption("ignore", None) or (),
+        )
         self.started = time.monotonic()
         self.durations: dict[str, float] = {}
         self.slow_ids: set[str] = set()
