@@ -329,13 +329,19 @@ def test_a_baseline_without_validation_says_so(tmp_path: Path) -> None:
     assert [c.status for c in checks] == ["info"]
 
 
-def test_a_baseline_recorded_before_validation_loads_with_the_default_tolerance(tmp_path: Path, baseline: Path) -> None:
+def older_baseline(baseline: Path, folder: Path, tolerance: str, section: str) -> tuple[dict, Path, dict]:
+    """The baseline as recorded before `tolerance` and `section` existed: its document, file, and what loads."""
     doc = json.loads(baseline.read_text())
-    del doc["tolerances"]["val_abs"], doc["validation"]
-    old = tmp_path / "old.json"
+    del doc["tolerances"][tolerance], doc[section]
+    old = folder / "old.json"
     old.write_text(json.dumps(doc))
     loaded = golden.load_baseline(old)
-    assert loaded["tolerances"]["val_abs"] == golden.DEFAULT_TOLERANCES["val_abs"]
+    assert loaded["tolerances"][tolerance] == golden.DEFAULT_TOLERANCES[tolerance]
+    return doc, old, loaded
+
+
+def test_a_baseline_recorded_before_validation_loads_with_the_default_tolerance(tmp_path: Path, baseline: Path) -> None:
+    doc, old, loaded = older_baseline(baseline, tmp_path, "val_abs", "validation")
     assert [c.status for c in golden.compare_validation(golden.read_run(write_run(tmp_path / "r")), loaded)] == ["info"]
     doc["tolerances"]["val_abs"] = "0.1"
     old.write_text(json.dumps(doc))
@@ -384,12 +390,7 @@ def test_a_run_that_did_not_log_its_drift_fails_and_a_baseline_without_drift_say
     assert rc == 1 and [c["metric"] for c in regressions(rep)] == [golden.DRIFT_KEY]
     assert "the run has no actor/kl_loss for 30 of the baseline's 30 steps" in regressions(rep)[0]["message"]
     # a baseline recorded before the drift check (or from runs without a KL loss) loads, and says it has none
-    doc = json.loads(baseline.read_text())
-    del doc["tolerances"]["drift_factor"], doc["drift"]
-    old = tmp_path / "old.json"
-    old.write_text(json.dumps(doc))
-    loaded = golden.load_baseline(old)
-    assert loaded["tolerances"]["drift_factor"] == golden.DEFAULT_TOLERANCES["drift_factor"]
+    _, _, loaded = older_baseline(baseline, tmp_path, "drift_factor", "drift")
     run = golden.read_run(write_run(tmp_path / "r", drift=0.0))
     assert [c.status for c in golden.compare_drift(run, loaded)] == ["info"]
     runs = [golden.read_run(write_run(tmp_path / f"nodrift{i}", drift=None)) for i in range(3)]
