@@ -204,3 +204,21 @@ def test_a_config_without_a_length_key_has_no_limit() -> None:
     from verl_patches.trainer.rollout_settings import model_length_limit
 
     assert model_length_limit({"hidden_size": 8})[0] is None
+
+
+@pytest.mark.parametrize(
+    "model, key",
+    [
+        ({"max_position_embeddings": "4096"}, "max_position_embeddings"),
+        ({"max_position_embeddings": True}, "max_position_embeddings"),
+        ({"max_position_embeddings": float("nan")}, "max_position_embeddings"),
+        ({"max_position_embeddings": 0}, "max_position_embeddings"),
+        ({"max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4}}, "original_max"),
+        ({"max_position_embeddings": 64, "rope_scaling": {"rope_type": "linear", "factor": "x"}}, "factor"),
+    ],
+)
+def test_a_length_vllm_could_not_use_is_named(model: dict, key: str) -> None:
+    from verl_patches.trainer.rollout_settings import model_length_limit
+
+    with pytest.raises(ValueError, match=key):
+        model_length_limit(model)

@@ -303,7 +303,13 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
     if get(cfg, f"{R}.name") == "vllm":
         out += vllm_dp_findings(ctx, model, world, tp)
         max_len = max_model_len(cfg)
-        limit, how = model_length_limit(model)
+        try:
+            limit, how = model_length_limit(model)
+        except ValueError as e:
+            limit, how = None, ""
+            out.append(
+                Finding("layout.rollout_model_len", FAIL, f"{e}: vLLM cannot derive its length limit", "config.json")
+            )
         if limit is not None and max_len > limit:
             out.append(
                 Finding(

@@ -84,8 +84,15 @@ def model_length_limit(model: Mapping[str, Any]) -> tuple[int | None, str]:
     vLLM derives it: the smallest length key (``model_max_length`` wins when set), then RoPE scaling other
     than su/longrope/llama3 multiplies it by its factor, YaRN starting from its
     ``original_max_position_embeddings`` instead. A ``model_max_length`` above that still admits lengths
-    up to itself."""
-    found = [(model[k], k) for k in LENGTH_KEYS if isinstance(model.get(k), (int, float)) and model.get(k) is not True]
+    up to itself. ValueError names a key that is not a positive number (vLLM would crash on it)."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and 0 < v < float("inf")
+
+    for k in LENGTH_KEYS:
+        if model.get(k) is not None and not number(model[k]):
+            raise ValueError(f"the model's config key {k!r} is {model[k]!r}, not a positive number")
+    found = [(model[k], k) for k in LENGTH_KEYS if model.get(k) is not None]
     if not found:
         return None, "no length key in the model's config"
     length, key = min(found)
@@ -97,8 +104,15 @@ def model_length_limit(model: Mapping[str, Any]) -> tuple[int | None, str]:
         rope_type = scaling.get("rope_type", scaling.get("type"))
         if rope_type not in ("su", "longrope", "llama3"):
             factor = scaling.get("factor", 1.0)
+            if not number(factor):
+                raise ValueError(f"the model's config key 'rope_scaling.factor' is {factor!r}, not a positive number")
             if rope_type == "yarn":
-                length = scaling["original_max_position_embeddings"]
+                length = scaling.get("original_max_position_embeddings")
+                if not number(length):
+                    raise ValueError(
+                        f"the model's config key 'rope_scaling.original_max_position_embeddings' is {length!r}, "
+                        "not a positive number (YaRN needs it)"
+                    )
                 how = f"YaRN original_max_position_embeddings {length:g}"
             length *= factor
             how += f" x rope_scaling.factor {factor:g}"
