@@ -244,7 +244,8 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     env.update(pins)  # one CPU code path on every x86-64 host: the golden baseline holds across machines
     if pins:
         launch.say(
-            "CPU kernels pinned to AVX2 for reproducible numbers: " + " ".join(f"{k}={v}" for k, v in pins.items())
+            "CPU kernels pinned to AVX2 and one thread per process for reproducible numbers: "
+            + " ".join(f"{k}={v}" for k, v in pins.items())
         )
     if device() == "cpu":
         env.update(no_compile_pool(env))

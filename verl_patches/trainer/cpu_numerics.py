@@ -6,8 +6,13 @@ processor offers (ATen's vectorised kernels: AVX2 or AVX-512; MKL's GEMM: AVX2, 
 likewise), and their sums round differently: on 2026-11-26 the same code gave a base model validating at
 0.52 on an AVX-512/AMX host where the baseline's host gave 0.72. With ATen, MKL (conditional numerical
 reproducibility) and oneDNN held to AVX2, every host with AVX2 runs the same code path and computes the
-same floats. Set by the launcher for the tiny run only (`run_tiny`), unless the user set them; recorded in
-the tiny assets' stamp, so assets built under other settings are rebuilt.
+same floats. The number of intra-op threads splits reductions differently too (measured: the tiny run's
+first three steps with 2 threads and with 1 differ from the first step's log-probs on, around 1e-7), and a
+host's core count sets it; one thread per process also keeps the tiny run's four workers and its task runner
+from oversubscribing a small host (measured on 2 cores: the first rollout 22.7 s with the default 2 threads
+per process, 4.7 s with 1; later steps 5 % faster). Set by the launcher for the tiny run only (`run_tiny`),
+unless the user set them; recorded in the tiny assets' stamp, so assets built under other settings are
+rebuilt.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 def pinned(environ: Mapping[str, str]) -> dict[str, str]:
