@@ -9,8 +9,10 @@ additions with our reward:
   our weight sync, the fused actor_rollout_ref group, no old-log-prob pass. ONE run of 60
   steps (the session fixture `a3_run` of conftest.py) serves every A3 test, including the golden-metrics
   check against the stored baseline and the kill-and-resume test's reference, so the suite pays for one
-  tiny run;
-* the FSDP + HF option (`--tiny-engine fsdp`), two steps.
+  tiny run.
+
+The FSDP + HF option (`--tiny-engine fsdp`) runs in tests/checkpoint/test_trainer_resume_e2e.py (two launches
+of one step each, the second resuming the first), outside this serial part of the suite.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tiny_job import REPO, TinyRun, env_for_run, run_tiny
+from tiny_job import REPO, TinyRun, env_for_run
 from verl_patches.patching.activation_record import read_records
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
@@ -127,34 +128,3 @@ def test_tiny_a3_path_matches_its_golden_baseline(a3_run: TinyRun) -> None:
     )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_fsdp_option_runs_two_grpo_steps(tmp_path: Path) -> None:
-    """The FSDP + HF option of the tiny run (`--tiny-engine fsdp`): verl's FSDP actor with the fused group."""
-    run = run_tiny(
-        tmp_path / "logs",
-        tmp_path / "assets",
-        ("trainer.total_training_steps=2", "trainer.logger=[console]"),
-        engine="fsdp",
-        timeout=850,
-    )
-    _ok(run)
-    assert sorted(run.steps) == [1, 2], run.output[-3000:]
-    for n, metrics in run.steps.items():
-        for key in (
-            "actor/pg_loss",
-            "actor/kl_loss",
-            "critic/score/mean",
-            "timing_s/gen",
-            "timing_s/update_actor",
-            "perf/system_tokens_per_s_per_die",
-        ):
-            assert key in metrics and math.isfinite(metrics[key]), (n, key, metrics)
-    assert "verl.workers.fsdp_workers.ActorRolloutRefWorker" in run.output, run.output[-3000:]
-    # Nothing was written into the vendored verl tree: only the prelude line differs from upstream.
-    verify = subprocess.run(
-        ["bash", "setup_sources.sh", "--verify", "--only", "verl"], cwd=REPO, capture_output=True, text=True
-    )
-    assert verify.returncode == 0, verify.stdout + verify.stderr
