@@ -18,7 +18,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # the tiny run's launcher says the same (verl_patches.launch.job.no_compile_pool). Inductor still starts
     # the pool on first use.
     os.environ.setdefault("TORCH_WARM_POOL", "0")
-    # One intra-op thread per process, as the tiny run pins it (verl_patches.trainer.cpu_numerics): the suite runs
+    # One intra-op thread per process, as the tiny run pins it (verl_patches.base.cpu_numerics): the suite runs
     # two test processes and its multi-rank tests start several more, which at torch's default (one thread per
     # core) oversubscribe a small host (measured on 2 cores: the heaviest multi-process tests 12 % faster).
     # Read by torch when it starts its thread pool, after this hook (test modules import torch at collection).

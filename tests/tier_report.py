@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ def _norm(paths: list[str]) -> list[str]:
     return sorted(p.rstrip("/").removeprefix("./") for p in paths)
 
 
-def tier_name(markexpr: str, paths: list[str] | None = None, testpaths: list[str] | None = None, ignored=()) -> str:
+def tier_name(
+    markexpr: str, paths: list[str] | None = None, testpaths: list[str] | None = None, ignored: Sequence[str] = ()
+) -> str:
     """The tier a run is (pure): `fast` / `slow` for the two marker expressions over the whole suite, `full` for
     the whole suite, `all-but-e2e` / `e2e` for the two parts of README's command; anything else `custom`
     (a run of some files, another marker expression, other ignores)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.tiny_job import REPO, command, env_for_run, parse_steps
+from tests.e2e.tiny_job import REPO, run_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -29,7 +29,7 @@ FINITE = (
 )
 
 
-def run(log_dir: Path, assets: Path, ckpt: Path, steps: int) -> str:
+def run(log_dir: Path, assets: Path, ckpt: Path, steps: int, expected: list[int]) -> str:
     overrides = (
         f"trainer.total_training_steps={steps}",
         "trainer.logger=[console]",
@@ -39,42 +39,28 @@ def run(log_dir: Path, assets: Path, ckpt: Path, steps: int) -> str:
         "trainer.test_freq=-1",
         "trainer.val_before_train=False",
     )
-    proc = subprocess.run(
-        command(log_dir, assets, overrides, engine="fsdp"),
-        cwd=REPO,
-        env=env_for_run(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "verl.workers.fsdp_workers.ActorRolloutRefWorker" in out, out[-3000:]
-    return out
-
-
-def assert_steps(out: str, expected: list[int]) -> None:
-    steps = {n: m for n, m in parse_steps(out).items() if n >= 1}
-    assert sorted(steps) == expected, out[-3000:]
-    for n, metrics in steps.items():
+    done = run_tiny(log_dir, assets, overrides, engine="fsdp", timeout=900)
+    assert done.returncode == 0, done.output[-4000:]
+    assert "verl.workers.fsdp_workers.ActorRolloutRefWorker" in done.output, done.output[-3000:]
+    assert sorted(done.steps) == expected, done.output[-3000:]
+    for n, metrics in done.steps.items():
         for key in FINITE:
             assert key in metrics and math.isfinite(metrics[key]), (n, key, metrics)
+    return done.output
 
 
 def test_the_fsdp_option_saves_each_step_and_resumes_with_one_line(tmp_path: Path) -> None:
     assets, ckpt = tmp_path / "assets", tmp_path / "ckpt"
 
-    first = run(tmp_path / "logs1", assets, ckpt, 1)
+    first = run(tmp_path / "logs1", assets, ckpt, 1, [1])
     assert "verl_patches resume: starting from step 0 (no complete checkpoint under" in first
     assert re.search(r"verl_patches checkpoint: step 1 saved to .*global_step_1", first), first[-3000:]
-    assert_steps(first, [1])
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "1"
 
-    second = run(tmp_path / "logs2", assets, ckpt, 2)
+    second = run(tmp_path / "logs2", assets, ckpt, 2, [2])
     lines = [ln for ln in second.splitlines() if "verl_patches resume:" in ln]
     assert len(lines) == 1 and f"from {ckpt / 'global_step_1'} (step 1;" in lines[0], lines
     assert "dataloader restored" in lines[0]
-    assert_steps(second, [2])
     assert re.search(r"verl_patches checkpoint: step 2 saved to .*pruned \['global_step_1'\]", second)
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["global_step_2"]
 

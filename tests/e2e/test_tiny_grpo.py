@@ -26,6 +26,7 @@ import pytest
 
 from tiny_job import REPO, TinyRun, env_for_run
 from verl_patches.patching.activation_record import read_records
+from verl_patches.base import cpu_numerics
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")
@@ -86,6 +87,8 @@ def test_tiny_a3_path_runs_the_a3_components(a3_run: TinyRun) -> None:
     for r in records:
         assert r["summary"].startswith(f"verl_patches active in pid {r['pid']} (device=cpu)"), r
         assert r["patches"]["vllm.general_plugins_at_import"] in ("applied", "pending"), r
+        # every process, the Ray workers included, ran on the pinned CPU code path and one thread
+        assert r["cpu_numerics"] == cpu_numerics.PINS, r
     assert "package versions: all " in out, out[:3000]  # launcher and driver: A3's pins installed as pinned
     # the engine that generated, read from the built engine: one line per vLLM instance (two of DP2 x TP1)
     engines = {m.group(1) for m in ENGINE_LINE.finditer(out)}

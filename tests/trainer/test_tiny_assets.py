@@ -204,7 +204,7 @@ def test_a_failed_rebuild_never_passes_for_the_old_spec(tmp_path: Path, monkeypa
     assert not (root / STAMP).exists()  # data were rewritten for seed 2: no stamp may vouch for them
     monkeypatch.undo()
     prepare(root, old, progress=False)  # rebuilt, consistent again
-    from verl_patches.trainer import cpu_numerics
+    from verl_patches.base import cpu_numerics
 
     assert json.loads((root / STAMP).read_text()) == {**old.as_dict(), "cpu_numerics": cpu_numerics.current()}
 

@@ -44,7 +44,7 @@ from verl_patches.process_identity import become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
-from verl_patches.trainer.cpu_numerics import pinned
+from verl_patches.base.cpu_numerics import pinned
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {

@@ -3,7 +3,8 @@
 The console line "verl_patches active in pid N" is evidence only while every process's log reaches the
 console unchanged; Ray folds identical worker lines ("[repeated Nx across cluster]"). A record per process,
 written where the launcher points `VERL_PATCHES_ACTIVATION_DIR` (the run's log folder), does not depend
-on log handling.
+on log handling. Each record also carries the CPU-numerics variables the process ran under
+(`base/cpu_numerics.py`): the tiny run's floats depend on them in every process, Ray workers included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from verl_patches.base.atomic_write import is_temp_name, write_json_atomically
 from verl_patches.base.env_flags import env_str
+from verl_patches.base import cpu_numerics
 
 ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
 
@@ -32,6 +34,7 @@ def write_record(summary: str, patches: dict[str, str]) -> Path | None:
         "argv0": sys.argv[0] if sys.argv else "",
         "summary": summary,
         "patches": patches,
+        "cpu_numerics": cpu_numerics.current(),
     }
     try:
         # the host name is data: keep only characters that cannot leave the folder

@@ -7,7 +7,7 @@ one baseline whose bands hold over all of them (`golden.make_baseline`).
 Run i > 0 changes only where randomness enters (the data order and the rollout's sampling stream), never
 the model or the data set: `data.seed=1+i` and `actor_rollout_ref.rollout.seed=i`; run 0 is the command as
 README gives it. With `--same-command` every run is README command 1 as is: with the CPU kernels pinned
-(trainer/cpu_numerics.py) its reruns are bit-identical, and the bands are the tolerances around that one
+(base/cpu_numerics.py) its reruns are bit-identical, and the bands are the tolerances around that one
 run (the stored baseline: at the tiny settings one of the two seeded variants stalls, and bands over it could
 not tell a learning rate of 0 from a healthy run). Each run takes 5-20 minutes on a 2-core machine; progress is
 printed per run. Nothing is written unless every run finished and the baseline could be made from them (then
