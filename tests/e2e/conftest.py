@@ -11,11 +11,9 @@ process fixes the numbers (verl_patches.base.cpu_numerics), the golden check doe
 each job is watched and killed by its own sessions (tiny_job.TinyJob). The run builds the tiny assets
 itself, as README command 1 does on a fresh clone; the other launches start once that build is done (the
 driver finishes it before it starts Ray). A test takes `tiny_a3_assets` to launch and asks for `a3_run` only
-where it compares, so its own launches overlap the run. pytest runs the files in name order: the faults chain
-(test_tiny_faults_resume.py) first, beside the run: alone it keeps the cores only about 56 % busy (five
-start-ups, three hang time-outs waited out), where the 60-step run keeps them busy; then the 10-step
-zero-learning-rate launch (test_tiny_golden_fault.py). Measured on 2 cores: the other order (the short launch
-beside the run, then the chain alone) took 1266 s, one launch at a time 1237 s.
+where it compares, so its own launches overlap the run. pytest runs the files in name order: the 10-step
+zero-learning-rate launch (test_tiny_fault_golden.py) beside the run first, then the faults chain
+(test_tiny_faults_resume.py), whose hang time-outs thus meet the least of the run.
 """
 
 from __future__ import annotations
