@@ -13,18 +13,17 @@ last 2, `STEPS` steps, no validation), `VERL_PATCHES_COLLECTIVE_TIMEOUT_S` short
      job's sessions), and none survives. The kill lands in step 6, which writes the next checkpoint.
 5.   resumes from step 5 and runs to the end with status 0; checkpoints 6 and 7 remain.
 
-The uninterrupted reference is the session's 60-step run of the same command (conftest.py `a3_run`, which runs
-beside these launches and is read after them): every step any launch logs must reproduce that run's step.
-Comparable because nothing before step `STEPS` of the reference depends on what differs here: verl v0.4.0's
-Megatron optimizer has no LR schedule (constant lr, so `total_training_steps` changes nothing), the load of
-the run beside them changes no number (one thread per process), the reference's validations (the base model's
-before step 1, then after step 20's update) decode greedily, drawing nothing from the sampling stream and
-changing no weight (so `test_freq=-1` and `val_before_train=False` here change nothing), the checkpoint writes
-only read state, and the time-out and the injection switch change no number. Launch 1's step (fresh start,
-saving) checks that; the resumed launches' steps check that the resume restores everything a step depends on:
-actor weights and distributed-optimizer state (Adam moments and step), Megatron's and torch's RNG and the
-rollout's sampling stream (verl_patches.checkpoint.rng) and the dataloader position, after a stop in each
-phase and after a kill.
+The uninterrupted reference is the session's 60-step run of the same command (conftest.py `a3_run`): every
+step any launch logs must reproduce that run's step. Comparable because nothing before step `STEPS` of the
+reference depends on what differs here: verl v0.4.0's Megatron optimizer has no LR schedule (constant lr,
+so `total_training_steps` changes nothing), the reference's validations (the base model's before step 1,
+then after step 20's update) decode greedily, drawing nothing from the sampling stream and changing no
+weight (so `test_freq=-1` and `val_before_train=False` here change nothing), the checkpoint writes only
+read state, and the time-out and the injection switch change no number. Launch 1's step (fresh start,
+saving) checks that; the resumed launches' steps check that the resume restores everything a step depends
+on: actor weights and distributed-optimizer state (Adam moments and step), Megatron's and torch's RNG and
+the rollout's sampling stream (verl_patches.checkpoint.rng) and the dataloader position, after a stop in
+each phase and after a kill.
 
 Compared per step: the reward mean, the policy-gradient and KL losses, the actor's KL to the rollout
 policy, the gradient norm, the response length and the rollout/training log-prob mismatch (mean and max):
@@ -133,10 +132,13 @@ def assert_stop_named(out: str, rank: int, phase: str, step: int, pid: int) -> N
 
 
 def test_stops_in_each_phase_and_a_killed_job_are_resumed_by_the_same_command_reproducing_the_run(
-    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, tiny_a3_assets: Path, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, a3_run: TinyRun, tiny_a3_assets: Path, tmp_path: Path
 ) -> None:
     from verl_patches.trainer.golden import read_tensorboard
 
+    assert a3_run.returncode == 0, a3_run.output[-6000:]
+    assert a3_run.run_dir is not None
+    ref_tb = read_tensorboard(a3_run.run_dir / "tensorboard")
     ckpt = tmp_path / "ckpt"
     outputs: list[str] = []
     timings: list[str] = []
@@ -205,11 +207,7 @@ def test_stops_in_each_phase_and_a_killed_job_are_resumed_by_the_same_command_re
     assert checkpoints(ckpt) == [f"global_step_{STEPS - 1}", f"global_step_{STEPS}"], checkpoints(ckpt)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
 
-    # every logged step reproduces the uninterrupted run's (asked for only now: it ran beside these launches)
-    a3_run: TinyRun = request.getfixturevalue("a3_run")
-    assert a3_run.returncode == 0, a3_run.output[-6000:]
-    assert a3_run.run_dir is not None
-    ref_tb = read_tensorboard(a3_run.run_dir / "tensorboard")
+    # every logged step reproduces the uninterrupted run's
     for n, out in enumerate(outputs, start=1):
         assert_same_as_reference(a3_run.steps, parse_steps(out), 0.0, CONSOLE_TOL, f"launch {n} (console)")
     assert run_dir is not None

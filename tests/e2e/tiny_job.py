@@ -90,17 +90,9 @@ def run_tiny(
         text=True,
         timeout=timeout,
     )
-    return _tiny_run(proc.returncode, proc.stdout + proc.stderr, _run_dir(log_dir))
-
-
-def finished_run(job: "TinyJob", returncode: int) -> TinyRun:
-    """A `TinyJob` that has ended, read as `run_tiny` reads a run (stdout and stderr interleaved)."""
-    return _tiny_run(returncode, job.output, job.run_dir)
-
-
-def _tiny_run(returncode: int, out: str, run_dir: Path | None) -> TinyRun:
+    out = proc.stdout + proc.stderr
     steps = parse_steps(out)
-    return TinyRun(returncode, out, {n: m for n, m in steps.items() if n >= 1}, run_dir, steps.get(0))
+    return TinyRun(proc.returncode, out, {n: m for n, m in steps.items() if n >= 1}, _run_dir(log_dir), steps.get(0))
 
 
 class TinyJob:

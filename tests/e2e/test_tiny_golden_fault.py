@@ -51,20 +51,18 @@ def _golden(run_dir: Path, *extra: str) -> tuple[int, dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_a_zero_learning_rate_fails_the_golden_check_that_the_healthy_run_passes(
-    tmp_path: Path, tiny_a3_assets: Path, request: pytest.FixtureRequest
+    tmp_path: Path, tiny_a3_assets: Path, a3_run: TinyRun
 ) -> None:
+    assert a3_run.returncode == 0, a3_run.output[-4000:]
+    rc, report = _golden(a3_run.run_dir, "--up-to-step", str(FAULT_STEPS))
+    assert rc == 0, report  # the healthy run, over the same windows
+
     fault = run_tiny(
         tmp_path / "logs",
         tiny_a3_assets,
         ("actor_rollout_ref.actor.optim.lr=0", f"trainer.total_training_steps={FAULT_STEPS}"),
         timeout=1500,
     )  # validating as the healthy run does, before step 1 (and at its last step)
-    # the healthy run over the same windows (asked for only now: it may still be running beside this one)
-    a3_run: TinyRun = request.getfixturevalue("a3_run")
-    assert a3_run.returncode == 0, a3_run.output[-4000:]
-    rc, report = _golden(a3_run.run_dir, "--up-to-step", str(FAULT_STEPS))
-    assert rc == 0, report
-
     assert fault.returncode == 0, fault.output[-4000:]
     assert sorted(fault.steps) == list(range(1, FAULT_STEPS + 1))
     assert all(fault.steps[s]["actor/kl_loss"] == 0 for s in fault.steps), fault.steps  # never left the reference
