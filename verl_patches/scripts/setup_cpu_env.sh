@@ -35,7 +35,7 @@ mkdir -p "$wheels"
 set -- -r "$reqs" -r requirements-test.txt -c constraints-cpu.txt
 # uv (pinned in requirements-test.txt) installs the same pinned set from the same cache, unpacking in parallel:
 # about 1 minute where pip takes 2.5 on 2 cores. Bytecode is compiled at install because a host with
-# PYTHONDONTWRITEBYTECODE set (CI's does) would otherwise compile every import in every process, every time.
+# PYTHONDONTWRITEBYTECODE set (the hosts here do) would otherwise compile every import in every process, every time.
 install_from_cache() {
   .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -c constraints-cpu.txt uv &&
     .venv/bin/uv pip install --quiet --python .venv/bin/python --no-cache --link-mode copy --compile-bytecode \
