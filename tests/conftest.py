@@ -8,6 +8,7 @@ import pytest
 
 from suite_components import require_components
 from tier_report import TierReport
+from verl_patches.base import cpu_numerics
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -23,7 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # core) oversubscribe a small host (measured on 2 cores: the heaviest multi-process tests 12 % faster).
     # Read by torch when it starts its thread pool, after this hook (test modules import torch at collection).
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(key, "1")
+        os.environ.setdefault(key, cpu_numerics.PINS[key])
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

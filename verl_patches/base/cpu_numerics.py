@@ -1,18 +1,18 @@
 """The CPU proof's floating-point results, pinned to one code path on every x86-64 host.
 
-The tiny run is compared with a baseline recorded on another machine (the golden check), and its 100-step
-base model is trained from scratch on the host that runs it. PyTorch picks its CPU kernels by what the
-processor offers (ATen's vectorised kernels: AVX2 or AVX-512; MKL's GEMM: AVX2, AVX-512 or AMX; oneDNN
-likewise), and their sums round differently: on 2026-11-26 the same code gave a base model validating at
-0.52 on an AVX-512/AMX host where the baseline's host gave 0.72. With ATen, MKL (conditional numerical
-reproducibility) and oneDNN held to AVX2, every host with AVX2 runs the same code path and computes the
-same floats. The number of intra-op threads splits reductions differently too (measured: the tiny run's
-first three steps with 2 threads and with 1 differ from the first step's log-probs on, around 1e-7), and a
-host's core count sets it; one thread per process also keeps the tiny run's four workers and its task runner
-from oversubscribing a small host (measured on 2 cores: the first rollout 22.7 s with the default 2 threads
-per process, 4.7 s with 1; later steps 5 % faster). Set by the launcher for the tiny run only (`run_tiny`),
-unless the user set them; recorded in the tiny assets' stamp, so assets built under other settings are
-rebuilt.
+The tiny run is compared with a baseline recorded on another machine (the golden check), and its 100-step base
+model is trained from scratch on the host that runs it. PyTorch picks its CPU kernels by what the processor
+offers (ATen's vectorised kernels: AVX2 or AVX-512; MKL's GEMM: AVX2, AVX-512 or AMX; oneDNN likewise), and
+their sums round differently: on 2026-11-26 the same code gave a base model validating at 0.52 on an
+AVX-512/AMX host where the baseline's host gave 0.72. With ATen, MKL (conditional numerical reproducibility)
+and oneDNN held to AVX2, every host with AVX2 runs the same code path and computes the same floats. The number
+of intra-op threads splits reductions differently too (measured: the tiny run's first three steps with 2
+threads and with 1 differ from the first step's log-probs on, around 1e-7), and a host's core count sets it;
+one thread per process also keeps the tiny run's four workers and its task runner from oversubscribing a small
+host (measured on 2 cores: the first rollout 22.7 s with the default 2 threads per process, 4.7 s with 1;
+later steps 5 % faster). Set by the launcher for the tiny run only (`run_tiny`), unless the user set them (the
+test suite sets the two thread variables the same way, tests/conftest.py); recorded in the tiny assets' stamp,
+so assets built under other settings are rebuilt.
 """
 
 from __future__ import annotations
