@@ -75,6 +75,7 @@ def test_values_of_reference_section_3() -> None:
         "WORLD_SIZE": "256",
         "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29444",
+        "VERL_PATCHES_VLLM_DP_BASE_PORT": "29444",
         "HCCL_SOCKET_IFNAME": "enp189s0f0",
         "GLOO_SOCKET_IFNAME": "enp189s0f0",
         "TP_SOCKET_IFNAME": "enp189s0f0",
@@ -175,3 +176,38 @@ def test_graph_mode_is_the_profiles_config_key_not_the_dropped_variable() -> Non
     )
     readers = [p for p in hits.stdout.split() if not p.endswith("job_env.py")]
     assert readers == [], f"read by {readers}"
+
+
+def test_dp_master_ports_come_from_the_launch_not_from_verls_master_port() -> None:
+    """The workers' MASTER_PORT is verl's torch.distributed port; the DP ports' base is its own variable,
+    the MASTER_PORT setting the preflight plans (+1 onwards)."""
+    d = as_dict(env_for())
+    assert d["VERL_PATCHES_VLLM_DP_BASE_PORT"] == d["MASTER_PORT"] == "29444"
+
+
+def test_the_tiny_run_hands_out_a_free_block_outside_the_ephemeral_range_unless_given() -> None:
+    from verl_patches.base.free_port import ephemeral_range, port_is_free
+    from verl_patches.launch.job import TINY_CONFIG, tiny_rollout_env
+    from verl_patches.rollout.dp_env import BASE_PORT_ENV
+
+    asked: list[tuple[int, str]] = []
+
+    def pick(count: int, host: str) -> int:
+        asked.append((count, host))
+        return 20001
+
+    got = tiny_rollout_env(TINY_CONFIG, [], {"HCCL_SOCKET_IFNAME": "lo"}, pick)
+    # ppo_tiny_local: 4 ranks, rollout TP1, DP2 -> 2 instances x TP1 = 2 DP groups, masters on this host
+    assert (got["VLLM_DP_SIZE"], got[BASE_PORT_ENV], asked) == ("2", "20000", [(2, "127.0.0.1")])
+    for given in ({BASE_PORT_ENV: "25000"}, {"VLLM_DP_MASTER_PORT": "25001"}):
+        assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, [], given, pick)  # the user's value stays
+    assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, ["overlay.vllm_dp_size=1"], {}, pick)
+    asked.clear()
+    tiny_rollout_env(TINY_CONFIG, ["trainer.n_gpus_per_node=8", "overlay.vllm_dp_size=2"], {}, pick)
+    assert asked[0][0] == 4
+
+    base = int(tiny_rollout_env(TINY_CONFIG, [], {"HCCL_SOCKET_IFNAME": "lo"})[BASE_PORT_ENV])  # the real picker
+    low, high = ephemeral_range()
+    for p in (base + 1, base + 2):
+        assert (p < low or p > high) and not 10001 <= p <= 19999 and p not in (6379, 8265), p  # nor Ray's ports
+        assert port_is_free("127.0.0.1", p)

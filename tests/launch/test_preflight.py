@@ -363,6 +363,32 @@ def test_npu_host_real_checks(tmp_path):
     assert busy.status == WARN and busy.key == "HCCL_IF_BASE_PORT" and "64250" in busy.message
 
 
+def test_planned_ports_inside_ranges_handed_out_by_others_are_named():
+    """verl's workers get their torch.distributed port from the kernel's ephemeral range, every outgoing
+    connection takes one from it, and Ray hands out its worker ports itself: a planned port in those ranges can
+    be held by the job itself."""
+    good = dict(MASTER_ADDR="127.0.0.1", SOCKET_IFNAME="lo")
+    host = HostFacts(device="npu", interfaces=("lo",), npu_count=16, torch_npu_importable=True)
+
+    def handed_out(eph, **settings):
+        found = cluster_findings(_ctx(host, **good, **settings), port_probe=lambda p: False, ephemeral=eph)
+        return [f for f in found if f.check == "cluster.ports_handed_out"]
+
+    assert handed_out((32768, 60999)) == []  # the defaults are outside
+    (f,) = handed_out((32768, 60999), MASTER_PORT="40000")
+    assert f.status == WARN and f.key == "MASTER_PORT"
+    assert "MASTER_PORT 40000" in f.message and "vLLM DP master ports (MASTER_PORT+1..) 40001.." in f.message
+    assert "ephemeral port range (net.ipv4.ip_local_port_range) 32768..60999" in f.message
+    (f,) = handed_out((29000, 29445))
+    assert f.key == "MASTER_PORT" and "HCCL" not in f.message  # only what lies inside is named
+    (f,) = handed_out((64250, 64250))
+    assert f.key == "HCCL_IF_BASE_PORT"
+    (f,) = handed_out((32768, 60999), MASTER_PORT="15000")
+    assert "Ray's client server and worker ports 10001..19999" in f.message and f.key == "MASTER_PORT"
+    (f,) = handed_out((32768, 60999), RAY_DASHBOARD_PORT="6379")
+    assert f.key == "RAY_DASHBOARD_PORT" and "GCS" in f.message
+
+
 def test_bad_master_addr_fails_even_on_cpu():
     assert (
         failed(cluster_findings(_ctx(CPU, MASTER_ADDR="not an address!")), "cluster.master_addr").key == "MASTER_ADDR"

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.base.free_port import free_port
+from verl_patches.base.free_port import free_port, free_port_block
 from verl_patches.launch.job_env import rollout_engine_environment
 from verl_patches.multirank import run_rank_scripts
 from verl_patches.sources import dist_info
@@ -123,6 +123,8 @@ def ranks(tmp_path_factory) -> list[dict]:
         VLLM_DP_SIZE="2",
         HCCL_SOCKET_IFNAME="lo",
         ASCEND_RT_VISIBLE_DEVICES="0,1",
+        # F2's DP master ports, as the tiny launch hands them out: one group (TP1), base + 1
+        VERL_PATCHES_VLLM_DP_BASE_PORT=str(free_port_block(1) - 1),
     )  # vLLM's worker takes npu:LOCAL_RANK; MASTER_PORT (vLLM's) comes with RANK from the harness
     rendezvous = str(free_port())  # the probe's own gloo group
     outs = [tmp / f"rank{r}.json" for r in range(2)]
@@ -161,7 +163,14 @@ def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks, tiny
             "parameter_tensors": parameter_tensors,  # the preflight's count (memory_estimate), on the built model
             "groups": {"tp": 1, "dp": 2, "ep": 2},  # vLLM's groups: experts over DP x TP
         }, a3["built"]
-        assert a3["dp_env"] == {"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": str(rank)}  # F2
+        base = a3["dp_env"]["VERL_PATCHES_VLLM_DP_BASE_PORT"]
+        # F2: the one DP group's master port is the launch's base + 1, never verl's MASTER_PORT + 1
+        assert a3["dp_env"] == {
+            "VLLM_DP_SIZE": "2",
+            "VLLM_DP_RANK": str(rank),
+            "VLLM_DP_MASTER_PORT": str(int(base) + 1),
+            "VERL_PATCHES_VLLM_DP_BASE_PORT": base,
+        }
         assert a3["groups"] == a3["built"]["groups"]
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_patches.base.free_port import free_port_block
 from verl_patches.multirank import run_ranks
 from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.rollout import dp_env
@@ -112,14 +113,17 @@ def test_busy_port_is_one_clear_error() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(DpEnvError, match=rf"rank 3: vLLM DP master port {port} on 127.0.0.1 is not free"):
+        with pytest.raises(
+            DpEnvError,
+            match=rf"rank 3: vLLM DP master port {port} on 127.0.0.1 is in use; .*VERL_PATCHES_VLLM_DP_BASE_PORT",
+        ):
             dp_env.check_port_free("127.0.0.1", port, 3)
     dp_env.check_port_free("127.0.0.1", port, 3)  # free again once released
 
 
-def _exported_dp_env(rank: int, world: int) -> dict:
-    env: dict[str, str] = {"HCCL_SOCKET_IFNAME": "lo"}
-    base_port = int(os.environ["MASTER_PORT"]) + 10
+def _exported_dp_env(rank: int, world: int, environ: dict[str, str]) -> dict:
+    env = dict(environ)
+    base_port = dp_env.dp_base_port(env)
     dp_env.init_vllm_dp_env(tp=2, dp=2, base_port=base_port, environ=env)
     return {"base_port": base_port, "env": {k: v for k, v in env.items() if k.startswith("VLLM_DP")}}
 
@@ -128,8 +132,9 @@ def _exported_dp_env(rank: int, world: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_rank_exports_its_vllm_dp_env_over_gloo() -> None:
-    got = run_ranks(_exported_dp_env, 8, 100)
-    base = got[0]["base_port"]
+    base = free_port_block(4) - 1  # as the launch hands it out: 2 instances x TP2 = 4 DP master ports
+    environ = {"HCCL_SOCKET_IFNAME": "lo", dp_env.BASE_PORT_ENV: str(base)}
+    got = run_ranks(_exported_dp_env, 8, 100, kwargs={"environ": environ})
     for rank, out in enumerate(got):  # 2 instances of DP2 x TP2
         instance, local = divmod(rank, 4)
         assert out == {
@@ -157,3 +162,47 @@ def test_export_env_sets_exactly_the_five_variables() -> None:
         "VLLM_DP_MASTER_PORT": str(30000 + 1 + 1 * 2 + 1),
     }
     assert os.environ.get("VLLM_DP_MASTER_IP") != "10.0.0.2"
+
+
+def test_the_base_port_is_the_launchs_variable_and_a_bad_one_is_named() -> None:
+    assert dp_env.dp_base_port({dp_env.BASE_PORT_ENV: " 29444 ", "MASTER_PORT": "59015"}) == 29444
+    with pytest.raises(
+        DpEnvError, match=r"VERL_PATCHES_VLLM_DP_BASE_PORT is not set.*MASTER_PORT inside a verl worker"
+    ):
+        dp_env.dp_base_port({"MASTER_PORT": "59015"})  # verl's torch.distributed port is never taken as the base
+    for bad in ("29444x", "-1", "65535", "1e4", "0x7000"):
+        with pytest.raises(DpEnvError, match="VERL_PATCHES_VLLM_DP_BASE_PORT"):
+            dp_env.dp_base_port({dp_env.BASE_PORT_ENV: bad})
+
+
+@settings(max_examples=100, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), dp=st.integers(1, 32), instances=st.integers(1, 8))
+def test_group_count_is_the_number_of_ports_the_job_uses(tp: int, dp: int, instances: int) -> None:
+    layout = RolloutLayout(tp * dp * instances, tp, dp)
+    assert dp_env.group_count(layout) == len(all_group_ports(layout, 20000))
+
+
+def test_rollout_init_takes_the_dp_ports_from_the_launch_not_from_verls_master_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl's rank 0 replaces MASTER_PORT with torch.distributed's port (from the kernel's ephemeral range):
+    the ports after it are anyone's. The rollout's DP ports come from the launch's variable."""
+    from verl_patches.rollout import verl_hooks
+
+    calls: list[dict] = []
+    monkeypatch.setattr(verl_hooks, "init_vllm_dp_env", lambda **kw: calls.append(kw))
+    monkeypatch.setenv("MASTER_PORT", "59015")
+    monkeypatch.setenv("VLLM_DP_SIZE", "2")
+    monkeypatch.delenv("VLLM_DP_MASTER_PORT", raising=False)
+    monkeypatch.setenv(dp_env.BASE_PORT_ENV, "29444")
+    verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
+    assert calls == [{"tp": 2, "dp": 2, "base_port": 29444}]
+    monkeypatch.delenv(dp_env.BASE_PORT_ENV)
+    with pytest.raises(DpEnvError, match=dp_env.BASE_PORT_ENV):
+        verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
+    monkeypatch.setenv("VLLM_DP_MASTER_PORT", "30001")  # set by hand: nothing to derive
+    verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
+    monkeypatch.setenv("VLLM_DP_SIZE", "1")
+    monkeypatch.delenv("VLLM_DP_MASTER_PORT")
+    verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
+    assert len(calls) == 1

@@ -22,9 +22,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.base.free_port import PortBlockError, free_port_block
 from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
@@ -42,6 +44,8 @@ from verl_patches.launch.settings import (
 )
 from verl_patches.process_identity import become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
+from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
+from verl_patches.rollout.dp_env import DpEnvError, host_address
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.base.cpu_numerics import pinned
@@ -220,19 +224,39 @@ def no_compile_pool(environ: dict[str, str]) -> dict[str, str]:
     return {} if "TORCH_WARM_POOL" in environ else {"TORCH_WARM_POOL": "0"}
 
 
-def tiny_rollout_env(config_name: str, overrides: list[str]) -> dict[str, str]:
+def tiny_dp_ports(count: int, host: str) -> int:
+    """The first of ``count`` ports free on ``host``, outside its ephemeral range and Ray's own ports."""
+    from verl_patches.launch.ray_cluster import RAY_OWN_PORTS  # lazy, as the cluster path loads it
+
+    return free_port_block(count, host, avoid=list(RAY_OWN_PORTS.values()))
+
+
+def tiny_rollout_env(
+    config_name: str,
+    overrides: list[str],
+    environ: Mapping[str, str],
+    pick_ports: Callable[[int, str], int] = tiny_dp_ports,
+) -> dict[str, str]:
     """What the cluster launch exports from the composed config for the rollout, for the tiny run: the
     instance's DP size (``overlay.vllm_dp_size`` as VLLM_DP_SIZE: expert parallelism across the instance's
-    ranks) and the F4 switch, so its engines are built as the cluster's."""
+    ranks), the F4 switch, and the base of the DP master ports, so its engines are built as the cluster's.
+
+    The cluster's base is its MASTER_PORT setting, checked by the preflight; the tiny run has no such setting
+    and runs beside other jobs and tests on one host, so its DP master ports are a block free on this host
+    now, outside the ephemeral range and Ray's own ports (`tiny_dp_ports`), unless ``environ`` already names them."""
     # lazy: omegaconf is heavy and only this path needs it; importing this module stays light
     from omegaconf import OmegaConf
 
-    # lazy: that module loads Hydra; importing this one must not
+    # lazy: these load Hydra and omegaconf; importing this module must not
+    from verl_patches.launch.preflight_host import vllm_dp_port_count
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     cfg = resolved(compose_config(config_name, overrides))
     dp = int(OmegaConf.select(cfg, "overlay.vllm_dp_size", default=1) or 1)
-    return {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
+    out = {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
+    if dp > 1 and not environ.get(DP_BASE_PORT_ENV) and not environ.get("VLLM_DP_MASTER_PORT"):
+        out[DP_BASE_PORT_ENV] = str(pick_ports(vllm_dp_port_count(cfg), host_address(environ)) - 1)
+    return out
 
 
 def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
@@ -257,10 +281,20 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
     try:
-        env.update(tiny_rollout_env(TINY_CONFIGS[args.tiny_engine], list(args.overrides)))
+        rollout_env = tiny_rollout_env(TINY_CONFIGS[args.tiny_engine], list(args.overrides), env)
     except ConfigCompositionError as e:
         launch.say(f"the tiny config does not compose: {e}")
         return 2
+    except (DpEnvError, PortBlockError) as e:
+        launch.say(f"no ports for vLLM's DP groups: {e}")
+        return 2
+    env.update(rollout_env)
+    if DP_BASE_PORT_ENV in rollout_env:
+        launch.say(
+            f"vLLM DP master ports from {int(rollout_env[DP_BASE_PORT_ENV]) + 1} "
+            f"({DP_BASE_PORT_ENV}={rollout_env[DP_BASE_PORT_ENV]}): free on this host, outside its ephemeral "
+            "range and Ray's ports"
+        )
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
     start = time.monotonic()

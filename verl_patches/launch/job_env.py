@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_patches.launch.settings import ClusterSettings
+from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 
 JEMALLOC_CANDIDATES = (
     "/usr/lib64/libjemalloc.so.2",
@@ -79,7 +80,13 @@ def job_environment(settings: ClusterSettings, vllm_dp_size: int) -> list[EnvVar
         EnvVar("HCCL_IF_BASE_PORT", settings.get("HCCL_IF_BASE_PORT") or "64247", "HCCL host NIC ports"),
         EnvVar("WORLD_SIZE", str(settings.world_size), "vendored:verl, torch.distributed"),
         EnvVar("MASTER_ADDR", settings.get("MASTER_ADDR") or "", "vendored:verl (Ray head), torch.distributed"),
-        EnvVar("MASTER_PORT", settings.get("MASTER_PORT") or "29444", "vendored:verl; base of vLLM DP master ports"),
+        EnvVar("MASTER_PORT", settings.get("MASTER_PORT") or "29444", "vendored:verl (Ray head port)"),
+        # not MASTER_PORT itself: verl's workers replace that with torch.distributed's port
+        EnvVar(
+            DP_BASE_PORT_ENV,
+            settings.get("MASTER_PORT") or "29444",
+            "verl_patches.rollout.dp_env (vLLM DP master ports: this + 1 onwards, as the preflight plans them)",
+        ),
         EnvVar("HCCL_SOCKET_IFNAME", ifname, "HCCL"),
         EnvVar("GLOO_SOCKET_IFNAME", ifname, "torch gloo"),
         EnvVar("TP_SOCKET_IFNAME", ifname, "torch TensorPipe"),

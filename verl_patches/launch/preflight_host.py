@@ -11,8 +11,11 @@ import importlib.util
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
+from verl_patches.base.free_port import ephemeral_range, port_is_free
 from verl_patches.base.host_device import detect_host_device
+from verl_patches.launch.ray_cluster import RAY_OWN_PORTS
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
 
@@ -45,22 +48,19 @@ def probe_host() -> HostFacts:
 
 
 def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-    return False
+    """Whether a server could not bind the port now on any address: the job's servers (Ray, the stores) listen
+    on the node's NIC, so the probe covers every address; the socket never listens and is closed at once."""
+    return not port_is_free("0.0.0.0", port)
 
 
-def vllm_dp_port_count(ctx: Context) -> int:
-    """One DP master port per vLLM DP group (F2: MASTER_PORT + 1 + index): instances x rollout TP."""
-    if get(ctx.cfg, "actor_rollout_ref.rollout.name") != "vllm":
+def vllm_dp_port_count(cfg: Any) -> int:
+    """One DP master port per vLLM DP group (F2: base + 1 + index, the base being MASTER_PORT exported as
+    VERL_PATCHES_VLLM_DP_BASE_PORT): instances x rollout TP, `dp_env.group_count` of the composed config."""
+    if get(cfg, "actor_rollout_ref.rollout.name") != "vllm":
         return 0
-    world = int(get(ctx.cfg, "trainer.nnodes")) * int(get(ctx.cfg, "trainer.n_gpus_per_node"))
-    tp = int(get(ctx.cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") or 1)
-    dp = int(get(ctx.cfg, "overlay.vllm_dp_size") or max(1, world // tp))
+    world = int(get(cfg, "trainer.nnodes")) * int(get(cfg, "trainer.n_gpus_per_node"))
+    tp = int(get(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") or 1)
+    dp = int(get(cfg, "overlay.vllm_dp_size") or max(1, world // tp))
     instances = max(1, world // max(1, tp * dp))
     return instances * tp
 
@@ -78,7 +78,7 @@ def port_plan(ctx: Context) -> tuple[dict[str, range], list[Finding]]:
         return plan, errors
     base = plan["HCCL_IF_BASE_PORT"].start
     plan["HCCL_IF_BASE_PORT"] = range(base, base + HCCL_PORTS_PER_NODE)
-    n = vllm_dp_port_count(ctx)
+    n = vllm_dp_port_count(ctx.cfg)
     if n:
         start = plan["MASTER_PORT"].start + 1
         plan["vLLM DP master ports (MASTER_PORT+1..)"] = range(start, start + n)
@@ -126,7 +126,7 @@ def _is_head(ctx: Context) -> bool:
     return role == "head" or (role in (None, "auto") and ctx.settings.get("MASTER_ADDR") in ctx.host.local_addresses)
 
 
-def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
+def cluster_findings(ctx: Context, port_probe=port_in_use, ephemeral: tuple[int, int] | None = None) -> list[Finding]:
     if not ctx.cluster_profile:
         return [Finding("cluster", OK, "local profile: no cluster settings, NIC, CANN or NPUs needed")]
     s, npu = ctx.settings, ctx.host.is_npu
@@ -237,7 +237,7 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
 
     out += port_plan_findings(ctx)
     out += (
-        ports_free_findings(ctx, port_probe)
+        ports_free_findings(ctx, port_probe, ephemeral)
         if npu
         else [
             Finding(
@@ -251,17 +251,45 @@ def cluster_findings(ctx: Context, port_probe=port_in_use) -> list[Finding]:
     return out
 
 
-def ports_free_findings(ctx: Context, port_probe) -> list[Finding]:
+def handed_out_findings(plan: dict[str, range], handed_out: dict[str, tuple[int, int]]) -> list[Finding]:
+    """Planned ports inside ranges that others hand out by themselves (pure): the node's ephemeral range, from
+    which every outgoing connection of the job (Ray, gloo, HCCL, store clients) takes a random local port, and
+    Ray's own ports. A planned port there can be held by the job itself when its server starts."""
+    out = []
+    for what, (low, high) in handed_out.items():
+        inside = [(name, r) for name, r in plan.items() if r.start <= high and low <= r.stop - 1]
+        if inside:
+            out.append(
+                Finding(
+                    "cluster.ports_handed_out",
+                    WARN,
+                    ", ".join(f"{name} {_span(r)}" for name, r in inside)
+                    + f" inside {what} {low}..{high}: that port can be taken before its server binds it; choose "
+                    "ports outside it (or list them in net.ipv4.ip_local_reserved_ports)",
+                    inside[0][0].split(" ")[0],
+                )
+            )
+    return out
+
+
+def handed_out_ranges(ephemeral: tuple[int, int] | None = None) -> dict[str, tuple[int, int]]:
+    """This node's ephemeral range (net.ipv4.ip_local_port_range) and Ray's own ports."""
+    eph = ephemeral_range() if ephemeral is None else ephemeral
+    return {"this node's ephemeral port range (net.ipv4.ip_local_port_range)": eph, **RAY_OWN_PORTS}
+
+
+def ports_free_findings(ctx: Context, port_probe, ephemeral: tuple[int, int] | None = None) -> list[Finding]:
     plan, errors = port_plan(ctx)
     if errors:
         return []
+    found = handed_out_findings(plan, handed_out_ranges(ephemeral))
     head = _is_head(ctx)
     busy = []
     for name, r in plan.items():
         if name == "HCCL_IF_BASE_PORT" or head:
             busy += [(name.split(" ")[0], p) for p in r if port_probe(p)]
     if busy:
-        return [
+        return found + [
             Finding(
                 "cluster.ports_free",
                 WARN,
@@ -271,7 +299,7 @@ def ports_free_findings(ctx: Context, port_probe) -> list[Finding]:
                 busy[0][0],
             )
         ]
-    return [
+    return found + [
         Finding(
             "cluster.ports_free",
             OK,

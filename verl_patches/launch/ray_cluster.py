@@ -30,6 +30,14 @@ from verl_patches.process_identity import (
 )
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+# Ports Ray hands out by itself at its defaults (neither launch changes them): the head's GCS, the dashboard,
+# the client server and the worker ports (10002-19999). A port we plan must not lie in them: Ray can take it
+# first.
+RAY_OWN_PORTS: dict[str, tuple[int, int]] = {
+    "Ray's GCS default port": (6379, 6379),
+    "Ray's dashboard default port": (8265, 8265),
+    "Ray's client server and worker ports": (10001, 19999),
+}
 
 
 class RayClusterError(RuntimeError):

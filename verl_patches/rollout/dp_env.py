@@ -12,21 +12,30 @@ the same port). The master address is the master rank's host address, found from
 (HCCL_SOCKET_IFNAME / SOCKET_IFNAME interface) or the host name, never by probing the internet.
 Free ports are checked by binding on each master's host at init time.
 
-Pure planning: `dp_assignment`, `all_group_ports`. Execution: `host_address`, `check_port_free`,
-`export_env`, `init_vllm_dp_env` (needs torch.distributed initialised).
+The base port comes from VERL_PATCHES_VLLM_DP_BASE_PORT, which the launch exports (the cluster's MASTER_PORT
+setting, which the preflight checks with its +1.. ports; the tiny run's block outside the ephemeral range),
+never from MASTER_PORT inside a worker: verl's rank 0 replaces that with torch.distributed's port, one the
+kernel handed out from its ephemeral range, and the ports after it are anyone's (an outgoing connection of
+the job itself can hold one).
+
+Pure planning: `dp_assignment`, `all_group_ports`, `group_count`, `dp_base_port` (from a mapping). Execution:
+`host_address`, `check_port_free`, `export_env`, `init_vllm_dp_env` (needs torch.distributed initialised).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from verl_patches.base import node_ip
+from verl_patches.base.free_port import port_is_free
+from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.reshard.layout import RolloutLayout
 
 IFNAME_ENVS = ("HCCL_SOCKET_IFNAME", "SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+BASE_PORT_ENV = "VERL_PATCHES_VLLM_DP_BASE_PORT"  # DP master ports are this + 1 onwards
 
 
 class DpEnvError(RuntimeError):
@@ -65,7 +74,7 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
     port = base_port + 1 + group_index
     if port > 65535 or base_port + 1 < 1024:
         raise DpEnvError(
-            f"rank {rank}: DP master port {port} (MASTER_PORT {base_port} + 1 + {group_index}) outside 1024..65535"
+            f"rank {rank}: DP master port {port} ({BASE_PORT_ENV} {base_port} + 1 + {group_index}) outside 1024..65535"
         )
     return DpAssignment(
         rank=rank,
@@ -77,6 +86,27 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
         master_rank=instance * tp * dp + tp_rank,
         port=port,
     )
+
+
+def group_count(layout: RolloutLayout) -> int:
+    """How many DP groups (so DP master ports) the whole job has: one per (instance, TP rank)."""
+    return layout.num_instances * layout.tp
+
+
+def dp_base_port(environ: Mapping[str, str] | None = None) -> int:
+    """The DP ports' base, from VERL_PATCHES_VLLM_DP_BASE_PORT (the launch exports it)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(BASE_PORT_ENV, "").strip()
+    if not raw:
+        raise DpEnvError(
+            f"{BASE_PORT_ENV} is not set: with VLLM_DP_SIZE > 1 the launch exports it (the MASTER_PORT setting; "
+            f"vLLM's DP master ports are it +1 onwards); MASTER_PORT inside a verl worker is torch.distributed's "
+            f"random port and cannot serve as the base. Set it, or set VLLM_DP_MASTER_PORT yourself"
+        )
+    try:
+        return parse_int(raw, BASE_PORT_ENV, minimum=1023, maximum=65534)
+    except IntError as e:
+        raise DpEnvError(str(e)) from None
 
 
 def all_group_ports(layout: RolloutLayout, base_port: int) -> dict[int, int]:
@@ -91,7 +121,7 @@ def all_group_ports(layout: RolloutLayout, base_port: int) -> dict[int, int]:
     return ports
 
 
-def host_address(environ: MutableMapping[str, str] | None = None) -> str:
+def host_address(environ: Mapping[str, str] | None = None) -> str:
     """This host's address for the DP master: the NIC named by HCCL_SOCKET_IFNAME (or SOCKET_IFNAME,
     GLOO_SOCKET_IFNAME), else the address the host name resolves to. No packet leaves the host."""
     env = os.environ if environ is None else environ
@@ -112,15 +142,12 @@ def host_address(environ: MutableMapping[str, str] | None = None) -> str:
 
 
 def check_port_free(host: str, port: int, rank: int) -> None:
-    """Bind the port on `host` once: the DP master will bind it next, so it must be free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise DpEnvError(
-                f"rank {rank}: vLLM DP master port {port} on {host} is not free ({e.strerror}); "
-                f"choose another MASTER_PORT (DP ports are MASTER_PORT+1 onwards)"
-            ) from None
+    """The DP master binds this port next (a TCPStore, which sets SO_REUSEADDR), so it must be free now."""
+    if not port_is_free(host, port):
+        raise DpEnvError(
+            f"rank {rank}: vLLM DP master port {port} on {host} is in use; choose another {BASE_PORT_ENV} "
+            f"(the MASTER_PORT setting on a cluster; DP ports are it +1 onwards)"
+        )
 
 
 def export_env(

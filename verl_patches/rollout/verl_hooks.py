@@ -1,8 +1,8 @@
 """Wraps of verl's vLLMRollout (declared in patches/verl/workers/rollout/declarations.py).
 
-- `__init__`: with VLLM_DP_SIZE > 1, every rank exports its VLLM_DP_* (F2) before verl initialises vLLM's
-  parallel state (vllm-ascend's ParallelConfig reads the DP size from the environment); the engine is
-  built under the real torch.compile (F1).
+- `__init__`: with VLLM_DP_SIZE > 1, every rank exports its VLLM_DP_* (F2; ports from the launch's
+  VERL_PATCHES_VLLM_DP_BASE_PORT) before verl initialises vLLM's parallel state (vllm-ascend's ParallelConfig
+  reads the DP size from the environment); the engine is built under the real torch.compile (F1).
 - `generate_sequences`: runs under the real torch.compile (F1), whatever MindSpeed set for training.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from verl_patches.base.env_flags import env_int, env_str
 from verl_patches.compile_toggle import real_torch_compile
-from verl_patches.rollout.dp_env import init_vllm_dp_env
+from verl_patches.rollout.dp_env import dp_base_port, init_vllm_dp_env
 
 
 def _dp_env_from_config(config: Any) -> None:
@@ -23,7 +23,7 @@ def _dp_env_from_config(config: Any) -> None:
         return
 
     tp = int(config.get("tensor_model_parallel_size", 1))
-    init_vllm_dp_env(tp=tp, dp=dp, base_port=env_int("MASTER_PORT", 29444))
+    init_vllm_dp_env(tp=tp, dp=dp, base_port=dp_base_port())
 
 
 def wrap_rollout_init(original: Callable[..., Any]) -> Callable[..., Any]:
