@@ -188,7 +188,7 @@ def test_dp_master_ports_come_from_the_launch_not_from_verls_master_port() -> No
 def test_the_tiny_run_hands_out_a_free_block_outside_the_ephemeral_range_unless_given() -> None:
     from verl_patches.base.free_port import ephemeral_range, port_is_free
     from verl_patches.launch.job import TINY_CONFIG, tiny_rollout_env
-    from verl_patches.rollout.dp_env import BASE_PORT_ENV
+    from verl_patches.rollout.dp_env import BASE_PORT_ENV, DpEnvError
 
     asked: list[tuple[int, str]] = []
 
@@ -201,6 +201,8 @@ def test_the_tiny_run_hands_out_a_free_block_outside_the_ephemeral_range_unless_
     assert (got["VLLM_DP_SIZE"], got[BASE_PORT_ENV], asked) == ("2", "20000", [(2, "127.0.0.1")])
     for given in ({BASE_PORT_ENV: "25000"}, {"VLLM_DP_MASTER_PORT": "25001"}):
         assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, [], given, pick)  # the user's value stays
+    with pytest.raises(DpEnvError, match=rf"{BASE_PORT_ENV}: expected an integer"):
+        tiny_rollout_env(TINY_CONFIG, [], {BASE_PORT_ENV: "2500o"}, pick)  # refused at launch, named
     assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, ["overlay.vllm_dp_size=1"], {}, pick)
     asked.clear()
     tiny_rollout_env(TINY_CONFIG, ["trainer.n_gpus_per_node=8", "overlay.vllm_dp_size=2"], {}, pick)

@@ -176,10 +176,30 @@ def test_the_base_port_is_the_launchs_variable_and_a_bad_one_is_named() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(tp=st.sampled_from([1, 2, 4, 8]), dp=st.integers(1, 32), instances=st.integers(1, 8))
-def test_group_count_is_the_number_of_ports_the_job_uses(tp: int, dp: int, instances: int) -> None:
-    layout = RolloutLayout(tp * dp * instances, tp, dp)
-    assert dp_env.group_count(layout) == len(all_group_ports(layout, 20000))
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    dp=st.integers(1, 32),
+    instances=st.integers(1, 8),
+    per_node=st.sampled_from([1, 8, 16]),
+)
+def test_the_preflights_port_count_is_the_number_of_ports_the_job_uses(
+    tp: int, dp: int, instances: int, per_node: int
+) -> None:
+    from omegaconf import OmegaConf
+
+    from verl_patches.launch.preflight_host import vllm_dp_port_count
+
+    world = tp * dp * instances
+    if world % per_node:
+        per_node = 1
+    cfg = OmegaConf.create(
+        {
+            "trainer": {"nnodes": world // per_node, "n_gpus_per_node": per_node},
+            "actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_parallel_size": tp}},
+            "overlay": {"vllm_dp_size": dp},
+        }
+    )
+    assert vllm_dp_port_count(cfg) == len(all_group_ports(RolloutLayout(world, tp, dp), 20000))
 
 
 def test_rollout_init_takes_the_dp_ports_from_the_launch_not_from_verls_master_port(

@@ -45,7 +45,7 @@ from verl_patches.launch.settings import (
 from verl_patches.process_identity import become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
 from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
-from verl_patches.rollout.dp_env import DpEnvError, host_address
+from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.base.cpu_numerics import pinned
@@ -254,8 +254,12 @@ def tiny_rollout_env(
     cfg = resolved(compose_config(config_name, overrides))
     dp = int(OmegaConf.select(cfg, "overlay.vllm_dp_size", default=1) or 1)
     out = {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
-    if dp > 1 and not environ.get(DP_BASE_PORT_ENV) and not environ.get("VLLM_DP_MASTER_PORT"):
-        out[DP_BASE_PORT_ENV] = str(pick_ports(vllm_dp_port_count(cfg), host_address(environ)) - 1)
+    if dp <= 1 or environ.get("VLLM_DP_MASTER_PORT"):
+        return out
+    if environ.get(DP_BASE_PORT_ENV):
+        dp_base_port(environ)  # the user's value: refused here, with its name, not in every worker later
+        return out
+    out[DP_BASE_PORT_ENV] = str(pick_ports(vllm_dp_port_count(cfg), host_address(environ)) - 1)
     return out
 
 

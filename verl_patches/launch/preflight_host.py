@@ -55,7 +55,7 @@ def port_in_use(port: int) -> bool:
 
 def vllm_dp_port_count(cfg: Any) -> int:
     """One DP master port per vLLM DP group (F2: base + 1 + index, the base being MASTER_PORT exported as
-    VERL_PATCHES_VLLM_DP_BASE_PORT): instances x rollout TP, `dp_env.group_count` of the composed config."""
+    VERL_PATCHES_VLLM_DP_BASE_PORT): instances x rollout TP, as many as `dp_env.all_group_ports` gives."""
     if get(cfg, "actor_rollout_ref.rollout.name") != "vllm":
         return 0
     world = int(get(cfg, "trainer.nnodes")) * int(get(cfg, "trainer.n_gpus_per_node"))

@@ -18,7 +18,7 @@ never from MASTER_PORT inside a worker: verl's rank 0 replaces that with torch.d
 kernel handed out from its ephemeral range, and the ports after it are anyone's (an outgoing connection of
 the job itself can hold one).
 
-Pure planning: `dp_assignment`, `all_group_ports`, `group_count`, `dp_base_port` (from a mapping). Execution:
+Pure planning: `dp_assignment`, `all_group_ports`, `dp_base_port` (from a mapping). Execution:
 `host_address`, `check_port_free`, `export_env`, `init_vllm_dp_env` (needs torch.distributed initialised).
 """
 
@@ -86,11 +86,6 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
         master_rank=instance * tp * dp + tp_rank,
         port=port,
     )
-
-
-def group_count(layout: RolloutLayout) -> int:
-    """How many DP groups (so DP master ports) the whole job has: one per (instance, TP rank)."""
-    return layout.num_instances * layout.tp
 
 
 def dp_base_port(environ: Mapping[str, str] | None = None) -> int:
