@@ -385,8 +385,32 @@ def test_planned_ports_inside_ranges_handed_out_by_others_are_named():
     assert f.key == "HCCL_IF_BASE_PORT"
     (f,) = handed_out((32768, 60999), MASTER_PORT="15000")
     assert "Ray's client server and worker ports 10001..19999" in f.message and f.key == "MASTER_PORT"
-    (f,) = handed_out((32768, 60999), RAY_DASHBOARD_PORT="6379")
-    assert f.key == "RAY_DASHBOARD_PORT" and "GCS" in f.message
+    assert "ip_local_reserved_ports" not in f.message  # that sysctl governs the ephemeral range only
+    (f,) = handed_out((32768, 60999), RAY_DASHBOARD_PORT="10500")
+    assert f.key == "RAY_DASHBOARD_PORT" and "worker ports" in f.message
+    (f,) = handed_out((29000, 29445))
+    assert "ip_local_reserved_ports" in f.message
+
+
+def test_dry_run_of_the_tiny_profile_refuses_a_malformed_dp_base_port_as_the_launch_does(monkeypatch):
+    from verl_patches.launch.job import TINY_CONFIG, tiny_rollout_env
+    from verl_patches.rollout.dp_env import DpEnvError
+
+    def dp_ports(environ):
+        ctx = Context(cfg_for("tiny"), settings(), ROOT, CPU)
+        return [f for f in cluster_findings(ctx, environ=environ) if f.check == "local.dp_ports"]
+
+    assert dp_ports({}) == []  # picked at launch
+    (ok,) = dp_ports({"VERL_PATCHES_VLLM_DP_BASE_PORT": "25000"})
+    assert ok.status == OK and "from 25001" in ok.message
+    for bad in ("25x", "70000", "-3"):
+        (f,) = dp_ports({"VERL_PATCHES_VLLM_DP_BASE_PORT": bad})
+        assert f.status == FAIL and f.key == "VERL_PATCHES_VLLM_DP_BASE_PORT"
+        with pytest.raises(DpEnvError):  # and the launch refuses the same values
+            tiny_rollout_env(TINY_CONFIG, [], {"VERL_PATCHES_VLLM_DP_BASE_PORT": bad})
+    monkeypatch.setenv("VERL_PATCHES_VLLM_DP_BASE_PORT", "nope")
+    found = run("tiny")
+    assert failed(found, "local.dp_ports").key == "VERL_PATCHES_VLLM_DP_BASE_PORT" and exit_status(found) != 0
 
 
 def test_bad_master_addr_fails_even_on_cpu():

@@ -21,8 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from verl_patches.base.atomic_write import write_text_atomically

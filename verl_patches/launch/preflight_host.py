@@ -8,8 +8,10 @@ port plan is arithmetic and is checked everywhere.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,12 @@ from verl_patches.base.host_device import detect_host_device
 from verl_patches.launch.ray_cluster import RAY_OWN_PORTS
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
+from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
+from verl_patches.rollout.dp_env import DpEnvError, dp_base_port
 
 HCCL_PORTS_PER_NODE = 16  # CANN: HCCL_IF_BASE_PORT occupies 16 ports starting at the base
 HCCL_BASE_PORT_MAX = 65520
+EPHEMERAL = "this node's ephemeral port range (net.ipv4.ip_local_port_range)"
 
 
 def probe_host() -> HostFacts:
@@ -126,9 +131,28 @@ def _is_head(ctx: Context) -> bool:
     return role == "head" or (role in (None, "auto") and ctx.settings.get("MASTER_ADDR") in ctx.host.local_addresses)
 
 
-def cluster_findings(ctx: Context, port_probe=port_in_use, ephemeral: tuple[int, int] | None = None) -> list[Finding]:
+def local_dp_port_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """The tiny run keeps a DP base port the user exported (the cluster launch sets it from MASTER_PORT): the dry
+    run refuses a malformed one as the launch does."""
+    if not environ.get(DP_BASE_PORT_ENV):
+        return []
+    try:
+        base = dp_base_port(environ)
+    except DpEnvError as e:
+        return [Finding("local.dp_ports", FAIL, str(e), DP_BASE_PORT_ENV)]
+    return [Finding("local.dp_ports", OK, f"{DP_BASE_PORT_ENV}={base}: vLLM DP master ports from {base + 1}")]
+
+
+def cluster_findings(
+    ctx: Context,
+    port_probe=port_in_use,
+    ephemeral: tuple[int, int] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Finding]:
     if not ctx.cluster_profile:
-        return [Finding("cluster", OK, "local profile: no cluster settings, NIC, CANN or NPUs needed")]
+        return [
+            Finding("cluster", OK, "local profile: no cluster settings, NIC, CANN or NPUs needed")
+        ] + local_dp_port_findings(os.environ if environ is None else environ)
     s, npu = ctx.settings, ctx.host.is_npu
     here = "" if npu else f" (this is a {ctx.host.device} host; checked on the NPU nodes)"
     out: list[Finding] = []
@@ -265,7 +289,8 @@ def handed_out_findings(plan: dict[str, range], handed_out: dict[str, tuple[int,
                     WARN,
                     ", ".join(f"{name} {_span(r)}" for name, r in inside)
                     + f" inside {what} {low}..{high}: that port can be taken before its server binds it; choose "
-                    "ports outside it (or list them in net.ipv4.ip_local_reserved_ports)",
+                    "ports outside it"
+                    + (" (or list them in net.ipv4.ip_local_reserved_ports)" if what == EPHEMERAL else ""),
                     inside[0][0].split(" ")[0],
                 )
             )
@@ -275,7 +300,7 @@ def handed_out_findings(plan: dict[str, range], handed_out: dict[str, tuple[int,
 def handed_out_ranges(ephemeral: tuple[int, int] | None = None) -> dict[str, tuple[int, int]]:
     """This node's ephemeral range (net.ipv4.ip_local_port_range) and Ray's own ports."""
     eph = ephemeral_range() if ephemeral is None else ephemeral
-    return {"this node's ephemeral port range (net.ipv4.ip_local_port_range)": eph, **RAY_OWN_PORTS}
+    return {EPHEMERAL: eph, **RAY_OWN_PORTS}
 
 
 def ports_free_findings(ctx: Context, port_probe, ephemeral: tuple[int, int] | None = None) -> list[Finding]:

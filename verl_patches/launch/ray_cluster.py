@@ -30,14 +30,11 @@ from verl_patches.process_identity import (
 )
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-# Ports Ray hands out by itself at its defaults (neither launch changes them): the head's GCS, the dashboard,
-# the client server and the worker ports (10002-19999). A port we plan must not lie in them: Ray can take it
-# first.
-RAY_OWN_PORTS: dict[str, tuple[int, int]] = {
-    "Ray's GCS default port": (6379, 6379),
-    "Ray's dashboard default port": (8265, 8265),
-    "Ray's client server and worker ports": (10001, 19999),
-}
+# Ports Ray hands out by itself on every node, at its defaults (neither launch changes them): the client
+# server (10001) and the worker ports (10002-19999). A port we plan must not lie in them: Ray can take it first.
+# (The GCS and dashboard ports are ours: MASTER_PORT and RAY_DASHBOARD_PORT on a cluster; the tiny run's local
+# Ray takes a port from the kernel for its GCS and starts no dashboard.)
+RAY_OWN_PORTS: dict[str, tuple[int, int]] = {"Ray's client server and worker ports": (10001, 19999)}
 
 
 class RayClusterError(RuntimeError):
