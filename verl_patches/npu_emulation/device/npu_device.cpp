@@ -326,9 +326,17 @@ at::Tensor tensor_over(c10::Storage storage, const at::Tensor& like, c10::Dispat
   return out;
 }
 
+// A CPU alias is a plain tensor even when made under inference mode: it stands for device memory, which a
+// device kernel (HCCL writing a collective's output, on its own thread) writes without autograd's checks;
+// gloo's worker threads run outside the caller's inference mode and would refuse to write an inference tensor.
+at::Tensor plain_cpu_tensor_over(c10::Storage storage, const at::Tensor& like) {
+  c10::InferenceMode not_inference(false);
+  return tensor_over(std::move(storage), like, c10::DispatchKey::CPU);
+}
+
 at::Tensor cpu_alias(const at::Tensor& t) {
   TORCH_CHECK(is_npu(t), "cpu_alias expects an npu tensor, got one on ", t.device());
-  return tensor_over(cpu_storage_over(t.storage()), t, c10::DispatchKey::CPU);
+  return plain_cpu_tensor_over(cpu_storage_over(t.storage()), t);
 }
 
 at::Tensor npu_alias(const at::Tensor& t) {
@@ -393,7 +401,7 @@ struct CallAliases {
     } else {
       index = found->second;
     }
-    at::Tensor cpu = tensor_over(storages[index].cpu, t, c10::DispatchKey::CPU);
+    at::Tensor cpu = plain_cpu_tensor_over(storages[index].cpu, t);
     by_cpu_tensor.emplace(cpu.unsafeGetTensorImpl(), tensors.size());
     tensors.push_back({t, cpu, index});
     return cpu;

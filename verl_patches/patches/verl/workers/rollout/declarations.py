@@ -71,7 +71,10 @@ PATCHES = [
         fingerprint="sha256:dee252dabf7e0d16",
         replacement=lazy_call("verl_patches.rollout.verl_hooks:wrap_generate_sequences"),
         vendor_item="F1",
-        reason="the rollout runs under the real torch.compile; MindSpeed's substitute applies only while training",
+        reason="the rollout runs under the real torch.compile; MindSpeed's substitute applies only while training. "
+        "Its output gets each response's count of tokens sampled in TorchAir graph decode steps "
+        "(rollout_graph_decode_tokens, verl_patches.rollout.decode_share), which the driver turns into "
+        "rollout/graph_decode_token_share and drops",
         devices=("npu", "cpu"),
     ),
 ]
