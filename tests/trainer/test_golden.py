@@ -26,10 +26,11 @@ def write_run(
     val_rise: float | None = 0.3,
     val_shift: float = 0.0,
     drift: float | None = 0.02,
+    graph_share: float | None = 0.8,
 ) -> Path:
     """val_rise: validation at step 0 and every 10 steps, from 0.4 + val_shift rising linearly by this much;
     None: no validation. drift: the KL to the reference at step 10 and after (rising from 0 before); None:
-    not logged."""
+    not logged. graph_share: the graph-decode share, 0.01 lower at every third step; None: not logged."""
     folder.mkdir(parents=True)
     rows = {}
     for s in range(1, steps + 1):
@@ -41,6 +42,8 @@ def write_run(
         }
         if drift is not None:
             rows[s][golden.DRIFT_KEY] = drift * min(1.0, (s - 1) / 9)
+        if graph_share is not None:
+            rows[s][golden.GRAPH_SHARE_KEY] = graph_share - (0.01 if s % 3 == 0 else 0.0)
     if val_rise is not None:
         for s in range(0, steps + 1, 10):
             rows.setdefault(s, {})[golden.VAL_KEY] = 0.4 + val_shift + val_rise * s / STEPS
@@ -77,7 +80,14 @@ RECORDED = (
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("golden")
     runs = [
-        write_run(root / f"base{i}", reward_shift=shift, mem=mem, val_shift=shift, drift=0.02 * (1 + shift))
+        write_run(
+            root / f"base{i}",
+            reward_shift=shift,
+            mem=mem,
+            val_shift=shift,
+            drift=0.02 * (1 + shift),
+            graph_share=0.8 + shift,
+        )
         for i, (shift, mem) in enumerate(RECORDED)
     ]
     out = root / "baseline.json"
@@ -400,3 +410,42 @@ def test_a_run_that_did_not_log_its_drift_fails_and_a_baseline_without_drift_say
     assert [c.status for c in golden.compare_drift(run, loaded)] == ["info"]
     runs = [golden.read_run(write_run(tmp_path / f"nodrift{i}", drift=None)) for i in range(3)]
     assert golden.make_baseline(runs)["drift"] is None
+
+
+# ---- graph-decode share ---------------------------------------------------------------------------------------
+
+
+def test_baseline_holds_the_lowest_graph_decode_share_of_any_step(baseline: Path) -> None:
+    share = json.loads(baseline.read_text())["graph_share"]
+    assert share["key"] == golden.GRAPH_SHARE_KEY
+    assert share["floor"] == pytest.approx(0.8 - 0.03 - 0.01)  # the lowest run's lowest step
+
+
+@pytest.mark.parametrize("share, passes", [(0.8, True), (0.73, True), (0.71, False), (0.3, False), (0.99, True)])
+def test_a_run_whose_tokens_moved_to_eager_steps_fails(
+    tmp_path: Path, baseline: Path, share: float, passes: bool
+) -> None:
+    # floor 0.76, tolerance 0.05: a lowest step of 0.72 passes, 0.70 fails
+    rc, rep = check(tmp_path, baseline, graph_share=share)
+    assert (rc == 0) is passes, regressions(rep)
+    if not passes:
+        (bad,) = regressions(rep)
+        assert bad["metric"] == golden.GRAPH_SHARE_KEY and "eager steps" in bad["message"]
+
+
+def test_a_run_without_the_share_fails_and_an_older_baseline_says_it_has_none(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path / "none", baseline, graph_share=None)
+    assert rc == 1 and [c["metric"] for c in regressions(rep)] == [golden.GRAPH_SHARE_KEY]
+    assert "which path made its tokens is unknown" in regressions(rep)[0]["message"]
+    doc, old, loaded = older_baseline(baseline, tmp_path, "graph_share_abs", "graph_share")
+    run = golden.read_run(write_run(tmp_path / "r", graph_share=None))
+    assert [c.status for c in golden.compare_graph_share(run, loaded)] == ["info"]
+    doc["graph_share"] = {"floor": 1.5}
+    old.write_text(json.dumps(doc))
+    with pytest.raises(golden.GoldenInputError, match="graph_share"):
+        golden.load_baseline(old)
+
+
+def test_a_non_finite_share_is_a_regression(tmp_path: Path, baseline: Path) -> None:
+    rc, rep = check(tmp_path, baseline, graph_share=float("nan"))
+    assert rc == 1 and golden.GRAPH_SHARE_KEY in {c["metric"] for c in regressions(rep)}

@@ -13,5 +13,6 @@ any package (``sources/`` before dependencies are installed, the checks, the wei
 * `rank_exit`: how a worker process (a rank) ends once its result is written, skipping interpreter teardown.
 * `free_port`: a TCP port for a rendezvous or a test's server, asked for on 127.0.0.1 only; whether a fixed
   port is free to bind; a block of fixed ports outside the kernel's ephemeral range.
-* `cpu_numerics`: the variables that hold the CPU proof's floats to one code path (AVX2, one thread).
+* `cpu_numerics`: the variables that hold the CPU proof's floats to one code path (ATen AVX2, MKL COMPATIBLE,
+  one thread).
 """

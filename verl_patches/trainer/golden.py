@@ -30,6 +30,11 @@ keeps bands that hold over all of them: the run-to-run spread of a healthy run i
   validated: at each recorded validation step the run's value may fall at most ``val_abs`` below the lowest
   recorded one, and its rise (last validation minus the first, the base model's at step 0) at most
   ``val_abs`` below the smallest recorded rise, so a run whose validation does not rise fails;
+* graph-decode share (``rollout/graph_decode_token_share``, the share of the sampled tokens that came from
+  TorchAir graph decode steps, the path A3 makes ~99 % of its tokens on; see `decode_share`), when the recorded
+  runs logged it: every step's share may fall at most ``graph_share_abs`` below the lowest recorded step's, so a
+  run whose tokens move to eager steps (a prefill budget, a response format, a DP sync) proves another path
+  and fails;
 * step time (median ``timing_s/step`` without the first step): always reported; a regression only with
   ``--gate-step-time``, when slower than ``1 + step_time_rel`` times the baseline.
 
@@ -59,6 +64,7 @@ from typing import Any, Callable
 from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
+from verl_patches.rollout.decode_share import SHARE as GRAPH_SHARE_KEY
 from verl_patches.trainer.rank_memory import FILE_NAME
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
@@ -79,11 +85,13 @@ DEFAULT_TOLERANCES = {
     "step_time_rel": 0.25,
     "val_abs": 0.1,
     "drift_factor": 0.25,
+    "graph_share_abs": 0.05,
 }
-ADDED_TOLERANCES = ("val_abs", "drift_factor")  # keys added after schema 2's first baselines: defaulted when absent
+# keys added after schema 2's first baselines: defaulted when absent
+ADDED_TOLERANCES = ("val_abs", "drift_factor", "graph_share_abs")
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
-COMPARED_KEYS = (REWARD_KEY, DRIFT_KEY, VAL_KEY, STEP_TIME_KEY, *MISMATCH_KEYS)
+COMPARED_KEYS = (REWARD_KEY, DRIFT_KEY, VAL_KEY, STEP_TIME_KEY, GRAPH_SHARE_KEY, *MISMATCH_KEYS)
 # What a tolerance may be: outside these a baseline could pass anything (a reward slack of 10, a factor of 1e9)
 TOLERANCE_RANGES = {
     "reward_window": (1, 10_000),
@@ -95,6 +103,7 @@ TOLERANCE_RANGES = {
     "step_time_rel": (0.0, 10.0),
     "val_abs": (0.0, 1.0),
     "drift_factor": (0.0, 1.0),
+    "graph_share_abs": (0.0, 1.0),
 }
 MAX_LOG_BYTES = 1 << 30  # trainer.log, rank_memory.jsonl
 MAX_BASELINE_BYTES = 64 << 20
@@ -319,7 +328,16 @@ def make_baseline(
         "step_time_median_s": statistics.median(medians) if medians else None,
         "validation": validation,
         "drift": _drift_bands(runs, w),
+        "graph_share": _graph_share_floor(runs),
     }
+
+
+def _graph_share_floor(runs: list[RunMetrics]) -> dict[str, Any] | None:
+    """The lowest step's graph-decode share over the recorded runs (None when one did not log it)."""
+    series = [[v for _, v in r.series(GRAPH_SHARE_KEY)] for r in runs]
+    if not all(series):
+        return None
+    return {"key": GRAPH_SHARE_KEY, "floor": min(min(s) for s in series), "steps": min(len(s) for s in series)}
 
 
 def _validation_bands(curves: list[dict[int, float]]) -> dict[str, Any] | None:
@@ -423,6 +441,11 @@ def validate_baseline(doc: Any, where: str) -> dict[str, Any]:
         _validate_windows(drift, "drift", bad)
         if any(w["floor"] < 0 for w in drift["windows"]):
             raise bad("drift.windows", "has a negative floor: a KL is never below 0")
+    share = doc.get("graph_share")
+    if share is not None and (
+        not isinstance(share, dict) or not _number(share.get("floor")) or not 0 <= share["floor"] <= 1
+    ):
+        raise bad("graph_share", "must be null or {'floor': a share from 0 to 1}")
     return doc
 
 
@@ -645,6 +668,34 @@ def compare_mismatch(run: RunMetrics, base: dict[str, Any]) -> list[Check]:
     return out
 
 
+def compare_graph_share(run: RunMetrics, base: dict[str, Any], up_to_step: int | None = None) -> list[Check]:
+    share = base.get("graph_share")
+    if not share:
+        return [Check(GRAPH_SHARE_KEY, "all steps", "info", "the baseline has no graph-decode share")]
+    series = [(s, v) for s, v in run.series(GRAPH_SHARE_KEY) if up_to_step is None or s <= up_to_step]
+    if not series:
+        return [
+            Check(
+                GRAPH_SHARE_KEY,
+                "all steps",
+                "regression",
+                "the run logged no graph-decode share (the baseline has one): which path made its tokens is unknown",
+            )
+        ]
+    floor, slack = float(share["floor"]), float(base["tolerances"]["graph_share_abs"])
+    step, low = min(series, key=lambda sv: sv[1])
+    status = "ok" if low >= floor - slack else "regression"
+    why = "" if status == "ok" else ": more of the tokens came from eager steps, a path A3 barely takes"
+    return [
+        Check(
+            GRAPH_SHARE_KEY,
+            f"step {step}",
+            status,
+            f"lowest {low:.4f} {'>=' if status == 'ok' else '<'} lowest recorded {floor:.4f} - {slack}{why}",
+        )
+    ]
+
+
 def compare_step_time(run: RunMetrics, base: dict[str, Any], gate: bool) -> list[Check]:
     b, c = base.get("step_time_median_s"), _median_step_time(run)
     if not b or c is None:
@@ -673,6 +724,7 @@ def compare(
         + compare_validation(run, base, up_to_step)
         + compare_memory(run, base)
         + compare_mismatch(run, base)
+        + compare_graph_share(run, base, up_to_step)
         + compare_step_time(run, base, gate_step_time)
     )
 
