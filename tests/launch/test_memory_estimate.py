@@ -246,3 +246,95 @@ def test_the_lifecycle_finding_states_both_designs_costs():
         in f.message
     )
     assert "Frozen parameters instead: the 1 graph(s) compiled again each step, about 0.5-1.5 min per step" in f.message
+
+
+# ---- what the rollout engine holds for its life: the MC2 group's HCCL buffers and the TorchAir graph ----------
+
+A3_TRAINING = dict(tp=4, pp=8, ep=8, cp=1, world=256, layer_list=LAYERS_671B, seq_len=4096, micro_batch=1)
+# DeepSeek-V3 at rollout TP2, absorbed-MLA decode, per token of one layer (BF16 elements):
+# 2h + q_lora + kv_lora + rope + heads/TP x (nope + rope + 2 x kv_lora + v) = 14336 + 1536 + 512 + 64 + 64 x 1344
+DSV3_TP2_ATTENTION_PER_TOKEN = 102464
+
+
+def _moe_layer(bs: int, rows: int, batch: int) -> int:
+    """A MoE layer's feature map beyond attention: TP share in/out, MC2's rows through w13/act/w2, shared experts."""
+    return bs * 2 * 7168 + rows * (2 * 7168 + 3 * 2048) + batch * 3 * 2048 // 2
+
+
+@pytest.mark.parametrize(
+    "layers, dp, seqs, bs, rows, expected",
+    [
+        # a3_256die_true_weight: graph batch 64 per DP rank, BS 64/2 = 32, A = 32 x EP128 x min(2, 8) = 8192
+        (61, 64, 64, 32, 8192, 354_164_736),
+        # a3_256die_random_init: EP256, A = 32 x 256 x min(1, 8) = 8192: the same feature map
+        (61, 128, 64, 32, 8192, 354_164_736),
+        # a3_16die_smoke (5 layers): graph batch 32, BS 16, A = 16 x EP16 x min(16, 8) = 2048
+        (5, 8, 32, 16, 2048, 92_147_712),
+    ],
+)
+def test_torchair_graph_feature_map_at_the_a3_profiles_by_hand(layers, dp, seqs, bs, rows, expected):
+    from verl_patches.launch.memory_estimate import graph_feature_map_bytes, rollout_mc2_sizes, torchair_graph_bytes
+
+    cfg = official_config() | {"num_hidden_layers": layers}
+    m = ModelShape.from_hf_config(cfg)
+    r = RolloutSetup(2, dp, 0.8, seqs, 4096, 1024, (seqs,))
+    assert rollout_mc2_sizes(m, r).bs == bs and rollout_mc2_sizes(m, r).receive_rows == rows
+    elements = seqs * DSV3_TP2_ATTENTION_PER_TOKEN + _moe_layer(bs, rows, seqs)  # a MoE layer outweighs a dense one
+    assert seqs * 3 * 18432 // 2 < _moe_layer(bs, rows, seqs)
+    assert expected == 2 * elements + rows * 128 * 4  # + MC2's assist_info, int32
+    assert graph_feature_map_bytes(m, r, seqs) == torchair_graph_bytes(m, r) == expected
+    # two graph batch sizes hold two feature maps; graph mode off holds none
+    two = RolloutSetup(2, dp, 0.8, seqs, 4096, 1024, (seqs // 2, seqs))
+    assert torchair_graph_bytes(m, two) == graph_feature_map_bytes(m, two, seqs // 2) + expected
+    assert torchair_graph_bytes(m, RolloutSetup(2, dp, 0.8, seqs, 4096, 1024)) == 0
+
+
+def test_torchair_graph_feature_map_tiny_by_hand():
+    from verl_patches.launch.memory_estimate import graph_feature_map_bytes
+
+    r = RolloutSetup(1, 1, 0.5, 4, 16, 8, (4,))
+    attention = 4 * (2 * 64 + 32 + 16 + 8 + 4 * (16 + 8 + 2 * 16 + 16))  # 1888
+    dense = 4 * 3 * 128  # 1536
+    rows = 4 * 1 * min(8, 2)  # EP1 holds all 8 experts, top-2
+    moe = 4 * 2 * 64 + rows * (2 * 64 + 3 * 32) + 4 * 3 * 32  # 2688 > dense
+    assert graph_feature_map_bytes(TINY, r, 4) == 2 * (attention + max(dense, moe)) + rows * 128 * 4 == 13248
+
+
+def test_the_mc2_communicator_and_the_graph_are_held_in_every_phase():
+    from verl_patches.launch.memory_estimate import estimate_ref, estimate_reshard
+
+    t = TrainingSetup(
+        **A3_TRAINING,
+        micro_batches_per_step=1024,
+        swap_optimizer=True,
+        param_offload=True,
+        grad_offload=True,
+        ref_param_offload=True,
+    )
+    graph = RolloutSetup(2, 64, 0.8, 64, 4096, 1024, (64,))
+    eager = RolloutSetup(2, 64, 0.8, 64, 4096, 1024)
+    phases = {
+        "training": lambda r: estimate_training(DSV3, t, ATLAS_A3_DIE, 300, r),
+        "ref": lambda r: estimate_ref(DSV3, t, ATLAS_A3_DIE, 300, r),
+        "reshard": lambda r: estimate_reshard(DSV3, t, r, ATLAS_A3_DIE, 300),
+        "outside": lambda r: estimate_rollout(DSV3, t, r, ATLAS_A3_DIE, 300).outside,
+    }
+    for name, phase in phases.items():
+        with_graph = {c.name: c.nbytes for c in phase(graph).components}
+        without = {c.name: c.nbytes for c in phase(eager).components}
+        assert with_graph["hccl_mc2_buffers"] == without["hccl_mc2_buffers"] == 2 * 300 * MIB, name
+        assert with_graph["torchair_graph"] == 354_164_736 and "torchair_graph" not in without, name
+        assert phase(graph).total_bytes - phase(eager).total_bytes == 354_164_736, name
+        # the MC2 group is counted apart from the 9 other communicators (training 6, rollout TP/DP/EP 3)
+        assert with_graph["hccl_buffers"] == 9 * 2 * 300 * MIB, name
+    # vLLM's share is unchanged: the graph is captured after the KV cache is allocated
+    assert (
+        estimate_rollout(DSV3, t, graph, ATLAS_A3_DIE, 300).kv_tokens
+        == estimate_rollout(DSV3, t, eager, ATLAS_A3_DIE, 300).kv_tokens
+    )
+    # no rollout: nothing of the engine's; a rollout without expert parallelism: no MC2 group
+    assert "hccl_mc2_buffers" not in {c.name for c in estimate_training(DSV3, t, ATLAS_A3_DIE, 300).components}
+    ep1 = estimate_rollout(DSV3, t, RolloutSetup(1, 1, 0.8, 64, 4096, 1024, (64,)), ATLAS_A3_DIE, 300).outside
+    assert {c.name for c in ep1.components} >= {"torchair_graph"} and "hccl_mc2_buffers" not in {
+        c.name for c in ep1.components
+    }

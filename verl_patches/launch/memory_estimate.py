@@ -54,12 +54,34 @@ Rollout, per die (``estimate_rollout``), vLLM with ``enable_expert_parallel``:
     to never preempt;
   * outside vLLM's share, ``(1 - gpu_memory_utilization) * HBM`` must hold what the trainer leaves on the
     device during the rollout (actor params/grads unless offloaded, a resident optimizer, the ref
-    params unless offloaded) plus the runtime reserve.
+    params unless offloaded) plus the runtime reserve and what the engine holds for its life (below).
+
+Held by the rollout engine for its life, so on the die in every phase (``engine_resident_components``):
+  * vllm-ascend's MC2 group (``init_ascend_model_parallel``, group "mc2" over the instance's EP ranks) is an
+    HCCL communicator of its own beside vLLM's TP/DP/EP groups; every fused-MoE layer asks for its HCCL
+    name when it is built, so its ``2 * HCCL_BUFFSIZE`` MB exist from the engine's build on;
+  * the TorchAir graph's memory. torchair's ``StaticNpuGraphExecutor`` (torch_npu 2.5.1.post1,
+    dynamo/torchair/core/_npu_graph_executor.so: ``MallocFeatureMemory``, ``AllocAndSetFixedMemory``,
+    "No need to refresh feature map addr") takes a graph's feature-map and fixed memory from torch_npu's
+    caching allocator at its first run and frees them with the graph; vllm-ascend's ``CompilerConfig`` keeps
+    ``memory_efficiency`` off (GE option ``ge.featureBaseRefreshable`` 0). The graphs are captured after the
+    KV cache is allocated (vllm-ascend ``capture_model``), so this lies outside vLLM's share, and with one
+    graph for every step (weights unfrozen: rollout/graph_binding.py) it stays through training.
+    Model (an assumption: GE's memory planner is not run here): GE reuses memory between layers, so a
+    graph's feature map is one decoder layer's intermediates at the graph batch ``T``, summed without reuse
+    inside the layer (an upper bound for that layer): attention ``T*(2h + q_lora + kv_lora + rope +
+    heads/TP_r*(nope + rope + 2*kv_lora + v))`` (absorbed-MLA decode); a MoE layer adds the TP rank's
+    ``BS = ceil(T/TP_r)`` tokens in and out ``2h*BS``, MC2's receive rows ``A = BS*EP*min(local experts, K)``
+    through the experts ``A*(2h + 3f)`` (a static graph sizes them for the worst case, not for balanced
+    routing), shared experts ``T*3*f_s/TP_r`` and MC2's ``assist_info`` (``A*128`` int32); a dense layer adds
+    ``T*3*ffn/TP_r``. BF16, the larger layer kind, one feature map per graph batch size. Fixed memory: none
+    beyond that (with frozen parameters off the weights are graph inputs, not graph constants); kernel
+    workspaces are left to ``CANN_RUNTIME_GIB``.
 
 Reserve (every phase): CANN runtime, workspace and allocator slack ``CANN_RUNTIME_GIB`` (assumption),
 plus HCCL buffers: each communicator holds ``2 * HCCL_BUFFSIZE`` MB (CANN HCCL documentation), one per
 parallel group of size > 1 the process uses (training TP, PP, DP, EP, TP x EP, expert-DP, world; rollout
-TP, DP, EP).
+TP, DP, EP; the rollout's MC2 group is counted apart, above).
 """
 
 from __future__ import annotations
@@ -68,6 +90,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from verl_patches.launch.mc2_buffer import Mc2Sizes
+
 GIB = 1024**3
 MIB = 1024**2
 BF16 = 2
@@ -75,7 +99,8 @@ FP32 = 4
 ADAM_BYTES_PER_PARAM = 12  # FP32 main param + exp_avg + exp_avg_sq
 
 CANN_RUNTIME_GIB = 1.5  # assumption: CANN context, operator workspace and allocator fragmentation per die
-DEFAULT_HCCL_BUFFSIZE_MB = 300  # what the job exports (launch/job_env.py); HCCL's own default is 200
+INT32 = 4
+MC2_ASSIST_INFO_PER_ROW = 128  # dispatch_v2's assist_info_for_combine: A * 128 int32 (the wheel's Meta function)
 SWAP_OPTIMIZER_TIMES = 16  # MindSpeed --swap-optimizer-times default
 WARN_MARGIN = 0.10  # a phase within 10 % of the die is a warning
 
@@ -293,10 +318,16 @@ class RolloutSetup:
     max_num_seqs: int
     max_model_len: int
     max_num_batched_tokens: int
+    graph_batch_sizes: tuple[int, ...] = ()  # TorchAir graph batch sizes per DP rank; () when graph mode is off
 
     @property
     def ep(self) -> int:
         return self.tp * self.dp_per_instance
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens one DP rank runs in a decode step at most: the sequences it holds, padded to a graph batch."""
+        return max((self.max_num_seqs, *self.graph_batch_sizes))
 
 
 @dataclass(frozen=True)
@@ -396,6 +427,7 @@ def estimate_training(
 ) -> PhaseEstimate:
     """The worst pipeline stage's peak during the actor update."""
     reserve = reserve_components(hccl_buffsize_mb, communicator_count(t, rollout))
+    engine_held = engine_resident_components(m, rollout, hccl_buffsize_mb) if rollout is not None else ()
     best: PhaseEstimate | None = None
     for stage in range(t.pp):
         p = rank_params(m, t.tp, t.ep, t.layer_list, stage)
@@ -431,7 +463,8 @@ def estimate_training(
                 + (f", logits {gib(logits):.2f} GiB" if logits else ""),
             ),
             Component("optimizer_step_extra", max(0.0, step - act), "step transient beyond the freed activations"),
-        ) + reserve
+        )
+        comps += reserve + engine_held
         key = _training_key(t, comps)
         est = PhaseEstimate(
             "training",
@@ -461,11 +494,17 @@ def _training_key(t: TrainingSetup, comps: tuple[Component, ...]) -> str:
     return f"{a}.pipeline_model_parallel_size"
 
 
+def owned_routed_experts(m: ModelShape, ep: int) -> int:
+    """Routed experts on the rollout rank that holds the most: vLLM's ``determine_expert_map`` gives each of
+    the EP ranks ``E // EP`` and the last one the remainder (0 when EP exceeds the experts)."""
+    return m.experts - (ep - 1) * (m.experts // ep) if ep <= m.experts else 0
+
+
 def rollout_weight_bytes(m: ModelShape, r: RolloutSetup) -> float:
     """BF16 weights one vLLM rank holds (module docstring), MLA absorbed copies included."""
     h, tp = m.hidden, r.tp
     per_layer_attn = attention_params(m, tp) + m.heads * (m.qk_nope + m.v_head) * m.kv_lora // tp
-    owned = m.experts - (r.ep - 1) * (m.experts // r.ep) if r.ep <= m.experts else 0
+    owned = owned_routed_experts(m, r.ep)
     n = 2 * m.vocab * h // tp + h
     for layer in range(m.layers):
         n += per_layer_attn + h
@@ -501,6 +540,74 @@ def rollout_workspace_bytes(m: ModelShape, r: RolloutSetup) -> float:
         + m.topk * (2 * h + 3 * m.moe_ffn)
     )
     return tokens * per_token * BF16 + r.max_num_seqs * m.vocab * FP32
+
+
+def rollout_mc2_sizes(m: ModelShape, r: RolloutSetup, decode_tokens: int | None = None) -> Mc2Sizes:
+    """MC2's dispatch sizes on one rollout rank in a decode step of ``decode_tokens`` per DP rank (default:
+    the most it runs, ``r.decode_tokens``): vllm-ascend pads every DP rank to the largest and splits them over
+    the TP ranks before dispatch (fused_moe.py:1371-1396; ``global_bs = ceil(max tokens across DP / TP) * EP``,
+    fused_moe.py:155-159)."""
+    tokens = r.decode_tokens if decode_tokens is None else decode_tokens
+    return Mc2Sizes(
+        bs=-(-tokens // r.tp),
+        hidden=m.hidden,
+        top_k=m.topk,
+        ep_world_size=r.ep,
+        local_expert_num=max(1, owned_routed_experts(m, r.ep)),
+    )
+
+
+def graph_feature_map_bytes(m: ModelShape, r: RolloutSetup, batch: int) -> float:
+    """One TorchAir graph's feature map at graph batch ``batch`` (the model in the module docstring)."""
+    h, tp = m.hidden, r.tp
+    attention = batch * (
+        2 * h
+        + (m.q_lora or 0)
+        + m.kv_lora
+        + m.qk_rope
+        + m.heads / tp * (m.qk_nope + m.qk_rope + 2 * m.kv_lora + m.v_head)
+    )
+    kinds = {m.is_moe(layer) for layer in range(m.layers)}
+    extra = [batch * 3 * m.dense_ffn / tp] if False in kinds else []
+    assist = 0.0
+    if True in kinds:
+        mc2 = rollout_mc2_sizes(m, r, batch)
+        rows = mc2.receive_rows
+        extra.append(mc2.bs * 2 * h + rows * (2 * h + 3 * m.moe_ffn) + batch * 3 * m.shared_ffn / tp)
+        assist = rows * MC2_ASSIST_INFO_PER_ROW * INT32
+    return BF16 * (attention + max(extra, default=0.0)) + assist
+
+
+def torchair_graph_bytes(m: ModelShape, r: RolloutSetup) -> float:
+    """What the rollout's TorchAir graphs hold for their life: one feature map per graph batch size."""
+    return sum(graph_feature_map_bytes(m, r, batch) for batch in r.graph_batch_sizes)
+
+
+def engine_resident_components(m: ModelShape, r: RolloutSetup, hccl_buffsize_mb: int) -> tuple[Component, ...]:
+    """What the rollout engine keeps on the die in every phase: the MC2 group's HCCL buffers and the TorchAir
+    graphs' memory (module docstring)."""
+    out = []
+    if r.ep > 1 and any(m.is_moe(layer) for layer in range(m.layers)):
+        out.append(
+            Component(
+                "hccl_mc2_buffers",
+                2 * hccl_buffsize_mb * MIB,
+                f"vllm-ascend's MC2 group over EP{r.ep}: a communicator of its own, "
+                f"2 x HCCL_BUFFSIZE={hccl_buffsize_mb} MB",
+            )
+        )
+    graph = torchair_graph_bytes(m, r)
+    if graph:
+        rows = rollout_mc2_sizes(m, r, max(r.graph_batch_sizes)).receive_rows
+        out.append(
+            Component(
+                "torchair_graph",
+                graph,
+                f"feature map of the graph(s) for batch {list(r.graph_batch_sizes)}: one layer's intermediates, "
+                f"the MoE's at MC2's {rows} receive rows (model: memory_estimate)",
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -550,6 +657,7 @@ def estimate_rollout(
     if t.has_ref and not t.ref_param_offload:
         comps.append(Component("ref_params_bf16", BF16 * p.total, "actor_rollout_ref.ref.megatron.param_offload=False"))
     comps += reserve_components(hccl_buffsize_mb, communicator_count(t, r))
+    comps += engine_resident_components(m, r, hccl_buffsize_mb)
     names = {c.name for c in comps}
     if "actor_params_bf16" in names:
         key = f"{a}.param_offload"
@@ -587,6 +695,7 @@ def estimate_reshard(
     if not (t.swap_optimizer or t.optimizer_offload):
         comps.append(Component("actor_optimizer", optimizer_shard_bytes(t, p), "resident optimizer"))
     comps += reserve_components(hccl_buffsize_mb, communicator_count(t, r))
+    comps += engine_resident_components(m, r, hccl_buffsize_mb)
     return PhaseEstimate(
         "reshard",
         tuple(comps),
@@ -619,6 +728,8 @@ def estimate_ref(
     if not (t.swap_optimizer or t.optimizer_offload):
         comps.append(Component("actor_optimizer", optimizer_shard_bytes(t, p), "resident optimizer"))
     comps += reserve_components(hccl_buffsize_mb, communicator_count(t, rollout))
+    if rollout is not None:
+        comps += engine_resident_components(m, rollout, hccl_buffsize_mb)
     return PhaseEstimate(
         "ref_log_prob",
         tuple(comps),

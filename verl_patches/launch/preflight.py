@@ -31,6 +31,7 @@ from verl_patches.launch.preflight_files import checkpoint_findings, data_findin
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
 from verl_patches.launch.preflight_host import cluster_findings, probe_host
 from verl_patches.launch.preflight_layout import layout_findings
+from verl_patches.launch.preflight_mc2 import mc2_buffer_findings
 from verl_patches.launch.preflight_memory import memory_findings
 from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
 from verl_patches.launch.preflight_validation import validation_findings
@@ -214,7 +215,7 @@ def run_preflight(
     if any(f.status == FAIL and f.check in blocking for f in layout_found):
         found.append(Finding("memory", WARN, "skipped: the layout is invalid (see the layout.* failures)", ""))
     else:
-        found += memory_findings(ctx, model, die)
+        found += memory_findings(ctx, model, die) + mc2_buffer_findings(ctx, model)
     return found
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from verl_patches.base.strict_int import IntError, parse_int
+from verl_patches.launch.job_env import STATIC_VARS
 from verl_patches.launch.memory_estimate import (
-    DEFAULT_HCCL_BUFFSIZE_MB,
     DieSpec,
     ModelShape,
     PhaseEstimate,
@@ -22,6 +23,8 @@ from verl_patches.launch.memory_estimate import (
 )
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight_layout import A, M, R, config_world, megatron_sizes
+from verl_patches.launch.settings import ClusterSettings
+from verl_patches.trainer.rollout_settings import GRAPH
 
 
 def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
@@ -65,6 +68,14 @@ def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
     )
 
 
+def graph_batch_sizes(cfg: Any) -> tuple[int, ...]:
+    """The TorchAir graph batch sizes the rollout compiles; () when graph mode is off."""
+    graph = get(cfg, GRAPH) or {}
+    if not graph.get("enabled"):
+        return ()
+    return tuple(int(x) for x in graph.get("graph_batch_sizes") or ())
+
+
 def rollout_setup(cfg: Any) -> RolloutSetup:
     world = config_world(cfg)
     tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
@@ -80,6 +91,7 @@ def rollout_setup(cfg: Any) -> RolloutSetup:
         max_num_seqs=max(1, seqs // engines),
         max_model_len=max_len,
         max_num_batched_tokens=int(get(cfg, f"{R}.max_num_batched_tokens") or max_len),
+        graph_batch_sizes=graph_batch_sizes(cfg),
     )
 
 
@@ -96,12 +108,29 @@ def _finding(check: str, est: PhaseEstimate, prefix: str = "") -> Finding:
     return Finding(check, verdict, msg, est.key if verdict != OK else "")
 
 
+def job_hccl_buffsize() -> str:
+    """The HCCL_BUFFSIZE the job exports when the env file sets none (launch/job_env.py)."""
+    return next(v.value for v in STATIC_VARS if v.name == "HCCL_BUFFSIZE")
+
+
+def hccl_buffsize_setting(settings: ClusterSettings) -> tuple[str, str]:
+    """HCCL_BUFFSIZE as the job exports it, and where it comes from: the env file's value wins over the job's
+    own, as in ``job_env.job_environment``."""
+    raw = settings.get("HCCL_BUFFSIZE")
+    if raw is not None:
+        return raw, settings.where("HCCL_BUFFSIZE")
+    return job_hccl_buffsize(), "the job's own, launch/job_env.py"
+
+
 def hccl_buffsize(ctx: Context) -> int:
-    raw = ctx.settings.get("HCCL_BUFFSIZE")
+    """HCCL_BUFFSIZE in MB for the estimate. A value that is not a positive integer is the MC2 check's failure
+    (preflight_mc2.mc2_buffer_findings); the estimate then uses the job's own."""
+    raw, _ = hccl_buffsize_setting(ctx.settings)
     try:
-        return int(raw) if raw else DEFAULT_HCCL_BUFFSIZE_MB
-    except ValueError:
-        return DEFAULT_HCCL_BUFFSIZE_MB
+        value = parse_int(raw, "HCCL_BUFFSIZE")
+    except IntError:
+        value = 0
+    return value if value > 0 else int(job_hccl_buffsize())
 
 
 def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> list[Finding]:

@@ -8,7 +8,8 @@ from omegaconf import DictConfig
 
 from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
 from verl_patches.base.env_flags import EnvError
-from verl_patches.trainer.rollout_settings import rollout_problems
+from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
+from verl_patches.trainer.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
 from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
 
@@ -81,7 +82,29 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     if get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and get(cfg, f"{a}.strategy") == "megatron":
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
     problems += rollout_problems(cfg)
+    problems += kv_nz_problems(cfg)
     return problems
+
+
+def kv_nz_problems(cfg: DictConfig) -> list[str]:
+    """F4 (the KV-NZ fix, installed where graph mode and `enable_kv_nz` are on) is refused together with
+    chunked prefill. In a step that mixes prefill chunks with decodes (vllm-ascend 0.9.1 mla_v1 `forward`,
+    attn_state ChunkedPrefill, graph mode on but the step eager) the decode tokens' KV is written only by
+    `_npu_reshape_and_cache`, which F4 drops because it would write ND into the NZ cache; and the chunk's
+    context is read back by `npu_paged_cache_load`, which reads ND only. The preflight reports this through
+    `check_config` as the job does, so the dry run and the job refuse the same configs."""
+    if not kv_nz_wanted(get(cfg, GRAPH)):
+        return []
+    why = chunked_prefill_reason(cfg)
+    if why is None:
+        return []
+    return [
+        f"{GRAPH}.enable_kv_nz=True (F4, exported as {KV_NZ_FLAG}=1) with chunked prefill on ({why}): in steps "
+        f"that mix prefill chunks with decodes F4 drops the decode tokens' only KV-cache write and "
+        f"npu_paged_cache_load reads the cache as ND only; set enable_kv_nz=False, or turn chunked prefill off "
+        f"({SCHEDULER}.enabled=True with enable_chunked_prefill=False there and in actor_rollout_ref.rollout, "
+        f"max_num_batched_tokens >= max_model_len)"
+    ]
 
 
 def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:

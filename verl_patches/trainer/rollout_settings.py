@@ -189,6 +189,30 @@ def _graph_problems(cfg: Any, eager: bool, seqs: int | None) -> list[str]:
     return out
 
 
+def chunked_prefill_reason(cfg: Any) -> str | None:
+    """Why the engine runs chunked prefill, i.e. steps that mix prefill chunks with decodes, naming the key;
+    None when it does not. As vLLM 0.9.1 and vllm-ascend 0.9.1 decide it: vLLM's V1 engine turns chunked
+    prefill on whatever ``enable_chunked_prefill`` says (``EngineArgs._set_default_args_v1``) and its
+    scheduler cuts prompts to the token budget; only vllm-ascend's Ascend scheduler with its own
+    ``enable_chunked_prefill`` off schedules prefills apart from decodes, and vllm-ascend's model runner marks
+    a mixed step ``ChunkedPrefill`` unless that scheduler is on without chunking (model_runner_v1.py:987).
+    Below ``max_model_len`` the token budget needs chunking (vLLM refuses it otherwise)."""
+    scheduler = get(cfg, SCHEDULER) or {}
+    batched, length = int(get(cfg, f"{R}.max_num_batched_tokens") or 0), max_model_len(cfg)
+    if get(cfg, f"{R}.enable_chunked_prefill", False):
+        return f"{R}.enable_chunked_prefill=True"
+    if batched and batched < length:
+        return f"{R}.max_num_batched_tokens={batched} < max_model_len {length}"
+    if not scheduler.get("enabled"):
+        return (
+            f"{SCHEDULER}.enabled=False: vLLM V1's own scheduler chunks prompts whatever "
+            f"{R}.enable_chunked_prefill says"
+        )
+    if scheduler.get("enable_chunked_prefill"):
+        return f"{SCHEDULER}.enable_chunked_prefill=True"
+    return None
+
+
 def _prefill_problems(cfg: Any, seqs: int | None) -> list[str]:
     out = []
     chunked = bool(get(cfg, f"{R}.enable_chunked_prefill", False))
