@@ -52,6 +52,8 @@ fi
 import torch, verl, vllm, megatron.core  # noqa: F401  (the vendored trees import from the repo root)
 print(f"   torch {torch.__version__}; verl, vllm and megatron.core import from {verl.__path__[0].rsplit('/', 1)[0]}")
 PY
+# the pinned torch_npu wheel whose op schemas, Meta functions and limits the emulation keeps: fetched, hash-checked
+.venv/bin/python -m verl_patches.npu_emulation.wheel_contract.fetch
 # torch_npu's CPU stand-in loads a C++ extension for the npu device; build it here, once, so that tests and CI
 # ranks only ever load it (a C++17 compiler is needed; ninja comes with requirements.txt).
 echo "== npu device emulation (C++ extension, built into the user's cache)"
