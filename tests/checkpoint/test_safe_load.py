@@ -20,8 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verl_patches.checkpoint import commit, committed_role, optimizer_state
-from verl_patches.train_engine import actor_state
+from verl_patches.checkpoint import commit, committed_role, optimizer_state, safe_load
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.safe_load import CheckpointFileError, UnsafeCheckpointError, load_tensor_file, sha256_file
 
@@ -235,25 +234,47 @@ def test_actor_files_outside_the_manifest_or_behind_links_are_refused(tmp_path: 
         committed_role.CommittedRole.open(staging / "actor")
 
 
-def test_no_bare_torch_load_on_the_resume_path() -> None:
-    """Every torch.load call in the checkpoint package and the actor's save/load is the safe loader's, with
-    weights_only=True."""
+def _calls(tree, dotted: str) -> int:
+    """How many calls in ``tree`` are to ``dotted`` spelled in full (``torch.serialization._load``)."""
     import ast
 
-    pkg = Path(commit.__file__).parent
-    calls = []
-    for p in sorted(pkg.glob("*.py")) + [Path(actor_state.__file__)]:
-        for node in ast.walk(ast.parse(p.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "load"
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id in ("torch", "pickle")
-            ):
-                kw = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
-                calls.append((p.name, node.func.value.id, kw.get("weights_only")))
-    assert calls == [("safe_load.py", "torch", True)]
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            parts, f = [], node.func
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name) and ".".join([f.id, *reversed(parts)]) == dotted:
+                n += 1
+    return n
+
+
+def test_no_bare_torch_load_anywhere_in_verl_patches() -> None:
+    """No module of ours calls torch.load, torch.jit.load or pickle.load on a file: every .pt is read by
+    safe_load, which hands its own parse to torch's archive loader (one call, with the weights-only
+    unpickler)."""
+    import ast
+
+    pkg = Path(commit.__file__).parents[1]
+    found = {}
+    for p in sorted(pkg.rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        for name in ("torch.load", "torch.jit.load", "pickle.load", "torch.serialization._load"):
+            if _calls(tree, name):
+                found[(p.relative_to(pkg).as_posix(), name)] = _calls(tree, name)
+    assert found == {("checkpoint/safe_load.py", "torch.serialization._load"): 1}
+    src = Path(safe_load.__file__).read_text()
+    assert "_weights_only_unpickler, overall_storage=overall" in src  # that one call is the weights-only one
+
+
+def test_the_torch_loader_mirrored_is_unchanged() -> None:
+    """safe_load does what torch.load(weights_only=True) does for a plain zip, on its own parse; a torch whose
+    loader changed is caught here."""
+    from verl_patches.patching.fingerprint import fingerprint_target
+
+    for target, fp in safe_load.MIRRORED.items():
+        assert fingerprint_target(target) == fp, target
 
 
 # --- TorchScript and foreign zip archives (torch 2.5.1 hands a TorchScript zip to torch.jit.load) -----------------

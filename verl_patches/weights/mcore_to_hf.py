@@ -1,8 +1,9 @@
 """Legacy Megatron (MindSpeed-LLM DeepSeek-V3) checkpoint -> HF safetensors, so a trained model can be
 evaluated and served (the vendor recipe cannot export DeepSeek-V3).
 
-Rank files are opened with ``torch.load(mmap=True, weights_only=True)`` (`checkpoint.safe_load`): nothing is
-unpickled but tensors and plain data, and nothing is read until a tensor's bytes are used.
+Rank files are read memory-mapped by `checkpoint.safe_load` (one parse by torch's own zip reader, a plain
+``torch.save`` archive only, weights-only unpickling): nothing is unpickled but tensors and plain data, and
+nothing is read until a tensor's bytes are used.
 Each HF tensor is reassembled from the rank tensors that hold its pieces and streamed into the current
 output shard, so peak memory is about one tensor plus the pages of the shard being assembled; rank files
 are unmapped after every output shard. Output shards are planned from the config (about
