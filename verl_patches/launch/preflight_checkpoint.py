@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
+from verl_patches.base import mount_table
 from verl_patches.checkpoint.commit import CheckpointRootError, check_root_permissions, listing
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.plan import parse_step_dir
@@ -165,22 +166,9 @@ def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
 
 
 def filesystem_type(path: Path) -> str | None:
-    """The type of the filesystem ``path`` is on (longest mount point of /proc/mounts), None if unknown."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-        real = os.path.realpath(path)
-    except OSError:
-        return None
-    best, kind = "", None
-    for line in mounts:
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        point = parts[1].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, parts[2]
-    return kind
+    """The type of the filesystem ``path`` is on (`base.mount_table`: the kernel's escapes decoded), None if
+    unknown."""
+    return mount_table.filesystem_type(path)
 
 
 def _write_problem(folder: Path) -> str | None:
