@@ -42,7 +42,7 @@ from verl_patches.launch.settings import (
     describe_settings,
     load_settings,
 )
-from verl_patches.process_identity import become_subreaper
+from verl_patches.process_identity import ProcessId, become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
 from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address
@@ -141,15 +141,22 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
     The output is copied by a thread and the launcher waits for the child itself: a leftover that keeps the
     child's stdout open cannot hold the launcher (the copy gets `PIPE_DRAIN_S`, then the cleanup ends the
     holder, which closes the pipe)."""
+    # lazy: that module loads psutil; importing this one must not
+    from verl_patches.launch.session_leftovers import end_session_leftovers, wait_exited
+
     with open_new(log_path) as log:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
         )
+        leader = ProcessId.of(proc.pid)  # our unreaped child: the number is its own; names its session below
         launch.record(name, proc.pid)
 
         def forward(signum: int, _frame: Any) -> None:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signum)  # the child is alive and unreaped: its group id is still its own
+            if proc.returncode is None:  # not reaped before the cleanup below: its group id is still its own
+                try:
+                    os.killpg(proc.pid, signum)
+                except ProcessLookupError:  # exited, and nothing of its group is left to tell
+                    pass
 
         def copy() -> None:
             assert proc.stdout is not None
@@ -162,18 +169,16 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             reader.start()
-            rc = proc.wait()
+            wait_exited(proc.pid)  # not reaped yet: no other process can be given its number (its session's id)
             reader.join(PIPE_DRAIN_S)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-        # lazy: that module loads psutil; importing this one must not
-        from verl_patches.launch.session_leftovers import end_session_leftovers
-
         # the child's own session, and what left it: what it started and left running
         end_session_leftovers(
-            proc.pid, launch.say, adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep
+            leader, launch.say, adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep
         )
+        rc = proc.wait()
         reader.join(PIPE_DRAIN_S)
         if reader.is_alive():
             launch.say(
@@ -272,7 +277,7 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
     env.update(pins)  # one CPU code path on every x86-64 host: the golden baseline holds across machines
     if pins:
         launch.say(
-            "CPU kernels pinned to AVX2 and one thread per process for reproducible numbers: "
+            "CPU kernels pinned to one code path on every x86-64 host and one thread per process: "
             + " ".join(f"{k}={v}" for k, v in pins.items())
         )
     if device() == "cpu":
