@@ -238,12 +238,12 @@ def test_a_non_finite_fp8_scale_is_refused_by_name_without_verify(fp8_dir, tmp_p
     assert not (tmp_path / "out" / INDEX).exists()
 
 
-def test_a_scale_that_overflows_bfloat16_is_refused(fp8_dir, tmp_path):
+def test_a_scale_that_would_overflow_bfloat16_is_refused(fp8_dir, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(fp8_dir, src)
     weight = "model.layers.1.self_attn.kv_b_proj.weight"
     _edit_tensor(src, weight + SCALE_SUFFIX, lambda s: s.fill_(3e38))
-    with pytest.raises(CheckpointError, match=r"kv_b_proj\.weight'.*not finite.*overflows"):
+    with pytest.raises(CheckpointError, match=r"kv_b_proj\.weight'.*3e\+38 .*outside the plausible range"):
         run_fp8_cast(src, tmp_path / "out", progress=False)
 
 
@@ -265,7 +265,7 @@ def test_dequantize_refuses_non_finite_scales_and_results():
     w = torch.full((4, 4), 2.0).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"non-finite value \(nan\) at block \(0, 0\)"):
         dequantize_fp8_blockwise(w, torch.tensor([[float("nan")]]))
-    with pytest.raises(ValueError, match="overflows"):
+    with pytest.raises(ValueError, match="outside the plausible range"):
         dequantize_fp8_blockwise(w, torch.tensor([[3e38]]))
     assert torch.equal(dequantize_fp8_blockwise(w, torch.tensor([[0.5]])), torch.ones(4, 4, dtype=torch.bfloat16))
 
@@ -590,6 +590,47 @@ def test_a_zero_or_negative_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, valu
             run_fp8_cast(src, tmp_path / "out", progress=False)
         assert not (tmp_path / "out" / INDEX).exists()
     assert repr(weight) in _one_line(e.value) and "non-positive" in str(e.value)
+
+
+@pytest.mark.parametrize("value", [1e-45, 1e-38, 2.0**-25, 1.0000001, 1.5, 1e30])
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_positive_finite_but_absurd_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, value, verify):
+    """Issue 41: 1e-45 zeroes the block as zero did, 1e30 makes weights of 4.5e32; outside
+    dequant.SCALE_INV_RANGE a scale is refused by the weight's name, at conversion and in --verify."""
+    src = tmp_path / "src"
+    shutil.copytree(fp8_dir, src)
+    weight = "model.layers.2.self_attn.o_proj.weight"
+
+    def poison(s):
+        s[-1, 0] = value
+        return s
+
+    _edit_tensor(src, weight + SCALE_SUFFIX, poison)
+    if verify:  # --verify-only of an earlier, clean cast against the edited source
+        from verl_patches.weights.verify import verify_fp8_cast
+
+        run_fp8_cast(fp8_dir, tmp_path / "clean", progress=False)
+        with pytest.raises(VerifyError) as e:
+            verify_fp8_cast(src, tmp_path / "clean", progress=False)
+    else:
+        with pytest.raises(CheckpointError) as e:
+            run_fp8_cast(src, tmp_path / "out", progress=False)
+        assert not (tmp_path / "out" / INDEX).exists()
+    line = _one_line(e.value)
+    assert repr(weight) in line and "outside the plausible range" in line and "at block (" in line
+
+
+def test_the_plausible_scale_range_keeps_every_scale_a_real_checkpoint_can_hold():
+    """Its bounds themselves pass, and so does DeepSeek's smallest (an all-zero block: 1e-4 / 448)."""
+    from verl_patches.weights.dequant import SCALE_INV_RANGE
+    from verl_patches.weights.synthetic import quantize_fp8_blockwise
+
+    lo, hi = SCALE_INV_RANGE
+    w = torch.full((4, 4), 448.0).to(torch.float8_e4m3fn)
+    for s in (lo, 1e-4 / 448, 3.5e-4, 0.02, hi):
+        assert torch.isfinite(dequantize_fp8_blockwise(w, torch.tensor([[s]]).float()).float()).all(), s
+    zero_block, scale = quantize_fp8_blockwise(torch.zeros(130, 3))
+    assert torch.equal(dequantize_fp8_blockwise(zero_block, scale), torch.zeros(130, 3, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

@@ -21,8 +21,27 @@ elements/s here) and the naive path also materialises the repeat-interleaved sca
 
 FP8 NaN encodings (0x7F/0xFF) have no finite meaning in a weight; they raise ``ValueError``, as does a
 non-finite scale (NaN or inf; every weight of its block would be NaN or inf), a scale that is zero or
-negative (its block would silently become zeros or flip sign) and a result that overflows the
-output dtype: a checkpoint never silently becomes non-finite weights, ``--verify`` or not.
+negative (its block would silently become zeros or flip sign), a scale outside `SCALE_INV_RANGE` and a
+result that overflows the output dtype: a checkpoint never silently becomes zeroed, absurd or non-finite
+weights, ``--verify`` or not.
+
+The plausible range of a ``weight_scale_inv``. It is the block's largest weight over the largest e4m3 value:
+``scale_inv = amax / 448`` (DeepSeek-V3's README: the weight is the FP8 block times ``weight_scale_inv``;
+DeepSeek's DeepGEMM builds its test weights with ``per_block_cast_to_fp8``, which clamps ``amax`` at 1e-4, so
+an all-zero block gets 1e-4 / 448 = 2.2e-7 rather than zero). So:
+
+* floor 2**-24 (6.0e-8), about a quarter of that smallest value: below it every weight of the block is under
+  448 * 2**-24 = 2.7e-5 in magnitude, under 1/200 of the 0.006 standard deviation DeepSeek-V3's weights are
+  initialised with, i.e. a block of (near) zeros that this quantiser cannot write; 1e-45 (a float32
+  subnormal) zeroes the block in BF16 as a zero scale would;
+* ceiling 1.0: weights up to 448 in magnitude. Trained LLM linear weights are of order 1e-2 to 1 (the largest
+  outliers a few units), so real scales are of order 1e-5 to 1e-2; 1.0 leaves two orders of magnitude of
+  headroom, and 1e30 (weights up to 4.5e32) is refused. It also keeps ``scale * 2**120`` (the kernel's
+  rebias) finite in float32.
+
+The checkpoint itself (700 GB) was not read to set these: they come from the format, the quantiser and the
+weight magnitudes above, with wide margins. A real scale outside them would be refused by name, not
+converted: the bound shows itself rather than passing a wrong weight.
 """
 
 from __future__ import annotations
@@ -37,6 +56,7 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 _REBIAS = 2.0**120  # float32 exponent bias (127) minus e4m3 bias (7)
 _MASK_SIGN_EXP_MANT = -0x78100000  # int32 view of 0x87F00000: sign bit + 4 exponent + 3 mantissa bits
 _STRIPE_ELEMS = 1 << 22  # about 16 MB of float32 temporaries per stripe
+SCALE_INV_RANGE = (2.0**-24, 1.0)  # a weight_scale_inv outside it is refused; why these bounds: module docstring
 
 
 def scale_grid_shape(shape: tuple[int, int] | torch.Size, block: tuple[int, int] = DEFAULT_BLOCK) -> tuple[int, int]:
@@ -78,6 +98,17 @@ def _check(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
         raise ValueError(
             f"its scale holds a non-positive value ({float(scale_inv.reshape(-1)[flat])}) at block "
             f"{index}; a scale must be finite and positive"
+        )
+    lo, hi = SCALE_INV_RANGE
+    outside = (scale_inv.float() < lo) | (scale_inv.float() > hi)
+    if scale_inv.numel() and bool(outside.any()):
+        flat = int(outside.reshape(-1).to(torch.uint8).argmax())
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(scale_inv.shape)))
+        value = float(scale_inv.reshape(-1)[flat])
+        raise ValueError(
+            f"its scale holds {value:.3g} at block {index}, outside the plausible range [{lo:.3g}, {hi:g}] of "
+            f"DeepSeek-V3's weight_scale_inv (the block's largest weight / 448: its weights would be at most "
+            f"{448 * value:.3g} in magnitude)"
         )
 
 
@@ -155,10 +186,7 @@ def dequantize_fp8_blockwise(
     # 0x7F is the largest int8 and 0xFF the largest uint8: two fast reductions find any NaN code
     if raw.numel() and (int(raw.max()) == 0x7F or int(raw.view(torch.uint8).max()) == 0xFF):
         raise ValueError("weight contains FP8 NaN encodings (0x7F/0xFF)")
-    scale = scale_inv.to(torch.float32)
-    if scale.numel() and float(scale.abs().max()) * _REBIAS >= torch.finfo(torch.float32).max / 2:
-        # the rebias would overflow float32; such scales never occur in real checkpoints
-        return _check_result(dequantize_fp8_reference(weight, scale_inv, block).to(out_dtype))
+    scale = scale_inv.to(torch.float32)  # at most 1 (SCALE_INV_RANGE): times the rebias, still finite
     col_scale = (scale * _REBIAS).repeat_interleave(block[1], dim=1)[:, :n].contiguous()  # [gm, n]
 
     full_rows = (m // bm) * bm

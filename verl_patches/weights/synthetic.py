@@ -43,7 +43,8 @@ def quantize_fp8_blockwise(
     bm, bn = block
     gm, gn = scale_grid_shape((m, n), block)
     padded = F.pad(w.float(), (0, gn * bn - n, 0, gm * bm - m))
-    amax = padded.view(gm, bm, gn, bn).abs().amax(dim=(1, 3)).clamp_min(1e-12)
+    # clamped as DeepGEMM's per_block_cast_to_fp8 clamps it: an all-zero block keeps a scale in SCALE_INV_RANGE
+    amax = padded.view(gm, bm, gn, bn).abs().amax(dim=(1, 3)).clamp_min(1e-4)
     scale = amax / FP8_MAX
     full = scale.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :n]
     return (w.float() / full).to(torch.float8_e4m3fn), scale
