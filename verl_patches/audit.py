@@ -23,7 +23,10 @@ first), "calls_upstream", "hidden": [name]}], "summary": {"components_matching",
 [{"point", "where", "frequency"}], "not_watched": [{"what", "why"}], "npu", "fault_injection"},
 "package_versions": {"line", "cpu_host", "differences": [{"name", "pinned", "installed", "note"}]},
 "npu_emulation": {"site", "packages", "active_in_this_process", "applies_when", "emulated_ops": [{"name",
-"provider", "implementation", "reference"}], "cpu_limits": [{"feature", "reason"}]}}
+"provider", "implementation", "reference", "wheel_ops"}], "cpu_limits": [{"feature", "reason"}], "wheel": {"file",
+"sha256", "url", "path", "status", "detail"}, "contract": [{"op", "schema", "meta", "has_wheel_meta"}],
+"schema_changes": [{"op", "reason"}], "meta_disagreements": [{"op", "outputs", "when", "reason"}],
+"cpu_proof_exceptions": [{"name", "deviation", "switch", "owner", "in_effect"}]}}
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 `site/` holds real packages named torch_npu, torchair and acl. `install_on_cpu_host()` puts that folder
 on sys.path and PYTHONPATH, only on a CPU host and only when no real torch_npu is installed, so the
 same MindSpeed / MindSpeed-LLM / vllm-ascend code that runs on A3 imports and runs here. On A3 it
-does nothing. `emulation_report()` lists every emulated operation and every MindSpeed feature that
-cannot run on a CPU host (shown by `python -m verl_patches.audit`).
+does nothing. Every emulated torch_npu op keeps the pinned torch_npu wheel's contract (`wheel_contract`: its
+schemas, Meta functions, documented limits and attribute set). `emulation_report()` lists every emulated
+operation with where its schema and Meta function come from in that wheel, the CPU proof's declared exceptions,
+and every MindSpeed feature that cannot run on a CPU host (shown by `python -m verl_patches.audit`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import sys
 from pathlib import Path
 
 from verl_patches.base.host_device import forced_device
-from verl_patches.npu_emulation.catalog import limits_table, ops_table
+from verl_patches.npu_emulation.catalog import OPS, limits_table, ops_table
+from verl_patches.npu_emulation.wheel_contract.cpu_proof import EXCEPTIONS, in_effect
+from verl_patches.npu_emulation.wheel_contract.deviations import META_DISAGREEMENTS, MUTATIONS
+from verl_patches.npu_emulation.wheel_contract.summary import op_sources, wheel_summary
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 EMULATED_PACKAGES = ("torch_npu", "torchair", "acl")
@@ -83,6 +88,7 @@ def emulation_report() -> dict:
     """For the audit: where the stand-ins live, whether they are active here, every emulated op and
     every MindSpeed feature that cannot run on a CPU host (with the reason)."""
 
+    wheel = wheel_summary()
     return {
         "site": str(SITE_DIR),
         "packages": list(EMULATED_PACKAGES),
@@ -90,6 +96,17 @@ def emulation_report() -> dict:
         "applies_when": "CPU host without a real torch_npu (never on A3)",
         "emulated_ops": ops_table(),
         "cpu_limits": limits_table(),
+        "wheel": {k: v for k, v in wheel.items() if k != "metas"},
+        "contract": [op_sources(op, wheel) for entry in OPS for op in entry.wheel_ops],
+        "schema_changes": [{"op": op, "reason": m.reason} for op, m in MUTATIONS.items()],
+        "meta_disagreements": [
+            {"op": op, "outputs": list(d.outputs), "when": f"{d.argument} in {list(d.values)}", "reason": d.reason}
+            for op, d in META_DISAGREEMENTS.items()
+        ],
+        "cpu_proof_exceptions": [
+            {"name": e.name, "deviation": e.deviation, "switch": e.env, "owner": e.owner, "in_effect": in_effect(e)}
+            for e in EXCEPTIONS
+        ],
     }
 
 
@@ -104,6 +121,22 @@ def emulation_report_text(report: dict | None = None) -> str:
     ]
     for op in rep["emulated_ops"]:
         out.append(f"EMULATED  {op['name']:<44} {op['reference']}")
+    wheel = rep["wheel"]
+    detail = f"; {wheel['detail']}" if wheel["detail"] else ""
+    out.append(
+        f"held to: {wheel['file']} sha256 {wheel['sha256']} ({wheel['status']}: {wheel['path']}{detail})"
+        " -- the source of every schema and Meta function below"
+    )
+    for row in rep["contract"]:
+        tag = "CONTRACT" if row["has_wheel_meta"] else "NO META "
+        out.append(f"{tag}  {row['op']:<44} schema: {row['schema']}; Meta: {row['meta']}")
+    for change in rep["schema_changes"]:
+        out.append(f"SCHEMA CHANGE {change['op']}: {change['reason']}")
+    for d in rep["meta_disagreements"]:
+        out.append(f"META NOT COMPARED {d['op']} outputs {d['outputs']} when {d['when']}: {d['reason']}")
+    for exc in rep["cpu_proof_exceptions"]:
+        state = "in effect here" if exc["in_effect"] else "not in effect here"
+        out.append(f"DEVIATION FROM A3  {exc['deviation']} (switch {exc['switch']}, {state}; set by {exc['owner']})")
     for lim in rep["cpu_limits"]:
         out.append(f"NOT ON CPU {lim['feature']}: {lim['reason']}")
     return "\n".join(out)

@@ -12,6 +12,9 @@ class EmulatedOp:
     provider: str  # torch_npu (the extension) or the MindSpeed builder op it replaces
     implementation: str  # module:function of the plain-torch version
     reference: str  # the formula the tests check, forward and backward
+    # the ops of the pinned torch_npu wheel it stands in for, "ns::name[.overload]": their schemas, Meta functions
+    # and documented limits are the wheel's (wheel_contract); none for a MindSpeed builder op
+    wheel_ops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -26,24 +29,28 @@ OPS: tuple[EmulatedOp, ...] = (
         "torch_npu",
         "verl_patches.npu_emulation.ops.norm:npu_rms_norm",
         "y = x * rsqrt(mean(x^2) + eps) * gamma (fp32 inside), returns (y, rstd)",
+        wheel_ops=("npu::npu_rms_norm",),
     ),
     EmulatedOp(
         "torch_npu.npu_swiglu",
         "torch_npu",
         "verl_patches.npu_emulation.ops.activation:npu_swiglu",
         "silu(a) * b, (a, b) = chunk(x, 2, dim)",
+        wheel_ops=("npu::npu_swiglu",),
     ),
     EmulatedOp(
         "torch_npu.npu_swiglu_backward",
         "torch_npu",
         "verl_patches.npu_emulation.ops.activation:npu_swiglu_backward",
         "[g*b*s*(1+a*(1-s)), g*silu(a)], s = sigmoid(a)",
+        wheel_ops=("npu::npu_swiglu_backward",),
     ),
     EmulatedOp(
         "torch_npu.npu_rotary_mul",
         "torch_npu",
         "verl_patches.npu_emulation.ops.rotary:npu_rotary_mul",
         "x*cos + rotate_half(x)*sin",
+        wheel_ops=("npu::npu_rotary_mul",),
     ),
     EmulatedOp(
         "mindspeed npu_rotary_position_embedding",
@@ -57,12 +64,14 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.attention:npu_fusion_attention",
         "softmax(scale*q k^T + pse, mask True=masked) v per head, GQA, layouts BNSD/BSND/BSH/SBH/TND, "
         "sparse_mode 0-4, pre/next token band",
+        wheel_ops=("npu::npu_fusion_attention",),
     ),
     EmulatedOp(
         "torch_npu.npu_fusion_attention_grad",
         "torch_npu",
         "verl_patches.npu_emulation.ops.attention:npu_fusion_attention_grad",
         "autograd of the forward formula",
+        wheel_ops=("npu::npu_fusion_attention_grad",),
     ),
     EmulatedOp(
         "mindspeed npu_fusion_attention_v2 (+grad)",
@@ -75,6 +84,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "torch_npu",
         "verl_patches.npu_emulation.ops.softmax:npu_scaled_masked_softmax",
         "softmax(x*scale, masked at -10000)",
+        wheel_ops=("npu::npu_scaled_masked_softmax",),
     ),
     EmulatedOp(
         "mindspeed npu_moe_token_permute",
@@ -123,6 +133,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "torch_npu",
         "verl_patches.npu_emulation.ops.optim:npu_apply_adam_w",
         "torch.optim.AdamW step t, given beta^(t-1) as MindSpeed passes it",
+        wheel_ops=("npu::npu_apply_adam_w.out",),
     ),
     EmulatedOp(
         "mindspeed npu_apply_fused_adamw_v2",
@@ -136,54 +147,63 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_gating_top_k",
         "s = sigmoid|softmax(x); choose on s + bias: k_group best groups (max or top-2 sum), then top k; "
         "y = s[chosen] / (sum + eps) (sigmoid) * routed_scaling_factor",
+        wheel_ops=("npu::npu_moe_gating_top_k",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_gating_top_k_softmax",
         "torch_npu",
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_gating_top_k_softmax",
         "top-k of softmax(x); row_idx[t, j] = j*T + t",
+        wheel_ops=("npu::npu_moe_gating_top_k_softmax",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_init_routing",
         "torch_npu",
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_init_routing",
         "stable sort of the (t, k) slots by expert; expanded_row_idx[k*T + t] = its sorted row; rows x[t]",
+        wheel_ops=("npu::npu_moe_init_routing",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_compute_expert_tokens",
         "torch_npu",
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_compute_expert_tokens",
         "out[e] = #(sorted expert ids <= e)",
+        wheel_ops=("npu::npu_moe_compute_expert_tokens",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_finalize_routing",
         "torch_npu",
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_finalize_routing",
         "out[t] = skip1 + skip2 + sum_k scales[t,k] * (rows[idx[k*T + t]] + bias[expert[t,k]]), fp32 inside",
+        wheel_ops=("npu::npu_moe_finalize_routing",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_re_routing",
         "torch_npu",
         "verl_patches.npu_emulation.ops.moe_routing:npu_moe_re_routing",
         "rank-major (rank, expert) row blocks regrouped expert-major; rows per expert",
+        wheel_ops=("npu::npu_moe_re_routing",),
     ),
     EmulatedOp(
         "torch_npu.npu_grouped_matmul",
         "torch_npu",
         "verl_patches.npu_emulation.ops.grouped_matmul:npu_grouped_matmul",
         "list form: y[group e rows] = x[group e rows] @ w[e] (group_type 0, cumsum or counts), or x_i @ w_i",
+        wheel_ops=("npu::npu_grouped_matmul",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_distribute_dispatch",
         "torch_npu (MC2 collective, over gloo)",
         "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_dispatch",
         "each (t, k) row to the rank of its expert (all_to_all_single), grouped by local expert; fixed A rows",
+        wheel_ops=("npu::npu_moe_distribute_dispatch",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_distribute_combine",
         "torch_npu (MC2 collective, over gloo)",
         "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_combine",
         "rows back to their tokens; out[t] = sum_k expert_scales[t,k] * expert_{e[t,k]}(x[t])",
+        wheel_ops=("npu::npu_moe_distribute_combine",),
     ),
     EmulatedOp(
         "torch_npu.npu_fused_infer_attention_score",
@@ -191,6 +211,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.mla:npu_fused_infer_attention_score",
         "softmax(scale*(q k^T + q_rope k_rope^T), blocked) v per head (kv head n // (N/Nkv)) over each sequence's "
         "tokens gathered through block_table (or contiguous), layouts BNSD/BSND/BSH/TND, sparse_mode 0-3, lse flag",
+        wheel_ops=("npu::npu_fused_infer_attention_score",),
     ),
     EmulatedOp(
         "torch_npu.npu_kv_rmsnorm_rope_cache",
@@ -198,6 +219,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.infer_norm_rope:npu_kv_rmsnorm_rope_cache",
         "y = RMSNorm(kv[..., :Dv]) * gamma, k = interleave_rope(kv[..., Dv:]); scattered into the paged caches at "
         "slot index[t] >= 0 (PA) or per-sequence offsets (Norm), in place; returns (k_cache, ckv_cache, k, y)",
+        wheel_ops=("npu::npu_kv_rmsnorm_rope_cache", "npu_inference::npu_kv_rmsnorm_rope_cache"),
     ),
     EmulatedOp(
         "torch_npu.npu_interleave_rope",
@@ -205,18 +227,21 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.infer_norm_rope:npu_interleave_rope",
         "pair (x[2i], x[2i+1]) rotated by theta_i as (a + ib) e^(i theta_i), out = [reals, imags]; "
         "generally cat(x1, x2)*cos + cat(-x2, x1)*sin with x1, x2 = x[..., 0::2], x[..., 1::2]",
+        wheel_ops=("npu::npu_interleave_rope", "npu_inference::npu_interleave_rope"),
     ),
     EmulatedOp(
         "torch_npu.npu_add_rms_norm",
         "torch_npu (torch.ops.npu custom op)",
         "verl_patches.npu_emulation.ops.infer_norm_rope:npu_add_rms_norm",
         "x = x1 + x2, y = x * rsqrt(mean(x^2) + eps) * gamma (fp32 inside), returns (y, rstd, x)",
+        wheel_ops=("npu::npu_add_rms_norm",),
     ),
     EmulatedOp(
         "torch_npu.npu_prefetch",
         "torch_npu (torch.ops.npu custom op)",
         "verl_patches.npu_emulation.ops.prefetch:npu_prefetch",
         "no effect on any value (an L2 prefetch hint); max_size > 0, offset >= 0 checked",
+        wheel_ops=("npu::npu_prefetch",),
     ),
     EmulatedOp(
         "torch_npu.npu_top_k_top_p",
@@ -224,6 +249,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.top_k_top_p:npu_top_k_top_p",
         "per row: -inf below the k-th largest logit, then -inf for the least likely survivors while their "
         "cumulative probability <= 1 - p (the most likely always kept)",
+        wheel_ops=("npu::npu_top_k_top_p",),
     ),
     EmulatedOp(
         "torch_npu.atb.npu_ring_mla (+ .out)",
@@ -231,6 +257,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.mla:npu_ring_mla",
         "per sequence softmax(scale*(q_nope k_nope^T + q_rope k_rope^T)) v, causal for mask_type_triu, lse [N, T]; "
         "calc_type_default merges with (pre_out, prev_lse): equals attention over the concatenated keys",
+        wheel_ops=("atb::npu_ring_mla", "atb::npu_ring_mla.out"),
     ),
     EmulatedOp(
         "torch_npu.atb.npu_paged_cache_load (+ .out)",
@@ -238,18 +265,21 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.paged_cache:npu_paged_cache_load",
         "sequence b's tokens seq_starts[b] .. + context_lens[b], token p at block_table[b][p // bs], row p % bs, "
         "concatenated over b (lengths or cumulative ends)",
+        wheel_ops=("atb::npu_paged_cache_load", "atb::npu_paged_cache_load.out"),
     ),
     EmulatedOp(
         "torch_npu._npu_reshape_and_cache",
         "torch_npu ATB (torch.ops.atb custom op)",
         "verl_patches.npu_emulation.ops.paged_cache:npu_reshape_and_cache",
         "key_cache[s // bs, s % bs] = key[t], value_cache likewise, for s = slot_indices[t] >= 0, in place",
+        wheel_ops=("atb::_npu_reshape_and_cache",),
     ),
     EmulatedOp(
         "torch_npu._npu_paged_attention_mla",
         "torch_npu ATB (torch.ops.atb custom op; vllm-ascend MLA eager decode)",
         "verl_patches.npu_emulation.ops.mla:npu_paged_attention_mla",
         "softmax(scale * q k^T) v over sequence b's context_lens[b] paged tokens, v = k[..., :mla_vheadsize]",
+        wheel_ops=("atb::_npu_paged_attention_mla",),
     ),
     EmulatedOp(
         "torch_npu._npu_rotary_embedding",
@@ -257,6 +287,7 @@ OPS: tuple[EmulatedOp, ...] = (
         "verl_patches.npu_emulation.ops.infer_norm_rope:npu_rotary_embedding",
         "in place: each head's first rot_dim dims rotated by the cache's angle for the token's position, "
         "pairs (i, i + rot_dim/2) neox style, else (2i, 2i + 1)",
+        wheel_ops=("atb::_npu_rotary_embedding",),
     ),
 )
 
@@ -312,11 +343,12 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
         "CPU",
     ),
     CpuLimit(
-        "vllm-ascend's MC2 kernels beyond the unquantized decode path (npu_moe_distribute_dispatch_v2 / combine_v2, "
-        "quant_mode 2, shared-expert ranks, a TP group, A2's expert_scales)",
-        "not emulated (NotImplementedError); the emulated v1 pair moves rows with all_to_all_single over gloo on the "
-        "group registered under the HCCL name (verl_patches/npu_emulation/hccl_names.py), and torch_npu exposes no "
-        "dispatch_v2, as torch_npu 2.5.1.post1, so vllm-ascend calls the v1 pair",
+        "vllm-ascend's MC2 kernels beyond the unquantized decode path (quant_mode 2, shared-expert ranks, a TP domain, "
+        "A2's expert_scales)",
+        "not emulated (NotImplementedError); the emulated pairs move rows with all_to_all_single over gloo on the "
+        "group registered under the HCCL name (verl_patches/npu_emulation/hccl_names.py). torch_npu 2.5.1.post1 "
+        "registers the v2 pair too (npu_moe_distribute_dispatch_v2 / combine_v2), which vllm-ascend takes on A3 by "
+        "hasattr(torch_npu, 'npu_moe_distribute_dispatch_v2'); the emulation exposes exactly the pairs it emulates",
     ),
 )
 

@@ -22,9 +22,6 @@ import torch
 NO_LIMIT = 2147483647
 FIA_LAYOUTS = ("BNSD", "BSND", "BSH", "TND")
 FIA_SPARSE_MODES = (0, 1, 2, 3)  # 0/1 the given mask, 2 causal top-left, 3 causal bottom-right
-RING_KERNEL_TYPES = ("kernel_type_default", "kernel_type_high_precision")
-RING_MASK_TYPES = ("no_mask", "mask_type_triu")
-RING_CALC_TYPES = ("calc_type_default", "calc_type_first_ring")
 
 
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -450,14 +447,6 @@ def npu_ring_mla(
     mask_type = mask_type or "no_mask"
     input_layout = input_layout or "type_bsnd"
     calc_type = calc_type or "calc_type_first_ring"
-    for name, val, allowed in (
-        ("kernel_type", kernel_type, RING_KERNEL_TYPES),
-        ("mask_type", mask_type, RING_MASK_TYPES),
-        ("input_layout", input_layout, ("type_bsnd",)),
-        ("calc_type", calc_type, RING_CALC_TYPES),
-    ):
-        if val not in allowed:
-            raise ValueError(f"npu_ring_mla: {name} must be one of {allowed}, got {val!r}")
     for name, t in (("q_nope", q_nope), ("q_rope", q_rope), ("k_nope", k_nope), ("k_rope", k_rope), ("value", value)):
         if t.dim() != 3:
             raise ValueError(f"npu_ring_mla: {name} must be [tokens, heads, dim] (type_bsnd), got {tuple(t.shape)}")

@@ -1,16 +1,17 @@
-"""The MoE inference ops as torch.library custom ops, ``torch.ops.npu.<name>``, each with a fake implementation.
+"""The MoE inference ops as dispatcher ops, ``torch.ops.npu.<name>``, registered with the real torch_npu's contract.
 
 vllm-ascend traces its decode step with ``torch.compile(fullgraph=True)`` (TorchAir graph mode); dynamo can
 only keep an op whose outputs it can size without running it, and must not look inside a collective. A
-custom op with a fake implementation is opaque to it and sized from its arguments. The schemas are the
-torch_npu 2.5.1 signatures (names, defaults, keyword-only marks), so vllm-ascend's keyword calls bind as on
-A3, with one difference: ``group_ep`` / ``group_tp`` of the MC2 ops accept None, so a missing communicator
-name reaches the op and gets an error that says what to register (a ``str`` schema would refuse None with a
-bare type error).
+dispatcher op with a Meta function is opaque to it and sized from its arguments. Each op is registered by
+`wheel_contract.registration`: the schema the pinned torch_npu wheel registers (names, types, defaults,
+keyword-only marks: vllm-ascend's keyword calls bind as on A3, and a ``group_tp`` left out arrives as ``""``),
+the wheel's Meta function (every op here has one; the shape functions below are not used while it does), the
+documented limits, and the kernel for CompositeExplicitAutograd, so they run for tensors of any device; there is
+no backward (inference ops).
 
 `register_moe_ops()` defines them once per process (the stand-in torch_npu calls it at import) and returns
-``{name: torch.ops.npu.<name>}``. The kernels are registered for CompositeExplicitAutograd, so they run for
-tensors of any device; there is no backward (inference ops).
+``{name: torch.ops.npu.<name>}``. An entry of `OPS` is ``name -> (..., kernel, shape function)``: only the last two
+are read (the schema is the wheel's).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from verl_patches.npu_emulation.ops import grouped_matmul, moe_distribute, moe_routing
+from verl_patches.npu_emulation.wheel_contract.registration import Emulated, register
 
 NAMESPACE = "npu"
 
@@ -90,23 +92,10 @@ OPS: dict[str, tuple[str, Callable, Callable]] = {
     ),
 }
 
-_library: torch.library.Library | None = None  # kept alive: the registrations last as long as this object
-
-
-def _defined_elsewhere(name: str) -> bool:
-    """Another copy of this module (imported under another path) defined the op already."""
-    return bool(torch._C._jit_get_schemas_for_operator(f"{NAMESPACE}::{name}"))
-
 
 def register_moe_ops() -> dict[str, torch._ops.OpOverloadPacket]:
     """Define the ops (once per process); returns {name: torch.ops.npu.<name>}."""
-    global _library
-    if _library is None and not all(_defined_elsewhere(name) for name in OPS):
-        library = torch.library.Library(NAMESPACE, "FRAGMENT")
-        for name, (schema, kernel, fake) in OPS.items():
-            library.define(name + schema)
-            library.impl(name, kernel, "CompositeExplicitAutograd")
-            torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=library)
-        _library = library
+    entries = [Emulated(f"{NAMESPACE}::{name}", row[-2], fallback_fake=row[-1]) for name, row in OPS.items()]
+    register(entries)
     namespace = getattr(torch.ops, NAMESPACE)
     return {name: getattr(namespace, name) for name in OPS}

@@ -9,7 +9,8 @@ import torch
 def npu_top_k_top_p(logits: torch.Tensor, p: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Per row b of logits [B, V]: logits below the k[b]-th largest become -inf (ties with it stay); then, over
     the softmax of what is left sorted ascending, every logit whose cumulative probability is <= 1 - p[b] becomes
-    -inf, the largest always staying. Returns a new tensor in logits' dtype and order."""
+    -inf, the largest always staying. Returns a new tensor in logits' dtype and order. (k's dtype and range, p's
+    dtype: the documented limits, checked before the kernel runs: wheel_contract/limits.py.)"""
     if logits.dim() != 2:
         raise ValueError(f"npu_top_k_top_p: logits must be [batch, vocab], got {tuple(logits.shape)}")
     batch, vocab = logits.shape
@@ -18,10 +19,6 @@ def npu_top_k_top_p(logits: torch.Tensor, p: torch.Tensor, k: torch.Tensor) -> t
             f"npu_top_k_top_p: p {tuple(p.shape)} and k {tuple(k.shape)} must both be ({batch},); note the order "
             "(logits, p, k)"
         )
-    if k.is_floating_point():
-        raise TypeError(f"npu_top_k_top_p: k must be an integer tensor, got {k.dtype}")
-    if batch and (int(k.min()) < 1 or int(k.max()) > vocab):
-        raise ValueError(f"npu_top_k_top_p: k must lie in 1..{vocab} (the vocab), got {k.tolist()}")
     sorted_logits, order = logits.sort(dim=-1, descending=False, stable=True)
     kth_largest = sorted_logits.gather(-1, (vocab - k.long()).unsqueeze(-1))
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, float("-inf"))

@@ -6,6 +6,8 @@ kernel limit; on a CPU host the attention and MoE kernels are our plain-torch em
 any dtype. The tiny run keeps float32 so the rollout's log-probs agree with the training engine's to < 1e-3
 (the rollout_mismatch metrics), as the A3 run's bf16 engines cannot. Every other V1 rule is decided by the
 original: the dtype is shown to it as bf16 for the duration of the call and restored after. Never on A3.
+Letting float32 through declares the CPU proof's exceptions to the emulated kernels' documented limits (float32
+where they list bf16/fp16; the scaled-down model's sizes): verl_patches/npu_emulation/wheel_contract/cpu_proof.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+from verl_patches.npu_emulation.wheel_contract.cpu_proof import FP32_RUN, SCALED_MODEL, declare
+
 
 def wrap_v1_oracle(original: Callable[..., Any]) -> Callable[..., Any]:
     """`_is_v1_supported_oracle` that treats float32 like bfloat16 (every other rule unchanged)."""
@@ -23,6 +27,8 @@ def wrap_v1_oracle(original: Callable[..., Any]) -> Callable[..., Any]:
     def oracle(self: Any, model_config: Any) -> Any:
         if getattr(model_config, "dtype", None) != torch.float32:
             return original(self, model_config)
+        declare(FP32_RUN)
+        declare(SCALED_MODEL)
         model_config.dtype = torch.bfloat16
         try:
             return original(self, model_config)

@@ -1,0 +1,46 @@
+"""Members of the pinned torch_npu wheel read as bytes or text straight from the zip: nothing is extracted, nothing
+lands on an import path, nothing of it is imported as a package."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+# The wheel's files the contract is read from (paths inside the archive)
+NATIVE_FUNCTIONS = "torch_npu/csrc/aten/npu_native_functions.yaml"
+NATIVE_FUNCTIONS_CODEGEN = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+TORCH_NPU_LIBRARY = "torch_npu/lib/libtorch_npu.so"  # its TORCH_LIBRARY(npu) definitions: the registered schemas
+ATB_LIBRARY = "torch_npu/lib/libop_plugin_atb.so"  # its TORCH_LIBRARY(atb) definitions
+ATB_OPS = "torch_npu/op_plugin/atb/_atb_ops.py"  # which ATB ops torch_npu exposes, and where
+META_REGISTRATIONS = "torch_npu/op_plugin/meta/_meta_registrations.py"
+ATB_META_REGISTRATIONS = "torch_npu/op_plugin/atb/_atb_meta_registrations.py"
+TORCHAIR_CUSTOM_OPS = "torch_npu/dynamo/torchair/_contrib/custom_torch_ops/auto_register_custom_torch_ops.py"
+CUSTOM_OPS = "torch_npu/utils/custom_ops.py"  # torch_npu.<name> = torch.ops.npu.<name>, for every exposed op
+PACKAGE_INIT = "torch_npu/__init__.py"
+OP_PLUGIN_INIT = "torch_npu/op_plugin/__init__.py"
+OP_DOCS = "torch_npu/_op_plugin_docs.py"
+ATB_DOCS = "torch_npu/op_plugin/atb/_atb_api_docs.py"
+
+
+class WheelArchive:
+    """The wheel's members by name; a name the archive does not hold is a KeyError naming it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with zipfile.ZipFile(path) as z:
+            self._names = frozenset(z.namelist())
+
+    def has(self, member: str) -> bool:
+        return member in self._names
+
+    def names(self) -> frozenset[str]:
+        return self._names
+
+    def data(self, member: str) -> bytes:
+        if member not in self._names:
+            raise KeyError(f"{self.path.name}: no member {member}")
+        with zipfile.ZipFile(self.path) as z:
+            return z.read(member)
+
+    def text(self, member: str) -> str:
+        return self.data(member).decode("utf-8")
