@@ -204,3 +204,163 @@ def test_json_layout_is_what_readers_diff(tmp_path: Path) -> None:
     assert (tmp_path / "a.json").read_text() == '{\n  "b": 1,\n  "a": [\n    1,\n    2\n  ]\n}\n'
     aw.write_json_atomically(tmp_path / "b.json", {"b": 1, "a": 2}, indent=None, sort_keys=True)
     assert (tmp_path / "b.json").read_text() == '{"a": 2, "b": 1}\n'
+
+
+# --- issue 41 class 4: a temp is written through the descriptor that created it, never reopened by name ------------
+
+
+@pytest.fixture
+def swap_temp_for_link(monkeypatch, tmp_path: Path):
+    """Every temp created from now on is swapped for a link to ``victim`` right after its exclusive create and
+    before anything is written: the race another account of a shared folder won once in four runs."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    real_open = os.open
+    swapped: list[str] = []
+
+    def create_then_swap(path, flags, *a, dir_fd=None, **k):
+        fd = real_open(path, flags, *a, dir_fd=dir_fd, **k)
+        if flags & os.O_EXCL and aw.TMP_PREFIX in os.fspath(path):
+            os.unlink(path, dir_fd=dir_fd)
+            os.symlink(victim, path, dir_fd=dir_fd)
+            swapped.append(os.fspath(path))
+        return fd
+
+    monkeypatch.setattr(os, "open", create_then_swap)
+    return victim, swapped
+
+
+def _writes_by_descriptor(folder: Path) -> dict:
+    return {
+        "text": lambda: aw.write_text_atomically(folder / "out", "new"),
+        "bytes": lambda: aw.write_bytes_atomically(folder / "out", b"new"),
+        "json": lambda: aw.write_json_atomically(folder / "out", {"new": 1}),
+        "private": lambda: aw.write_bytes_atomically(folder / "out", b"new", mode=0o600),
+        "open": lambda: _open_and_write(folder / "out"),
+    }
+
+
+def _open_and_write(target: Path) -> None:
+    with aw.atomic_open(target, "w") as f:
+        f.write("new")
+
+
+@pytest.mark.parametrize("writer", ["text", "bytes", "json", "private", "open"])
+def test_a_temp_swapped_for_a_link_before_the_write_is_neither_followed_nor_published(
+    tmp_path: Path, swap_temp_for_link, writer: str
+) -> None:
+    victim, swapped = swap_temp_for_link
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "out").write_text("old")
+    with pytest.raises(aw.TempReplaced, match=r"replaced by a symbolic link while being written; not put in place"):
+        _writes_by_descriptor(folder)[writer]()
+    assert len(swapped) == 1
+    assert victim.read_text() == "precious"  # the write went to the descriptor, not through the link
+    assert (folder / "out").read_text() == "old" and not (folder / "out").is_symlink()  # the link is not published
+    assert sorted(p.name for p in folder.iterdir()) == ["out"]  # the planted link is gone with the temp
+
+
+def test_the_same_writers_without_the_swap_open_each_temp_once_to_create_it(tmp_path: Path, monkeypatch) -> None:
+    """No reopen by name at all: the only open of a temp's name is its exclusive create."""
+    import io
+
+    opens: list[tuple[str, int]] = []
+    real_os_open, real_io_open = os.open, io.open
+
+    def os_open(path, flags, *a, **k):
+        opens.append((os.fspath(path), flags))
+        return real_os_open(path, flags, *a, **k)
+
+    def io_open(file, *a, **k):
+        if not isinstance(file, int):
+            opens.append((os.fspath(file), -1))
+        return real_io_open(file, *a, **k)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(io, "open", io_open)
+    for name, write in _writes_by_descriptor(tmp_path).items():
+        opens.clear()
+        write()
+        temps = [(path, flags) for path, flags in opens if aw.TMP_PREFIX in path]
+        assert len(temps) == 1 and temps[0][1] != -1 and temps[0][1] & os.O_EXCL, (name, opens)
+        assert (tmp_path / "out").exists(), name
+    opens.clear()
+    aw.write_atomically(tmp_path / "out", lambda p: p.write_text("by name"))  # the path API: the writer reopens
+    assert sum(aw.TMP_PREFIX in path for path, _ in opens) == 2
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_path_writers_temp_swapped_while_it_wrote_is_not_published(tmp_path: Path) -> None:
+    """Writers that only take a path (torch.save) open the temp by name; a temp that no longer names the file
+    created for it when they are done is refused, whether a link or another file took its place."""
+    (tmp_path / "out").write_text("old")
+    other = tmp_path / "other"
+    other.write_text("theirs")
+
+    def writes_then_swapped_for(kind: str):
+        def writer(tmp: Path) -> None:
+            tmp.write_text("new")
+            tmp.unlink()
+            if kind == "link":
+                tmp.symlink_to(other)
+            else:
+                tmp.write_text("theirs")
+
+        return writer
+
+    for kind, needle in (("link", "a symbolic link"), ("file", "another file")):
+        with pytest.raises(aw.TempReplaced, match=f"replaced by {needle} while being written"):
+            aw.write_atomically(tmp_path / "out", writes_then_swapped_for(kind))
+        assert (tmp_path / "out").read_text() == "old" and other.read_text() == "theirs"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_folder_renamed_away_mid_write_does_not_redirect_it(tmp_path: Path) -> None:
+    """Relative to the folder's descriptor: the file lands in the folder that was opened, not where a link put
+    in its place would send it."""
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rename(run, tmp_path / "moved")
+        run.symlink_to(elsewhere)
+        aw.write_text_at(fd, "pids.json", "{}", folder=run)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "moved" / "pids.json").read_text() == "{}"
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(ValueError, match="is not one file name"):
+        aw.write_text_at(os.open(tmp_path, os.O_RDONLY), "../x", "")
+
+
+def test_a_private_file_is_never_readable_by_others_not_even_half_written(tmp_path: Path, umask, monkeypatch) -> None:
+    umask(0o000)
+    seen: list[int] = []
+    real = aw._write_all
+
+    def look(fd: int, data: bytes) -> None:
+        seen.append(stat_mode(os.fstat(fd)))
+        real(fd, data)
+
+    monkeypatch.setattr(aw, "_write_all", look)
+    aw.write_bytes_atomically(tmp_path / "secret", b"k" * 32, mode=0o600)
+    aw.write_bytes_atomically(tmp_path / "run.sh", b"#!/bin/sh\n", mode=0o755)
+    assert seen == [0o600, 0o600]  # while written: 0600, whatever the umask and the final mode
+    assert stat_mode((tmp_path / "secret").stat()) == 0o600 and stat_mode((tmp_path / "run.sh").stat()) == 0o755
+
+
+def stat_mode(st: os.stat_result) -> int:
+    return st.st_mode & 0o777
+
+
+def test_commit_refuses_a_temp_that_became_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    tmp = aw.temp_path_for(tmp_path / "out")
+    tmp.unlink()
+    tmp.symlink_to(victim)
+    with pytest.raises(aw.TempReplaced, match="replaced by a symbolic link"):
+        aw.commit(tmp, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and victim.read_text() == "precious"

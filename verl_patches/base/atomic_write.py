@@ -13,8 +13,17 @@ into one folder, a writer asks for an *owned* temp (``owned=True``): its name al
 host, ``.verl_patches-tmp-<16 hex>.<pid>@<host>.<target name>``, so that only the leftovers of a process of
 this host that no longer runs are removed (`remove_abandoned_temps`), never a running writer's.
 
-Writers that want a path (``torch.save``, pyarrow, a safetensors writer) use `atomic_path` or
-`write_atomically`; writers that want a file object use `atomic_open`.
+Every step is taken relative to a descriptor of the target's folder, opened once, and the temp is created
+with ``O_EXCL | O_NOFOLLOW``: renaming the folder or a level above it meanwhile cannot send the write
+elsewhere, and a link planted at the temp's name is never followed. Bytes, text and JSON (`write_bytes_at`,
+`write_text_atomically`, `write_json_atomically`) and `atomic_open` write through the descriptor that created
+the temp and never reopen it by name; before the rename the temp's name must still name that file, so a link
+or file put in its place is never published (`TempReplaced`). ``mode`` given: the temp is 0600 while it is
+written and gets ``mode`` just before the rename (a secret is never readable by others, not even half-written).
+
+Writers that only take a path (``torch.save``, pyarrow, a safetensors writer) use `atomic_path` or
+`write_atomically`: they open the temp by name, so they belong in folders only this account can change;
+the same check refuses a temp swapped while they wrote.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +49,10 @@ _OWNED_TMP_NAME = re.compile(
 _NAME_KEEP = 200  # of the target's name in the temp name: the whole temp name stays under 255 bytes
 # fsync on a folder is not supported by every filesystem (some network and FUSE mounts); the rename is done
 _DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
 
 
 def is_temp_name(name: str) -> bool:
@@ -51,22 +65,123 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
 
 
+def _temp_name(target_name: str, owned: bool) -> str:
+    owner = f"{os.getpid()}@{host_tag()}." if owned else ""
+    return f"{TMP_PREFIX}{secrets.token_hex(8)}.{owner}{target_name[: _NAME_KEEP - len(owner)]}"
+
+
+def _single_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"atomic_write: {name!r} is not one file name")
+    return name
+
+
+def _open_folder(folder: Path) -> int:
+    """A descriptor of ``folder`` (created when missing): every later step is relative to it, so renaming the
+    folder or a level above it meanwhile cannot send the write elsewhere."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+
+
+def _create_temp(dir_fd: int, target_name: str, *, owned: bool = False, private: bool = False) -> tuple[str, int]:
+    """(name, write descriptor) of a new temp file beside ``target_name`` in ``dir_fd``: created exclusively and
+    never through a link, 0600 while it is written when ``private`` (its final mode is set before the rename),
+    else 0666 minus the umask."""
+    while True:
+        name = _temp_name(target_name, owned)
+        try:
+            return name, os.open(name, _CREATE, 0o600 if private else 0o666, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+
+
+def _fsync_folder_fd(dir_fd: int) -> None:
+    try:
+        os.fsync(dir_fd)
+    except OSError as err:
+        if err.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+
+
+class TempReplaced(OSError):
+    """A temp file that is no longer the one this writer created (a link or another file put in its place);
+    it is not put in place. One line naming it."""
+
+
+def _still_ours(dir_fd: int, name: str, fd: int, shown: str) -> None:
+    """``name`` in ``dir_fd`` still names the file created as ``fd`` (not a link, not another file)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise TempReplaced(f"{shown}: removed while being written; not put in place") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise TempReplaced(f"{shown}: replaced by a symbolic link while being written; not put in place")
+    if not os.path.samestat(st, os.fstat(fd)):
+        raise TempReplaced(f"{shown}: replaced by another file while being written; not put in place")
+
+
+@contextlib.contextmanager
+def _temp_at(
+    dir_fd: int, target_name: str, *, mode: int | None, owned: bool = False, shown_folder: str = "<folder>"
+) -> Iterator[tuple[str, int]]:
+    """``(temp name, its descriptor)``; on a clean exit the descriptor's file gets ``mode`` (when given), is
+    flushed, checked to be what the temp name still names (`TempReplaced` otherwise: a link or file put there
+    is never published), renamed over ``target_name`` and the folder flushed, all relative to ``dir_fd``; on an
+    exception the temp name is removed. The temp is never reopened by name."""
+    tmp, fd = _create_temp(dir_fd, _single_name(target_name), owned=owned, private=mode is not None)
+    try:
+        yield tmp, fd
+        if mode is not None:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+        _still_ours(dir_fd, tmp, fd, f"{shown_folder}/{tmp}")
+        os.replace(tmp, target_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        _fsync_folder_fd(dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_bytes_at(
+    dir_fd: int, name: str, data: bytes, *, mode: int | None = None, folder: str | os.PathLike = "<folder>"
+) -> None:
+    """``data`` put in place as ``name`` in the folder open as ``dir_fd`` (``folder`` is its name in messages),
+    through the descriptor of its exclusively created temp (`_temp_at`): a link or file put where the temp or
+    the folder was cannot redirect it. ``mode`` as for `commit`."""
+    with _temp_at(dir_fd, name, mode=mode, shown_folder=str(folder)) as (_, fd):
+        _write_all(fd, data)
+
+
+def write_text_at(
+    dir_fd: int, name: str, text: str, *, mode: int | None = None, folder: str | os.PathLike = "<folder>"
+) -> None:
+    """`write_bytes_at` of ``text`` as UTF-8."""
+    write_bytes_at(dir_fd, name, text.encode("utf-8"), mode=mode, folder=folder)
+
+
 def temp_path_for(target: str | os.PathLike, *, owned: bool = False) -> Path:
     """A fresh, empty temp file beside ``target`` (its folder is created), mode 0666 minus the umask;
     ``owned`` puts this process's pid and host in its name (`remove_abandoned_temps`).
 
-    The caller writes it and then calls `commit`, or `discard` on failure; `atomic_path` does both.
-    """
+    For writers that take a path; the caller writes it and then calls `commit`, or `discard` on failure.
+    `atomic_path` does both and refuses a temp swapped while it was written."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    owner = f"{os.getpid()}@{host_tag()}." if owned else ""
-    while True:
-        path = target.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}.{owner}{target.name[: _NAME_KEEP - len(owner)]}"
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
-            return path
-        except FileExistsError:
-            continue
+    dir_fd = _open_folder(target.parent)
+    try:
+        name, fd = _create_temp(dir_fd, target.name, owned=owned)
+        os.close(fd)
+    finally:
+        os.close(dir_fd)
+    return target.parent / name
 
 
 def temp_dir_for(target: str | os.PathLike) -> Path:
@@ -86,31 +201,36 @@ def temp_dir_for(target: str | os.PathLike) -> Path:
 def fsync_dir(folder: str | os.PathLike) -> None:
     """Flush ``folder``'s entries (a rename or a new file in it) to disk; a no-op where the filesystem
     cannot flush a folder."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
     try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno not in _DIR_FSYNC_UNSUPPORTED:
-            raise
+        _fsync_folder_fd(fd)
     finally:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _check_regular(fd: int, shown: Path) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise TempReplaced(f"{shown}: not a regular file any more; not put in place")
 
 
 def commit(tmp: str | os.PathLike, target: str | os.PathLike, *, mode: int | None = None) -> None:
-    """Put the written temp file ``tmp`` in place of ``target``, durably: flush it, rename it over
-    ``target``, flush the folder. ``mode`` (e.g. the replaced file's) is set first when given."""
+    """Put the written temp file ``tmp`` (`temp_path_for`) in place of ``target``, durably: flush it, rename it
+    over ``target``, flush the folder. ``mode`` (e.g. the replaced file's) is set first when given. A temp
+    that has become a link is refused (`TempReplaced`), never followed."""
     tmp, target = Path(tmp), Path(target)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    _fsync_file(tmp)
+    try:
+        fd = os.open(tmp, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        if os.path.islink(tmp):
+            raise TempReplaced(f"{tmp}: replaced by a symbolic link while being written; not put in place") from None
+        raise
+    try:
+        _check_regular(fd, tmp)
+        if mode is not None:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, target)
     fsync_dir(target.parent)
 
@@ -122,15 +242,20 @@ def discard(tmp: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
-    """``with atomic_path(target) as tmp:`` write ``tmp`` by path; on a clean exit it replaces ``target``
-    (`commit`), on an exception it is removed and ``target`` is untouched."""
-    tmp = temp_path_for(target)
+    """``with atomic_path(target) as tmp:`` write ``tmp`` by path; on a clean exit it replaces ``target``,
+    on an exception it is removed and ``target`` is untouched.
+
+    For writers that only take a path (``torch.save``, pyarrow, safetensors), which open it by name: the temp
+    name is unguessable, and if it no longer names the file created for it when the writer is done (a link or
+    another file put in its place) nothing is put in place (`TempReplaced`). Text, bytes and JSON go through
+    `write_bytes_at` and friends, which never open the temp by name."""
+    target = Path(target)
+    dir_fd = _open_folder(target.parent)
     try:
-        yield tmp
-        commit(tmp, target, mode=mode)
-    except BaseException:
-        discard(tmp)
-        raise
+        with _temp_at(dir_fd, target.name, mode=mode, shown_folder=str(target.parent)) as (name, _):
+            yield target.parent / name
+    finally:
+        os.close(dir_fd)
 
 
 @contextlib.contextmanager
@@ -138,27 +263,41 @@ def atomic_open(
     target: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None, file_mode: int | None = None
 ) -> Iterator[IO[Any]]:
     """``with atomic_open(target, "w") as f:`` write ``f``; it replaces ``target`` on a clean exit only.
-    ``mode`` is a write mode of `open` ("w", "wb"); text defaults to UTF-8."""
+    ``mode`` is a write mode of `open` ("w", "wb"); text defaults to UTF-8. ``f`` writes to the descriptor of
+    the exclusively created temp: nothing reopens it by name."""
     if not set(mode) <= set("wbt") or "w" not in mode:
         raise ValueError(f"atomic_open({target}): mode {mode!r} is not a write mode ('w' or 'wb')")
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
-    with atomic_path(target, mode=file_mode) as tmp, open(tmp, mode, encoding=encoding) as f:
-        yield f
+    target = Path(target)
+    dir_fd = _open_folder(target.parent)
+    try:
+        with _temp_at(dir_fd, target.name, mode=file_mode, shown_folder=str(target.parent)) as (_, fd):
+            with os.fdopen(fd, mode, encoding=encoding, closefd=False) as f:
+                yield f
+    finally:
+        os.close(dir_fd)
 
 
 def write_atomically(target: str | os.PathLike, writer: Callable[[Path], object], *, mode: int | None = None) -> None:
-    """Call ``writer(tmp_path)`` and put the result in place of ``target``; the temp file goes on failure."""
+    """Call ``writer(tmp_path)`` and put the result in place of ``target``; the temp file goes on failure
+    (`atomic_path`: for writers that only take a path)."""
     with atomic_path(target, mode=mode) as tmp:
         writer(tmp)
 
 
 def write_bytes_atomically(target: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
-    write_atomically(target, lambda p: p.write_bytes(data), mode=mode)
+    """``data`` in place of ``target``, written through the temp's descriptor (`write_bytes_at`)."""
+    target = Path(target)
+    dir_fd = _open_folder(target.parent)
+    try:
+        write_bytes_at(dir_fd, target.name, data, mode=mode, folder=target.parent)
+    finally:
+        os.close(dir_fd)
 
 
 def write_text_atomically(target: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
-    write_atomically(target, lambda p: p.write_text(text, encoding="utf-8"), mode=mode)
+    write_bytes_atomically(target, text.encode("utf-8"), mode=mode)
 
 
 def write_json_atomically(
