@@ -54,3 +54,34 @@ def test_foreign_checkpoint_path_is_refused_before_anything_is_built(tmp_path: P
     with pytest.raises(ValueError, match="actor.megatron.dist_checkpointing_path"):
         prepare_for(c, progress=False)
     assert not (tmp_path / "assets").exists()
+
+
+@pytest.mark.needs_components("vllm_ascend")
+def test_the_a3_paths_model_routes_as_deepseek_v3_through_the_256_expert_kernel(tmp_path: Path) -> None:
+    """DeepSeek-V3's router as A3 runs it: every router key at the official value, so that vllm-ascend takes its
+    `npu_moe_gating_top_k` branch (taken only at exactly 256 routed experts, in its pinned fused_moe.py); the
+    built model's score-correction bias makes the biased scores negative, where HF's 0.0 group mask deviates."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_patches.trainer.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD, ROUTER_KEYS
+    from verl_patches.trainer.tiny_assets import build_model, build_tokenizer
+    from verl_patches.weights.config import official_config
+
+    spec = tiny_spec(cfg())
+    overrides, official = dict(spec.model_overrides), official_config()
+    for key in (*ROUTER_KEYS, "scoring_func", "topk_method", "norm_topk_prob", "routed_scaling_factor"):
+        assert overrides.get(key, official[key]) == official[key], key
+    branch = (Path(__file__).resolve().parents[2] / "vllm_ascend/ops/fused_moe.py").read_text()
+    assert "if global_num_experts == 256:" in branch and overrides["n_routed_experts"] == 256
+    assert (spec.router_bias_mean, spec.router_bias_std) == (ROUTER_BIAS_MEAN, ROUTER_BIAS_STD)
+
+    tok = build_tokenizer(tmp_path, ["What is 1 + 2 ?"], max_operand=2)
+    build_model(tmp_path, 64, spec.seed, tok, overrides, router_bias=(spec.router_bias_mean, spec.router_bias_std))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    moe_layers = model.model.layers[model.config.first_k_dense_replace :]
+    biases = [layer.mlp.gate.e_score_correction_bias for layer in moe_layers]
+    assert len(biases) >= 1
+    for bias in biases:
+        assert bias.shape == (256,) and float(bias.max()) < -0.5 and float(bias.std()) > 0.5 * ROUTER_BIAS_STD
+    assert not torch.equal(biases[0], biases[-1])  # each layer its own draw

@@ -4,8 +4,12 @@ building them (thin).
 On the A3 path (``actor.strategy=megatron``) the actor and the reference load our converter's Megatron
 checkpoint of the tiny HF model in the run's own layout (TP/PP/EP, uneven layer list, grouped GEMM,
 TP-extend-EP as the A3 job), and the rollout receives the actor's weights through the weight sync. The
-model there uses one routing group (MindSpeed-LLM's router and HF's agree without group-limited
-routing, as in the engine's golden test) and a vocabulary padded for the TP and EP splits.
+model there routes as DeepSeek-V3 does on A3: 256 routed experts in 8 groups, the top 8 of the 4 best
+groups, chosen on sigmoid scores plus a score-correction bias, so that vllm-ascend calls
+`npu_moe_gating_top_k` (only for 256 experts) and MindSpeed-LLM's group-limited router trains it; small
+experts keep it cheap. The bias makes nearly every biased score negative, where a 0.0 group mask (HF's)
+would choose experts of unselected groups: every reference routes with DeepSeek's -inf mask (the declared
+transformers patch). Its vocabulary is padded for the TP and EP splits.
 """
 
 from __future__ import annotations
@@ -18,11 +22,22 @@ from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, check_learnab
 from verl_patches.weights.config import official_config
 from verl_patches.weights.layout import ParallelLayout
 
+# DeepSeek-V3's router, every key at the official config's value (256 routed experts, n_group 8, topk_group 4,
+# 8 per token): vllm-ascend routes through the fused npu_moe_gating_top_k only at exactly 256 experts
+ROUTER_KEYS = ("n_routed_experts", "n_group", "topk_group", "num_experts_per_tok")
 MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
-    "n_group": 1,
-    "topk_group": 1,
+    **{key: official_config()[key] for key in ROUTER_KEYS},
+    # a quarter of the tiny default's expert width, with 8 experts per token instead of 2: a token's routed
+    # experts compute what they did with 8 experts in all (8 x 8 = 2 x 32 wide); the shared expert keeps its width
+    "moe_intermediate_size": 8,
+    "n_shared_experts": 4,
     "max_position_embeddings": 256,
 }
+# Each MoE layer's score-correction bias: N(-1, 0.05^2). The offset moves every biased score below zero (a
+# sigmoid is below 1) without changing DeepSeek's choice (a shift common to all experts); the spread does
+# change it. MindSpeed-LLM updates the bias in training (moe_router_bias_update_rate), the weight sync carries it
+ROUTER_BIAS_MEAN = -1.0
+ROUTER_BIAS_STD = 0.05
 VOCAB_MULTIPLE = 8
 MCORE_DIR = "mcore"
 
@@ -55,6 +70,8 @@ def tiny_spec(cfg: Any) -> TinySpec:
         base_steps=spec.base_steps,
         vocab_multiple=VOCAB_MULTIPLE,
         model_overrides=tuple(sorted(overrides.items())),
+        router_bias_mean=ROUTER_BIAS_MEAN,
+        router_bias_std=ROUTER_BIAS_STD,
     )
 
 

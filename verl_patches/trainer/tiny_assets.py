@@ -84,6 +84,10 @@ class TinySpec:
     train_ratio: float = 0.9
     template: str = "r1_zero"
     model_overrides: tuple[tuple[str, Any], ...] = ()
+    # each MoE layer's score-correction bias (e_score_correction_bias, noaux_tc) drawn from N(mean, std^2), seeded;
+    # both 0: transformers' zeros
+    router_bias_mean: float = 0.0
+    router_bias_std: float = 0.0
     vocab_multiple: int = 1  # the model's vocabulary padded to a multiple (Megatron's TP/EP splits need it)
     phrasings: tuple[str, ...] = PHRASINGS
     # one held-out row per distinct problem: validation decodes greedily (n=1), so copies add time, not
@@ -171,9 +175,15 @@ def build_tokenizer(out_dir: Path, texts: list[str], max_operand: int) -> Any:
 
 
 def build_model(
-    out_dir: Path, vocab_size: int, seed: int, tokenizer: Any, overrides: dict[str, Any] | None = None
+    out_dir: Path,
+    vocab_size: int,
+    seed: int,
+    tokenizer: Any,
+    overrides: dict[str, Any] | None = None,
+    router_bias: tuple[float, float] = (0.0, 0.0),
 ) -> Path:
-    """A randomly initialised DeepSeek-V3-shaped model (MLA + MoE) from our tiny config generator."""
+    """A randomly initialised DeepSeek-V3-shaped model (MLA + MoE) from our tiny config generator; each MoE
+    layer's score-correction bias drawn from N(mean, std^2) for `router_bias` = (mean, std)."""
     # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
@@ -186,11 +196,36 @@ def build_model(
     )
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**cfg))
+    mean, std = router_bias
+    if mean or std:
+        draw = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for layer in model.model.layers[cfg["first_k_dense_replace"] :]:
+                bias = layer.mlp.gate.e_score_correction_bias
+                bias.copy_(mean + std * torch.randn(bias.shape, generator=draw))
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def require_deepseek_routing(spec: TinySpec) -> None:
+    """Refuse to train a base model with a score-correction bias unless transformers' router in this process
+    masks unselected groups as DeepSeek-V3 does (-inf, the declared transformers patch), as the Megatron
+    router and the rollout kernel that take the model over do; with a zero bias every biased score is a
+    sigmoid, positive, and HF's 0.0 mask chooses the same experts."""
+    if not (spec.router_bias_mean or spec.router_bias_std):
+        return
+    # lazy: the patches layer loads torch and transformers; asked only before a base pass with a bias
+    from verl_patches.patches.transformers.deepseek_v3_router import hf_routes_as_deepseek
+
+    if not hf_routes_as_deepseek():
+        raise RuntimeError(
+            "tiny assets: the base model's supervised pass would route with transformers' 0.0 group mask "
+            "(its router bias makes biased scores negative); activate the overlay first "
+            "(import verl_patches.prelude_patch), as the trainer entry does"
+        )
 
 
 def keep_one_row_per_problem(parquet: Path) -> None:
@@ -300,8 +335,16 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     assets.model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(assets.model_dir, prompts, spec.max_operand)
     vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple
-    build_model(assets.model_dir, vocab, spec.seed, tok, dict(spec.model_overrides))
+    build_model(
+        assets.model_dir,
+        vocab,
+        spec.seed,
+        tok,
+        dict(spec.model_overrides),
+        router_bias=(spec.router_bias_mean, spec.router_bias_std),
+    )
     if spec.base_steps:
+        require_deepseek_routing(spec)
         tiny_base.train_base(assets.model_dir, assets.train_parquet, spec.base_steps, spec.seed)
     write_text_atomically(stamp, json.dumps(recorded, indent=2))
     return assets

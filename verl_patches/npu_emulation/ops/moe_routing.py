@@ -71,16 +71,18 @@ def npu_moe_gating_top_k(
     routed_scaling_factor: float = 1.0,
     eps: float = 1e-20,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """norm = softmax(x) (norm_type 0) or sigmoid(x) (1); experts are chosen on norm + bias: the k_group best
-    of group_count groups (a group scores its max, or the sum of its top 2), then the top k experts of those
-    groups; y = norm at the chosen experts, divided by (sum + eps) for sigmoid, times routed_scaling_factor.
+    """The kernel's documented computation (aclnnMoeGatingTopK): norm = softmax(x) (norm_type 0) or sigmoid(x)
+    (1); experts are chosen on norm + bias: the k_group best of group_count groups (a group scores its max,
+    group_select_mode 0, or the sum of its top 2, mode 1; ties to the lower index), the other groups' experts
+    at -inf, then the top k experts; y = norm (without the bias) at the chosen experts, divided by (sum + eps)
+    for sigmoid or when renorm=1 with softmax (renorm has no effect with sigmoid), times routed_scaling_factor.
     Returns (y [T, k] in x's dtype, expert_idx [T, k] int32, norm [T, E] fp32)."""
     _check_gating_top_k(x, k, bias, k_group, group_count, group_select_mode)
-    if renorm != 0:
-        raise NotImplementedError("npu_moe_gating_top_k: only renorm=0 (norm, then top-k) exists in the kernel")
+    if renorm not in (0, 1):
+        raise ValueError(f"npu_moe_gating_top_k: renorm must be 0 or 1, got {renorm}")
     if norm_type not in (0, 1):
         raise ValueError(f"npu_moe_gating_top_k: norm_type must be 0 (softmax) or 1 (sigmoid), got {norm_type}")
-    del out_flag  # the kernel fills the third output whether or not it is asked to
+    del out_flag  # norm is the third output when asked for; filled here either way (the Meta function sizes it)
     norm = torch.softmax(x.float(), dim=-1) if norm_type == 0 else torch.sigmoid(x.float())
     choice = norm + bias.float() if bias is not None else norm
     tokens, experts = x.shape
@@ -94,7 +96,7 @@ def npu_moe_gating_top_k(
         choice = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(tokens, experts)
     expert_idx = _descending(choice)[:, :k]
     y = norm.gather(1, expert_idx)
-    if norm_type == 1:
+    if norm_type == 1 or renorm == 1:
         y = y / (y.sum(dim=-1, keepdim=True) + eps)
     y = y * routed_scaling_factor
     return y.to(x.dtype), expert_idx.to(IDX), norm

@@ -1,7 +1,6 @@
 """Patches of transformers (pinned by requirements, not by sources.lock)."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
-
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
 
 PATCHES = [
     Patch(
@@ -13,5 +12,18 @@ PATCHES = [
         vendor_item="local",
         reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',
         devices=("cpu",),
+    ),
+    Patch(
+        name="transformers.deepseek_v3.router_masks_unselected_groups",
+        target="transformers.models.deepseek_v3.modeling_deepseek_v3:DeepseekV3TopkRouter.get_topk_indices",
+        kind=Kind.REPLACE,
+        fingerprint="sha256:d29a92fc4ffd92d8",
+        replacement=lazy_object("verl_patches.patches.transformers.deepseek_v3_router:topk_indices_with_masked_groups"),
+        vendor_item="local",
+        reason="HF's DeepseekV3 router fills the groups it did not select with 0.0, so a negative biased score "
+        "(sigmoid + e_score_correction_bias) loses to an expert of an unselected group; DeepSeek-V3's own Gate "
+        "(inference/model.py, since its fix 1398800), MindSpeed-LLM's router and npu_moe_gating_top_k mask them "
+        "with -inf. HF is the numerical reference of training and rollout: it must route as they do",
+        rebind=False,  # a method: the class attribute is the one reference
     ),
 ]

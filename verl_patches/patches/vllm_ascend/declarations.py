@@ -107,3 +107,20 @@ PATCHES.append(
         devices=("npu", "cpu"),
     )
 )
+
+PATCHES.append(
+    Patch(
+        name="vllm_ascend.fused_moe.grouped_topk_as_deepseek",
+        target="vllm_ascend.ops.fused_moe:select_experts",
+        kind=Kind.WRAP,
+        fingerprint="sha256:259f46370d1ff9bd",
+        # the rule it replaces is native_grouped_topk's, called from select_experts: both as written at the pin
+        fingerprint_of=("vllm_ascend.ops.fused_moe:select_experts", "vllm_ascend.ops.fused_moe:native_grouped_topk"),
+        replacement=lazy_call("verl_patches.patches.vllm_ascend.ops.grouped_topk:grouped_as_deepseek"),
+        vendor_item="local",
+        reason="below 256 routed experts vllm-ascend routes by native_grouped_topk: groups scored by their max "
+        "and unselected groups filled with 0.0, where DeepSeek-V3's Gate, npu_moe_gating_top_k (the 256-expert "
+        "branch) and MindSpeed-LLM's training router sum each group's top 2 (with a bias) and mask with -inf; "
+        "the grouped branch routes as they do, every other branch is upstream's",
+    )
+)
