@@ -222,12 +222,30 @@ def test_every_training_function_has_the_wheels_signature(contract, torch_npu):
     x, g = torch.randn(2, 4), torch.ones(4)
     y, rstd = torch_npu.npu_rms_norm(input=x, gamma=g, epsilon=1e-5)  # the wheel's names bind
     assert rstd.shape == (2, 1)
-    with pytest.raises(TypeError, match="missing a required argument: 'input'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'x'"):
         torch_npu.npu_rms_norm(x=x, gamma=g)  # the kernel's own parameter name is not the op's
+    with pytest.raises(TypeError, match="missing a required argument: 'gamma'"):
+        torch_npu.npu_rms_norm(x)
+    with pytest.raises(TypeError, match="takes 3 positional arguments but 4 were given"):
+        torch_npu.npu_rms_norm(x, g, 1e-6, 0)
     with pytest.raises(TypeError, match="eps"):
         torch_npu.npu_rms_norm(x, g, eps=1e-5)
     with pytest.raises(TypeError, match="out"):  # npu_apply_adam_w is the out= overload MindSpeed calls
         torch_npu.npu_apply_adam_w(1.0, 1.0, 1e-3, 0.0, 0.9, 0.999, 1e-8, x, None, False, False)
+
+
+def test_the_training_functions_vllm_ascend_calls_in_its_graph_trace_with_fullgraph(torch_npu):
+    """vllm-ascend's TorchAir graph calls npu_rms_norm, npu_swiglu and npu_rotary_mul: dynamo follows the binding."""
+
+    def step(x, gamma, cos):
+        y = torch_npu.npu_rms_norm(x, gamma, epsilon=1e-6)[0]
+        return torch_npu.npu_swiglu(y, dim=-1), torch_npu.npu_rotary_mul(x, cos, cos)
+
+    args = (torch.randn(2, 1, 3, 8), torch.ones(8), torch.randn(1, 1, 1, 8))
+    compiled = torch.compile(step, fullgraph=True, backend="eager")(*args)
+    for got, want in zip(compiled, step(*args)):
+        torch.testing.assert_close(got, want)
+    torch._dynamo.reset()
 
 
 def test_the_registered_schemas_are_the_yamls_after_the_code_generators_two_rewrites(contract):
