@@ -30,12 +30,6 @@ class WheelArchive:
         with zipfile.ZipFile(path) as z:
             self._names = frozenset(z.namelist())
 
-    def has(self, member: str) -> bool:
-        return member in self._names
-
-    def names(self) -> frozenset[str]:
-        return self._names
-
     def data(self, member: str) -> bytes:
         if member not in self._names:
             raise KeyError(f"{self.path.name}: no member {member}")

@@ -112,12 +112,6 @@ def atb_exposure(atb_ops_source: str, source: str) -> dict[str, str]:
     return out
 
 
-def normalized(text: str) -> str:
-    """One space between tokens, none inside brackets' edges: two spellings of one schema compare equal."""
-    text = " ".join(text.split())
-    return re.sub(r"\s*([(),\[\]])\s*", r"\1", text).replace(",", ", ").replace("->", " -> ").replace("  ", " ")
-
-
 def yaml_differences(registered: str, yaml_text: str) -> list[str]:
     """How the registered schema differs from the yaml's, each difference named; [] when they are the same
     after the code generator's two rewrites (``self`` -> ``input``; several outs -> ``Tensor[] out``)."""
