@@ -62,9 +62,7 @@ def test_empty_step_output_is_ignored() -> None:
 
 
 def _outputs(parents: list[str], n: int) -> list[SimpleNamespace]:
-    return [
-        SimpleNamespace(request_id=p, outputs=[SimpleNamespace(index=i) for i in range(n)]) for p in parents
-    ]
+    return [SimpleNamespace(request_id=p, outputs=[SimpleNamespace(index=i) for i in range(n)]) for p in parents]
 
 
 @given(parents=st.integers(1, 5), n=st.integers(1, 4), data=st.data())
@@ -167,9 +165,7 @@ def test_modelled_share_hand_computed_cases() -> None:
         ds.modelled_share(0, 1, 1, 1)
 
 
-@given(
-    seqs=st.integers(1, 12), prompt=st.integers(1, 30), budget=st.integers(1, 200), response=st.integers(1, 20)
-)
+@given(seqs=st.integers(1, 12), prompt=st.integers(1, 30), budget=st.integers(1, 200), response=st.integers(1, 20))
 def test_modelled_share_properties(seqs: int, prompt: int, budget: int, response: int) -> None:
     share = ds.modelled_share(seqs, prompt, budget, response)
     assert 0.0 <= share <= (response - 1) / response + 1e-12  # each response's first token comes from a prefill step
