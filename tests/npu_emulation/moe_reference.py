@@ -63,30 +63,34 @@ def fused_experts_ep1(x, w13, w2, topk_weights, topk_ids):
 
 
 def fused_experts_mc2(x, w13_local, w2_local, topk_weights, topk_ids, group_name, ep_world_size, ep_rank, experts,
-                      global_bs):  # fmt: skip
-    """The op sequence of vllm_ascend.ops.fused_moe.fused_experts_with_mc2 on A3 (the v1 dispatch/combine pair, the
-    A3 TP arguments, no shared experts); w13_local / w2_local are this rank's experts. Returns (out, dispatch's
-    outputs)."""
-    dispatched = torch.ops.npu.npu_moe_distribute_dispatch(
-        x=x, expert_ids=topk_ids, expert_shard_type=0, shared_expert_rank_num=0, moe_expert_num=experts,
-        global_bs=global_bs, scales=None, quant_mode=0, group_ep=group_name, ep_world_size=ep_world_size,
-        ep_rank_id=ep_rank, group_tp=group_name, tp_world_size=1, tp_rank_id=0,
+                      global_bs, *, x_active_mask=None, v2=False):  # fmt: skip
+    """The op sequence of vllm_ascend.ops.fused_moe.fused_experts_with_mc2 on A3 (the A3 TP arguments, no shared
+    experts): the v1 dispatch/combine pair, or with `v2` the v2 pair with x_active_mask and assist_info_for_combine;
+    w13_local / w2_local are this rank's experts. Returns (out, dispatch's outputs)."""
+    npu = torch.ops.npu
+    stage = dict(
+        expert_shard_type=0, shared_expert_rank_num=0, moe_expert_num=experts, global_bs=global_bs,
+        group_ep=group_name, ep_world_size=ep_world_size, ep_rank_id=ep_rank, group_tp=group_name, tp_world_size=1,
+        tp_rank_id=0,
     )  # fmt: skip
+    masked = {"x_active_mask": x_active_mask} if v2 else {}
+    dispatch = npu.npu_moe_distribute_dispatch_v2 if v2 else npu.npu_moe_distribute_dispatch
+    dispatched = dispatch(x=x, expert_ids=topk_ids, scales=None, quant_mode=0, **masked, **stage)
     expand_x, _, expand_idx, expert_token_nums, ep_recv_counts = dispatched[0:5]
     group_list = expert_token_nums.to(torch.int64)
-    gate_up = torch.ops.npu.npu_grouped_matmul(
+    gate_up = npu.npu_grouped_matmul(
         x=[expand_x], weight=[w13_local.transpose(1, 2)], split_item=2, group_list_type=1, group_type=0,
         group_list=group_list,
     )  # fmt: skip
-    down = torch.ops.npu.npu_grouped_matmul(
+    down = npu.npu_grouped_matmul(
         x=[npu_swiglu(torch.cat(gate_up, dim=0))], weight=[w2_local.transpose(1, 2)], split_item=2,
         group_list_type=1, group_type=0, group_list=group_list,
     )  # fmt: skip
-    out = torch.ops.npu.npu_moe_distribute_combine(
+    back = {"assist_info_for_combine": expand_idx} if v2 else {"expand_idx": expand_idx}
+    combine = npu.npu_moe_distribute_combine_v2 if v2 else npu.npu_moe_distribute_combine
+    out = combine(
         expand_x=torch.cat(down, dim=0), expert_ids=topk_ids, expert_scales=topk_weights.to(torch.float32),
-        expert_shard_type=0, shared_expert_rank_num=0, moe_expert_num=experts, global_bs=global_bs,
-        ep_send_counts=ep_recv_counts, group_ep=group_name, ep_world_size=ep_world_size, ep_rank_id=ep_rank,
-        expand_idx=expand_idx, tp_send_counts=dispatched[5], group_tp=group_name, tp_world_size=1, tp_rank_id=0,
+        ep_send_counts=ep_recv_counts, tp_send_counts=dispatched[5], **back, **masked, **stage,
     )  # fmt: skip
     return out, dispatched
 

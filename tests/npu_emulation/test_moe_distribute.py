@@ -127,7 +127,7 @@ def test_ep2_dispatch_experts_combine_equals_ep1_and_the_reference():
                 [local],
                 [2 * local],
                 [1],
-                [bound],
+                [0],  # expand_scales: none on A3, the wheel's Meta gives an empty tensor
             ], where
             assert res["dtypes"] == [
                 f"torch.{cfg['dtype']}",

@@ -118,7 +118,10 @@ def decode_against_hf(llm, rank: int) -> dict:
     llm.wake_up(tags=["kv_cache"])
     prompts = [tokenizer.encode(text) for text in ([f"{rank} + 1 =", "2 + 2 ="], [f"{rank} + 2 =", "1 + 1 ="])[rank]]
     params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True)
-    outs = llm.generate(prompts=[{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
+    # the dispatcher's own count of the MC2 ops run (in the TorchAir graphs too): which of vllm-ascend's branches ran
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        outs = llm.generate(prompts=[{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
+    mc2_calls = {e.key.split("::")[-1]: e.count for e in prof.key_averages() if "npu_moe_distribute" in e.key}
     hf = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     worst, tokens = 0.0, []
     for prompt, out in zip(prompts, outs):
@@ -131,7 +134,7 @@ def decode_against_hf(llm, rank: int) -> dict:
         ref = [want[i, t].item() for i, t in enumerate(gen)]
         worst = max([worst] + [abs(a - b) for a, b in zip(got, ref)])
         tokens.append({"vllm": gen, "hf_greedy": hf_greedy})
-    return {"tokens": tokens, "logprob_abs_diff_max": worst}
+    return {"tokens": tokens, "logprob_abs_diff_max": worst, "mc2_calls": mc2_calls}
 
 
 model_dir = spec["model_dir"]

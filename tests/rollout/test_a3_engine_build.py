@@ -186,6 +186,20 @@ def test_the_built_engine_decodes_what_transformers_computes(ranks) -> None:
 
 
 @pytest.mark.slow
+def test_decode_takes_vllm_ascends_a3_mc2_branch(ranks, tiny_hf_config) -> None:
+    """vllm-ascend calls the MC2 v2 pair when torch_npu has it (as the real 2.5.1.post1 wheel does): the generate
+    ran npu_moe_distribute_dispatch_v2 / combine_v2, once per MoE layer and decode step, and never the v1 pair."""
+    moe_layers = tiny_hf_config["num_hidden_layers"] - tiny_hf_config.get("first_k_dense_replace", 0)
+    for rank, out in enumerate(ranks):
+        calls = out["cases"]["a3"]["decoded"]["mc2_calls"]
+        dispatched = calls.get("npu_moe_distribute_dispatch_v2", 0)
+        assert dispatched > 0 and dispatched % moe_layers == 0, (rank, calls)
+        assert calls.get("npu_moe_distribute_combine_v2") == dispatched, (rank, calls)
+        assert set(calls) == {"npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2"}, (rank, calls)
+        print(f"rank {rank}: MC2 calls during generate {calls} ({moe_layers} MoE layers)")
+
+
+@pytest.mark.slow
 def test_what_the_engine_receives(ranks) -> None:
     for rank, out in enumerate(ranks):
         args, engine = out["cases"]["a3"]["engine_args"], out["cases"]["a3"]["engine"]

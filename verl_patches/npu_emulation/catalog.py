@@ -192,17 +192,38 @@ OPS: tuple[EmulatedOp, ...] = (
         wheel_ops=("npu::npu_grouped_matmul",),
     ),
     EmulatedOp(
+        "torch_npu.npu_moe_distribute_dispatch_v2",
+        "torch_npu 2.5.1.post1 wheel (schema and Meta function in the wheel; MC2 collective, over gloo): "
+        "what vllm-ascend calls on A3, since the wheel has it",
+        "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_dispatch_v2",
+        "each active (t, k) row (x_active_mask: masked rows are not sent) to the rank of its expert "
+        "(all_to_all_single), grouped by local expert then source rank; fixed A rows; assist_info_for_combine "
+        "(max(BS*K, A*128) words) holds (source rank, token, slot) per received row",
+        wheel_ops=("npu::npu_moe_distribute_dispatch_v2",),
+    ),
+    EmulatedOp(
+        "torch_npu.npu_moe_distribute_combine_v2",
+        "torch_npu 2.5.1.post1 wheel (schema and Meta function in the wheel; MC2 collective, over gloo)",
+        "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_combine_v2",
+        "each row back to the rank and slot its assist_info_for_combine triple names; "
+        "out[t] = sum over active k of expert_scales[t,k] * expert_{e[t,k]}(x[t]); a fully masked token gives 0",
+        wheel_ops=("npu::npu_moe_distribute_combine_v2",),
+    ),
+    EmulatedOp(
         "torch_npu.npu_moe_distribute_dispatch",
-        "torch_npu (MC2 collective, over gloo)",
+        "torch_npu 2.5.1.post1 wheel (schema and Meta function in the wheel; MC2 collective, over gloo): "
+        "vllm-ascend's branch for a torch_npu without the v2 pair",
         "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_dispatch",
-        "each (t, k) row to the rank of its expert (all_to_all_single), grouped by local expert; fixed A rows",
+        "each (t, k) row to the rank of its expert (all_to_all_single), grouped by local expert; fixed A rows; "
+        "x_active_mask (reserved in v1) refused",
         wheel_ops=("npu::npu_moe_distribute_dispatch",),
     ),
     EmulatedOp(
         "torch_npu.npu_moe_distribute_combine",
-        "torch_npu (MC2 collective, over gloo)",
+        "torch_npu 2.5.1.post1 wheel (schema and Meta function in the wheel; MC2 collective, over gloo)",
         "verl_patches.npu_emulation.ops.moe_distribute:npu_moe_distribute_combine",
-        "rows back to their tokens; out[t] = sum_k expert_scales[t,k] * expert_{e[t,k]}(x[t])",
+        "rows back to their tokens (from expert_ids and expand_idx); out[t] = sum_k expert_scales[t,k] * "
+        "expert_{e[t,k]}(x[t])",
         wheel_ops=("npu::npu_moe_distribute_combine",),
     ),
     EmulatedOp(
@@ -343,12 +364,11 @@ CPU_LIMITS: tuple[CpuLimit, ...] = (
         "CPU",
     ),
     CpuLimit(
-        "vllm-ascend's MC2 kernels beyond the unquantized decode path (quant_mode 2, shared-expert ranks, a TP domain, "
-        "A2's expert_scales)",
-        "not emulated (NotImplementedError); the emulated pairs move rows with all_to_all_single over gloo on the "
-        "group registered under the HCCL name (verl_patches/npu_emulation/hccl_names.py). torch_npu 2.5.1.post1 "
-        "registers the v2 pair too (npu_moe_distribute_dispatch_v2 / combine_v2), which vllm-ascend takes on A3 by "
-        "hasattr(torch_npu, 'npu_moe_distribute_dispatch_v2'); the emulation exposes exactly the pairs it emulates",
+        "vllm-ascend's MC2 kernels beyond the unquantized decode path (quant_mode 2, shared-expert ranks, a TP "
+        "domain, A2's expert_scales / expand_scales, v2's shared_expert_x)",
+        "not emulated (NotImplementedError). The emulated pairs, v2 (which the torch_npu 2.5.1.post1 wheel has, so "
+        "vllm-ascend calls it, as on A3) and v1, move rows with all_to_all_single over gloo on the group "
+        "registered under the HCCL name (verl_patches/npu_emulation/hccl_names.py)",
     ),
 )
 

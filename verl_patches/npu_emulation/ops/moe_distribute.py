@@ -1,30 +1,55 @@
-"""MC2 token dispatch and combine: torch_npu.npu_moe_distribute_dispatch / npu_moe_distribute_combine, the
-expert-parallel all-to-all of vllm-ascend's A3 decode path, over gloo with ``all_to_all_single``.
+"""MC2 token dispatch and combine, the expert-parallel all-to-all of vllm-ascend's A3 decode path: torch_npu's
+v1 pair (npu_moe_distribute_dispatch / _combine) and v2 pair (npu_moe_distribute_dispatch_v2 / _combine_v2),
+over gloo with ``all_to_all_single``.
+
+Sources. The pinned torch_npu 2.5.1.post1 wheel registers all four ops: their schemas are in its
+``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` and their Meta functions (the output shapes
+below) in ``torch_npu/op_plugin/meta/_meta_registrations.py``. The wheel's ``_op_plugin_docs.py`` has no
+entry for them; their semantics and limits come from torch_npu's API reference pages of the same names
+(sections "Parameters", "Return Values" / "Outputs", "Constraints"). vllm-ascend picks v2 when
+``hasattr(torch_npu, "npu_moe_distribute_dispatch_v2")`` and then passes ``x_active_mask`` and hands
+``assist_info_for_combine`` (not ``expand_idx``) to the combine.
 
 The EP group is the process group registered under the HCCL communicator name `group_ep`
 (`verl_patches.npu_emulation.hccl_names`); every rank of it calls dispatch, then combine, in the same order.
 Collectives move CPU tensors (what gloo carries); outputs come back on x's device.
 
-Dispatch: rank r sends each (token t, choice k) to the rank owning expert e = expert_ids[t, k] (rank e // L,
-L = moe_expert_num / ep_world_size local experts). A rank's ``expand_x`` holds what it received grouped by
-local expert, and within an expert by source rank, each source's rows in its (t, k) order; the rows after
-them, up to the kernel's fixed bound A = global_bs * min(L, K) (global_bs 0 means BS * ep_world_size), are
-zeros. Fixed output shapes are what make the op traceable:
+Dispatch: rank r sends each active (token t, choice k) slot to the rank owning expert e = expert_ids[t, k]
+(rank e // L, L = moe_expert_num / ep_world_size local experts). A rank's ``expand_x`` holds what it received
+grouped by local expert, within an expert by source rank, each source's rows in its (t, k) order; the rows
+after them, up to the kernel's fixed bound A = global_bs * min(L, K) (global_bs 0 means BS * ep_world_size),
+are zeros. Outputs (fixed shapes, as the wheel's Meta functions size them, so the ops are traceable):
 
-    expand_x (A, H) x.dtype | dynamic_scales (A,) fp32, zeros (no quantisation) | expand_idx (BS*K,) int32 |
-    expert_token_nums (L,) int64 | ep_recv_counts (ep_world_size*L,) int32 | tp_recv_counts (tp_world_size,) int32,
-    zeros | expand_scales (A,) fp32, zeros
+    expand_x (A, H) x.dtype | dynamic_scales (A,) fp32, zeros (no quantisation) |
+    v1 expand_idx (BS*K,) int32  /  v2 assist_info_for_combine (max(BS*K, A*128),) int32 |
+    expert_token_nums (L,) int64 | ep_recv_counts (ep_world_size*L,) int32 |
+    tp_recv_counts (tp_world_size,) int32, zeros (tp_world_size 0 or 1 is "no TP domain": nothing moves there) |
+    expand_scales (0,) fp32 (A3 has none: "Return Values"; the Meta function's empty tensor)
 
-with expert_token_nums the rows per local expert (cumulative when expert_token_nums_type is 0). The kernel
-documents expand_idx and ep_recv_counts as opaque, to be handed to combine only; here expand_idx[t*K + k] is how
-many earlier tokens of this rank chose the same expert, and ep_recv_counts the cumulative row counts in
-(local expert, source rank) order.
+expert_token_nums: rows per local expert (cumulative when expert_token_nums_type is 0). "Constraints" makes
+expand_idx / assist_info_for_combine, ep_recv_counts, tp_recv_counts and expand_scales opaque: hand them to
+the combine, nothing else reads them. Here ep_recv_counts is the cumulative row count in (local expert,
+source rank) order; v1's expand_idx[t*K + k] is how many earlier slots of this rank chose the same expert;
+v2's assist_info_for_combine keeps, as the A3 kernel's window layout does, a triple per received row: words
+3i, 3i+1, 3i+2 = (source rank, token, top-k slot) of expand_x row i, zeros after. Combine v2 returns each
+row to the rank and slot its triple names; v1 recomputes the way back from expert_ids and expand_idx.
 
-Combine is the way back: each expert row returns to its source rank, and token t gets
-sum_k expert_scales[t, k] * row(t, k), summed in fp32, in expand_x's dtype.
+x_active_mask (v2 only; "Parameters"): a bool (BS,) mask, True entries before False ones, or a (BS, K) mask
+of slots. A masked slot is not sent, counted or received anywhere; a token with no active slot combines to
+zeros (its row takes part in no communication; the kernel leaves it unspecified). When ranks' BS differ,
+every token must be active. v1's x_active_mask is a reserved parameter ("Parameters": keep the default):
+v1 refuses a mask rather than ignore one it would not honour.
 
-Not emulated (NotImplementedError): quantisation (quant_mode != 0, scales), shared-expert ranks
-(shared_expert_rank_num != 0), a TP group (tp_world_size > 1), expert_scales / expand_scales (A2 only).
+Combine: out[t] = sum over active k of expert_scales[t, k] * row(t, k), summed in fp32, in expand_x's dtype.
+
+Errors a rank finds in its own values (expert ids, the mask, counts that do not match assist_info) are shared
+through the first collective, so every rank of the group stops with an error instead of waiting in an
+exchange that its peer left.
+
+Refused (NotImplementedError: vllm-ascend's unquantized A3 decode passes none of them): quantisation
+(quant_mode != 0, scales, comm_quant_mode), shared-expert ranks (shared_expert_rank_num != 0), a TP domain
+(tp_world_size 2), expert_scales / expand_scales (A2's layered algorithm; A3 supports neither), v2's
+shared_expert_x, v1's activation_scale / weight_scale / group_list.
 """
 
 from __future__ import annotations
@@ -39,7 +64,11 @@ from verl_patches.npu_emulation.ops.moe_routing import blocks_in_other_order
 
 DISPATCH = "npu_moe_distribute_dispatch"
 COMBINE = "npu_moe_distribute_combine"
+DISPATCH_V2 = "npu_moe_distribute_dispatch_v2"
+COMBINE_V2 = "npu_moe_distribute_combine_v2"
 IDX = torch.int32
+ASSIST_WORDS_PER_ROW = 128  # the wheel's Meta: assist_info_for_combine has max(BS*K, A*128) words
+TRIPLE = 3  # (source rank, token, top-k slot) per received row, in assist_info_for_combine
 
 
 @dataclass(frozen=True)
@@ -54,6 +83,10 @@ class DispatchLayout:
     def expand_rows(self) -> int:
         return self.rows * max(self.tp_world_size, 1)
 
+    @property
+    def assist_words(self) -> int:
+        return max(self.tokens * self.top_k, self.rows * ASSIST_WORDS_PER_ROW)
+
 
 def dispatch_layout(
     op: str,
@@ -64,6 +97,7 @@ def dispatch_layout(
     *,
     tp_world_size: int,
     expert_shard_type: int,
+    shared_expert_num: int,
     shared_expert_rank_num: int,
     quant_mode: int,
     global_bs: int,
@@ -75,15 +109,14 @@ def dispatch_layout(
         raise TypeError(f"{op}: expert_ids must be int32, got {expert_ids.dtype}")
     if ep_world_size < 1 or not 0 <= ep_rank_id < ep_world_size:
         raise ValueError(f"{op}: ep_rank_id={ep_rank_id} is not a rank of ep_world_size={ep_world_size}")
-    if shared_expert_rank_num != 0 or expert_shard_type != 0:
-        raise NotImplementedError(
-            f"{op}: shared-expert ranks (shared_expert_rank_num={shared_expert_rank_num}, "
-            f"expert_shard_type={expert_shard_type}) are not emulated; vllm-ascend passes 0, 0"
-        )
+    _check_shared_experts(op, ep_world_size, expert_shard_type, shared_expert_num, shared_expert_rank_num)
     if quant_mode != 0:
         raise NotImplementedError(f"{op}: quant_mode={quant_mode} (int8 dispatch) is not emulated")
     if tp_world_size not in (0, 1):
-        raise NotImplementedError(f"{op}: tp_world_size={tp_world_size}: the kernel has no TP group (0 or 1 only)")
+        raise NotImplementedError(
+            f"{op}: tp_world_size={tp_world_size}: a TP domain is not emulated (0 or 1: no TP domain; "
+            "vllm-ascend passes 1)"
+        )
     if moe_expert_num < 1 or moe_expert_num % ep_world_size:
         raise ValueError(
             f"{op}: moe_expert_num={moe_expert_num} must be a positive multiple of ep_world_size={ep_world_size}"
@@ -99,6 +132,71 @@ def dispatch_layout(
         )
     local = moe_expert_num // ep_world_size
     return DispatchLayout(tokens, top_k, local, total_bs * min(local, top_k), tp_world_size)
+
+
+def _check_shared_experts(
+    op: str, ep_world_size: int, expert_shard_type: int, shared_expert_num: int, shared_expert_rank_num: int
+) -> None:
+    """The shared-expert arguments: the rules the wheel's v2 Meta function checks, v1's "only 1 shared expert" on
+    A3 ("Parameters"), then our refusal of shared-expert ranks."""
+    if not 0 <= shared_expert_rank_num < ep_world_size:
+        raise ValueError(
+            f"{op}: shared_expert_rank_num={shared_expert_rank_num} must be in [0, ep_world_size={ep_world_size})"
+        )
+    if op in (DISPATCH, COMBINE):
+        valid = shared_expert_num == 1
+    else:
+        valid = (
+            shared_expert_num in (0, 1)
+            and shared_expert_rank_num == 0
+            or shared_expert_num > 0
+            and shared_expert_rank_num // shared_expert_num > 0
+            and shared_expert_rank_num % shared_expert_num == 0
+        )
+    if not valid:
+        raise ValueError(
+            f"{op}: shared_expert_num={shared_expert_num} with shared_expert_rank_num={shared_expert_rank_num} "
+            "is not a setting the kernel accepts"
+        )
+    if expert_shard_type != 0:
+        raise ValueError(f"{op}: expert_shard_type={expert_shard_type}: the kernel supports only 0 on A3")
+    if shared_expert_rank_num != 0:
+        raise NotImplementedError(
+            f"{op}: shared-expert ranks (shared_expert_rank_num={shared_expert_rank_num}) are not emulated; "
+            "vllm-ascend passes 0"
+        )
+
+
+def _check_mask_shape(op: str, x_active_mask: torch.Tensor | None, tokens: int, top_k: int) -> None:
+    if x_active_mask is None:
+        return
+    if op in (DISPATCH, COMBINE):
+        raise ValueError(
+            f"{op}: x_active_mask is a reserved parameter of the v1 pair (keep the default None); "
+            f"{DISPATCH_V2} / {COMBINE_V2} take it"
+        )
+    if x_active_mask.dtype != torch.bool:
+        raise TypeError(f"{op}: x_active_mask must be bool, got {x_active_mask.dtype}")
+    if tuple(x_active_mask.shape) not in ((tokens,), (tokens, top_k)):
+        raise ValueError(
+            f"{op}: x_active_mask must have shape (BS,) = ({tokens},) or (BS, K) = ({tokens}, {top_k}), "
+            f"got {tuple(x_active_mask.shape)}"
+        )
+
+
+def active_slots(op: str, x_active_mask: torch.Tensor | None, tokens: int, top_k: int) -> torch.Tensor:
+    """(BS*K,) bool on the CPU: which (t, k) slots take part, slot t*K + k."""
+    if x_active_mask is None:
+        return torch.ones(tokens * top_k, dtype=torch.bool)
+    mask = x_active_mask.cpu()
+    if mask.dim() == 2:
+        return mask.reshape(-1)
+    active = int(mask.sum())
+    if not bool(mask[:active].all()):
+        raise ValueError(
+            f"{op}: a 1-D x_active_mask must list its True entries before its False ones, got {mask.int().tolist()}"
+        )
+    return mask.repeat_interleave(top_k)
 
 
 def _ep_group(op: str, group_ep: str | None, ep_world_size: int, ep_rank_id: int) -> dist.ProcessGroup:
@@ -130,9 +228,153 @@ def _exchange(
     return out
 
 
-def _choices_per_expert(flat: torch.Tensor, moe_expert_num: int, ep_world_size: int) -> torch.Tensor:
-    """[ep_world_size, L]: how many of this rank's (t, k) choices go to each expert, by owning rank."""
-    return torch.bincount(flat, minlength=moe_expert_num).view(ep_world_size, -1)
+def _gather_checked(op: str, problem: str | None, payload: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """All ranks' `payload` rows, [ranks, n]; every rank raises when any rank had a `problem` with its own
+    inputs (that rank with its own message), so none is left waiting in a later exchange."""
+    mine = torch.cat([torch.tensor([int(problem is not None)]), payload.long()])
+    ranks = dist.get_world_size(group)
+    # an all-gather as an all-to-all of one row each: gloo's all_gather copies into its outputs on its own thread,
+    # which refuses the inference tensors vLLM's forward makes
+    table = _exchange(mine.expand(ranks, -1), [1] * ranks, [1] * ranks, group)
+    if problem is not None:
+        raise ValueError(problem)
+    refused = table[:, 0].nonzero().flatten().tolist()
+    if refused:
+        raise ValueError(f"{op}: EP rank(s) {refused} refused their inputs (their own errors say why)")
+    return table[:, 1:]
+
+
+@dataclass(frozen=True)
+class _Received:
+    """What one rank holds after the dispatch's exchange, in expand_x order (local expert, source rank, slot)."""
+
+    rows: torch.Tensor  # (received, H)
+    sources: torch.Tensor  # (received,) int64: the rank each row came from
+    slots: torch.Tensor  # (received,) int64: its t*K + k on that rank
+    counts: torch.Tensor  # [ep_world_size, L] int64: rows from source rank s for local expert l
+    sent: torch.Tensor  # [ep_world_size, L] int64: this rank's slots per expert, by owning rank
+
+
+def _send_to_experts(
+    op: str,
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    x_active_mask: torch.Tensor | None,
+    layout: DispatchLayout,
+    moe_expert_num: int,
+    ep_rank_id: int,
+    group: dist.ProcessGroup,
+) -> _Received:
+    ep_world_size, local, top_k = dist.get_world_size(group), layout.local_experts, layout.top_k
+    flat = expert_ids.reshape(-1).long().cpu()
+    problem = None
+    try:
+        active = active_slots(op, x_active_mask, layout.tokens, top_k)
+        _check_choices(op, flat, top_k, moe_expert_num)
+    except ValueError as e:
+        problem, active = str(e), torch.zeros(flat.numel(), dtype=torch.bool)
+    slots = active.nonzero().flatten()  # in (t, k) order
+    experts = flat[slots]
+    per_expert = torch.bincount(experts, minlength=moe_expert_num)
+    # every rank sees every rank's counts, batch size and whether it masked anything: the same checks everywhere
+    batch_and_mask = torch.tensor([layout.tokens, int(not bool(active.all()))])
+    table = _gather_checked(op, problem, torch.cat([per_expert, batch_and_mask]), group)
+    _check_group_table(op, table, layout, moe_expert_num)
+    counts = table[:, :moe_expert_num].view(ep_world_size, ep_world_size, local)[:, ep_rank_id]  # [source, le]
+    ordered = slots[torch.argsort(experts, stable=True)]  # by destination rank, local expert, then (t, k)
+    send_splits = per_expert.view(ep_world_size, local).sum(dim=1).tolist()
+    recv_splits = counts.sum(dim=1).tolist()
+    rows = _exchange(x.cpu().index_select(0, ordered // top_k), send_splits, recv_splits, group)
+    got_slots = _exchange(ordered, send_splits, recv_splits, group)
+    regroup = blocks_in_other_order(counts.tolist(), rows.device)  # source-major -> local-expert-major
+    sources = torch.repeat_interleave(torch.arange(ep_world_size), counts.sum(dim=1))
+    return _Received(
+        rows.index_select(0, regroup),
+        sources.index_select(0, regroup),
+        got_slots.index_select(0, regroup),
+        counts,
+        per_expert.view(ep_world_size, local),
+    )
+
+
+def _check_group_table(op: str, table: torch.Tensor, layout: DispatchLayout, moe_expert_num: int) -> None:
+    """Rules over the whole group, from the gathered table (identical on every rank, so all ranks agree)."""
+    batch, masked = table[:, moe_expert_num].tolist(), table[:, moe_expert_num + 1].tolist()
+    if any(masked) and len(set(batch)) > 1:
+        raise ValueError(
+            f"{op}: EP rank(s) {[r for r, m in enumerate(masked) if m]} mask tokens (x_active_mask) while the ranks' "
+            f"BS differ ({batch}): the kernel requires every token active when BS differs across ranks"
+        )
+    received = table[:, :moe_expert_num].view(len(batch), len(batch), -1).sum(dim=(0, 2)).tolist()
+    over = [(rank, n) for rank, n in enumerate(received) if n > layout.rows]
+    if over:
+        rank, n = over[0]
+        raise ValueError(
+            f"{op}: rank {rank} is sent {n} rows, more than the kernel's bound A = global_bs x min(local experts, "
+            f"K) = {layout.rows}: global_bs is too small"
+        )
+
+
+def _dispatch_outputs(
+    x: torch.Tensor, got: _Received, layout: DispatchLayout, third: torch.Tensor, expert_token_nums_type: int
+) -> tuple[torch.Tensor, ...]:
+    received = got.rows.shape[0]
+    expand_x = x.new_zeros(layout.expand_rows, x.shape[1], device="cpu")
+    expand_x[:received] = got.rows
+    per_local_expert = got.counts.sum(dim=0)
+    if expert_token_nums_type == 0:
+        per_local_expert = per_local_expert.cumsum(dim=0)
+    device = x.device
+    return (
+        expand_x.to(device),
+        torch.zeros(layout.expand_rows, dtype=torch.float32, device=device),
+        third.to(device),
+        per_local_expert.to(torch.int64).to(device),
+        got.counts.t().reshape(-1).cumsum(dim=0).to(IDX).to(device),  # (local expert, source rank) order
+        torch.zeros(layout.tp_world_size, dtype=IDX, device=device),
+        torch.zeros(0, dtype=torch.float32, device=device),
+    )
+
+
+def _check_dispatch(
+    op: str,
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    scales: torch.Tensor | None,
+    x_active_mask: torch.Tensor | None,
+    expert_scales: torch.Tensor | None,
+    ep_world_size: int,
+    ep_rank_id: int,
+    moe_expert_num: int,
+    kwargs: dict,
+) -> DispatchLayout:
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D (BS, H), got shape {tuple(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{op}: x must be floating point, got {x.dtype}")
+    if expert_ids.dim() == 2 and expert_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"{op}: expert_ids has {expert_ids.shape[0]} rows, x has {x.shape[0]}")
+    if scales is not None:
+        raise NotImplementedError(f"{op}: scales (quantised dispatch) are not emulated")
+    if expert_scales is not None:
+        raise NotImplementedError(f"{op}: expert_scales (A2's layered algorithm; A3 has none) are not emulated")
+    if kwargs["expert_token_nums_type"] not in (0, 1):
+        raise ValueError(f"{op}: expert_token_nums_type must be 0 (cumsum) or 1 (counts)")
+    layout = dispatch_layout(
+        op,
+        expert_ids,
+        ep_world_size,
+        ep_rank_id,
+        moe_expert_num,
+        tp_world_size=kwargs["tp_world_size"],
+        expert_shard_type=kwargs["expert_shard_type"],
+        shared_expert_num=kwargs["shared_expert_num"],
+        shared_expert_rank_num=kwargs["shared_expert_rank_num"],
+        quant_mode=kwargs["quant_mode"],
+        global_bs=kwargs["global_bs"],
+    )
+    _check_mask_shape(op, x_active_mask, layout.tokens, layout.top_k)
+    return layout
 
 
 def npu_moe_distribute_dispatch(
@@ -156,81 +398,71 @@ def npu_moe_distribute_dispatch(
     global_bs: int = 0,
     expert_token_nums_type: int = 1,
 ) -> tuple[torch.Tensor, ...]:
-    """See the module docstring. x_active_mask is reserved in the kernel and ignored here too."""
-    layout = _check_dispatch(x, expert_ids, scales, expert_scales, ep_world_size, ep_rank_id, moe_expert_num, locals())
+    """The v1 dispatch (see the module docstring): expand_idx is its third output; x_active_mask is refused."""
+    layout = _check_dispatch(
+        DISPATCH, x, expert_ids, scales, x_active_mask, expert_scales, ep_world_size, ep_rank_id, moe_expert_num,
+        locals(),
+    )  # fmt: skip
     group = _ep_group(DISPATCH, group_ep, ep_world_size, ep_rank_id)
+    got = _send_to_experts(DISPATCH, x, expert_ids, None, layout, moe_expert_num, ep_rank_id, group)
     flat = expert_ids.reshape(-1).long().cpu()
-    _check_choices(DISPATCH, flat, layout.top_k, moe_expert_num)
-    per_expert = _choices_per_expert(flat, moe_expert_num, ep_world_size)
-    # counts first: row [src, le] of `received_counts` is how many rows source rank src sends to local expert le
-    received_counts = _exchange(per_expert, [1] * ep_world_size, [1] * ep_world_size, group)
-    received = int(received_counts.sum())
-    if received > layout.rows:
-        raise ValueError(
-            f"{DISPATCH}: rank {ep_rank_id} is sent {received} rows, more than the kernel's bound "
-            f"A = global_bs x min(local experts, K) = {layout.rows}: global_bs={global_bs} is too small"
-        )
-    order = torch.argsort(flat, stable=True)  # by expert: by destination rank, then local expert, then (t, k)
-    rows = _exchange(
-        x.cpu().index_select(0, order // layout.top_k),
-        per_expert.sum(dim=1).tolist(),
-        received_counts.sum(dim=1).tolist(),
-        group,
-    )
-    expand_x = x.new_zeros(layout.expand_rows, x.shape[1], device="cpu")
-    expand_x[:received] = rows.index_select(0, blocks_in_other_order(received_counts.tolist(), rows.device))
-    by_expert_then_source = received_counts.t().reshape(-1)
-    per_local_expert = received_counts.sum(dim=0)
-    if expert_token_nums_type == 0:
-        per_local_expert = per_local_expert.cumsum(dim=0)
+    order = torch.argsort(flat, stable=True)
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel())
-    first_of_expert = per_expert.reshape(-1).cumsum(dim=0) - per_expert.reshape(-1)
-    device = x.device
-    return (
-        expand_x.to(device),
-        torch.zeros(layout.expand_rows, dtype=torch.float32, device=device),
-        (position - first_of_expert[flat]).to(IDX).to(device),
-        per_local_expert.to(torch.int64).to(device),
-        by_expert_then_source.cumsum(dim=0).to(IDX).to(device),
-        torch.zeros(tp_world_size, dtype=IDX, device=device),
-        torch.zeros(layout.rows, dtype=torch.float32, device=device),
-    )
+    sent = got.sent.reshape(-1)
+    expand_idx = (position - (sent.cumsum(dim=0) - sent)[flat]).to(IDX)
+    return _dispatch_outputs(x, got, layout, expand_idx, expert_token_nums_type)
 
 
-def _check_dispatch(
+def npu_moe_distribute_dispatch_v2(
     x: torch.Tensor,
     expert_ids: torch.Tensor,
-    scales: torch.Tensor | None,
-    expert_scales: torch.Tensor | None,
+    group_ep: str,
     ep_world_size: int,
     ep_rank_id: int,
     moe_expert_num: int,
-    kwargs: dict,
-) -> DispatchLayout:
-    if x.dim() != 2:
-        raise ValueError(f"{DISPATCH}: x must be 2-D (BS, H), got shape {tuple(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{DISPATCH}: x must be floating point, got {x.dtype}")
-    if expert_ids.dim() == 2 and expert_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"{DISPATCH}: expert_ids has {expert_ids.shape[0]} rows, x has {x.shape[0]}")
-    if scales is not None:
-        raise NotImplementedError(f"{DISPATCH}: scales (quantised dispatch) are not emulated")
-    if expert_scales is not None:
-        raise NotImplementedError(f"{DISPATCH}: expert_scales (the A2 layered algorithm) are not emulated")
-    if kwargs["expert_token_nums_type"] not in (0, 1):
-        raise ValueError(f"{DISPATCH}: expert_token_nums_type must be 0 (cumsum) or 1 (counts)")
-    return dispatch_layout(
-        DISPATCH,
-        expert_ids,
-        ep_world_size,
-        ep_rank_id,
-        moe_expert_num,
-        tp_world_size=kwargs["tp_world_size"],
-        expert_shard_type=kwargs["expert_shard_type"],
-        shared_expert_rank_num=kwargs["shared_expert_rank_num"],
-        quant_mode=kwargs["quant_mode"],
-        global_bs=kwargs["global_bs"],
+    *,
+    scales: torch.Tensor | None = None,
+    x_active_mask: torch.Tensor | None = None,
+    expert_scales: torch.Tensor | None = None,
+    group_tp: str = "",
+    tp_world_size: int = 0,
+    tp_rank_id: int = 0,
+    expert_shard_type: int = 0,
+    shared_expert_num: int = 1,
+    shared_expert_rank_num: int = 0,
+    quant_mode: int = 0,
+    global_bs: int = 0,
+    expert_token_nums_type: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """The v2 dispatch (see the module docstring): masked slots stay home; assist_info_for_combine is third."""
+    layout = _check_dispatch(
+        DISPATCH_V2, x, expert_ids, scales, x_active_mask, expert_scales, ep_world_size, ep_rank_id,
+        moe_expert_num, locals(),
+    )  # fmt: skip
+    group = _ep_group(DISPATCH_V2, group_ep, ep_world_size, ep_rank_id)
+    got = _send_to_experts(DISPATCH_V2, x, expert_ids, x_active_mask, layout, moe_expert_num, ep_rank_id, group)
+    triples = torch.stack([got.sources, got.slots // layout.top_k, got.slots % layout.top_k], dim=1)
+    assist = torch.zeros(layout.assist_words, dtype=IDX)
+    assist[: triples.numel()] = triples.reshape(-1).to(IDX)
+    return _dispatch_outputs(x, got, layout, assist, expert_token_nums_type)
+
+
+def _dispatch_shapes(op: str, x: torch.Tensor, expert_ids: torch.Tensor, args: dict) -> tuple[torch.Tensor, ...]:
+    layout = _check_dispatch(
+        op, x, expert_ids, args["scales"], args["x_active_mask"], args["expert_scales"], args["ep_world_size"],
+        args["ep_rank_id"], args["moe_expert_num"], args,
+    )  # fmt: skip
+    group_named(args["group_ep"], op)  # an unknown name fails at trace time, not at the first run
+    third = layout.tokens * layout.top_k if op == DISPATCH else layout.assist_words
+    return (
+        x.new_empty(layout.expand_rows, x.shape[1]),
+        x.new_empty(layout.expand_rows, dtype=torch.float32),
+        x.new_empty(third, dtype=IDX),
+        x.new_empty(layout.local_experts, dtype=torch.int64),
+        x.new_empty(args["ep_world_size"] * layout.local_experts, dtype=IDX),
+        x.new_empty(layout.tp_world_size, dtype=IDX),
+        x.new_empty(0, dtype=torch.float32),
     )
 
 
@@ -255,24 +487,40 @@ def dispatch_shapes(
     global_bs: int = 0,
     expert_token_nums_type: int = 1,
 ) -> tuple[torch.Tensor, ...]:
-    """The dispatch outputs' shapes and dtypes, from the arguments alone (the fake implementation)."""
-    layout = _check_dispatch(x, expert_ids, scales, expert_scales, ep_world_size, ep_rank_id, moe_expert_num, locals())
-    group_named(group_ep, DISPATCH)  # an unknown name fails at trace time, not at the first run
-    return (
-        x.new_empty(layout.expand_rows, x.shape[1]),
-        x.new_empty(layout.expand_rows, dtype=torch.float32),
-        x.new_empty(layout.tokens * layout.top_k, dtype=IDX),
-        x.new_empty(layout.local_experts, dtype=torch.int64),
-        x.new_empty(ep_world_size * layout.local_experts, dtype=IDX),
-        x.new_empty(tp_world_size, dtype=IDX),
-        x.new_empty(layout.rows, dtype=torch.float32),
-    )
+    """The v1 dispatch outputs' shapes and dtypes, from the arguments alone (the fake implementation)."""
+    return _dispatch_shapes(DISPATCH, x, expert_ids, locals())
+
+
+def dispatch_v2_shapes(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    group_ep: str,
+    ep_world_size: int,
+    ep_rank_id: int,
+    moe_expert_num: int,
+    *,
+    scales: torch.Tensor | None = None,
+    x_active_mask: torch.Tensor | None = None,
+    expert_scales: torch.Tensor | None = None,
+    group_tp: str = "",
+    tp_world_size: int = 0,
+    tp_rank_id: int = 0,
+    expert_shard_type: int = 0,
+    shared_expert_num: int = 1,
+    shared_expert_rank_num: int = 0,
+    quant_mode: int = 0,
+    global_bs: int = 0,
+    expert_token_nums_type: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """The v2 dispatch outputs' shapes and dtypes (assist_info_for_combine: max(BS*K, A*128) words)."""
+    return _dispatch_shapes(DISPATCH_V2, x, expert_ids, locals())
 
 
 def _check_combine(
+    op: str,
     expand_x: torch.Tensor,
     expert_ids: torch.Tensor,
-    expand_idx: torch.Tensor,
+    third: torch.Tensor,
     ep_send_counts: torch.Tensor,
     expert_scales: torch.Tensor,
     ep_world_size: int,
@@ -280,10 +528,12 @@ def _check_combine(
     moe_expert_num: int,
     kwargs: dict,
 ) -> DispatchLayout:
-    op = COMBINE
-    for name in ("activation_scale", "weight_scale", "group_list", "expand_scales", "shared_expert_x"):
-        if kwargs[name] is not None:
-            raise NotImplementedError(f"{op}: {name} is not emulated (reserved, A2-only or shared-expert input)")
+    refused = ("expand_scales", "shared_expert_x")
+    if op == COMBINE:
+        refused += ("activation_scale", "weight_scale", "group_list")
+    for name in refused:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{op}: {name} is not emulated (quantised, A2-only or shared-expert input)")
     if kwargs["comm_quant_mode"] != 0:
         raise NotImplementedError(f"{op}: comm_quant_mode={kwargs['comm_quant_mode']} (int8 transfer) is not emulated")
     if expand_x.dim() != 2:
@@ -296,15 +546,30 @@ def _check_combine(
         moe_expert_num,
         tp_world_size=kwargs["tp_world_size"],
         expert_shard_type=kwargs["expert_shard_type"],
+        shared_expert_num=kwargs["shared_expert_num"],
         shared_expert_rank_num=kwargs["shared_expert_rank_num"],
         quant_mode=0,
         global_bs=kwargs["global_bs"],
     )
-    slots = layout.tokens * layout.top_k
-    if tuple(expand_idx.shape) != (slots,) or expand_idx.dtype != IDX:
-        raise ValueError(
-            f"{op}: expand_idx must be dispatch's, int32 ({slots},), got {tuple(expand_idx.shape)} {expand_idx.dtype}"
-        )
+    _check_mask_shape(op, kwargs["x_active_mask"], layout.tokens, layout.top_k)
+    if op == COMBINE:
+        want, name = layout.tokens * layout.top_k, "expand_idx"
+    else:
+        want, name = layout.assist_words, "assist_info_for_combine"
+        if expand_x.shape[0] != layout.expand_rows:
+            raise ValueError(
+                f"{op}: expand_x must have dispatch's A = {layout.expand_rows} rows, got {expand_x.shape[0]}"
+            )
+        if expert_scales.dtype != torch.float32:
+            raise TypeError(f"{op}: expert_scales must be float32, got {expert_scales.dtype}")
+        tp_counts = kwargs["tp_send_counts"]
+        if tp_counts is not None and tuple(tp_counts.shape) != (layout.tp_world_size,):
+            raise ValueError(
+                f"{op}: tp_send_counts must be dispatch's tp_recv_counts ({layout.tp_world_size},), "
+                f"got {tuple(tp_counts.shape)}"
+            )
+    if tuple(third.shape) != (want,) or third.dtype != IDX:
+        raise ValueError(f"{op}: {name} must be dispatch's, int32 ({want},), got {tuple(third.shape)} {third.dtype}")
     sends = ep_world_size * layout.local_experts
     if tuple(ep_send_counts.shape) != (sends,) or ep_send_counts.dtype != IDX:
         raise ValueError(
@@ -316,6 +581,15 @@ def _check_combine(
             f"{op}: expert_scales shape {tuple(expert_scales.shape)} differs from expert_ids {tuple(expert_ids.shape)}"
         )
     return layout
+
+
+def _held_rows(op: str, ep_send_counts: torch.Tensor, expand_rows: int) -> torch.Tensor:
+    """Rows held per (local expert, source rank), from dispatch's cumulative ep_recv_counts."""
+    ends = ep_send_counts.long().cpu()
+    held = torch.diff(ends, prepend=ends.new_zeros(1))
+    if held.numel() and (int(held.min()) < 0 or int(ends[-1]) > expand_rows):
+        raise ValueError(f"{op}: ep_send_counts {ends.tolist()} are not dispatch's cumulative counts for expand_x")
+    return held
 
 
 def npu_moe_distribute_combine(
@@ -347,28 +621,18 @@ def npu_moe_distribute_combine(
     comm_quant_mode: int = 0,
     group_list_type: int = 0,
 ) -> torch.Tensor:
-    """See the module docstring: the expert rows of `expand_x` back to their tokens, weighted by expert_scales."""
+    """The v1 combine (see the module docstring): the way back recomputed from expert_ids and expand_idx."""
     layout = _check_combine(
-        expand_x,
-        expert_ids,
-        expand_idx,
-        ep_send_counts,
-        expert_scales,
-        ep_world_size,
-        ep_rank_id,
-        moe_expert_num,
-        locals(),
-    )
+        COMBINE, expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, ep_world_size, ep_rank_id,
+        moe_expert_num, locals(),
+    )  # fmt: skip
     group = _ep_group(COMBINE, group_ep, ep_world_size, ep_rank_id)
-    ends = ep_send_counts.long().cpu()
-    held = torch.diff(ends, prepend=ends.new_zeros(1))
-    if held.numel() and (int(held.min()) < 0 or int(ends[-1]) > expand_x.shape[0]):
-        raise ValueError(f"{COMBINE}: ep_send_counts {ends.tolist()} are not dispatch's cumulative counts for expand_x")
+    held = _held_rows(COMBINE, ep_send_counts, expand_x.shape[0])
     by_expert_then_source = held.view(layout.local_experts, ep_world_size)
-    local_rows = expand_x.cpu()[: int(ends[-1]) if ends.numel() else 0]
+    local_rows = expand_x.cpu()[: int(held.sum())]
     flat = expert_ids.reshape(-1).long().cpu()
     _check_choices(COMBINE, flat, layout.top_k, moe_expert_num)
-    per_expert = _choices_per_expert(flat, moe_expert_num, ep_world_size)
+    per_expert = torch.bincount(flat, minlength=moe_expert_num).view(ep_world_size, -1)
     back = _exchange(
         local_rows.index_select(0, blocks_in_other_order(by_expert_then_source.tolist(), local_rows.device)),
         by_expert_then_source.sum(dim=0).tolist(),
@@ -382,6 +646,93 @@ def npu_moe_distribute_combine(
     picked = back.float().index_select(0, where).view(layout.tokens, layout.top_k, -1)
     out = (picked * expert_scales.float().cpu().unsqueeze(-1)).sum(dim=1)
     return out.to(expand_x.dtype).to(expand_x.device)
+
+
+def _assist_problem(
+    held: torch.Tensor, triples: torch.Tensor, layout: DispatchLayout, ep_world_size: int
+) -> str | None:
+    """Why assist_info_for_combine's triples do not fit ep_send_counts (one triple per held row, from each source
+    rank as many as it sent, naming real ranks, tokens and slots), or None."""
+    if triples.numel() == 0:
+        return None
+    sources, tokens, slots = triples.unbind(dim=1)
+    lowest, highest = triples.min(dim=0).values.tolist(), [int(sources.max()), int(tokens.max()), int(slots.max())]
+    if min(lowest) < 0 or highest[0] >= ep_world_size or highest[2] >= layout.top_k:
+        return "assist_info_for_combine names a rank or slot that does not exist: it is not dispatch_v2's"
+    per_source = torch.bincount(sources, minlength=ep_world_size)
+    if not torch.equal(per_source, held.view(layout.local_experts, ep_world_size).sum(dim=0)):
+        return (
+            f"assist_info_for_combine's rows per source rank {per_source.tolist()} differ from ep_send_counts': "
+            "the two are not from the same dispatch_v2"
+        )
+    return None
+
+
+def npu_moe_distribute_combine_v2(
+    expand_x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    assist_info_for_combine: torch.Tensor,
+    ep_send_counts: torch.Tensor,
+    expert_scales: torch.Tensor,
+    group_ep: str,
+    ep_world_size: int,
+    ep_rank_id: int,
+    moe_expert_num: int,
+    *,
+    tp_send_counts: torch.Tensor | None = None,
+    x_active_mask: torch.Tensor | None = None,
+    expand_scales: torch.Tensor | None = None,
+    shared_expert_x: torch.Tensor | None = None,
+    group_tp: str = "",
+    tp_world_size: int = 0,
+    tp_rank_id: int = 0,
+    expert_shard_type: int = 0,
+    shared_expert_num: int = 1,
+    shared_expert_rank_num: int = 0,
+    global_bs: int = 0,
+    comm_quant_mode: int = 0,
+) -> torch.Tensor:
+    """The v2 combine (see the module docstring): each row goes back to the rank and slot its triple in
+    assist_info_for_combine names; masked slots add nothing."""
+    op = COMBINE_V2
+    layout = _check_combine(
+        op, expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, ep_world_size,
+        ep_rank_id, moe_expert_num, locals(),
+    )  # fmt: skip
+    group = _ep_group(op, group_ep, ep_world_size, ep_rank_id)
+    flat = expert_ids.reshape(-1).long().cpu()
+    try:
+        held = _held_rows(op, ep_send_counts, expand_x.shape[0])
+        triples = assist_info_for_combine.cpu().long()[: TRIPLE * int(held.sum())].view(-1, TRIPLE)
+        active = active_slots(op, x_active_mask, layout.tokens, layout.top_k)
+        _check_choices(op, flat, layout.top_k, moe_expert_num)
+        problem = _assist_problem(held, triples, layout, ep_world_size)
+        problem = f"{op}: {problem}" if problem else None
+    except ValueError as e:
+        problem = str(e)
+    if problem is not None:  # still joins the check below, with nothing to send, so that every rank stops
+        triples, active = torch.zeros(0, TRIPLE, dtype=torch.long), torch.zeros(flat.numel(), dtype=torch.bool)
+    send_to = torch.bincount(triples[:, 0], minlength=ep_world_size)
+    expect_from = torch.bincount(flat[active] // layout.local_experts, minlength=ep_world_size)
+    # every rank checks every pair: what r sends d is what d expects from r
+    table = _gather_checked(op, problem, torch.cat([send_to, expect_from]), group)
+    mismatched = (table[:, :ep_world_size] != table[:, ep_world_size:].t()).nonzero().tolist()
+    if mismatched:
+        raise ValueError(
+            f"{op}: (sender, receiver) rank pairs {mismatched} disagree on the rows coming back: x_active_mask or "
+            "expert_ids differ from the ones dispatch_v2 was given"
+        )
+    order = torch.argsort(triples[:, 0], stable=True)
+    slot_of_row = triples[:, 1] * layout.top_k + triples[:, 2]
+    send, recv = send_to.tolist(), expect_from.tolist()
+    rows = _exchange(expand_x.cpu()[: triples.shape[0]].index_select(0, order), send, recv, group)
+    slots = _exchange(slot_of_row.index_select(0, order), send, recv, group)
+    if not torch.equal(torch.bincount(slots, minlength=flat.numel()), active.long()):
+        raise ValueError(f"{op}: the rows that came back do not cover this rank's active slots once each")
+    gathered = torch.zeros(flat.numel(), expand_x.shape[1], dtype=torch.float32)
+    gathered[slots] = rows.float()
+    weighted = gathered.view(layout.tokens, layout.top_k, -1) * expert_scales.float().cpu().unsqueeze(-1)
+    return weighted.sum(dim=1).to(expand_x.dtype).to(expand_x.device)
 
 
 def combine_shapes(
@@ -413,17 +764,43 @@ def combine_shapes(
     comm_quant_mode: int = 0,
     group_list_type: int = 0,
 ) -> torch.Tensor:
-    """The combine output's shape and dtype (BS, H), from the arguments alone (the fake implementation)."""
+    """The v1 combine output's shape and dtype (BS, H), from the arguments alone (the fake implementation)."""
     layout = _check_combine(
-        expand_x,
-        expert_ids,
-        expand_idx,
-        ep_send_counts,
-        expert_scales,
-        ep_world_size,
-        ep_rank_id,
-        moe_expert_num,
-        locals(),
-    )
+        COMBINE, expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, ep_world_size, ep_rank_id,
+        moe_expert_num, locals(),
+    )  # fmt: skip
     group_named(group_ep, COMBINE)
+    return expand_x.new_empty(layout.tokens, expand_x.shape[1])
+
+
+def combine_v2_shapes(
+    expand_x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    assist_info_for_combine: torch.Tensor,
+    ep_send_counts: torch.Tensor,
+    expert_scales: torch.Tensor,
+    group_ep: str,
+    ep_world_size: int,
+    ep_rank_id: int,
+    moe_expert_num: int,
+    *,
+    tp_send_counts: torch.Tensor | None = None,
+    x_active_mask: torch.Tensor | None = None,
+    expand_scales: torch.Tensor | None = None,
+    shared_expert_x: torch.Tensor | None = None,
+    group_tp: str = "",
+    tp_world_size: int = 0,
+    tp_rank_id: int = 0,
+    expert_shard_type: int = 0,
+    shared_expert_num: int = 1,
+    shared_expert_rank_num: int = 0,
+    global_bs: int = 0,
+    comm_quant_mode: int = 0,
+) -> torch.Tensor:
+    """The v2 combine output's shape and dtype (BS, H), from the arguments alone (the fake implementation)."""
+    layout = _check_combine(
+        COMBINE_V2, expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, ep_world_size,
+        ep_rank_id, moe_expert_num, locals(),
+    )  # fmt: skip
+    group_named(group_ep, COMBINE_V2)
     return expand_x.new_empty(layout.tokens, expand_x.shape[1])

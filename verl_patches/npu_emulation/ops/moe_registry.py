@@ -90,6 +90,26 @@ OPS: dict[str, tuple[str, Callable, Callable]] = {
         moe_distribute.npu_moe_distribute_combine,
         moe_distribute.combine_shapes,
     ),
+    # the v2 pair, as the torch_npu 2.5.1.post1 wheel's npu_native_functions_by_codegen.yaml writes them
+    "npu_moe_distribute_dispatch_v2": (
+        "(Tensor x, Tensor expert_ids, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+        'Tensor? scales=None, Tensor? x_active_mask=None, Tensor? expert_scales=None, str group_tp="", '
+        "int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
+        "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, int expert_token_nums_type=1) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        moe_distribute.npu_moe_distribute_dispatch_v2,
+        moe_distribute.dispatch_v2_shapes,
+    ),
+    "npu_moe_distribute_combine_v2": (
+        "(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, "
+        "Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+        "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, Tensor? expand_scales=None, "
+        'Tensor? shared_expert_x=None, str group_tp="", int tp_world_size=0, int tp_rank_id=0, '
+        "int expert_shard_type=0, int shared_expert_num=1, int shared_expert_rank_num=0, int global_bs=0, "
+        "int comm_quant_mode=0) -> Tensor",
+        moe_distribute.npu_moe_distribute_combine_v2,
+        moe_distribute.combine_v2_shapes,
+    ),
 }
 
 
