@@ -376,6 +376,11 @@ def _collectives_on_npu(rank: int, world: int) -> dict:
         hidden = torch.zeros(4, 2, device="npu")
         dist.all_gather(list(torch.tensor_split(hidden, 2)), torch.full((2, 2), float(rank + 1), device="npu"))
     out["inference_all_gather"] = hidden.cpu().tolist()
+    with torch.inference_mode():  # a prefill's odd token count: chunks of 2 and 1 rows, as HCCL gathers them
+        hidden = torch.zeros(3, 2, device="npu")
+        chunks = torch.tensor_split(hidden, 2)
+        dist.all_gather(list(chunks), torch.full(tuple(chunks[rank].shape), float(rank + 1), device="npu"))
+    out["uneven_all_gather"] = hidden.cpu().tolist()
     return out
 
 
@@ -396,6 +401,7 @@ def test_collectives_on_npu_tensors_over_hccl_and_gloo_groups(torch_npu):
         assert res["broadcast"] == [1.0, 1.0]
         assert res["gloo_all_reduce"] == [3.0, 3.0]
         assert res["inference_all_gather"] == [[1.0, 1.0]] * 2 + [[2.0, 2.0]] * 2
+        assert res["uneven_all_gather"] == [[1.0, 1.0]] * 2 + [[2.0, 2.0]]
         # rank r sends peer p a (r + 1 + p, 2) block of 10 r + p
         assert res["all_to_all_list"] == [[[10.0 * p + rank] * 2] * (p + 1 + rank) for p in range(2)]
     # all_to_all_single with uneven splits: rank 0 sends [0] | [1, 2], rank 1 sends [10, 11, 12] | [13]

@@ -28,6 +28,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
@@ -705,6 +706,52 @@ void npu_alltoall(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->push_back(work);
 }
 
+// allgather_ into outputs of different sizes, which HCCL takes and gloo refuses: torch_npu's
+// ProcessGroupHCCL::allgather runs one broadcast per rank when the output sizes differ (vllm-ascend's TP MoE
+// gathers the uneven tensor_split chunks of a prefill this way), and so does this, over the same group. Equal
+// sizes take gloo's allgather as every other collective does.
+void npu_allgather(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, ProcessGroup process_group, int timeout)
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const c10::List<c10::IValue> lists = (*stack)[first].toList();
+  const std::vector<at::Tensor> inputs = (*stack)[first + 1].toTensorVector();
+  bool uneven = false;
+  for (const c10::IValue& list : lists) {
+    const std::vector<at::Tensor> outs = list.toTensorVector();
+    for (const at::Tensor& out : outs) {
+      uneven = uneven || out.sizes() != outs.front().sizes();
+    }
+  }
+  if (!uneven) {
+    npu_c10d(op, stack);
+    return;
+  }
+  TORCH_CHECK(lists.size() == 1 && inputs.size() == 1, "allgather: outputs of different sizes need one input tensor, got ",
+              inputs.size());
+  const std::vector<at::Tensor> outs = lists.get(0).toTensorVector();
+  const c10::IValue group = (*stack)[first + 2];
+  const int64_t timeout = (*stack)[first + 3].toInt();
+  const auto pg = group.toCustomClass<c10d::ProcessGroup>();
+  const int64_t rank = pg->getRank();
+  TORCH_CHECK(static_cast<int64_t>(outs.size()) == pg->getSize(), "allgather: ", outs.size(),
+              " output tensors for a group of ", pg->getSize());
+  TORCH_CHECK(outs[rank].sizes() == inputs[0].sizes(), "allgather: this rank's output tensor has shape ",
+              outs[rank].sizes(), ", its input ", inputs[0].sizes());
+  outs[rank].copy_(inputs[0]);
+  static const auto broadcast = c10::Dispatcher::singleton().findSchemaOrThrow("c10d::broadcast_", "");
+  c10::IValue work;
+  for (int64_t root = 0; root < pg->getSize(); ++root) {
+    torch::jit::Stack call_stack{c10::IValue(std::vector<at::Tensor>{outs[root]}), group, root, int64_t{0}, false,
+                                 timeout};
+    broadcast.callBoxed(&call_stack);
+    work = call_stack.back();
+    work.toCustomClass<c10d::Work>()->wait();
+  }
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+  stack->emplace_back(lists);
+  stack->push_back(work);
+}
+
 // ---- explicit kernels ----------------------------------------------------------------------------------
 
 void check_factory(std::optional<at::Layout> layout, std::optional<bool> pin_memory) {
@@ -859,7 +906,7 @@ namespace {
 
 // libtorch registers c10d kernels for PrivateUse1 that ask the group for a PrivateUse1 backend; gloo takes
 // CPU tensors only. Ours run the CPU kernels (gloo) over the npu memory instead; alltoall_, which gloo does
-// not have, goes through its alltoall_base_.
+// not have, goes through its alltoall_base_; allgather_ into outputs of different sizes through broadcasts.
 constexpr std::array<const char*, 19> kC10dOps = {
     "_allgather_base_", "_reduce_scatter_base_", "allgather_", "allgather_coalesced_",
     "allgather_into_tensor_coalesced_", "allreduce_", "allreduce_coalesced_", "alltoall_", "alltoall_base_",
@@ -900,6 +947,8 @@ void install() {
   for (const char* name : kC10dOps) {
     if (std::string(name) == "alltoall_") {
       c10d->impl(name, torch::CppFunction::makeFromBoxedFunction<&npu_alltoall>());
+    } else if (std::string(name) == "allgather_") {
+      c10d->impl(name, torch::CppFunction::makeFromBoxedFunction<&npu_allgather>());
     } else {
       c10d->impl(name, torch::CppFunction::makeFromBoxedFunction<&npu_c10d>());
     }
