@@ -10,7 +10,9 @@ _KV_NZ_REASON = (
     "(_npu_reshape_and_cache) of an NZ cache. Installed only where the profile turns on TorchAir "
     "graph mode and enable_kv_nz (the launcher sets VERL_PATCHES_KV_NZ from the config; the engine "
     "build refuses a disagreement); static, so dynamo traces it with fullgraph=True. NPU kernels "
-    "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically"
+    "only: checked on CPU structurally (calls and cache modes reaching torch_npu), NOT numerically. "
+    "Never with chunked prefill (refused by config_checks.kv_nz_problems): a step that mixes prefill "
+    "chunks with decodes writes its decode tokens' KV only through the re-write this drops"
 )
 
 _DP_METADATA = "vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_forward_metadata_across_dp"
@@ -122,5 +124,21 @@ PATCHES.append(
         "and unselected groups filled with 0.0, where DeepSeek-V3's Gate, npu_moe_gating_top_k (the 256-expert "
         "branch) and MindSpeed-LLM's training router sum each group's top 2 (with a bias) and mask with -inf; "
         "the grouped branch routes as they do, every other branch is upstream's",
+    )
+)
+
+PATCHES.append(
+    Patch(
+        name="vllm_ascend.model_runner_v1.graph_decode_counts",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
+        kind=Kind.WRAP,
+        fingerprint="sha256:8450a9b7a30d3922",
+        replacement=lazy_call("verl_patches.rollout.decode_share:wrap_execute_model"),
+        vendor_item="local",
+        reason="counts, per request, the tokens sampled in TorchAir graph decode steps and in eager steps (the "
+        "runner's DP-reduced with_prefill of the step), so every step logs rollout/graph_decode_token_share: on "
+        "A3 ~99 % of tokens are graph decodes, and a run whose tokens are mostly eager proves another path. "
+        "Reads the step's output only; the step itself is upstream's",
+        devices=("npu", "cpu"),
     )
 )
