@@ -9,6 +9,8 @@ import pytest
 from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.trainer.tiny_a3 import (
     MEGATRON_MODEL_OVERRIDES,
+    ROPE_FACTOR,
+    ROPE_ORIGINAL_MAX_POSITIONS,
     VOCAB_MULTIPLE,
     checkpoint_dir,
     megatron_layout,
@@ -27,7 +29,12 @@ def test_a3_path_spec_and_layout() -> None:
     assert spec.vocab_multiple == VOCAB_MULTIPLE and spec.seed == 1 and spec.max_operand == 2
     overrides = dict(spec.model_overrides)
     assert {k: overrides[k] for k in MEGATRON_MODEL_OVERRIDES} == MEGATRON_MODEL_OVERRIDES
-    assert overrides["rope_scaling"]["original_max_position_embeddings"] == 64
+    rope = overrides["rope_scaling"]
+    assert (rope["original_max_position_embeddings"], rope["factor"]) == (ROPE_ORIGINAL_MAX_POSITIONS, ROPE_FACTOR)
+    # the rollout's max_model_len is the model's context, A3's 4096, and YaRN reaches it
+    assert overrides["max_position_embeddings"] == c.actor_rollout_ref.rollout.max_model_len == 4096
+    assert rope["original_max_position_embeddings"] * rope["factor"] == 4096
+    assert spec.worked_answer  # the strict R1-Zero rule: the base model answers in think tags
     layout = megatron_layout(c)
     assert (layout.tp, layout.pp, layout.ep, layout.num_layer_list) == (2, 1, 2, None)
     assert layout.moe_grouped_gemm and layout.moe_tp_extend_ep
@@ -37,6 +44,7 @@ def test_a3_path_spec_and_layout() -> None:
 def test_fsdp_option_spec_is_the_plain_model() -> None:
     spec = tiny_spec(cfg("ppo_tiny_local_fsdp"))
     assert spec.vocab_multiple == 1 and spec.model_overrides == ()
+    assert not spec.worked_answer  # its relaxed format rule: one-token answers
 
 
 def test_reference_layout_must_equal_the_actors() -> None:

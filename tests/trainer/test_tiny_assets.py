@@ -272,3 +272,40 @@ def _recording(fn, log: list[str]):
             log.append("train_base done")
 
     return wrapper
+
+
+def test_a_worked_answer_shows_the_sum_in_think_tags_then_the_boxed_answer(tmp_path: Path) -> None:
+    """The strict R1-Zero format (tiny profile): every token of the worked answer is one token of the tokenizer,
+    the base model's targets are exactly those tokens and EOS, and the reward grades them as correct."""
+    from verl_patches.reward.deepscaler import compute_score
+    from verl_patches.trainer.tiny_assets import parse_problem, response_tokens
+    from verl_patches.trainer.tiny_base import supervised_rows
+
+    spec = TinySpec(seed=2, max_operand=2, num_problems=30, worked_answer=True)
+    assets = prepare(tmp_path / "a", spec, progress=False)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(assets.model_dir)
+    import pandas as pd
+
+    frame = pd.read_parquet(assets.train_parquet)
+    rows = supervised_rows(assets.train_parquet, tok, lambda p, a: response_tokens(spec, p, a))
+    for (_prompt, target), info, reward in zip(rows, frame["extra_info"], frame["reward_model"]):
+        _, a, b = parse_problem(spec, info["problem"])
+        answer = str(reward["ground_truth"])
+        assert tok.convert_ids_to_tokens(target) == [
+            "<think>",
+            str(a),
+            "+",
+            str(b),
+            "=",
+            answer,
+            "</think>",
+            f"\\boxed{{{answer}}}",
+            "<eos>",
+        ]
+        text = tok.decode(target, skip_special_tokens=True)
+        assert compute_score("deepscaler", text, answer) == 1.0  # strict rule: the answer after </think>
+    assert response_tokens(TinySpec(), "What is 1 + 2 ?", "3") == ["\\boxed{3}"]  # the relaxed profile's answer
+    with pytest.raises(ValueError, match="not 3"):
+        response_tokens(spec, "What is 1 + 2 ?", "4")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from verl_patches.reward.extract import FORMAT_RULE_KEY, FormatRule, parse_format_rule
 from verl_patches.trainer.config_checks import get
 from verl_patches.trainer.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
 from verl_patches.weights.config import official_config
@@ -31,8 +32,13 @@ MEGATRON_MODEL_OVERRIDES: dict[str, Any] = {
     # experts compute what they did with 8 experts in all (8 x 8 = 2 x 32 wide); the shared expert keeps its width
     "moe_intermediate_size": 8,
     "n_shared_experts": 4,
-    "max_position_embeddings": 256,
+    # A3's max_model_len (1024 + 3072): the rollout's chunked-prefill budget (3072) stays below it as on A3, and
+    # an engine's 128 prompts (~40 tokens each) prefill in two steps, so decode steps make most of the tokens
+    "max_position_embeddings": 4096,
 }
+# YaRN as DeepSeek-V3 (factor 40 over 4096), scaled to the tiny context: factor 4 over 1024
+ROPE_ORIGINAL_MAX_POSITIONS = 1024
+ROPE_FACTOR = 4.0
 # Each MoE layer's score-correction bias: N(-1, 0.05^2). The offset moves every biased score below zero (a
 # sigmoid is below 1) without changing DeepSeek's choice (a shift common to all experts); the spread does
 # change it. MindSpeed-LLM updates the bias in training (moe_router_bias_update_rate), the weight sync carries it
@@ -49,18 +55,24 @@ def is_megatron(cfg: Any) -> bool:
 def tiny_spec(cfg: Any) -> TinySpec:
     """The asset spec for this config (pure)."""
     o = cfg.overlay
-    # a fifth of the distinct problems held out, each once (tiny_assets: what validation can measure)
+    # a fifth of the distinct problems held out, each once (tiny_assets: what validation can measure); the base
+    # model shows its working in think tags where the reward grades the strict R1-Zero format
     spec = TinySpec(
         seed=int(o.tiny_seed),
         max_operand=int(o.tiny_max_operand),
         train_ratio=0.8,
         unique_held_out=True,
         base_steps=int(o.get("tiny_base_steps", 0)),
+        worked_answer=parse_format_rule(get(cfg, FORMAT_RULE_KEY, FormatRule.STRICT.value)) is FormatRule.STRICT,
     )
     if not is_megatron(cfg):
         return spec
 
-    rope = dict(official_config()["rope_scaling"], original_max_position_embeddings=64, factor=4.0)
+    rope = dict(
+        official_config()["rope_scaling"],
+        original_max_position_embeddings=ROPE_ORIGINAL_MAX_POSITIONS,
+        factor=ROPE_FACTOR,
+    )
     overrides = dict(MEGATRON_MODEL_OVERRIDES, rope_scaling=rope)
     return TinySpec(
         seed=spec.seed,
@@ -68,6 +80,7 @@ def tiny_spec(cfg: Any) -> TinySpec:
         train_ratio=spec.train_ratio,
         unique_held_out=spec.unique_held_out,
         base_steps=spec.base_steps,
+        worked_answer=spec.worked_answer,
         vocab_multiple=VOCAB_MULTIPLE,
         model_overrides=tuple(sorted(overrides.items())),
         router_bias_mean=ROUTER_BIAS_MEAN,

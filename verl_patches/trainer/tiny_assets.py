@@ -2,7 +2,10 @@
 
 The task is single-digit addition in deepscaler format, converted by our own json_to_parquet and graded
 by our own reward, so the local run exercises the same data and reward code as the cluster job. Each
-possible answer `\\boxed{N}` is one token of the tokenizer, so one-token responses are well-formed answers.
+possible answer `\\boxed{N}` is one token of the tokenizer. With `TinySpec.worked_answer` (the tiny profile, whose
+reward keeps the A3 profiles' strict R1-Zero rule) a response shows its working inside think tags first,
+`<think> a + b = N </think> \\boxed{N}`: nine tokens with EOS, so most of a rollout's tokens come from decode
+steps, as on A3, and the reward grades the answer after `</think>` as it does there.
 The model is randomly initialised, then (`TinySpec.base_steps`, tiny_base.py) given a short supervised pass
 over the training split: RL starts from a weak base, as R1-Zero does, and the mean reward and validation rise
 as it learns the sums.
@@ -31,7 +34,7 @@ from verl_patches.weights.config import make_tiny_config
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]
 THINK_TOKENS = ["<think>", "</think>"]
 # How a sum is asked: different openings, the same ending, so a held-out text differs from trained ones of the
-# same sum only where a 0.3 M-parameter model can learn to look past (the digits sit at the same distance from
+# same sum only where a small model can learn to look past (the digits sit at the same distance from
 # the answer in every phrasing); every word is in the training split (see the module docstring). Thirty
 # openings: with sums up to 2 + 2 that is 270 texts, and a fifth held out gives validation 54 problems
 OPENINGS = (
@@ -96,6 +99,9 @@ class TinySpec:
     # supervised steps over the training split that turn the random model into a weak base (tiny_base.py);
     # 0: RL starts from the random model (the tiny profile sets 100, overlay.tiny_base_steps)
     base_steps: int = 0
+    # the base model answers `<think> a + b = N </think> \boxed{N}` (the strict R1-Zero format) instead of
+    # `\boxed{N}` alone (tiny_a3 sets it from the reward's format rule)
+    worked_answer: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -119,6 +125,21 @@ def answer_tokens(max_operand: int) -> list[str]:
 
 def problem_text(phrasing: str, a: int, b: int) -> str:
     return phrasing.format(a=a, b=b)
+
+
+WORKING_WORDS = ("+", "=")  # the words of a worked answer besides digits and the added tokens
+
+
+def response_tokens(spec: TinySpec, problem: str, answer: str) -> list[str]:
+    """The tokens of the base model's response to `problem` (EOS not included): the boxed answer, after its
+    working in think tags when `spec.worked_answer`."""
+    boxed = f"\\boxed{{{answer}}}"
+    if not spec.worked_answer:
+        return [boxed]
+    _, a, b = parse_problem(spec, problem)
+    if a + b != int(answer):
+        raise ValueError(f"tiny assets: problem {problem!r} has answer {answer!r}, not {a + b}")
+    return [THINK_TOKENS[0], *str(a), "+", *str(b), "=", *answer, THINK_TOKENS[1], boxed]
 
 
 def write_arithmetic_json(path: Path, spec: TinySpec) -> Path:
@@ -154,7 +175,7 @@ def build_tokenizer(out_dir: Path, texts: list[str], max_operand: int) -> Any:
             pre_tokenizers.Digits(individual_digits=True),
         ]
     )
-    words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(t)} | set("0123456789"))
+    words = sorted({w for t in texts for w, _ in pre.pre_tokenize_str(t)} | set("0123456789") | set(WORKING_WORDS))
     added = THINK_TOKENS + answer_tokens(max_operand)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + added + [w for w in words if w not in added])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -345,7 +366,13 @@ def prepare(root: Path, spec: TinySpec = TinySpec(), progress: bool = True) -> T
     )
     if spec.base_steps:
         require_deepseek_routing(spec)
-        tiny_base.train_base(assets.model_dir, assets.train_parquet, spec.base_steps, spec.seed)
+        tiny_base.train_base(
+            assets.model_dir,
+            assets.train_parquet,
+            spec.base_steps,
+            spec.seed,
+            response=lambda problem, answer: response_tokens(spec, problem, answer),
+        )
     write_text_atomically(stamp, json.dumps(recorded, indent=2))
     return assets
 

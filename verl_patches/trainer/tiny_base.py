@@ -25,12 +25,14 @@ the real runs' numbers), over six sampling seeds where not said otherwise:
 * lr 3e-3: the policy collapsed (validation 0.35) in 5 of 6 runs over both bases.
 
 Only the training split is read: the held-out problems stay unseen. The pass is seeded and runs on the CPU;
-the answer token and the EOS after it are the targets (the response the reward grades).
+the response tokens (`tiny_assets.response_tokens`: the answer token, after its working in think tags in the
+tiny profile) and the EOS after them are the targets (the response the reward grades).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +40,31 @@ BASE_LR = 3e-3
 BASE_BATCH = 64
 
 
-def supervised_rows(train_parquet: Path, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids as the rollout sees them, the response ids: `\\boxed{answer}` then EOS) per training row."""
+ResponseTokens = Callable[[str, str], list[str]]  # (problem text, answer) -> the response's tokens
+
+
+def boxed_answer(problem: str, answer: str) -> list[str]:
+    return [f"\\boxed{{{answer}}}"]
+
+
+def supervised_rows(
+    train_parquet: Path, tokenizer: Any, response: ResponseTokens = boxed_answer
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids as the rollout sees them, the response ids: `response(problem, answer)` then EOS) per
+    training row."""
     # lazy: pandas is heavy and only this path needs it; importing this module stays light
     import pandas as pd
 
     rows = []
-    frame = pd.read_parquet(train_parquet, columns=["prompt", "reward_model"])
-    for prompt, reward in zip(frame["prompt"], frame["reward_model"]):
+    frame = pd.read_parquet(train_parquet, columns=["prompt", "reward_model", "extra_info"])
+    for prompt, reward, info in zip(frame["prompt"], frame["reward_model"], frame["extra_info"]):
         ids = tokenizer.apply_chat_template([dict(m) for m in prompt], add_generation_prompt=True, tokenize=True)
-        answer = tokenizer.convert_tokens_to_ids(f"\\boxed{{{reward['ground_truth']}}}")
-        if answer == tokenizer.unk_token_id:
-            raise ValueError(f"{train_parquet}: answer {reward['ground_truth']!r} is not one token of the tokenizer")
-        rows.append((list(ids), [answer, tokenizer.eos_token_id]))
+        tokens = response(info["problem"], str(reward["ground_truth"]))
+        target = tokenizer.convert_tokens_to_ids(tokens)
+        missing = [t for t, i in zip(tokens, target) if i == tokenizer.unk_token_id]
+        if missing:
+            raise ValueError(f"{train_parquet}: response token(s) {missing!r} are not tokens of the tokenizer")
+        rows.append((list(ids), [*target, tokenizer.eos_token_id]))
     return rows
 
 
@@ -71,7 +85,9 @@ def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, A
     return ids, mask, labels
 
 
-def train_base(model_dir: Path, train_parquet: Path, steps: int, seed: int) -> float:
+def train_base(
+    model_dir: Path, train_parquet: Path, steps: int, seed: int, response: ResponseTokens = boxed_answer
+) -> float:
     """`steps` supervised steps of `BASE_BATCH` training rows on the model in `model_dir`, saved in place;
     returns the last loss. The caller's stamp (tiny_assets) marks the folder complete only afterwards."""
     # lazy: torch is heavy and only this path needs it; importing this module stays light
@@ -81,7 +97,7 @@ def train_base(model_dir: Path, train_parquet: Path, steps: int, seed: int) -> f
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = supervised_rows(train_parquet, tokenizer)
+    rows = supervised_rows(train_parquet, tokenizer, response)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.train()
     torch.manual_seed(seed)
