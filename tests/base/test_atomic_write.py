@@ -364,3 +364,20 @@ def test_commit_refuses_a_temp_that_became_a_link(tmp_path: Path) -> None:
     with pytest.raises(aw.TempReplaced, match="replaced by a symbolic link"):
         aw.commit(tmp, tmp_path / "out")
     assert not (tmp_path / "out").exists() and victim.read_text() == "precious"
+
+
+def test_create_bytes_at_never_replaces_and_is_private_from_the_first_byte(tmp_path: Path, umask) -> None:
+    umask(0o000)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        aw.create_bytes_at(fd, "secret", b"k" * 64, folder=tmp_path)
+        assert (tmp_path / "secret").read_bytes() == b"k" * 64 and stat_mode((tmp_path / "secret").stat()) == 0o600
+        with pytest.raises(FileExistsError):
+            aw.create_bytes_at(fd, "secret", b"other", folder=tmp_path)
+        (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+        with pytest.raises(FileExistsError):  # a dangling link is a name too: never followed, never replaced
+            aw.create_bytes_at(fd, "link", b"x", folder=tmp_path)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "secret").read_bytes() == b"k" * 64 and not (tmp_path / "nowhere").exists()
+    assert _leftovers(tmp_path) == []

@@ -168,6 +168,29 @@ def write_text_at(
     write_bytes_at(dir_fd, name, text.encode("utf-8"), mode=mode, folder=folder)
 
 
+def create_bytes_at(
+    dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, folder: str | os.PathLike = "<folder>"
+) -> None:
+    """``data`` as the new file ``name`` in the folder open as ``dir_fd``, whole or not at all, and only if
+    nothing has that name yet (`FileExistsError` otherwise: an existing file, or one another writer created
+    first, is never replaced). Written through the descriptor of a temp created ``mode`` from the start, then
+    linked to ``name`` (a link, unlike a rename, refuses an existing name) and the temp removed."""
+    _single_name(name)
+    tmp, fd = _create_temp(dir_fd, name, private=True)
+    try:
+        if mode != 0o600:
+            os.fchmod(fd, mode)
+        _write_all(fd, data)
+        os.fsync(fd)
+        _still_ours(dir_fd, tmp, fd, f"{folder}/{tmp}")
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+    _fsync_folder_fd(dir_fd)
+
+
 def temp_path_for(target: str | os.PathLike, *, owned: bool = False) -> Path:
     """A fresh, empty temp file beside ``target`` (its folder is created), mode 0666 minus the umask;
     ``owned`` puts this process's pid and host in its name (`remove_abandoned_temps`).
