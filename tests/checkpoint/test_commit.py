@@ -63,7 +63,7 @@ def test_keep_last_prunes_older_checkpoints(tmp_path: Path) -> None:
     for step in (2, 4, 6, 8):
         save(tmp_path, step, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        commit.OWNER_FILE,
+        commit.SECRET_FILE,
         "global_step_6",
         "global_step_8",
         "latest_checkpointed_iteration.txt",
@@ -153,12 +153,12 @@ def test_prune_leaves_foreign_staging_trash_and_checkpoints_alone(tmp_path: Path
     foreign = {
         ".staging-global_step_9": "another tool's save",
         ".trash-photos": "someone's trash",
-        f".trash-{'0' * 32}.abcd1234.x": "a trash name with another nonce",
+        f".trash-{'0' * 16}.abcd1234.x": "a trash name with another root's tag",
     }
     for name, text in foreign.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "keep.txt").write_text(text)
-    # a complete checkpoint copied in from another run: resumable, but not ours to delete
+    # a complete checkpoint copied in from another run: not ours to delete (nor to resume: another secret)
     other = tmp_path / "other_root"
     save(other, 2)
     os.rename(other / "global_step_2", tmp_path / "global_step_2")
@@ -173,8 +173,8 @@ def test_prune_leaves_foreign_staging_trash_and_checkpoints_alone(tmp_path: Path
 
 def test_prune_finishes_our_interrupted_deletes_and_staging(tmp_path: Path) -> None:
     save(tmp_path, 1)
-    nonce = commit.read_owner(tmp_path)
-    half_deleted = tmp_path / f".trash-{nonce}.deadbeef.global_step_0"
+    tags = commit.root_tags(tmp_path, create=False)
+    half_deleted = tmp_path / f".trash-{tags.trash}.deadbeef.global_step_0"
     half_deleted.mkdir()
     (half_deleted / "junk").write_bytes(b"x")
     interrupted = commit.begin_step(tmp_path, 7)  # a save that died before its commit
@@ -188,8 +188,8 @@ def test_links_are_never_renamed_followed_or_deleted(tmp_path: Path) -> None:
     (outside / "precious").write_text("mine")
     root = tmp_path / "root"
     save(root, 1)
-    nonce = commit.read_owner(root)
-    links = [".staging-global_step_5", f".trash-{nonce}.00000000.global_step_0", "global_step_0"]
+    tags = commit.root_tags(root, create=False)
+    links = [".staging-global_step_5", f".trash-{tags.trash}.00000000.global_step_0", "global_step_0"]
     for name in links:
         os.symlink(outside, root / name)
     for step in (2, 3, 4):
@@ -268,11 +268,13 @@ def test_saving_over_a_foreign_folder_is_refused(tmp_path: Path) -> None:
         commit.begin_step(tmp_path, 3)
     other = save(tmp_path / "other", 4)
     os.rename(other, tmp_path / "global_step_4")
+    before = (tmp_path / "global_step_4" / "checkpoint.json").read_bytes()
     staging = commit.begin_step(tmp_path, 4)
     stage_rank_files(staging)
     with pytest.raises(commit.CheckpointRootError, match="global_step_4: exists and was not saved by this"):
         commit.commit_step(tmp_path, staging, 4)
-    assert commit.is_complete(tmp_path / "global_step_4")  # untouched
+    assert (tmp_path / "global_step_4" / "checkpoint.json").read_bytes() == before  # untouched
+    assert "signature does not match the run secret" in commit.step_problem(tmp_path / "global_step_4")
 
 
 @pytest.mark.parametrize("rel,content", [("actor/rng/rank_00001.pt", b"y" * 11), ("actor/ranks/rank_00000.json", None)])

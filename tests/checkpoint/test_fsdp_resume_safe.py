@@ -4,16 +4,16 @@ checked, and a tampered file is refused by name, never unpickled. One process, g
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from reseal import reseal_signed, reseal_unsigned
 from verl_patches.base.free_port import free_port
 from verl_patches.checkpoint import commit
+from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError
 from verl_patches.patches.verl.utils.checkpoint import fsdp_manager
 
@@ -103,9 +103,10 @@ def test_tampered_fsdp_file_is_refused_unread(tmp_path: Path, fsdp_model) -> Non
     target.write_bytes(tampered_bytes(marker, target.stat().st_size))
     with pytest.raises(UnsafeCheckpointError, match=f"^{target}: sha256"):
         fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
-    man = json.loads((step / "checkpoint.json").read_text())
-    man["files"]["actor/extra_state_world_size_1_rank_0.pt"]["sha256"] = hashlib.sha256(target.read_bytes()).hexdigest()
-    (step / "checkpoint.json").write_text(json.dumps(man))
+    reseal_unsigned(step, "actor/extra_state_world_size_1_rank_0.pt")  # a forger without the run's secret
+    with pytest.raises(CheckpointIncomplete, match="checkpoint.json: its signature does not match the run secret"):
+        fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
+    reseal_signed(step, "actor/extra_state_world_size_1_rank_0.pt")  # one with it: the loader still refuses
     with pytest.raises(UnsafeCheckpointError, match=f"^{target}: not a torch file in the zip format"):
         fsdp_manager.load_checkpoint(manager(fsdp_model), str(step / "actor"))
     assert not marker.exists()

@@ -16,8 +16,10 @@ from verl_patches.checkpoint.manifest import (
     check_rank_records,
     check_resume_layout,
     layout_differences,
+    manifest_content,
     manifest_json,
     parse_manifest,
+    with_signature,
     parse_rank_record,
 )
 
@@ -126,8 +128,11 @@ SHA = "ab" * 32
 
 
 def good_manifest() -> dict:
-    return manifest_json(
-        4, {"actor": TP2EP2, "critic": None}, {"data.pt": FileRecord(10, SHA)}, {"total_training_steps": 9}
+    return with_signature(
+        manifest_json(
+            4, {"actor": TP2EP2, "critic": None}, {"data.pt": FileRecord(10, SHA)}, {"total_training_steps": 9}
+        ),
+        "cd" * 32,  # its shape only: whether it matches the run's secret is the reader's check (commit)
     )
 
 
@@ -138,11 +143,39 @@ def test_manifest_parse_errors_name_file_and_key() -> None:
     with pytest.raises(CheckpointIncomplete, match=r"x/checkpoint.json: line 1: not valid JSON"):
         parse_manifest("{", "x/checkpoint.json")
     with pytest.raises(CheckpointIncomplete, match="key 'step' missing"):
-        parse_manifest(json.dumps({"version": 2, "roles": {}, "files": {}}), "x")
+        parse_manifest(json.dumps({"version": 3, "roles": {}, "files": {}}), "x")
     with pytest.raises(CheckpointIncomplete, match="manifest version 9"):
         parse_manifest(json.dumps({"version": 9, "step": 1, "roles": {}, "files": {}}), "x")
-    with pytest.raises(CheckpointIncomplete, match="manifest version 1, this code reads 2"):
+    with pytest.raises(CheckpointIncomplete, match="manifest version 1, this code reads 3"):
         parse_manifest(json.dumps({"version": 1, "step": 1, "roles": {}, "files": {"a": 1}}), "x")
+    with pytest.raises(CheckpointIncomplete, match="manifest version 2, this code reads 3"):  # before signatures
+        parse_manifest(json.dumps({**good_manifest(), "version": 2}), "x")
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [None, "cd" * 32, {"hmac_sha256": "CD" * 32}, {"hmac_sha256": "cd" * 31}, {"sha256": "cd" * 32}, {}],
+)
+def test_an_unsigned_or_malformed_signature_is_refused_in_one_line(signature) -> None:
+    d = good_manifest()
+    if signature is None:
+        d.pop("signature")
+    else:
+        d["signature"] = signature
+    with pytest.raises(CheckpointIncomplete, match="^x/checkpoint.json: key 'signature' missing or not") as e:
+        parse_manifest(json.dumps(d), "x/checkpoint.json")
+    assert "\n" not in str(e.value)
+
+
+def test_the_signed_content_is_every_key_but_the_signature_whatever_the_layout() -> None:
+    d = good_manifest()
+    m = parse_manifest(json.dumps(d, indent=3), "x")
+    assert m.signature == "cd" * 32
+    assert m.content == manifest_content(d) == manifest_content({k: v for k, v in d.items() if k != "signature"})
+    assert m.content == parse_manifest(json.dumps(dict(reversed(list(d.items())))), "x").content
+    assert b"signature" not in m.content and b'"total_training_steps":9' in m.content
+    changed = {**d, "total_training_steps": 10}
+    assert parse_manifest(json.dumps(changed), "x").content != m.content  # every key is covered, extras too
 
 
 @pytest.mark.parametrize(

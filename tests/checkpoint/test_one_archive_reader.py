@@ -5,7 +5,8 @@ own zip reader; crafted files are plain archives to the one and TorchScript arch
 2.5.1 hands a TorchScript archive to ``torch.jit.load`` even with ``weights_only=True``. Here every variant
 (built byte by byte in `zip_craft`) goes through every load path (resume: the dataloader position, an actor
 file and the optimizer state; export; the C1 load every actor and reference rank does; check_logprobs), with
-the digest recorded for it resealed as an attacker who can write the manifest would. Each path refuses it in
+the digest recorded for it resealed as an attacker who can write the manifest would (and, for a step manifest,
+sign it with the run's secret: the strongest forger). Each path refuses it in
 one line naming the file, or, where torch's reader sees a plain archive of tensors, loads it; no pickled code
 runs (the planted payload would create a marker file) and ``torch.jit.load`` is never reached.
 """
@@ -30,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zip_craft as zc
+from reseal import reseal_signed
 from verl_patches.checkpoint import committed_role, optimizer_state, trainer_io
 from verl_patches.checkpoint.safe_load import (
     CheckpointFileError,
@@ -179,12 +181,11 @@ def test_the_check_and_the_loader_see_the_same_records(parts, tmp_path, guard, n
 
 
 def _reseal_step(step: Path, rel: str) -> None:
-    """The step manifest's size and sha256 of ``rel`` made to match the file again (a forger's edit)."""
-    man_path = step / "checkpoint.json"
-    man = json.loads(man_path.read_text())
-    data = (step / rel).read_bytes()
-    man["files"][rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    man_path.write_text(json.dumps(man))
+    """The step manifest's size and sha256 of ``rel`` made to match the file again, and the manifest signed
+    again with the run's secret: the strongest forger (one without the secret is stopped by the signature
+    before any archive is opened: tests/checkpoint/test_run_identity.py), so the archive reader is what is
+    tested here."""
+    reseal_signed(step, rel)
 
 
 def _reseal_conversion(mcore: Path, rank_dir: str) -> None:

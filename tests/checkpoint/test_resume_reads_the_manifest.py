@@ -1,5 +1,6 @@
 """Resume reads only what checkpoint.json lists, and never a step folder saved under another checkpoint root
-(issue 32 item 5)."""
+(issue 32 item 5; since issue 41 by the manifest's signature with the run's secret). Who may change the root
+itself: tests/checkpoint/test_run_identity.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reseal import reseal_unsigned
 from test_safe_load import LAYOUT, committed_actor  # noqa: F401  (a committed step with one rank's files)
 from verl_patches.checkpoint import commit, committed_role
 from verl_patches.checkpoint.manifest import RankRecord, rank_record_name
@@ -47,40 +49,21 @@ def test_a_step_folder_copied_from_another_root_is_skipped_naming_it(tmp_path: P
     committed_actor(mine)  # step 3 of this root
     committed_actor(other)
     shutil.copytree(other / "global_step_3", mine / "global_step_9")
-    man = json.loads((mine / "global_step_9" / "checkpoint.json").read_text())
-    man["step"] = 9
-    (mine / "global_step_9" / "checkpoint.json").write_text(json.dumps(man))
+    reseal_unsigned(mine / "global_step_9", change=lambda man: man.update(step=9))
     point, why = commit.find_resume_and_why(mine)
     assert point is not None and point.name == "global_step_3"
-    assert why.startswith(f"global_step_9 skipped: {mine / 'global_step_9'}: saved under another checkpoint root")
+    assert why.startswith(
+        f"global_step_9 skipped: {mine / 'global_step_9' / 'checkpoint.json'}: its signature does not match the run "
+        f"secret of {mine}: saved by another run or account and copied here"
+    )
     assert "\n" not in why
     assert commit.prune(mine, keep_last=1) == []  # never deleted either: not ours
     assert (mine / "global_step_9").is_dir()
 
 
-def test_a_root_without_its_owner_marker_still_resumes(tmp_path: Path) -> None:
+def test_a_root_whose_run_secret_is_gone_resumes_nothing_and_says_why(tmp_path: Path) -> None:
     committed_actor(tmp_path)
-    (tmp_path / commit.OWNER_FILE).unlink()  # lost: nothing tells ours from foreign, so nothing is skipped
-    point, _ = commit.find_resume_and_why(tmp_path)
-    assert point is not None and point.name == "global_step_3"
-
-
-def test_the_checkpoint_roots_permissions_are_checked_where_it_is_cheap(tmp_path: Path) -> None:
-    from verl_patches.checkpoint.commit import CheckpointRootError, check_root_permissions
-
-    root = tmp_path / "ckpt"
-    root.mkdir()
-    said: list[str] = []
-    root.chmod(0o700)
-    check_root_permissions(root, said.append)
-    root.chmod(0o770)
-    check_root_permissions(root, said.append)
-    check_root_permissions(root, said.append)  # once per process
-    assert len(said) == 1 and "writable by group/others (mode 770)" in said[0]
-    root.chmod(0o777)
-    with pytest.raises(CheckpointRootError, match="writable by every user and not sticky"):
-        commit.begin_step(root, 1)
-    with pytest.raises(CheckpointRootError, match="writable by every user and not sticky"):
-        commit.find_resume_and_why(root)
-    root.chmod(0o1777)
-    commit.begin_step(root, 1)  # sticky: others cannot replace what the job created
+    (tmp_path / commit.SECRET_FILE).unlink()  # lost: nothing this root holds can be verified any more
+    point, why = commit.find_resume_and_why(tmp_path)
+    assert point is None and f"{tmp_path} has no run secret (.verl_patches_run_secret)" in why
+    assert "global_step_3 skipped" in why and "\n" not in why

@@ -10,7 +10,6 @@ state, the dataloader position) all go through the same loader.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from reseal import reseal_signed
 from verl_patches.checkpoint import commit, committed_role, optimizer_state, safe_load
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.safe_load import CheckpointFileError, UnsafeCheckpointError, load_tensor_file, sha256_file
@@ -136,13 +136,11 @@ def committed_actor(root: Path) -> Path:
 
 def tamper(path: Path, marker: Path, fix_manifest: bool) -> None:
     path.write_bytes(tampered_bytes(marker, path.stat().st_size))
-    if fix_manifest:  # the attacker rewrites the digest too: the weights-only loader still refuses
+    if fix_manifest:  # the attacker rewrites the digest too, and signs it: the weights-only loader still refuses
         step = path
         while not (step / "checkpoint.json").exists():
             step = step.parent
-        man = json.loads((step / "checkpoint.json").read_text())
-        man["files"][path.relative_to(step).as_posix()]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        (step / "checkpoint.json").write_text(json.dumps(man))
+        reseal_signed(step, path.relative_to(step).as_posix())
 
 
 @pytest.mark.parametrize(

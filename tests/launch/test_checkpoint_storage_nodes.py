@@ -118,6 +118,31 @@ def test_a_folder_missing_on_a_node_is_refused_and_never_created(tmp_path: Path)
     assert markers_left(shared) == []  # the nodes that wrote a marker removed it
 
 
+def test_a_folder_another_account_can_change_on_a_node_is_refused_naming_the_node(tmp_path: Path) -> None:
+    """Issue 41 class 4, as each node sees it: the levels above the folder are that node's mounts. Node 3 reaches
+    the same storage through a link in a folder its group can write (a member could retarget it)."""
+    tmp_path.chmod(0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    node3 = tmp_path / "node3-mnt"
+    node3.mkdir()
+    node3.chmod(0o775)
+    (node3 / "ckpt").symlink_to(shared)
+    verdict = check({0: shared, 1: shared, 2: node3 / "ckpt"})
+    assert not verdict.ok and "\n" not in verdict.message
+    assert verdict.message.startswith(f"the checkpoint folder {FOLDER}: on 1 of 3 node(s) (10.0.0.3 (a3-03)): ")
+    assert f"({node3}: writable by group/others and not sticky (mode 775)" in verdict.message
+    assert "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT=1" in verdict.message
+    assert markers_left(shared) == []
+    shared.chmod(0o770)  # the folder itself, on every node
+    verdict = check({0: shared, 1: shared, 2: shared})
+    assert not verdict.ok and "on 3 of 3 node(s)" in verdict.message and "(mode 770)" in verdict.message
+    accepted = check_folder_on_nodes(
+        FOLDER, NODES, node_processes({0: shared, 1: shared, 2: shared}), GIB, "x", wait_s=0.5, allow_shared=True
+    )
+    assert accepted.ok, accepted.message
+
+
 def unwritable_folder(tmp_path: Path) -> Path:
     """A folder this process cannot create files in (as root, permission bits do not stop it)."""
     if os.geteuid() != 0:

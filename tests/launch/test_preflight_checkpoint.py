@@ -17,6 +17,7 @@ import pytest
 
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.manifest import RankRecord, TrainLayout, rank_record_name
+from verl_patches.checkpoint.root_access import ALLOW_SHARED_ROOT_ENV, CheckpointRootError, root_verdict
 from verl_patches.launch import job, preflight, preflight_checkpoint
 from verl_patches.launch.preflight_checkpoint import checkpoint_folder_findings
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
@@ -197,6 +198,53 @@ def test_a_folder_anyone_can_write_is_refused_as_the_save_refuses_it(tmp_path: P
     ck = folder(tmp_path, 0o777)
     f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.storage")
     assert f.status == FAIL and "writable by every user and not sticky" in f.message
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o775, 0o1777, 0o1770])
+def test_a_folder_others_can_write_is_refused_on_the_cluster_as_the_save_refuses_it(
+    tmp_path: Path, monkeypatch, mode: int
+) -> None:
+    """Issue 41 class 4: sticky or not, group or world: the dry run says what the save and the resume say
+    (`root_access.root_verdict`, one rule), and the user can accept the risk by name."""
+    monkeypatch.setattr(preflight_checkpoint, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.delenv(ALLOW_SHARED_ROOT_ENV, raising=False)
+    tmp_path.chmod(0o700)
+    ck = folder(tmp_path, mode)
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.storage")
+    assert f.status == FAIL and f.message == root_verdict(ck, cluster=True, allow_shared=False).refusal
+    assert f"{ALLOW_SHARED_ROOT_ENV}=1" in f.message and ALLOW_SHARED_ROOT_ENV in f.key and "\n" not in f.message
+    with pytest.raises(CheckpointRootError) as e:  # the job's own check, in the save and in the resume
+        commit.begin_step(ck, 1, cluster=True, environ={})
+    assert str(e.value) == f.message
+    resume = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.resume")
+    assert resume.status == FAIL and resume.message == f"resume: {f.message}"
+    monkeypatch.setenv(ALLOW_SHARED_ROOT_ENV, "1")
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.storage")
+    assert f.status == WARN and f"used because {ALLOW_SHARED_ROOT_ENV}=1" in f.message
+    assert only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.resume").status == OK
+    monkeypatch.setenv(ALLOW_SHARED_ROOT_ENV, "ture")
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.storage")
+    assert f.status == FAIL and f.message.startswith(f"{ALLOW_SHARED_ROOT_ENV}='ture': expected")
+
+
+def test_a_level_above_the_folder_others_can_write_is_refused_naming_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(preflight_checkpoint, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.delenv(ALLOW_SHARED_ROOT_ENV, raising=False)
+    tmp_path.chmod(0o700)
+    shared = folder(tmp_path, 0o775)
+    ck = shared / "run"
+    ck.mkdir(mode=0o700)
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.storage")
+    assert f.status == FAIL and f"({shared}: writable by group/others and not sticky (mode 775)" in f.message
+
+
+def test_off_the_cluster_a_shared_folder_is_a_warning(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv(ALLOW_SHARED_ROOT_ENV, raising=False)
+    tmp_path.chmod(0o700)
+    ck = folder(tmp_path, 0o770)
+    found = findings("tiny", None, f"trainer.default_local_dir={ck}", "trainer.save_freq=5", model=roomy_model())
+    f = only(found, "checkpoint.storage")
+    assert f.status == WARN and "refused on a cluster profile unless" in f.message
 
 
 def test_an_unwritable_folder_is_refused(tmp_path: Path, monkeypatch) -> None:

@@ -4,26 +4,32 @@ A save writes into ``.staging-global_step_N``; `commit_step` checks every rank's
 manifest last (each file's size and sha256) and renames the folder to ``global_step_N`` (one ``rename``:
 the checkpoint is there complete or not at all), then updates verl's tracker file.
 
-Ownership: the first save in a checkpoint root writes a random nonce to ``<root>/.verl_patches_owner``;
-every staging folder appears by rename already holding the same marker (so it is a step folder's after
-the commit), and folders being deleted are renamed to ``.trash-<nonce>.<random>.<name>``. Pruning and
-the replacement of a leftover only ever touch real folders (never symbolic links) that carry this root's
-nonce: another tool's ``.staging-*``/``.trash-*`` folder, a checkpoint copied in from another run and a
-link are left alone, and a trash folder is deleted where it is, never renamed again.
+Ownership and identity (`run_identity`): the first save in a checkpoint root writes the run's secret,
+``<root>/.verl_patches_run_secret`` (0600, this account's). Every step manifest is signed with it, and a step
+is read back (resumed, exported) only if its signature verifies with the secret of the root that holds it, so a
+step copied in by another account, or resealed after an edit, is refused by name. Every staging folder appears
+by rename already holding a marker derived from the secret (0600: others cannot read it to copy it), and
+folders being deleted are renamed to ``.trash-<tag>.<random>.<name>``. Pruning and the replacement of a
+leftover only ever touch real folders (never symbolic links) that carry this root's marker: another tool's
+``.staging-*``/``.trash-*`` folder, a checkpoint copied in from another run and a link are left alone, and a
+trash folder is deleted where it is, never renamed again. Who may change the root itself is
+`root_access`'s rule; the folders a save creates are never writable by group or others.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import stat
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
-from verl_patches.base.atomic_write import fsync_dir, rename_durably, write_json_atomically, write_text_atomically
+from verl_patches.base.atomic_write import fsync_dir, rename_durably, write_text_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
 from verl_patches.checkpoint.manifest import (
@@ -37,10 +43,12 @@ from verl_patches.checkpoint.manifest import (
     StepManifest,
     TrainLayout,
     check_rank_records,
+    manifest_content,
     manifest_json,
     parse_manifest,
     parse_rank_record,
     rank_record_name,
+    with_signature,
 )
 from verl_patches.checkpoint.plan import (
     STAGING_PREFIX,
@@ -54,113 +62,132 @@ from verl_patches.checkpoint.plan import (
     staging_dir_name,
     step_dir_name,
 )
+from verl_patches.checkpoint.root_access import CheckpointRootError, check_root_access
+from verl_patches.checkpoint.run_identity import (
+    SECRET_FILE,
+    FolderTags,
+    RunSecretError,
+    ensure_run_secret,
+    mac_matches,
+    manifest_mac,
+    read_run_secret,
+)
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, check_digest, sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 
 SMALL_FILE_BYTES = 1 << 20  # the files a resume checks on the driver before choosing a step (records, RNG, trackers)
-OWNER_FILE = ".verl_patches_owner"  # in the root: the nonce of this root's saves; in each folder they create
-_NONCE_RE = re.compile(r"[0-9a-f]{32}")
+OWNER_FILE = ".verl_patches_owner"  # in each folder this root's saves create: the owner tag (`FolderTags`), 0600
+_TAG_RE = re.compile(r"[0-9a-f]{32}")
 _RANK_RECORD_RE = re.compile(r"rank_[0-9]{5,10}\.json")
-
-
-class CheckpointRootError(Exception):
-    """A save that would replace a folder this root's saves did not create; names the folder."""
+FOLDER_MODE = 0o755  # what a save creates is never writable by group or others, whatever the umask
+FILE_MODE = 0o644  # likewise the files the driver writes last (the manifest, the root's tracker)
 
 
 def read_owner(folder: Path) -> str | None:
-    """The nonce in ``folder``'s owner marker, or None when it has no valid one (a link is never one)."""
+    """The tag in ``folder``'s owner marker, or None when it has no valid one (a link is never one)."""
     try:
         data = read_regular_file(Path(folder) / OWNER_FILE, max_bytes=128, follow_symlinks=False)
         text = data.decode("ascii").strip()
     except (FileRefused, UnicodeDecodeError):
         return None
-    return text if _NONCE_RE.fullmatch(text) else None
+    return text if _TAG_RE.fullmatch(text) else None
 
 
-def root_nonce(root: Path, create: bool) -> str | None:
-    """The nonce of ``root``'s saves; with ``create``, a fresh one is written when there is none."""
-    nonce = read_owner(root)
-    if nonce is not None or not create:
-        return nonce
-    marker = Path(root) / OWNER_FILE
-    if os.path.lexists(marker):
-        print(
-            f"verl_patches checkpoint: {marker}: unreadable, replaced; checkpoints saved before it are no longer "
-            "pruned automatically",
-            flush=True,
-        )
-    nonce = uuid.uuid4().hex
-    write_text_atomically(marker, nonce + "\n")
-    return nonce
+def root_tags(root: Path, create: bool) -> FolderTags | None:
+    """The tags of ``root``'s saves (None when it has no run secret yet and ``create`` is false). A secret
+    file that cannot be used is a `CheckpointRootError` naming it."""
+    try:
+        secret = ensure_run_secret(root) if create else read_run_secret(root)
+    except RunSecretError as err:
+        raise CheckpointRootError(str(err)) from None
+    return FolderTags.of(secret) if secret is not None else None
 
 
-def _is_ours(path: Path, nonce: str | None) -> bool:
-    return nonce is not None and is_real_dir(path) and read_owner(path) == nonce
+def _is_ours(path: Path, tags: FolderTags | None) -> bool:
+    return tags is not None and is_real_dir(path) and read_owner(path) == tags.owner
 
 
-def _is_our_trash(path: Path, nonce: str | None) -> bool:
-    return nonce is not None and path.name.startswith(f"{TRASH_PREFIX}{nonce}.") and is_real_dir(path)
+def _is_our_trash(path: Path, tags: FolderTags | None) -> bool:
+    return tags is not None and path.name.startswith(f"{TRASH_PREFIX}{tags.trash}.") and is_real_dir(path)
 
 
-def _remove_tree(path: Path, nonce: str) -> None:
+def _remove_tree(path: Path, tags: FolderTags) -> None:
     """Rename one of our folders to a trash name first, then delete: an interrupted delete leaves only trash
     (of ours, so the next prune finishes it in place)."""
-    trash = path.with_name(f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.{path.name}"[:255])
+    trash = path.with_name(f"{TRASH_PREFIX}{tags.trash}.{uuid.uuid4().hex[:8]}.{path.name}"[:255])
     rename_durably(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
 
 
-_ROOTS_SAID: set[str] = set()
+def _make_root(root: Path) -> None:
+    """The root and its missing levels, created `FOLDER_MODE` (``mkdir -p`` would use the umask)."""
+    missing = []
+    level = root
+    while not os.path.lexists(level) and level != level.parent:
+        missing.append(level)
+        level = level.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, FOLDER_MODE)
+        except FileExistsError:
+            pass
 
 
-def check_root_permissions(root: Path, say=print) -> None:
-    """The trust boundary (README, "What a checkpoint can and cannot protect against"): the digests catch a
-    changed file, not a rewritten step folder, so the root must be writable only by the job's account. A
-    root anyone can write into without the sticky bit is refused; one writable by group or others is named
-    once per process."""
-    try:
-        st = os.stat(root)
-    except OSError:
-        return
-    mode = st.st_mode & 0o7777
-    if mode & 0o002 and not mode & 0o1000:
-        raise CheckpointRootError(
-            f"{root}: writable by every user and not sticky (mode {mode:o}); refused: chmod 700 {root}"
-        )
-    if mode & 0o022 and str(root) not in _ROOTS_SAID:
-        _ROOTS_SAID.add(str(root))
-        say(
-            f"verl_patches checkpoint: {root} is writable by group/others (mode {mode:o}); whoever can write there "
-            "can replace a whole step folder, which the digests cannot catch (chmod 700)"
-        )
-
-
-def begin_step(root: Path, step: int) -> Path:
+def begin_step(
+    root: Path,
+    step: int,
+    *,
+    cluster: bool = False,
+    environ: Mapping[str, str] | None = None,
+    say: Callable[[str], Any] = print,
+) -> Path:
     """A fresh, empty staging folder for ``step``, carrying this root's owner marker (a leftover of an
-    interrupted save of ours is removed; anything else of that name is refused)."""
+    interrupted save of ours is removed; anything else of that name is refused). The root must pass
+    `root_access.check_root_access` (``cluster``: the run is on a cluster profile)."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    check_root_permissions(root)
-    nonce = root_nonce(root, create=True)
-    assert nonce is not None
+    _make_root(root)
+    check_root_access(root, cluster=cluster, environ=environ, say=say)
+    tags = root_tags(root, create=True)
+    assert tags is not None
     staging = root / staging_dir_name(step)
     if os.path.lexists(staging):
-        if not _is_ours(staging, nonce):
+        if not _is_ours(staging, tags):
             raise CheckpointRootError(
                 f"{staging}: exists and was not created by this checkpoint root's saves "
-                f"(no {OWNER_FILE} of {root}); move it away to save step {step}"
+                f"(no {OWNER_FILE} of {root}'s run); move it away to save step {step}"
             )
-        _remove_tree(staging, nonce)
-    fresh = root / f"{TRASH_PREFIX}{nonce}.{uuid.uuid4().hex[:8]}.new"  # ours until the rename: pruned if we die
-    fresh.mkdir()
-    write_text_atomically(fresh / OWNER_FILE, nonce + "\n")
+        _remove_tree(staging, tags)
+    fresh = root / f"{TRASH_PREFIX}{tags.trash}.{uuid.uuid4().hex[:8]}.new"  # ours until the rename: pruned if we die
+    os.mkdir(fresh, FOLDER_MODE)
+    write_text_atomically(fresh / OWNER_FILE, tags.owner + "\n", mode=0o600)
     rename_durably(fresh, staging)
     return staging
 
 
+def _signature_problem(step_dir: Path, manifest: StepManifest, where: str) -> str:
+    """'' when ``manifest`` is signed with the run secret of the root holding ``step_dir``, else why not."""
+    root = Path(os.path.abspath(step_dir)).parent
+    try:
+        secret = read_run_secret(root)
+    except RunSecretError as err:
+        return f"{where}: cannot be verified: {err}"
+    if secret is None:
+        return (
+            f"{where}: cannot be verified: {root} has no run secret ({SECRET_FILE}); a step is resumed only in the "
+            "checkpoint root whose run saved it"
+        )
+    if not mac_matches(secret, manifest.content, manifest.signature):
+        return (
+            f"{where}: its signature does not match the run secret of {root}: saved by another run or account "
+            "and copied here, or changed after the save; refused"
+        )
+    return ""
+
+
 def read_manifest(step_dir: Path) -> StepManifest:
-    """The step manifest of a step folder that is a real folder (not a link); CheckpointIncomplete naming
-    the file and key at fault otherwise."""
+    """The step manifest of a step folder that is a real folder (not a link), its signature verified with the
+    run secret of the root that holds it (`run_identity`); CheckpointIncomplete naming the file and key, or why
+    the signature fails, otherwise."""
     step_dir = Path(step_dir)
     path = step_dir / MANIFEST_FILE
     if os.path.islink(step_dir):
@@ -175,7 +202,26 @@ def read_manifest(step_dir: Path) -> StepManifest:
     expected = parse_step_dir(step_dir.name)
     if expected is not None and manifest.step != expected:
         raise CheckpointIncomplete(f"{path}: says step {manifest.step}, the folder is step {expected}")
+    unsigned = _signature_problem(step_dir, manifest, str(path))
+    if unsigned:
+        raise CheckpointIncomplete(unsigned)
     return manifest
+
+
+def write_manifest(step_dir: Path, raw: Mapping[str, Any]) -> None:
+    """Write ``raw`` (a `manifest_json`) as ``step_dir``'s manifest, signed with the run secret of the root that
+    holds it (the save's last write before its rename; `CheckpointRootError` when that root has no usable
+    secret)."""
+    root = Path(os.path.abspath(step_dir)).parent
+    try:
+        secret = read_run_secret(root)
+    except RunSecretError as err:
+        raise CheckpointRootError(str(err)) from None
+    if secret is None:
+        raise CheckpointRootError(f"{root}: has no run secret ({SECRET_FILE}); a step is signed by begin_step's root")
+    signature = manifest_mac(secret, manifest_content(raw))
+    text = json.dumps(with_signature(raw, signature), indent=2) + "\n"
+    write_text_atomically(Path(step_dir) / MANIFEST_FILE, text, mode=FILE_MODE)
 
 
 def step_problem(step_dir: Path) -> str:
@@ -207,12 +253,16 @@ def is_complete(step_dir: Path) -> bool:
 
 
 def listing(root: Path) -> dict[str, Entry]:
-    """Folder name -> `Entry`, for step, staging and trash names under ``root`` (links included, never ours)."""
+    """Folder name -> `Entry`, for step, staging and trash names under ``root`` (links included, never ours).
+    A step folder is complete only when its manifest is signed with this root's run secret (`read_manifest`)."""
     out: dict[str, Entry] = {}
     root = Path(root)
     if not root.is_dir():
         return out
-    nonce = root_nonce(root, create=False)
+    try:
+        tags = root_tags(root, create=False)
+    except CheckpointRootError:
+        tags = None  # nothing is ours; each step says why its signature cannot be checked
     for e in os.scandir(root):
         path, name = root / e.name, e.name
         link, folder = e.is_symlink(), e.is_dir(follow_symlinks=False)
@@ -224,34 +274,32 @@ def listing(root: Path) -> dict[str, Entry]:
             elif not folder:
                 out[name] = Entry(problem=f"{path}: not a folder")
             else:
-                problem, ours = step_problem(path), _is_ours(path, nonce)
-                if not problem and nonce is not None and not ours:  # copied in: its saves were another root's
-                    problem = (
-                        f"{path}: saved under another checkpoint root (its {OWNER_FILE} is not {root}'s); "
-                        "not resumed automatically: name it with trainer.resume_from_path, or move it away"
-                    )
-                out[name] = Entry(complete=not problem, ours=ours, problem=problem)
+                problem = step_problem(path)
+                out[name] = Entry(complete=not problem, ours=_is_ours(path, tags), problem=problem)
         elif name.startswith(STAGING_PREFIX):
-            out[name] = Entry(ours=not link and _is_ours(path, nonce))
+            out[name] = Entry(ours=not link and _is_ours(path, tags))
         elif name.startswith(TRASH_PREFIX):
-            out[name] = Entry(ours=not link and _is_our_trash(path, nonce))
+            out[name] = Entry(ours=not link and _is_our_trash(path, tags))
     return out
 
 
 def _files_under(folder: Path) -> dict[str, int]:
-    """Every regular file under ``folder`` (relative name -> bytes); a link or special file is refused."""
+    """Every regular file under ``folder`` (relative name -> bytes); a link or special file is refused. What
+    this account wrote there is made not writable by group or others (a rank's umask may have allowed it)."""
     out: dict[str, int] = {}
+    uid = os.geteuid()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         for name in sorted(dirnames + filenames):
             p = Path(dirpath) / name
             st = os.lstat(p)
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            if not stat.S_ISREG(st.st_mode):
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 raise CheckpointIncomplete(
                     f"{p}: a symbolic link or special file in a save; a checkpoint holds regular files only"
                 )
-            out[p.relative_to(folder).as_posix()] = st.st_size
+            if st.st_mode & 0o022 and st.st_uid == uid:
+                os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                out[p.relative_to(folder).as_posix()] = st.st_size
     return dict(sorted(out.items()))
 
 
@@ -313,12 +361,12 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
     the files no rank recorded (the dataloader position, a role without rank records) are hashed here.
     """
     root, staging = Path(root), Path(staging)
-    nonce = root_nonce(root, create=True)
-    assert nonce is not None
-    if not _is_ours(staging, nonce):
+    tags = root_tags(root, create=False)
+    if not _is_ours(staging, tags):
         raise CheckpointRootError(
             f"{staging}: not a staging folder created by begin_step in {root} (no matching {OWNER_FILE})"
         )
+    assert tags is not None
     roles: dict[str, TrainLayout | None] = {}
     digests: dict[str, str] = {}
     for p in sorted(staging.iterdir()):
@@ -328,17 +376,17 @@ def commit_step(root: Path, staging: Path, step: int, extra: Mapping[str, Any] |
     sizes = _files_under(staging)
     sizes.pop(MANIFEST_FILE, None)
     files = {rel: FileRecord(size, digests.get(rel) or sha256_file(staging / rel)) for rel, size in sizes.items()}
-    write_json_atomically(staging / MANIFEST_FILE, manifest_json(step, roles, files, extra))
+    write_manifest(staging, manifest_json(step, roles, files, extra))
     fsync_dir(staging)
     final = root / step_dir_name(step)
     if os.path.lexists(final):  # the same step saved again (a resumed run re-reaching it): the new save replaces it
-        if not _is_ours(final, nonce):
+        if not _is_ours(final, tags):
             raise CheckpointRootError(
                 f"{final}: exists and was not saved by this checkpoint root's saves; move it away to save step {step}"
             )
-        _remove_tree(final, nonce)
+        _remove_tree(final, tags)
     rename_durably(staging, final)
-    write_text_atomically(root / TRACKER_FILE, str(step))
+    write_text_atomically(root / TRACKER_FILE, str(step), mode=FILE_MODE)
     return final
 
 
@@ -346,16 +394,19 @@ def prune(root: Path, keep_last: int | None, protect: tuple[str, ...] = ()) -> l
     """Delete our checkpoints beyond the newest ``keep_last`` and our leftovers of interrupted saves; returns
     the names deleted. Folders not created by this root's saves are never touched."""
     root = Path(root)
-    nonce = root_nonce(root, create=False)
-    if nonce is None:
+    try:
+        tags = root_tags(root, create=False)
+    except CheckpointRootError:
+        return []  # a secret that cannot be used: nothing can be shown to be ours
+    if tags is None:
         return []
     plan = plan_prune(listing(root), keep_last, protect)
     for name in plan.delete:
         path = root / name
-        if _is_our_trash(path, nonce):
+        if _is_our_trash(path, tags):
             shutil.rmtree(path, ignore_errors=True)  # in place: a trash name is never renamed again
-        elif _is_ours(path, nonce):
-            _remove_tree(path, nonce)
+        elif _is_ours(path, tags):
+            _remove_tree(path, tags)
     return list(plan.delete)
 
 
@@ -389,12 +440,19 @@ def small_files_problem(step_dir: Path) -> str:
     return ""
 
 
-def find_resume_and_why(root: Path) -> tuple[ResumePoint | None, str]:
+def find_resume_and_why(
+    root: Path,
+    *,
+    cluster: bool = False,
+    environ: Mapping[str, str] | None = None,
+    say: Callable[[str], Any] = print,
+) -> tuple[ResumePoint | None, str]:
     """The newest complete step whose small files are intact (`small_files_problem`), or None, and one line:
-    the point's note (a newer step skipped and why, a tracker that could not be used), or why there is none."""
+    the point's note (a newer step skipped and why, a tracker that could not be used), or why there is none.
+    The root must pass `root_access.check_root_access` (``cluster``: the run is on a cluster profile)."""
     root = Path(root)
     if root.is_dir():
-        check_root_permissions(root)
+        check_root_access(root, cluster=cluster, environ=environ, say=say)
     tracked, problem = read_root_tracker(root)
     entries = listing(root)
     while True:
@@ -414,5 +472,5 @@ def find_resume_and_why(root: Path) -> tuple[ResumePoint | None, str]:
         entries[point.name] = Entry(complete=False, ours=entries[point.name].ours, problem=damaged)
 
 
-def find_resume(root: Path) -> ResumePoint | None:
-    return find_resume_and_why(root)[0]
+def find_resume(root: Path, *, cluster: bool = False) -> ResumePoint | None:
+    return find_resume_and_why(root, cluster=cluster)[0]

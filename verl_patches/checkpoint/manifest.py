@@ -12,6 +12,7 @@ error naming both layouts and the supported conversion.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
@@ -20,7 +21,9 @@ from verl_patches.checkpoint.confine import ConfinementError, check_name, check_
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
 
 MANIFEST_FILE = "checkpoint.json"
-MANIFEST_VERSION = 2  # 2: a sha256 per file
+MANIFEST_VERSION = 3  # 2: a sha256 per file; 3: signed with the run's secret
+SIGNATURE_KEY = "signature"
+SIGNATURE_ALG = "hmac_sha256"
 RANKS_DIR = "ranks"
 MAX_STEP = 10**12 - 1  # as the tracker's 12 digits
 MAX_MANIFEST_BYTES = 64 << 20
@@ -249,6 +252,8 @@ class StepManifest:
     roles: Mapping[str, TrainLayout | None]
     files: Mapping[str, FileRecord]
     extra: Mapping[str, Any] = field(default_factory=dict)
+    signature: str = ""  # as read: the HMAC-SHA256 of `content`, to be checked with the run's secret
+    content: bytes = b""  # what the signature covers: `manifest_content` of the manifest as read
 
     def role_files(self, role: str) -> dict[str, FileRecord]:
         """The files of ``role``, relative to its folder."""
@@ -256,7 +261,22 @@ class StepManifest:
         return {k[len(prefix) :]: v for k, v in self.files.items() if k.startswith(prefix)}
 
 
-_MANIFEST_KEYS = ("version", "step", "roles", "files")
+_MANIFEST_KEYS = ("version", "step", "roles", "files", SIGNATURE_KEY)
+_SIGNATURE_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_content(raw: Mapping[str, Any]) -> bytes:
+    """The bytes a manifest's signature covers: every key but the signature, as canonical JSON (sorted keys,
+    no spaces, ASCII), so the signer and the reader agree whatever the file's layout."""
+    body = {k: v for k, v in raw.items() if k != SIGNATURE_KEY}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def with_signature(raw: Mapping[str, Any], signature: str) -> dict[str, Any]:
+    """``raw`` (a `manifest_json`) with its signature, the HMAC of `manifest_content` ``raw``."""
+    if not _SIGNATURE_RE.match(signature):
+        raise ValueError("a manifest signature is 64 lowercase hex digits")
+    return {**{k: v for k, v in raw.items() if k != SIGNATURE_KEY}, SIGNATURE_KEY: {SIGNATURE_ALG: signature}}
 
 
 def manifest_json(
@@ -265,7 +285,8 @@ def manifest_json(
     files: Mapping[str, FileRecord],
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The step manifest's JSON: step, each role's layout, every file's size and sha256, extra keys."""
+    """The step manifest's JSON, unsigned (`with_signature`): step, each role's layout, every file's size and
+    sha256, extra keys."""
     extra = dict(extra or {})
     clash = set(extra) & set(_MANIFEST_KEYS)
     if clash:
@@ -282,7 +303,8 @@ def manifest_json(
 def parse_manifest(data: bytes | str, where: str) -> StepManifest:
     """The step manifest from its bytes; CheckpointIncomplete, one line naming ``where`` and the key at fault.
 
-    File names must stay inside the step folder (relative, no '..'); the manifest does not list itself.
+    File names must stay inside the step folder (relative, no '..'); the manifest does not list itself. The
+    signature is read, not checked: that takes the run's secret (`commit.read_manifest` does it).
     """
     try:
         raw = loads_strict(data, where)
@@ -309,8 +331,20 @@ def parse_manifest(data: bytes | str, where: str) -> StepManifest:
         if rel == MANIFEST_FILE:
             raise CheckpointIncomplete(f"{where}: files: lists the manifest itself")
         files[rel] = FileRecord.from_json(rec, f"{where}: files.{rel[:80]}")
+    sig = raw.get(SIGNATURE_KEY)
+    if not isinstance(sig, dict) or set(sig) != {SIGNATURE_ALG} or not _SIGNATURE_RE.match(str(sig[SIGNATURE_ALG])):
+        raise CheckpointIncomplete(
+            f"{where}: key {SIGNATURE_KEY!r} missing or not {{{SIGNATURE_ALG!r}: 64 hex digits}} (unsigned: not a "
+            "step this code saved)"
+        )
     extra = {k: v for k, v in raw.items() if k not in _MANIFEST_KEYS}
-    return StepManifest(step=step, roles=roles, files=files, extra=extra)
+    try:
+        content = manifest_content(raw)
+    except ValueError:  # a non-finite number: never one we signed
+        raise CheckpointIncomplete(f"{where}: holds a non-finite number; not a manifest this code wrote") from None
+    return StepManifest(
+        step=step, roles=roles, files=files, extra=extra, signature=str(sig[SIGNATURE_ALG]), content=content
+    )
 
 
 # the layout fields that decide which tensor lives in which file; DP (and the distributed optimizer's

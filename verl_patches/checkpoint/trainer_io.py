@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, confined_path
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.plan import parse_step_dir
+from verl_patches.checkpoint.root_access import check_root_access, cluster_run
 from verl_patches.checkpoint.safe_load import load_tensor_file
 
 DATA_FILE = "data.pt"
@@ -52,7 +54,7 @@ def save_step(trainer: Any) -> Path:
     t0 = time.monotonic()
     cfg = trainer.config.trainer
     root, step = checkpoint_root(cfg), int(trainer.global_steps)
-    staging = commit.begin_step(root, step)
+    staging = commit.begin_step(root, step, cluster=cluster_run(trainer.config))
     trainer.actor_rollout_wg.save_checkpoint(str(staging / "actor"), None, step, max_ckpt_to_keep=None)
     if getattr(trainer, "use_critic", False):
         trainer.critic_wg.save_checkpoint(str(staging / "critic"), None, step, max_ckpt_to_keep=None)
@@ -67,8 +69,12 @@ def save_step(trainer: Any) -> Path:
     return final
 
 
-def resume_dir(trainer_cfg: Any) -> tuple[Path | None, str]:
-    """The step folder to resume from (or None) and a note for the log line."""
+def resume_dir(
+    trainer_cfg: Any, *, cluster: bool = False, say: Callable[[str], Any] = print
+) -> tuple[Path | None, str]:
+    """The step folder to resume from (or None) and a note for the log line. The checkpoint root (or the named
+    step's) must pass `root_access.check_root_access` (``cluster``: the run is on a cluster profile; ``say``
+    gets its warning line)."""
     mode = trainer_cfg.get("resume_mode", "auto")
     root = checkpoint_root(trainer_cfg)
     if mode == "disable":
@@ -78,20 +84,21 @@ def resume_dir(trainer_cfg: Any) -> tuple[Path | None, str]:
         if not isinstance(given, str) or parse_step_dir(Path(given).name) is None:
             raise ValueError(f"trainer.resume_from_path={given!r}: must name a global_step_N folder")
         path = Path(os.path.abspath(given))
-        commit.read_manifest(path)  # a clear error when it is not a complete checkpoint
+        check_root_access(path.parent, cluster=cluster, say=say)
+        commit.read_manifest(path)  # a clear error when it is not a complete, signed checkpoint
         problem = commit.step_problem(path) or commit.small_files_problem(path)
         if problem:
             raise CheckpointIncomplete(f"trainer.resume_from_path={given!r}: {problem}")
         return path, "trainer.resume_from_path"
     if mode != "auto":
         raise ValueError(f"trainer.resume_mode={mode!r}: expected auto, resume_path or disable")
-    point, why = commit.find_resume_and_why(root)
+    point, why = commit.find_resume_and_why(root, cluster=cluster, say=say)
     return (root / point.name if point is not None else None), why
 
 
 def load_latest(trainer: Any) -> int:
     """Resume the trainer in place; returns the step resumed from (0: from scratch)."""
-    path, note = resume_dir(trainer.config.trainer)
+    path, note = resume_dir(trainer.config.trainer, cluster=cluster_run(trainer.config))
     if path is None:
         print(f"{RESUME_PREFIX} starting from step 0 ({note})", flush=True)
         return 0

@@ -3,8 +3,9 @@
 The dry run sees one host; whether ``CKPT_DIR`` is one storage that every node can write, with room for the
 steps kept, only the nodes can say. Once every node's launch has joined the head's Ray cluster, the head runs
 `storage_probe`'s three rounds on each of them (`ray_node_calls`) and refuses to start the trainer, in one
-line, when the folder is missing on a node, not writable from one, not the same storage on all, or short of
-room. With checkpoints off (``trainer.save_freq`` <= 0) there is nothing to check.
+line, when the folder is missing on a node, not writable from one, changeable by another account there (the
+save's own rule, `checkpoint.root_access`), not the same storage on all, or short of room. With checkpoints
+off (``trainer.save_freq`` <= 0) there is nothing to check.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from verl_patches.base.env_flags import EnvError
+from verl_patches.checkpoint.root_access import allow_shared_root
 from verl_patches.launch.preflight_checkpoint import checkpoint_room, save_freq
 from verl_patches.launch.preflight_files import model_findings
 from verl_patches.launch.preflight_findings import Context
@@ -40,7 +43,13 @@ def verdict_on_nodes(
     folder = Path(str(cfg.trainer.default_local_dir))
     need, note = checkpoint_room(cfg, model, folder)
     what = f"{CKPT_SETTING} ({CKPT_KEY})"
-    return check_folder_on_nodes(str(folder), nodes, call, need, note, what=what, wait_s=wait_s, human=human_bytes)
+    try:
+        allow_shared = allow_shared_root()  # the trainer's own reading: the same environment, the same parser
+    except EnvError as err:
+        return StorageVerdict(False, str(err))
+    return check_folder_on_nodes(
+        str(folder), nodes, call, need, note, what=what, wait_s=wait_s, human=human_bytes, allow_shared=allow_shared
+    )
 
 
 def check_on_every_node(address: str, cfg: Any, settings: Any, root: Path, say: Callable[[str], None]) -> bool:

@@ -5,7 +5,9 @@
 * ``checkpoint.cadence``: how often a step is saved, its size from the model config, how many are kept, and
   the work a failure loses at the vendor's step time (`run_costs`);
 * ``checkpoint.storage``: on this host, the folder exists, the job may write there (a file is created and
-  removed; a root anyone may write into is refused as the save refuses it), and it has room for the steps
+  removed), no other account can change it (`checkpoint.root_access.root_verdict`, the save's and the
+  resume's own rule: on a cluster profile a root others can write into, or a level above it, is refused
+  unless ``VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT=1``), and it has room for the steps
   kept plus the one being written; a folder on a local filesystem type is named (other nodes see it only
   if this host exports it);
 * ``checkpoint.nodes``: the same storage, writable, on every node: only the nodes can answer, so the launch
@@ -24,8 +26,15 @@ from typing import Any, Mapping
 from omegaconf import OmegaConf
 
 from verl_patches.base import mount_table
-from verl_patches.checkpoint.commit import CheckpointRootError, check_root_permissions, listing
+from verl_patches.base.env_flags import EnvError
+from verl_patches.checkpoint.commit import listing
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
+from verl_patches.checkpoint.root_access import (
+    ALLOW_SHARED_ROOT_ENV,
+    CheckpointRootError,
+    allow_shared_root,
+    root_verdict,
+)
 from verl_patches.checkpoint.plan import parse_step_dir
 from verl_patches.checkpoint.trainer_io import resume_dir
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
@@ -212,9 +221,14 @@ def storage_findings(ctx: Context, model: Mapping[str, Any], folder: Path) -> li
     out: list[Finding] = []
     notes: list[str] = []
     try:
-        check_root_permissions(folder, say=notes.append)
-    except CheckpointRootError as err:
-        out.append(Finding(check, FAIL, str(err), CKPT_SETTING))
+        verdict = root_verdict(folder, cluster=ctx.cluster_profile, allow_shared=allow_shared_root())
+    except EnvError as err:
+        out.append(Finding(check, FAIL, str(err), ALLOW_SHARED_ROOT_ENV))
+    else:
+        if verdict.refusal:
+            out.append(Finding(check, FAIL, verdict.refusal, f"{CKPT_SETTING} / {ALLOW_SHARED_ROOT_ENV}"))
+        elif verdict.warning:
+            notes.append(verdict.warning)
     unwritable = _write_problem(folder)
     if unwritable:
         out.append(
@@ -291,7 +305,8 @@ def resume_finding(ctx: Context, folder: Path) -> Finding:
         }
     )
     try:
-        path, note = resume_dir(trainer)
+        # the root's permissions are the storage finding's to report (the same rule): no second line here
+        path, note = resume_dir(trainer, cluster=ctx.cluster_profile, say=lambda line: None)
     except (CheckpointRootError, CheckpointIncomplete, ValueError, NotImplementedError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         return Finding(check, FAIL, f"resume: {first}", "trainer.resume_mode / trainer.resume_from_path")

@@ -5,8 +5,10 @@ the shared mount may be missing on one node while its mount point is an empty lo
 nodes see of each other's writes tells. So, in three rounds driven by the head:
 
 1. ``write``: each node checks that the folder exists (it is never created here: a node whose shared
-   mount is missing would create a local folder of that name), creates a marker file in it named by the
-   round and the node's index, holding a random token, and reports the free space (``statvfs``);
+   mount is missing would create a local folder of that name), judges who may change it on that node (the
+   save's own rule, `checkpoint.root_access.root_verdict`: the levels above it are that node's mounts),
+   creates a marker file in it named by the round and the node's index, holding a random token, and reports
+   the free space (``statvfs``);
 2. ``read``: each node opens every other node's marker by name and compares its token, waiting a bounded
    time for what a network filesystem's attribute cache has not shown yet;
 3. ``clean``: each node removes its own marker.
@@ -28,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from verl_patches.checkpoint.root_access import root_verdict
+
 MARKER_PREFIX = ".verl_patches-node-check-"
 READ_WAIT_S = 70.0  # NFS caches a folder's attributes up to acdirmax (60 s by default): a new name may lag
 POLL_S = 0.5
@@ -45,16 +49,19 @@ def _why(err: OSError) -> str:
     return f"{type(err).__name__}: {err.strerror or err}"
 
 
-def node_write(folder: str, round_id: str, index: int, token: str) -> dict[str, Any]:
-    """Round 1 on one node: {"exists", "error", "free_bytes"}; "error" is '' when the marker was written."""
+def node_write(folder: str, round_id: str, index: int, token: str, allow_shared: bool = False) -> dict[str, Any]:
+    """Round 1 on one node: {"exists", "error", "free_bytes", "access"}; "error" is '' when the marker was
+    written, "access" '' when no other account can change the folder there (or the user accepted it:
+    ``allow_shared``, the head's reading of VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT), else the refusal line."""
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.lexists(folder) else "does not exist"
         return {"exists": False, "error": what, "free_bytes": 0}
+    access = root_verdict(folder, cluster=True, allow_shared=allow_shared).refusal
     try:
         st = os.statvfs(folder)
         free = st.f_bavail * st.f_frsize
     except OSError as err:
-        return {"exists": True, "error": f"statvfs failed ({_why(err)})", "free_bytes": 0}
+        return {"exists": True, "error": f"statvfs failed ({_why(err)})", "free_bytes": 0, "access": access}
     path = os.path.join(folder, marker_name(round_id, index))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -64,8 +71,13 @@ def node_write(folder: str, round_id: str, index: int, token: str) -> dict[str, 
         finally:
             os.close(fd)
     except OSError as err:
-        return {"exists": True, "error": f"cannot create a file in it ({_why(err)})", "free_bytes": free}
-    return {"exists": True, "error": "", "free_bytes": free}
+        return {
+            "exists": True,
+            "error": f"cannot create a file in it ({_why(err)})",
+            "free_bytes": free,
+            "access": access,
+        }
+    return {"exists": True, "error": "", "free_bytes": free, "access": access}
 
 
 def _read_token(path: str) -> str | None:
@@ -164,21 +176,27 @@ def check_folder_on_nodes(
     what: str = "the checkpoint folder",
     wait_s: float = READ_WAIT_S,
     human: Callable[[float], str] = lambda n: f"{n / 1e12:.2f} TB",
+    allow_shared: bool = False,
 ) -> StorageVerdict:
     """Run the three rounds on ``nodes`` (names for messages, index = position) through ``call``.
 
     Refused, in this order: a node that cannot be asked, the folder missing on a node (a mount missing
-    there), not writable from a node, not the same storage on every node (a node does not see another
-    node's marker), less free space than ``need_bytes`` on some node (``need_note`` says what that room is
-    for). Every marker written is removed, whatever the verdict."""
+    there), not writable from a node, another account able to change it on a node (`root_access`;
+    ``allow_shared``: the user accepted that by name), not the same storage on every node (a node does not see
+    another node's marker), less free space than ``need_bytes`` on some node (``need_note`` says what that room
+    is for). Every marker written is removed, whatever the verdict."""
     label = f"{what} {folder}"
     if not nodes:
         return StorageVerdict(False, f"{label}: no node to check it on")
     rnd = _Round(folder, list(nodes), call)
-    wrote = rnd.run("write", rnd.tokens)
+    wrote = rnd.run("write", rnd.tokens, allow_shared=allow_shared)
     written = [i for i, r in wrote.items() if r.get("exists") and not r.get("error")]
     try:
-        refused = _write_problem(rnd, label, wrote, written) or _visibility_problem(rnd, label, wait_s)
+        refused = (
+            _write_problem(rnd, label, wrote, written)
+            or _access_problem(rnd, label, wrote)
+            or _visibility_problem(rnd, label, wait_s)
+        )
         if refused:
             return StorageVerdict(False, refused)
         low = min(wrote, key=lambda i: int(wrote[i]["free_bytes"]))
@@ -219,6 +237,16 @@ def _write_problem(rnd: _Round, label: str, wrote: Mapping[int, Mapping[str, Any
             f"{wrote[i]['error']}; the job's account must be able to create files there on every node"
         )
     return ""
+
+
+def _access_problem(rnd: _Round, label: str, wrote: Mapping[int, Mapping[str, Any]]) -> str:
+    """Why the nodes' view of who may change the folder refuses it ('' when no node found another account
+    able to)."""
+    refused = [i for i, r in wrote.items() if r.get("access")]
+    if not refused:
+        return ""
+    i = refused[0]
+    return f"{label}: on {len(refused)} of {len(rnd.nodes)} node(s) ({rnd.names(refused)}): {wrote[i]['access']}"
 
 
 def _visibility_problem(rnd: _Round, label: str, wait_s: float) -> str:
