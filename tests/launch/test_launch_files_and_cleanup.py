@@ -1,5 +1,6 @@
-"""The launcher's files and its cleanup (issue 32 items 3 and 4): a new run folder every time, files created
-without following links, a LOG_DIR others can write refused or named; the wait for the trainer cannot be held
+"""The launcher's files and its cleanup (issue 32 items 3 and 4; issue 41 class 4): a new private run folder
+every time, written through its descriptor, files created without following links, a LOG_DIR others can
+write refused (or, sticky, named); the wait for the trainer cannot be held
 by a leftover's open pipe; a leftover that left the session (setsid) is still found, ended and named; a
 process is signalled only through its identity; malformed heartbeats are named, never a traceback."""
 
@@ -33,8 +34,14 @@ def test_a_log_root_others_can_write_is_refused_or_named(tmp_path: Path) -> None
         check_log_root(root)
     root.chmod(0o1777)  # like /tmp: others may create, not replace what is ours
     assert "writable by others" in check_log_root(root)
-    root.chmod(0o775)
-    assert "writable by others" in check_log_root(root)
+    root.chmod(0o775)  # a group member could rename the run folder away and put a link in its place
+    with pytest.raises(LogDirError, match=f"LOG_DIR {root}: others could replace the run folder there"):
+        check_log_root(root)
+    root.chmod(0o755)
+    tmp_path.chmod(0o777)  # a level above: the same, naming that level
+    with pytest.raises(LogDirError, match=f"\\({tmp_path}: writable by group/others and not sticky"):
+        check_log_root(root)
+    tmp_path.chmod(0o700)
 
 
 def test_the_run_folder_is_never_reused_and_no_file_follows_a_link(tmp_path: Path) -> None:
@@ -47,13 +54,52 @@ def test_the_run_folder_is_never_reused_and_no_file_follows_a_link(tmp_path: Pat
     (planted / "pids.json").symlink_to(victim)
     (tmp_path / f"{name}-1").symlink_to(tmp_path)  # even a link of the next name
     run = new_run_dir(tmp_path, name)
-    assert run == tmp_path / f"{name}-2" and run.is_dir() and not run.is_symlink()
-    with open_new(run / "launcher.log", "a") as f:
+    assert run.path == tmp_path / f"{name}-2" and run.path.is_dir() and not run.path.is_symlink()
+    assert run.path.stat().st_mode & 0o777 == 0o700  # private: no one else can add or replace a file in it
+    with run.open_new("launcher.log", "a") as f:
         f.write("ok\n")
-    os.symlink(victim, run / "trainer.log")
+    os.symlink(victim, run.path / "trainer.log")
     with pytest.raises(FileExistsError):
-        open_new(run / "trainer.log")
+        run.open_new("trainer.log")
+    with pytest.raises(FileExistsError):
+        open_new(run.path / "trainer.log")  # the by-path form, for the Ray node's log, refuses it too
     assert victim.read_text() == "precious"
+    run.close()
+
+
+def test_a_run_folder_swapped_for_a_link_after_it_is_made_does_not_redirect_the_launcher(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 41 class 4: the run folder is written through its descriptor, never by path: renaming it away and
+    putting a link to another account's folder in its place sends pids.json, launcher.log and trainer.log
+    nowhere but into the folder the launch made."""
+    from verl_patches.launch import job
+
+    logs, theirs = tmp_path / "logs", tmp_path / "theirs"
+    logs.mkdir()
+    theirs.mkdir()
+    monkeypatch.setattr(job, "become_subreaper", lambda: False)
+    launch = job.Launch(
+        SimpleNamespace(tiny=True, profile="a3"),
+        SimpleNamespace(get=lambda k: str(logs) if k == "LOG_DIR" else None),
+        "local",
+    )
+    made = launch.log_dir
+    moved = logs / "moved"
+    os.rename(made, moved)
+    made.symlink_to(theirs)
+    launch.say("hello")
+    launch.record("trainer", 12345)
+    rc = job.run_logged(
+        [sys.executable, "-c", "print('trainer says hi')"], made / "trainer.log", dict(os.environ), launch, "trainer"
+    )
+    assert rc == 0 and list(theirs.iterdir()) == []
+    assert json.loads((moved / "pids.json").read_text())["trainer"] != 12345  # the trainer's own pid, recorded
+    assert "hello" in (moved / "launcher.log").read_text()
+    assert "trainer says hi" in (moved / "trainer.log").read_text()
+    assert {p.stat().st_mode & 0o777 for p in moved.iterdir()} == {0o600}
+    with pytest.raises(ValueError, match="not a file of this launch's run folder"):
+        launch.open_log(tmp_path / "elsewhere.log")
 
 
 def test_the_launcher_writes_its_pids_and_log_only_in_its_new_folder(tmp_path: Path, monkeypatch) -> None:
@@ -196,4 +242,7 @@ def test_the_dry_run_refuses_the_log_dir_the_launch_refuses(tmp_path: Path) -> N
     assert found.status == "fail" and "writable by every user and not sticky" in found.message
     root.chmod(0o1777)
     assert [f.status for f in log_dir_findings(settings, tmp_path)] == ["warn"]
+    root.chmod(0o775)
+    (found,) = log_dir_findings(settings, tmp_path)
+    assert found.status == "fail" and "others could replace the run folder there" in found.message
     root.chmod(0o755)

@@ -25,13 +25,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.base.free_port import PortBlockError, free_port_block
 from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
 from verl_patches.launch import job_env
-from verl_patches.launch.run_dir import check_log_root, new_run_dir, open_new
+from verl_patches.launch.run_dir import check_log_root, make_log_root, new_run_dir
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
     SETTINGS,
@@ -110,12 +109,14 @@ class Launch:
         log_root = Path(settings.get("LOG_DIR") or "logs")
         if not log_root.is_absolute():
             log_root = REPO_ROOT / log_root
-        log_root.mkdir(parents=True, exist_ok=True)
+        make_log_root(log_root)
         warning = check_log_root(log_root)
-        self.log_dir = new_run_dir(log_root, f"{name}-{stamp}-{role}-{socket.gethostname()}")
+        # made 0700 and held open: the launcher's files are created through its descriptor (run_dir)
+        self.run = new_run_dir(log_root, f"{name}-{stamp}-{role}-{socket.gethostname()}")
+        self.log_dir = self.run.path
         self.owned: dict[str, int] = {}
         self.keep: list[int] = []  # processes (and their subtrees) ended by their own code, not as leftovers
-        self._log = open_new(self.log_dir / "launcher.log", "a")
+        self._log = self.run.open_new("launcher.log", "a")
         self.subreaper = become_subreaper()  # orphans of the job stay findable (session_leftovers)
         if warning:
             self.say(warning)
@@ -128,7 +129,13 @@ class Launch:
 
     def record(self, name: str, pid: int) -> None:
         self.owned[name] = pid
-        write_text_atomically(self.log_dir / "pids.json", json.dumps(self.owned, indent=2))
+        self.run.write_text("pids.json", json.dumps(self.owned, indent=2))
+
+    def open_log(self, path: Path, mode: str = "ab") -> Any:
+        """A new file of the run folder (``path`` must be in it), created through the folder's descriptor."""
+        if path.parent != self.log_dir:
+            raise ValueError(f"{path}: not a file of this launch's run folder {self.log_dir}")
+        return self.run.open_new(path.name, mode)
 
 
 PIPE_DRAIN_S = 2.0  # after the trainer exits, how long its output may still arrive before cleanup starts
@@ -144,7 +151,7 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Laun
     # lazy: that module loads psutil; importing this one must not
     from verl_patches.launch.session_leftovers import end_session_leftovers, wait_exited
 
-    with open_new(log_path) as log:
+    with launch.open_log(log_path) as log:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
         )
