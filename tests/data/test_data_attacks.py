@@ -36,7 +36,7 @@ def test_finished_outputs_are_not_replaced_without_overwrite(tmp_path):
     second = tmp_path / "b.json"
     second.write_text(json.dumps(rows(10, start=100)))
     result = run("--json_path", str(second), "--output_dir", str(out))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "train.parquet: already exists" in result.stderr
     assert "--overwrite" in result.stderr and "Traceback" not in result.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -106,4 +106,4 @@ def test_deeply_nested_json_lines_row_is_a_row_error(tmp_path):
         convert(path, tmp_path / "out")
     assert "row 6" in str(e.value.errors[0]) and "nested too deeply" in str(e.value.errors[0])
     result = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli"))
-    assert result.returncode == 1 and "Traceback" not in result.stderr and "nested too deeply" in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "nested too deeply" in result.stderr

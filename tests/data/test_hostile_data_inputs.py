@@ -57,7 +57,7 @@ def test_an_integer_beyond_the_digit_limit_is_a_row_error(tmp_path, fmt):
     report = convert(path, tmp_path / "out", skip_invalid=True)
     assert report.rows_in == 13 and len(report.rejected) == 1 and report.train_rows + report.test_rows == 12
     r = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli"))
-    assert r.returncode == 1 and any("integer of 5000 digits" in ln for ln in _stderr_lines(r))
+    assert r.returncode == 2 and any("integer of 5000 digits" in ln for ln in _stderr_lines(r))
 
 
 def test_a_huge_integer_in_a_field_nobody_reads_does_not_reject_the_row(tmp_path):
@@ -86,7 +86,7 @@ def test_a_field_longer_than_the_limit_is_a_row_error_with_the_flag_named(tmp_pa
     r = run(
         "--json_path", str(path), "--output_dir", str(tmp_path / "cli"), "--max-field-chars", "10", "--skip-invalid"
     )
-    assert r.returncode == 1  # every row has a field longer than 10: too few rows left to split
+    assert r.returncode == 2  # every row has a field longer than 10: too few rows left to split
     r = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli2"), "--max-field-chars", "0")
     assert r.returncode == 2 and "--max-field-chars" in _stderr_lines(r)[-1]
 
@@ -105,7 +105,7 @@ def test_only_a_regular_file_is_read_and_nothing_blocks(tmp_path, kind):
         convert(path, tmp_path / "out")
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
     r = run("--json_path", str(path), "--output_dir", str(tmp_path / "cli"))
-    assert r.returncode == 1 and len(_stderr_lines(r)) == 1
+    assert r.returncode == 2 and len(_stderr_lines(r)) == 1
 
 
 def test_a_non_utf8_template_is_one_line(tmp_path):
@@ -115,7 +115,7 @@ def test_a_non_utf8_template_is_one_line(tmp_path):
     path.write_text(json.dumps(rows(12)))
     r = run("--json_path", str(path), "--output_dir", str(tmp_path / "out"), b"--template", b"Solve \xff {problem}")
     (line,) = _stderr_lines(r)
-    assert r.returncode == 1 and "--template: not UTF-8 text" in line
+    assert r.returncode == 2 and "--template: not UTF-8 text" in line
     assert not (tmp_path / "out").exists()
 
 

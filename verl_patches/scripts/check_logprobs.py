@@ -19,7 +19,10 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.checks.cli import main  # noqa: E402
+from verl_patches.base.tool_python import third_party_imports  # noqa: E402
+
+with third_party_imports("check_logprobs.py"):  # another Python than requirements.txt's: one line, exit 2
+    from verl_patches.checks.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,15 +27,18 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.base.strict_int import StepNumberError, int_arg, parse_step_int  # noqa: E402
-from verl_patches.weights.cli import run_cli  # noqa: E402
-from verl_patches.weights.config import load_config  # noqa: E402
-from verl_patches.weights.errors import LayoutError  # noqa: E402
-from verl_patches.weights.estimates import summarize_plan  # noqa: E402
-from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore  # noqa: E402
-from verl_patches.weights.layout import ParallelLayout, parse_layer_list, validate_layout  # noqa: E402
-from verl_patches.weights.mcore_to_hf import convert_mcore_to_hf, resolve_layout_and_config  # noqa: E402
-from verl_patches.weights.verify import check_index_consistent, verify_hf_mcore_pair  # noqa: E402
+from verl_patches.base.tool_python import third_party_imports  # noqa: E402
+
+with third_party_imports("convert_ckpt_deepseek3.py"):  # another Python than requirements.txt's: one line, exit 2
+    from verl_patches.base.strict_int import StepNumberError, int_arg, parse_step_int
+    from verl_patches.weights.cli import run_cli
+    from verl_patches.weights.config import load_config
+    from verl_patches.weights.errors import LayoutError
+    from verl_patches.weights.estimates import summarize_plan
+    from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
+    from verl_patches.weights.layout import ParallelLayout, parse_layer_list, validate_layout
+    from verl_patches.weights.mcore_to_hf import convert_mcore_to_hf, resolve_layout_and_config
+    from verl_patches.weights.verify import check_index_consistent, verify_hf_mcore_pair
 
 # MindSpeed-LLM converter options this tool does not implement, with the reason given to the user.
 _UNSUPPORTED = {

@@ -22,10 +22,13 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.base.strict_int import int_arg  # noqa: E402
-from verl_patches.weights.cli import run_cli  # noqa: E402
-from verl_patches.weights.fp8_cast import run_fp8_cast  # noqa: E402
-from verl_patches.weights.verify import verify_fp8_cast  # noqa: E402
+from verl_patches.base.tool_python import third_party_imports  # noqa: E402
+
+with third_party_imports("fp8_cast_bf16.py"):  # another Python than requirements.txt's: one line, exit 2
+    from verl_patches.base.strict_int import int_arg
+    from verl_patches.weights.cli import run_cli
+    from verl_patches.weights.fp8_cast import run_fp8_cast
+    from verl_patches.weights.verify import verify_fp8_cast
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,8 @@
 Run from the repo root:
     python verl_patches/scripts/json_to_parquet.py --json_path deepscaler.json --output_dir data/deepscaler
 Writes train.parquet and test.parquet (data_source "deepscaler"); the logic is in verl_patches.data.
+Exit status, as the weight tools: 0 written; 2 bad usage or input (nothing written); 1 the output could not be
+written.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 MAX_ERRORS_SHOWN = 50
+EXIT_BAD_INPUT = 2  # bad usage or input, as argparse and the weight tools (verl_patches.weights.cli)
+EXIT_WRITE_FAILED = 1
 
 
 def _ratio(text: str) -> float:
@@ -108,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             "nothing written (use --skip-invalid to convert the valid rows)",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_BAD_INPUT
     except (DeepscalerInputError, TemplateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_INPUT
     except OSError as exc:
         print(f"error: cannot write {args.output_dir}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return EXIT_WRITE_FAILED
     for error in report.rejected[:MAX_ERRORS_SHOWN]:
         print(f"rejected: {error}", file=sys.stderr)
     if len(report.rejected) > MAX_ERRORS_SHOWN:
@@ -126,4 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # Run as a file (python verl_patches/scripts/json_to_parquet.py): make the package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    sys.exit(main())
+    from verl_patches.base.tool_python import third_party_imports
+
+    with third_party_imports("json_to_parquet.py"):  # another Python than requirements.txt's: one line, exit 2
+        status = main()
+    sys.exit(status)

@@ -16,11 +16,19 @@ from pathlib import Path
 if __name__ == "__main__" and not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make the repo importable
 
-from verl_patches.base.strict_int import int_arg  # noqa: E402
-from verl_patches.weights.cli import run_cli  # noqa: E402
-from verl_patches.weights.config import make_tiny_config, make_training_config, read_config_json, resolve_config_path  # noqa: E402
-from verl_patches.weights.errors import ConfigError  # noqa: E402
-from verl_patches.weights.hf_dir import write_model_dir  # noqa: E402
+from verl_patches.base.tool_python import third_party_imports  # noqa: E402
+
+with third_party_imports("make_config.py"):  # another Python than requirements.txt's: one line, exit 2
+    from verl_patches.base.strict_int import int_arg
+    from verl_patches.weights.cli import run_cli
+    from verl_patches.weights.config import (
+        make_tiny_config,
+        make_training_config,
+        read_config_json,
+        resolve_config_path,
+    )
+    from verl_patches.weights.errors import ConfigError
+    from verl_patches.weights.hf_dir import write_model_dir
 
 
 def parse_set(items: list[str]) -> dict:
