@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from verl_patches.base.atomic_write import write_text_atomically
+from verl_patches.base.host_device import DeviceSettingError, detect_host_device
 from verl_patches.device import device_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -151,9 +152,12 @@ def summary_line(pins: dict[str, Pin], found: list[Difference], cpu_host: bool) 
 
 
 def host_is_cpu() -> bool:
-    """No NPU stack here (our torch_npu emulation does not count) and no CUDA device."""
-
-    return device_kind() == "cpu"
+    """No NPU stack here (our torch_npu emulation does not count) and no CUDA device. Without torch, which is what
+    `check` exists to report, the host's device files decide (`host_device.detect_host_device`)."""
+    try:
+        return device_kind() == "cpu"
+    except ModuleNotFoundError:
+        return detect_host_device() == "cpu"
 
 
 def check(path: Path = REQUIREMENTS, cpu_host: bool | None = None) -> tuple[str, list[Difference]]:
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomically(CONSTRAINTS, constraints_text(freeze, pins))
         print(f"wrote {CONSTRAINTS.name}")
         return 0
-    except (PinError, OSError) as e:
+    except (PinError, DeviceSettingError, OSError) as e:
         print(f"pins: {e}", file=sys.stderr)
         return 2
 
