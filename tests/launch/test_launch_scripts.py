@@ -293,3 +293,77 @@ def test_job_overrides_put_the_user_last() -> None:
         "ppo_mindspeed_trainer",
         "a=1",
     ]
+
+
+# ---- --help of every entry point, and the profile a script runs --------------------------------------------
+
+LAUNCH_JOB = SHELL_FILES["launch_job"]
+SETUP_CPU_ENV = ROOT / "verl_patches" / "scripts" / "setup_cpu_env.sh"
+
+
+def test_launch_job_help_exits_0_naming_every_profile() -> None:
+    for flag in ("--help", "-h"):
+        p = run_script(LAUNCH_JOB, flag)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        assert p.stdout.startswith("usage: bash verl_patches/scripts/launch_job.sh PROFILE ")
+        profiles = re.search(r"PROFILE: (.*)", p.stdout).group(1)
+        assert set(re.findall(r"\w+", profiles)) - {"or"} == set(job.PROFILES)
+    p = run_script(LAUNCH_JOB)  # no profile: the usage, as an error
+    assert p.returncode == 2 and p.stderr.startswith("usage: ") and p.stdout == ""
+
+
+def test_launch_job_refuses_an_unknown_profile_in_one_line(tmp_path: Path) -> None:
+    p = run_script(LAUNCH_JOB, "a3_nope", "--dry-run", LOG_DIR=str(tmp_path / "logs"))
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "launch_job.sh a3_nope: unknown profile 'a3_nope'; one of " + ", ".join(sorted(job.PROFILES))
+    )
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script_help_shows_its_profile_as_fixed_not_required(name: str) -> None:
+    p = run_script(SCRIPTS[name], "--help")
+    assert p.returncode == 0, p.stderr
+    usage = p.stdout.split("\n\n", 1)[0]
+    assert re.search(r"\[--profile \{", usage), usage  # optional: the script supplies it
+    profile = f"a3_256die_{name}"
+    options = " ".join(p.stdout.split())
+    assert (
+        f"--profile {{{','.join(sorted(job.PROFILES))}}} {profile} (this script's; another profile is refused"
+        in options
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_profile_that_contradicts_the_script_is_refused_in_one_line(name: str, tmp_path: Path) -> None:
+    p = run_script(SCRIPTS[name], "--profile", "a3_16die_smoke", "--dry-run", LOG_DIR=str(tmp_path / "logs"))
+    (line,) = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and p.stdout == ""
+    assert line == (
+        f"{SCRIPTS[name].name}: runs profile a3_256die_{name}; --profile a3_16die_smoke contradicts it "
+        "(for that profile: bash verl_patches/scripts/launch_job.sh a3_16die_smoke ...)"
+    )
+    assert not (tmp_path / "logs").exists()  # nothing ran, not even the preflight
+
+
+def test_the_scripts_profile_is_the_default_and_naming_it_again_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(job.SCRIPT_PROFILE_ENV, "a3_256die_random_init")
+    assert job.parse_args([]).profile == "a3_256die_random_init"
+    assert job.parse_args(["--profile", "a3_256die_random_init"]).profile == "a3_256die_random_init"
+    with pytest.raises(SystemExit) as e:
+        job.parse_args(["--profile", "a3_256die_true_weight"])
+    assert e.value.code == 2
+    monkeypatch.delenv(job.SCRIPT_PROFILE_ENV)
+    with pytest.raises(SystemExit):  # run directly, the launcher still needs --profile
+        job.parse_args([])
+
+
+def test_setup_cpu_env_help_prints_usage_and_sets_nothing_up(tmp_path: Path) -> None:
+    # PYTHON names a program that does not exist: had the set-up started, it would fail on it
+    p = run_script(SETUP_CPU_ENV, "--help", PYTHON=str(tmp_path / "no-python"))
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert p.stdout.startswith("usage: bash verl_patches/scripts/setup_cpu_env.sh")
+    assert "requirements.txt" in p.stdout and "==" not in p.stdout  # its header, not the set-up's first step
+    p = run_script(SETUP_CPU_ENV, "--frobnicate", PYTHON=str(tmp_path / "no-python"))
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip() == "setup_cpu_env: unknown argument --frobnicate (it takes none; see --help)"

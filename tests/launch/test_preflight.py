@@ -524,7 +524,8 @@ def test_cli_exit_codes(capsys):
 def test_cli_setting_flag(capsys):
     assert main(["--profile", "a3_256die_true_weight", "--setting", "HCCL_IF_BASE_PORT=29440"], host=CPU) == 1
     assert "cluster.port_plan" in capsys.readouterr().out
-    assert main(["--setting", "NOPE=1"], host=CPU) == 2
+    assert main(["--profile", "tiny", "--setting", "NOPE=1"], host=CPU) == 2
+    assert "--setting 'NOPE=1'" in capsys.readouterr().err
 
 
 def test_tiny_profile_on_an_npu_host_is_not_a_cluster_job():
@@ -539,7 +540,20 @@ def test_cli_env_file_and_paths(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     files = [f["message"] for f in out["findings"] if f["check"] == "data.files"]
     assert files and all(str(tmp_path / "data") in m for m in files)
-    assert main(["--env-file", str(tmp_path / "missing.env")], host=CPU) == 2
+    assert main(["--profile", "tiny", "--env-file", str(tmp_path / "missing.env")], host=CPU) == 2
+    assert "missing.env" in capsys.readouterr().err
+
+
+def test_no_profile_names_the_profiles_and_checks_nothing(capsys):
+    """A bare preflight would check verl's gsm8k example config, not any run of ours: it asks which run instead."""
+    assert main([], host=CPU) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert captured.out == "" and line.startswith("preflight: which run? give --profile ")
+    for name in PROFILES:
+        assert name in line
+    assert main(["--json"], host=CPU) == 2
+    assert main(["--config-name", "ppo_tiny_local"], host=CPU) == 0  # a config named explicitly is checked as is
 
 
 def test_module_entry_point_runs():

@@ -419,3 +419,62 @@ def test_the_trainer_entry_refuses_a_missing_folder_before_anything_starts() -> 
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("main_ppo_npu:")]
     assert lines == [f"main_ppo_npu: {folder_problem(composed('a3_256die_true_weight'))}"]
     assert "Traceback" not in p.stderr
+
+
+# ---- the root's tracker, read by the resume's own reader (issue 42) -------------------------------------------
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def damage_tracker(root: Path, kind: str) -> Path:
+    tracker = root / TRACKER
+    tracker.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(tracker)  # the reader refuses it unread: the dry run never blocks on it
+    elif kind == "symlink":
+        tracker.symlink_to(root / "elsewhere.txt")
+    else:
+        tracker.write_bytes({"word": b"abc\n", "empty": b"", "unicode": "²\n".encode(), "huge": b"7" * 60}[kind])
+    return tracker
+
+
+@pytest.mark.parametrize("kind", ["word", "empty", "unicode", "huge", "fifo", "symlink"])
+def test_a_damaged_tracker_is_named_when_there_is_nothing_to_resume(tmp_path: Path, kind: str) -> None:
+    ck = folder(tmp_path)
+    tracker = damage_tracker(ck, kind)
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.resume")
+    assert f.status == WARN and f.key == f"CKPT_DIR ({TRACKER})"
+    assert f.message.startswith("resume: none: starts at step 1 (no complete checkpoint under")
+    _, problem = commit.read_root_tracker(ck)  # the resume's own reading of it, word for word
+    assert problem.startswith(f"{tracker}: ") and problem in f.message
+    assert f.message.endswith(f"the resume does not read {TRACKER} as it is: repair it or remove it")
+
+
+def test_a_damaged_tracker_beside_a_complete_step_is_named_once(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(preflight_checkpoint, "filesystem_type", lambda path: "nfs4")
+    ck = folder(tmp_path)
+    save_step(ck, 10)
+    tracker = damage_tracker(ck, "word")
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.resume")
+    assert f.status == WARN and f.message.startswith(f"resume: from {ck / 'global_step_10'} (step 10; {tracker}: ")
+    assert f.message.count(str(tracker)) == 1 and "continues at step 11" in f.message
+    tracker.write_text("10\n")  # repaired: nothing to say
+    f = only(findings("a3_256die_true_weight", str(ck), model=roomy_model()), "checkpoint.resume")
+    assert f.status == OK and f.message == f"resume: from {ck / 'global_step_10'} (step 10): continues at step 11"
+
+
+def test_the_dry_run_names_a_damaged_tracker(tmp_path: Path) -> None:
+    """The command of README section 5 on a folder whose tracker was damaged: one warning naming the file."""
+    ck = folder(tmp_path)
+    tracker = damage_tracker(ck, "word")
+    p = subprocess.run(
+        [sys.executable, "-m", "verl_patches.launch.preflight", "--profile", "a3_256die_true_weight", "--json"],
+        cwd=ROOT,
+        env={**os.environ, "CKPT_DIR": str(ck)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(p.stdout)
+    (f,) = [f for f in report["findings"] if f["check"] == "checkpoint.resume"]
+    assert f["status"] == WARN and str(tracker) in f["message"] and "got 'abc'" in f["message"]

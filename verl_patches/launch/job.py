@@ -60,6 +60,40 @@ TINY_CONFIGS = {"megatron": TINY_CONFIG, "fsdp": "ppo_tiny_local_fsdp"}  # --tin
 NPU_RESOURCE = "NPU"
 
 
+SCRIPT_PROFILE_ENV = "VERL_LAUNCH_PROFILE"  # set by launch_job.sh (so by train_*.sh): the profile the script runs
+
+
+def add_profile_argument(p: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> str | None:
+    """--profile: required when the launcher is run directly; the script's profile, optional and stated in
+    --help, when a script fixes it (`SCRIPT_PROFILE_ENV`). Returns that fixed profile, or None."""
+    fixed = environ.get(SCRIPT_PROFILE_ENV) or None
+    if fixed is not None and fixed not in PROFILES:
+        print(f"{p.prog}: unknown profile {fixed!r}; one of {', '.join(sorted(PROFILES))}", file=sys.stderr)
+        raise SystemExit(2)
+    if fixed is None:
+        p.add_argument("--profile", choices=sorted(PROFILES), required=True)
+    else:
+        p.add_argument(
+            "--profile",
+            choices=sorted(PROFILES),
+            default=fixed,
+            help=f"{fixed} (this script's; another profile is refused: "
+            "`bash verl_patches/scripts/launch_job.sh PROFILE ...` runs any)",
+        )
+    return fixed
+
+
+def refuse_other_profile(args: argparse.Namespace, fixed: str | None, prog: str) -> None:
+    """A --profile that contradicts the script's own is one line and exit 2, never silently another run."""
+    if fixed is not None and args.profile != fixed:
+        print(
+            f"{prog}: runs profile {fixed}; --profile {args.profile} contradicts it "
+            f"(for that profile: bash verl_patches/scripts/launch_job.sh {args.profile} ...)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=os.environ.get("VERL_LAUNCH_PROG", "python -m verl_patches.launch.job"),
@@ -70,7 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         + "\n\nAnything after `--` is passed to the trainer as Hydra overrides.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--profile", choices=sorted(PROFILES), required=True)
+    fixed = add_profile_argument(p)
     p.add_argument("--env-file", type=Path, help="KEY=VALUE file with the settings below")
     p.add_argument("--dry-run", action="store_true", help="run the preflight only and exit")
     p.add_argument("--tiny", action="store_true", help="the tiny local profile on this host (no cluster)")
@@ -90,6 +124,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for s in SETTINGS:
         p.add_argument(f"--{s.name.lower().replace('_', '-')}", dest=s.name, metavar=s.name)
     args, rest = p.parse_known_args(argv)
+    refuse_other_profile(args, fixed, p.prog)
     if rest and rest[0] == "--":
         rest = rest[1:]
     bad = [r for r in rest if r.startswith("-")]

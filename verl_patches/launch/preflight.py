@@ -69,6 +69,10 @@ PROFILES = {
 }
 PATH_SETTINGS = CONFIG_PATH_SETTINGS  # read by the profiles through ${oc.env:...}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+NO_PROFILE = (
+    f"which run? give --profile {', '.join(PROFILES)} (or --config-name for a config without a profile); "
+    "train_*.sh --dry-run passes its own"
+)
 
 
 # ---- sources and patches ------------------------------------------------------------------------
@@ -369,6 +373,11 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
         print(f"preflight: unknown option(s) {' '.join(bad)} (see --help)", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.profile and not args.config_name:
+        # No default: the A3 profiles differ in what they need (DIST_CKPT_PATH, the smoke run's model), and the
+        # bare config is verl's gsm8k example, whose failures would say nothing about the run meant.
+        print(f"preflight: {NO_PROFILE}", file=sys.stderr)
         return EXIT_USAGE
     config_name = args.config_name or "ppo_mindspeed_trainer"
     if args.profile:

@@ -13,7 +13,8 @@
 * ``checkpoint.nodes``: the same storage, writable, on every node: only the nodes can answer, so the launch
   asks each of them once Ray is up (`checkpoint_nodes`); the dry run says so;
 * ``checkpoint.resume``: the step a resume would start from, read as the resume reads it
-  (`checkpoint.trainer_io.resume_dir`: the root's tracker, the newest complete step, its small files).
+  (`checkpoint.trainer_io.resume_dir`: the root's tracker, the newest complete step, its small files); a
+  tracker file the resume's reader (`checkpoint.tracker`) refuses is a warning naming it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from omegaconf import OmegaConf
 
 from verl_patches.base import mount_table
 from verl_patches.base.env_flags import EnvError
-from verl_patches.checkpoint.commit import listing
+from verl_patches.checkpoint.commit import listing, read_root_tracker
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.root_access import (
     ALLOW_SHARED_ROOT_ENV,
@@ -35,7 +36,7 @@ from verl_patches.checkpoint.root_access import (
     allow_shared_root,
     root_verdict,
 )
-from verl_patches.checkpoint.plan import parse_step_dir
+from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
 from verl_patches.checkpoint.trainer_io import resume_dir
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
 from verl_patches.launch.run_costs import (
@@ -310,12 +311,20 @@ def resume_finding(ctx: Context, folder: Path) -> Finding:
     except (CheckpointRootError, CheckpointIncomplete, ValueError, NotImplementedError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         return Finding(check, FAIL, f"resume: {first}", "trainer.resume_mode / trainer.resume_from_path")
+    # the root's tracker, read by the resume's own reader: a damaged one is named even when no step would use it
+    damaged = read_root_tracker(folder)[1] if mode == "auto" else ""
+    status, key = (WARN, f"{CKPT_SETTING} ({TRACKER_FILE})") if damaged else (OK, "")
+    if damaged and damaged not in note:
+        note = f"{note}; {damaged}" if note else damaged
+    advice = f"; the resume does not read {TRACKER_FILE} as it is: repair it or remove it" if damaged else ""
     if path is None:
-        return Finding(check, OK, f"resume: none: starts at step 1 ({note})")
+        return Finding(check, status, f"resume: none: starts at step 1 ({note}){advice}", key)
 
     step = parse_step_dir(path.name)
     tail = f"; {note}" if note else ""
-    return Finding(check, OK, f"resume: from {path} (step {step}{tail}): continues at step {(step or 0) + 1}")
+    return Finding(
+        check, status, f"resume: from {path} (step {step}{tail}): continues at step {(step or 0) + 1}{advice}", key
+    )
 
 
 __all__ = [

@@ -379,3 +379,47 @@ def ops_table() -> list[dict]:
 
 def limits_table() -> list[dict]:
     return [asdict(lim) for lim in CPU_LIMITS]
+
+
+def render_text(width: int = 110) -> str:
+    """The catalog for a reader: each op with what provides it, its plain-torch implementation, the formula its
+    tests check and the wheel ops it stands in for; then each feature a CPU host cannot run, with the reason."""
+    # the command line's needs only: the data above imports nothing
+    import textwrap
+
+    def wrap(text: str, **indent: str) -> list[str]:  # names, paths and formulas stay whole
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False, **indent)
+
+    def field(label: str, text: str) -> list[str]:
+        return wrap(text, initial_indent=f"  {label:<16}", subsequent_indent=" " * 18) or [f"  {label}"]
+
+    lines = [f"{len(OPS)} emulated torch_npu / MindSpeed operations"]
+    for op in OPS:
+        lines += ["", op.name]
+        lines += field("provider", op.provider) + field("implementation", op.implementation)
+        lines += field("reference", op.reference)
+        if op.wheel_ops:
+            lines += field("wheel ops", ", ".join(op.wheel_ops))
+    lines += ["", f"{len(CPU_LIMITS)} features that do not run on a CPU host"]
+    for lim in CPU_LIMITS:
+        lines += [""] + wrap(lim.feature) + field("why", lim.reason)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the command line's needs only: the data above imports nothing
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m verl_patches.npu_emulation.catalog", description=__doc__)
+    ap.add_argument("--json", action="store_true", help="the same as data: {emulated_ops: [...], cpu_limits: [...]}")
+    args = ap.parse_args(argv)
+    if args.json:
+        print(json.dumps({"emulated_ops": ops_table(), "cpu_limits": limits_table()}, indent=2))
+    else:
+        print(render_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,6 +9,15 @@
 # (verl_patches/sources/pins.py: NOT_ON_CPU, each with its reason), plus requirements-test.txt's test
 # tools; constraints-cpu.txt (generated from such an environment) fixes the transitive versions.
 set -euo pipefail
+if [ "$#" -gt 0 ]; then  # it takes no arguments: --help prints the lines above, anything else is refused
+  case "$1" in
+    -h|--help)
+      echo "usage: bash verl_patches/scripts/setup_cpu_env.sh   (no options; PYTHON=/path/to/python3.11 chooses the Python)"
+      sed -n '2,/^set -euo pipefail$/{/^#/{s/^# \{0,1\}/  /;p}}' "${BASH_SOURCE[0]}"
+      exit 0 ;;
+    *) printf 'setup_cpu_env: unknown argument %q (it takes none; see --help)\n' "$1" >&2; exit 2 ;;
+  esac
+fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 py="${PYTHON:-python3}"
