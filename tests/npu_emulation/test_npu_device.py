@@ -7,10 +7,12 @@ once per process; the cached build is loaded by a second process without compili
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -433,27 +435,156 @@ def test_the_build_folder_is_in_the_user_cache_keyed_by_torch_and_source(monkeyp
     assert build.build_dir() != folder  # other flags, another build
 
 
-def test_a_build_clears_a_stale_torch_lock_compiles_once_and_marks_itself_done(monkeypatch, tmp_path):
-    folder = tmp_path / "ext"
-    folder.mkdir()
-    (folder / build.TORCH_BATON).write_text("")  # left by a builder that was killed
+def _fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, library: bytes = b"the library") -> tuple[Path, list]:
+    """A build folder under a private cache root in tmp_path, with the compiler replaced by one that writes
+    ``library`` and the import by a marker: the cache's checks run for real, no compiler does."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
     compiled: list[Path] = []
 
     def fake_compile(where: Path, source: Path):
         assert not (where / build.TORCH_BATON).exists()  # torch would have waited on it forever
         assert source.parent == where and source.read_bytes() == build.SOURCE.read_bytes()  # the text hashed
         compiled.append(where)
-        build.library_path(where).write_bytes(b"")
+        build.library_path(where).write_bytes(library)
         return "the module"
 
-    monkeypatch.setattr(build, "build_dir", lambda source=None: folder)
     monkeypatch.setattr(build, "_compile", fake_compile)
     monkeypatch.setattr(build, "_import", lambda where: "imported")
     monkeypatch.setattr(build, "_module", None)
+    return build.build_dir(), compiled
+
+
+def _load_refused(monkeypatch: pytest.MonkeyPatch, match: str) -> str:
+    monkeypatch.setattr(build, "_module", None)  # a new process
+    with pytest.raises(build.ExtensionCacheError, match=match) as err:
+        build.load_extension(log=io.StringIO())
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_build_clears_a_stale_torch_lock_compiles_once_and_records_the_digests(monkeypatch, tmp_path):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / build.TORCH_BATON).write_text("")  # left by a builder that was killed
     log = io.StringIO()
     assert build.load_extension(log=log) == "the module" and compiled == [folder]
     assert "compiling the npu device emulation" in log.getvalue() and build.is_built(folder)
-    assert json.loads((folder / build.BUILT_MARK).read_text())["torch"] == torch.__version__
+    record = json.loads((folder / build.BUILT_MARK).read_text())
+    assert record["torch"] == torch.__version__
+    assert record["library_sha256"] == hashlib.sha256(b"the library").hexdigest()
+    assert record["source_sha256"] == hashlib.sha256(build.SOURCE.read_bytes()).hexdigest()
     monkeypatch.setattr(build, "_module", None)  # a new process: finds the finished build
     log = io.StringIO()
     assert build.load_extension(log=log) == "imported" and compiled == [folder] and log.getvalue() == ""
+
+
+def test_the_cache_folders_are_created_private_and_the_build_seals_what_it_wrote(monkeypatch, tmp_path):
+    folder, _ = _fake_build(monkeypatch, tmp_path)
+    saved = os.umask(0)  # a umask that would leave everything open
+    try:
+        assert build.load_extension(log=io.StringIO()) == "the module"
+    finally:
+        os.umask(saved)
+    root = tmp_path / "cache"
+    for level in (root / "verl_patches", root / "verl_patches" / "torch_extensions", folder):
+        assert stat.S_IMODE(level.stat().st_mode) == 0o700, level
+    for name in (build.BUILT_MARK, build.library_path(folder).name):
+        assert not (folder / name).stat().st_mode & 0o022, name
+    monkeypatch.setattr(build, "_module", None)
+    assert build.load_extension(log=io.StringIO()) == "imported"
+
+
+def test_a_library_changed_after_its_build_is_refused_by_name_and_never_loaded(monkeypatch, tmp_path):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    build.load_extension(log=io.StringIO())
+    build.library_path(folder).write_bytes(b"planted code")
+    message = _load_refused(monkeypatch, "sha256 .* is not the .* recorded in built.json")
+    assert str(build.library_path(folder)) in message and f"remove {folder}" in message
+    assert compiled == [folder]  # not rebuilt over a library a process may have mapped
+
+
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        (b"{not json", "Expecting property name"),
+        (b"[]", "not a JSON object"),
+        (json.dumps({"source_sha256": "0" * 64}).encode(), "key 'library_sha256' must be a sha256"),
+        (b"\xff", "invalid start byte"),
+        (b" " * (build.BUILT_MARK_MAX_BYTES + 1), "more than"),
+    ],
+)
+def test_a_damaged_build_record_is_refused_in_one_line(monkeypatch, tmp_path, record, match):
+    folder, _ = _fake_build(monkeypatch, tmp_path)
+    build.load_extension(log=io.StringIO())
+    (folder / build.BUILT_MARK).write_bytes(record)
+    assert str(folder / build.BUILT_MARK) in _load_refused(monkeypatch, match)
+
+
+def test_a_record_of_another_source_is_refused(monkeypatch, tmp_path):
+    folder, _ = _fake_build(monkeypatch, tmp_path)
+    build.load_extension(log=io.StringIO())
+    record = json.loads((folder / build.BUILT_MARK).read_text())
+    (folder / build.BUILT_MARK).write_text(json.dumps({**record, "source_sha256": "0" * 64}))
+    _load_refused(monkeypatch, "built from source sha256 0{64}, not npu_device.cpp's")
+
+
+@pytest.mark.parametrize("name", [build.BUILT_MARK, "verl_npu_device.so"])
+def test_files_others_can_write_or_links_are_refused(monkeypatch, tmp_path, name):
+    folder, _ = _fake_build(monkeypatch, tmp_path)
+    build.load_extension(log=io.StringIO())
+    (folder / name).chmod(0o666)
+    _load_refused(monkeypatch, rf"{name}: is writable by group/others \(mode 666\); `chmod go-w ")
+    moved = tmp_path / "elsewhere"
+    (folder / name).rename(moved)
+    (folder / name).symlink_to(moved)
+    _load_refused(monkeypatch, rf"{name}: cannot be opened without following links")
+
+
+@pytest.mark.parametrize("level", ["root", "verl_patches", "torch_extensions", "build"])
+def test_a_cache_folder_others_can_write_is_refused_and_nothing_is_built(monkeypatch, tmp_path, level):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    folder.mkdir(parents=True, mode=0o700)
+    target = {"root": tmp_path / "cache", "build": folder}.get(level) or next(
+        p for p in folder.parents if p.name == level
+    )
+    target.chmod(0o777)
+    message = _load_refused(monkeypatch, "is writable by group/others")
+    assert message.startswith(f"npu device emulation: {target}: ") and f"`chmod go-w {target}`" in message
+    assert "XDG_CACHE_HOME" in message and compiled == []
+
+
+def test_a_cache_folder_of_another_account_is_refused_and_nothing_is_built(monkeypatch, tmp_path):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    real = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: real + 4242)  # every folder of this test is now someone else's
+    message = _load_refused(monkeypatch, f"cache: is owned by uid {real}, not by this account")
+    assert "XDG_CACHE_HOME" in message and compiled == [] and not folder.exists()
+
+
+def test_a_cache_level_swapped_for_a_link_is_refused_not_followed(monkeypatch, tmp_path):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    build.load_extension(log=io.StringIO())
+    levels = tmp_path / "cache" / "verl_patches"
+    (levels / "torch_extensions").rename(tmp_path / "theirs")
+    (levels / "torch_extensions").symlink_to(tmp_path / "theirs")
+    _load_refused(monkeypatch, "torch_extensions: is a symbolic link; a cache folder is never followed")
+    assert compiled == [folder]
+
+
+def test_the_lock_is_not_opened_through_a_link(monkeypatch, tmp_path):
+    folder, compiled = _fake_build(monkeypatch, tmp_path)
+    folder.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim"
+    (folder / build.FLOCK_NAME).symlink_to(victim)
+    _load_refused(monkeypatch, "build.flock: cannot be opened without following links")
+    assert not victim.exists() and compiled == []
+
+
+def test_the_build_command_says_a_refusal_in_one_line(monkeypatch, tmp_path, capsys):
+    _fake_build(monkeypatch, tmp_path)
+    (tmp_path / "cache").chmod(0o775)
+    assert build.main() == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is writable by group/others (mode 775)" in err

@@ -108,7 +108,12 @@ def test_cli_prints_the_cpu_requirements_and_the_version_line():
     proc = subprocess.run(
         [sys.executable, "-m", "verl_patches.sources.pins", "check"], cwd=REPO_ROOT, capture_output=True, text=True
     )
-    assert proc.returncode == 0 and proc.stdout.startswith("package versions: all "), proc.stdout + proc.stderr
+    assert proc.stdout.startswith("package versions: all "), proc.stdout + proc.stderr
+    # and whether the packages are the hash-checked install's (tests/sources/test_wheel_cache.py plants and
+    # installs tampered ones): one line each on stderr, exit 1 (an environment set up before it has no receipt)
+    installed = pins.installed_problems()
+    assert proc.stderr.splitlines() == [f"pins: {line}" for line in installed]
+    assert proc.returncode == (1 if installed else 0), proc.stderr
 
 
 def test_difference_text_names_emulation():

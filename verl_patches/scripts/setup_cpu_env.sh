@@ -3,11 +3,13 @@
 # pins them, then a Python virtual environment (.venv) with A3's own package versions.
 #   bash verl_patches/scripts/setup_cpu_env.sh
 # Needs python3.11 (PYTHON=/path/to/python3.11 to choose one), git and network access to PyPI (or a
-# PyPI mirror through PIP_INDEX_URL). Downloads are cached in ~/.cache (pip's cache), never in the repo.
+# PyPI mirror through PIP_INDEX_URL). Downloads are cached in ~/.cache, never in the repo.
 #
 # The versions are requirements.txt's (the A3 job's), minus only what cannot exist on a CPU host
 # (verl_patches/sources/pins.py: NOT_ON_CPU, each with its reason), plus requirements-test.txt's test
-# tools; constraints-cpu.txt (generated from such an environment) fixes the transitive versions.
+# tools; constraints-cpu.txt (generated from such an environment) fixes the transitive versions, and
+# requirements-cpu.lock.json (generated from those three: python -m verl_patches.sources.wheel_lock generate)
+# holds the sha256 of every file installed.
 set -euo pipefail
 if [ "$#" -gt 0 ]; then  # it takes no arguments: --help prints the lines above, anything else is refused
   case "$1" in
@@ -30,32 +32,20 @@ case "$rc" in
   *) echo "setup_cpu_env: setup_sources.sh failed (exit $rc)" >&2; exit "$rc" ;;
 esac
 
-echo "== Python environment (.venv) from requirements.txt"
+echo "== Python environment (.venv) from requirements-cpu.lock.json (requirements.txt's pins, each file's sha256)"
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-reqs="$(mktemp "${TMPDIR:-/tmp}/verl-cpu-requirements.XXXXXX")"
-trap 'rm -f "$reqs"' EXIT
-"$py" -m verl_patches.sources.pins cpu-requirements > "$reqs"
-# Wheels are kept in the user's cache: PyPI's torch 2.5.1 brings ~3 GB of CUDA libraries on x86_64, which
-# the index here does not let pip cache. A warm cache installs offline; otherwise fill it, then install.
-wheels="${VERL_OVERLAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/verl_overlay}/wheels"
-mkdir -p "$wheels"
-set -- -r "$reqs" -r requirements-test.txt -c constraints-cpu.txt
-# uv (pinned in requirements-test.txt) installs the same pinned set from the same cache, unpacking in parallel:
-# about 1 minute where pip takes 2.5 on 2 cores. Bytecode is compiled at install because a host with
-# PYTHONDONTWRITEBYTECODE set (the hosts here do) would otherwise compile every import in every process, every time.
-install_from_cache() {
-  .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -c constraints-cpu.txt uv &&
-    .venv/bin/uv pip install --quiet --python .venv/bin/python --no-cache --link-mode copy --compile-bytecode \
-      --no-index --find-links "$wheels" "$@"
-}
-if ! install_from_cache "$@" 2>/dev/null; then
-  echo "   filling the wheel cache $wheels (first time: about 3.5 GB on x86_64)"
-  .venv/bin/python -m pip wheel --quiet --progress-bar off -w "$wheels" --find-links "$wheels" "$@"
-  install_from_cache "$@"
-fi
-# Every pin must hold: a package left at another version is a failure here, not a surprise in a test.
+# Wheels are kept in the user's cache, ~/.cache/verl_overlay/wheels ($VERL_OVERLAY_CACHE/wheels): PyPI's torch
+# 2.5.1 brings ~3 GB of CUDA libraries on x86_64, which the index here does not let pip cache. A warm cache
+# installs offline; otherwise the missing files are fetched first. The folder must be yours alone, and every
+# file is checked against the lock's sha256 before the installers (pip for uv, then uv, both with
+# --require-hashes) see it: verl_patches/sources/wheel_cache.py. uv unpacks in parallel (about 1 minute where
+# pip takes 2.5 on 2 cores) and compiles bytecode, because a host with PYTHONDONTWRITEBYTECODE set (the hosts
+# here do) would otherwise compile every import in every process, every time.
+"$py" -m verl_patches.sources.wheel_cache install --python .venv/bin/python
+# Every pin must hold: a package left at another version, or one the hash-checked install did not put there,
+# is a failure here, not a surprise in a test.
 .venv/bin/python -m verl_patches.sources.pins check
 .venv/bin/python - <<'PY'
 import torch, verl, vllm, megatron.core  # noqa: F401  (the vendored trees import from the repo root)

@@ -6,7 +6,9 @@ Standard library only: `setup_cpu_env.sh` runs this with the system Python befor
     python -m verl_patches.sources.pins cpu-requirements
         requirements.txt minus what cannot exist on a CPU host
     python -m verl_patches.sources.pins check
-        one line: installed versions vs requirements.txt (exit 1: differ)
+        one line: installed versions vs requirements.txt (exit 1: differ); on a CPU host also whether every
+        locked package is the one the hash-checked install put there (`install_receipt`; exit 1 and one line
+        on stderr for each that is not)
     python -m verl_patches.sources.pins freeze
         regenerate constraints-cpu.txt from this interpreter's packages
 """
@@ -17,6 +19,7 @@ import argparse
 import re
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -202,6 +205,20 @@ def constraints_text(freeze_lines: list[str], pins: dict[str, Pin]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def installed_problems() -> list[str]:
+    """How this environment differs from the hash-checked install of requirements-cpu.lock.json (one line each;
+    empty: it is that install)."""
+    # here, not at the top: wheel_lock and install_receipt import this module's pins
+    from verl_patches.sources import install_receipt, wheel_lock
+
+    try:
+        lock = wheel_lock.read_lock()
+        platform_name = wheel_lock.host_platform()
+    except wheel_lock.LockError as err:
+        return [str(err)]
+    return install_receipt.problems(Path(sys.prefix), Path(sysconfig.get_paths()["purelib"]), lock, platform_name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_patches.sources.pins", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -217,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "check":
             line, found = check()
             print(line)
-            return 1 if found else 0
+            installed = installed_problems() if host_is_cpu() else []
+            for problem in installed:
+                print(f"pins: {problem}", file=sys.stderr)
+            return 1 if found or installed else 0
         freeze = subprocess.run(
             [sys.executable, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
         ).stdout.splitlines()
