@@ -24,7 +24,14 @@ UPSTREAM_ENV_VARS = {
 
 # Switches read inside the workers (not by the driver): a worker joining a cluster started by someone else
 # inherits that raylet's environment, not ours, so they travel in the runtime env explicitly.
-FORWARDED_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VLLM_", "HCCL_", "ASCEND_", "PYTORCH_NPU_")
+FORWARDED_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VLLM_", "HCCL_", "ASCEND_", "PYTORCH_NPU_") + (
+    # trainer.logger's backends (keys, hosts, modes) for the driver's Ray process (verl's TaskRunner), which
+    # Ray may place on any node: set on the head, they need not be exported on every node
+    "WANDB_",
+    "SWANLAB_",
+    "MLFLOW_",
+    "CLEARML_",
+)
 FORWARDED_NAMES = frozenset(
     {
         "D2D_DATA_TRANSFER",  # verl_patches.trainer.step_plan / reshard.tensor_cache (A2/C2)

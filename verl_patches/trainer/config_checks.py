@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
 from verl_patches.base.env_flags import EnvError
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
+from verl_patches.trainer.logger_backends import logger_backend_problems
 from verl_patches.trainer.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
 from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
@@ -83,6 +84,7 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
     problems += rollout_problems(cfg)
     problems += kv_nz_problems(cfg)
+    problems += logger_backend_problems(cfg)  # verl imports a backend only after every worker is up
     return problems
 
 

@@ -16,7 +16,9 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
 * every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
   log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
 * the first step logs the worker classes and the plan, so a run's log says which path ran;
-* every step records each worker's peak memory (`rank_memory`) for the golden-metrics check.
+* every step records each worker's peak memory (`rank_memory`) for the golden-metrics check;
+* every step prints one compact line for a person watching the run (`step_line`: progress, ETA, throughput,
+  reward, validation, mismatch, phase times); the last one draws the run's curves (`plot`, ``curves.png``).
 
 Every other line of behaviour (validation, checkpoints, critic, reward model, async rollout, metrics)
 follows upstream, calling upstream's helpers through their module so that other patches (step metrics)
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import time
 import uuid
 from typing import Any, Callable
 
@@ -34,7 +38,8 @@ import numpy as np
 
 from verl_patches.resilience import worker_deadline
 from verl_patches.sync.path import describe_sync_path
-from verl_patches.trainer.rank_memory import StepMemory
+from verl_patches.trainer.rank_memory import StepMemory, run_dir
+from verl_patches.trainer.step_line import step_line
 from verl_patches.trainer.step_plan import StepPlan, plan_steps
 from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
@@ -268,11 +273,13 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
     print(summary, flush=True)
     trainer.global_steps = 0
     trainer._load_checkpoint()
+    started, step_times = time.monotonic(), []  # this process's steps: the ETA's median and the time "in"
     if trainer.val_reward_fn is not None and cfg.trainer.get("val_before_train", True):
         val_metrics = trainer._validate()
         if not val_metrics:
             raise RuntimeError("validation before training returned no metrics")
         tracker.log(data=val_metrics, step=trainer.global_steps)
+        _print_step_line(trainer, val_metrics, [], started)
         if cfg.trainer.get("val_only", False):
             return
     progress = tqdm(total=trainer.total_training_steps, initial=trainer.global_steps, desc="Training Progress")
@@ -306,9 +313,31 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
                 )
             )
             tracker.log(data=metrics, step=trainer.global_steps)
+            step_times.append(float(timing_raw.get("step", math.nan)))
+            _print_step_line(trainer, metrics, step_times, started)
             progress.update(1)
             trainer.global_steps += 1
             if is_last_step:
                 print(f"Final validation metrics: {last_val}", flush=True)
                 progress.close()
+                _draw_curves(tracker)
                 return
+
+
+def _print_step_line(trainer: Any, metrics: dict[str, Any], step_times: list[float], started: float) -> None:
+    line = step_line(
+        metrics, trainer.global_steps, trainer.total_training_steps, step_times, time.monotonic() - started
+    )
+    print(line, flush=True)
+
+
+def _draw_curves(tracker: Any) -> None:
+    """The run's curves into its folder, from the TensorBoard events verl's tracker wrote (flushed first: its
+    writer flushes only every two minutes)."""
+    # lazy: drawing loads Pillow and TensorBoard's reader, once, at the end of the run
+    from verl_patches.trainer import plot
+
+    writer = getattr(getattr(tracker, "logger", {}).get("tensorboard"), "writer", None)
+    if writer is not None:
+        writer.flush()
+    print(plot.end_of_run(run_dir()), flush=True)

@@ -208,7 +208,9 @@ def read_rank_memory(path: Path) -> dict[int, float]:
     return peaks
 
 
-def read_run(run_dir: Path) -> RunMetrics:
+def read_steps(run_dir: Path) -> tuple[dict[int, dict[str, float]], str]:
+    """A run folder's metrics by step, and where they were read: TensorBoard's scalars, else trainer.log's
+    console lines (also the curves' reader, `verl_patches.trainer.plot`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GoldenInputError(f"{run_dir}: not a run folder")
@@ -223,6 +225,12 @@ def read_run(run_dir: Path) -> RunMetrics:
         raise GoldenInputError(
             f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)"
         )
+    return steps, source
+
+
+def read_run(run_dir: Path) -> RunMetrics:
+    run_dir = Path(run_dir)
+    steps, source = read_steps(run_dir)
     mem = run_dir / FILE_NAME
     return RunMetrics(
         steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.exists() or mem.is_symlink() else {}, source=source

@@ -1,8 +1,9 @@
 """Trainer entry: `python -m verl_patches.trainer.main_ppo_npu [--config-name NAME] [key=value ...]`.
 
 Imports the prelude (our patches), composes our config on top of verl's own, checks it, builds the tiny
-profile's local assets when that profile is chosen, then runs verl v0.4.0's own `run_ppo` with the
-worker classes for the configured strategy. Nothing is copied into the vendored verl tree.
+profile's local assets when that profile is chosen, saves the resolved config in the run folder
+(`resolved_config`), then runs verl v0.4.0's own `run_ppo` with the worker classes for the configured strategy.
+Nothing is copied into the vendored verl tree.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.trainer.checkpoint_folder import folder_problem
 from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
 from verl_patches.trainer.config_compose import CONFIG_NAMES, ConfigCompositionError, compose_config, resolved
+from verl_patches.trainer.rank_memory import run_dir
+from verl_patches.trainer.resolved_config import save_resolved_config
 from verl_patches.trainer.tiny_a3 import prepare_for
 
 
@@ -66,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"main_ppo_npu: {e}", file=sys.stderr)
             return 2
+
+    try:  # what this run runs, in its run folder, before any worker starts
+        saved = save_resolved_config(cfg, args.config_name, overrides, run_dir())
+    except OSError as e:
+        print(f"main_ppo_npu: cannot save the resolved config: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if saved is not None:
+        print(f"main_ppo_npu: resolved config: {saved}", flush=True)
 
     from verl.trainer.main_ppo import run_ppo  # wrapped by our patch: Ray starts with our runtime env
 

@@ -1,0 +1,83 @@
+"""A run you can watch, through the fit loop with the fake workers of test_fit_loop and verl's own tracker
+writing TensorBoard: one compact line per step (and one for the validation before training), verl's full
+metrics in TensorBoard, and the curves' PNG in the run folder at the end."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from test_fit_loop import STEPS, make_trainer  # the fit loop's fake workers
+from verl_patches.trainer import fit_loop, golden, plot
+from verl_patches.trainer.config_compose import compose_config, resolved
+from verl_patches.trainer.step_plan import StepPlan
+
+
+@pytest.fixture(scope="module")
+def watch_cfg() -> Any:
+    return resolved(
+        compose_config(
+            "ppo_mindspeed_trainer",
+            [
+                "data.train_batch_size=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.rollout.n=2",
+                "trainer.logger=[tensorboard]",
+                "trainer.n_gpus_per_node=2",
+                "trainer.nnodes=1",
+                "algorithm.adv_estimator=grpo",
+            ],
+        )
+    )
+
+
+def run_watched(watch_cfg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **cfg_over: Any) -> Path:
+    from verl.utils import tracking
+
+    real_tracking = tracking.Tracking
+    t, _ = make_trainer(watch_cfg, monkeypatch, StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False))
+    monkeypatch.setattr(tracking, "Tracking", real_tracking)  # verl's own: TensorBoard events as in a run
+    run = tmp_path / "tiny-20260101-000000-local-host"
+    monkeypatch.delenv("VERL_PATCHES_RUN_DIR", raising=False)
+    monkeypatch.setenv("TENSORBOARD_DIR", str(run / "tensorboard"))  # what the launcher sets
+    for key, value in cfg_over.items():
+        setattr(t, key, value)
+    fit_loop.run_fit(t, StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False))
+    return run
+
+
+def test_each_step_prints_one_line_and_the_end_draws_the_curves(
+    watch_cfg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = run_watched(watch_cfg, monkeypatch, tmp_path)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[step ")]
+    assert [line.split("]")[0] for line in lines] == [f"[step {s}/{STEPS}" for s in range(1, STEPS + 1)]
+    for line in lines:
+        # tok/s per card with our step-metrics patch (the prelude's); verl's per worker without it, as here
+        assert re.search(r"\] ETA \d+s \(\d+s in\) \| \d+ tok/s/(card|worker) \| reward 0.500 \| resp 2.88 \|", line)
+        assert "| mismatch 1.0e-02 |" in line  # the fake actor's reported drift
+        assert "s: gen " in line and " ref " in line and " update " in line
+    assert lines[-1].split("] ")[1].startswith("ETA 0s")
+    # verl's full metrics are in TensorBoard at full precision, read by the golden check's reader
+    steps = golden.read_run(run).steps
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    assert steps[1]["critic/score/mean"] == 0.5 and "timing_s/step" in steps[1] and "perf/throughput" in steps[1]
+    assert f"curves of this run: {run / plot.FILE_NAME}" in out.splitlines()
+    with Image.open(run / plot.FILE_NAME) as image:
+        assert image.format == "PNG" and image.size == (plot.WIDTH, plot.HEIGHT)
+
+
+def test_the_validation_before_training_has_its_line(
+    watch_cfg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    monkeypatch.setattr(RayPPOTrainer, "_validate", lambda self: {"val-core/deepscaler/reward/mean@1": 0.125})
+    run_watched(watch_cfg, monkeypatch, tmp_path, val_reward_fn=object())
+    out = capsys.readouterr().out.splitlines()
+    assert out.index(f"[step 0/{STEPS}] | val 0.125") < out.index(next(x for x in out if x.startswith("[step 1/")))
