@@ -11,7 +11,7 @@ import pytest
 
 from verl_patches.base.private_dir import PrivateDirError, file_not_ours, open_private_dir, private_dir
 
-HINT = "or set XDG_CACHE_HOME to a folder only you can write"
+HINT = "set XDG_CACHE_HOME to a folder only you can write"
 
 
 def _mode(path: Path) -> int:

@@ -292,3 +292,30 @@ def test_an_environment_of_another_python_is_refused(tmp_path, monkeypatch):
     fake.chmod(0o755)
     with pytest.raises(wheel_cache.WheelCacheError, match=r"is Python 3\.10; requirements-cpu\.lock\.json holds"):
         wheel_cache.environment_of(fake)
+
+
+def test_a_link_in_place_of_the_install_folders_is_removed_not_followed_and_a_linked_lock_is_refused(
+    tmp_path, monkeypatch
+):
+    good = make_wheel(tmp_path / "pypi")
+    _, wheels = private_cache(tmp_path)
+    shutil.copy(good, wheels / WHEEL)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep").write_text("not ours to delete")
+    (wheels / wheel_cache.VERIFIED).symlink_to(theirs)
+    fd, cache = wheel_cache.open_cache()
+    try:
+        assert wheel_cache._stage(fd, cache, tiny_lock(good), HOST) == {"tinypkg": [sha256(good)]}
+    finally:
+        os.close(fd)
+    assert (theirs / "keep").exists() and sorted(os.listdir(theirs)) == ["keep"]
+    assert not (wheels / wheel_cache.VERIFIED).is_symlink() and (wheels / wheel_cache.VERIFIED / WHEEL).is_file()
+
+    (wheels / wheel_cache.FLOCK).symlink_to(tmp_path / "victim")
+    monkeypatch.setattr(wheel_cache, "read_lock", lambda: tiny_lock(good))
+    monkeypatch.setattr(wheel_cache, "check_fresh", lambda lock, expected: None)
+    monkeypatch.setattr(wheel_cache, "environment_of", lambda python: None)
+    with pytest.raises(wheel_cache.WheelCacheError, match=r"\.install\.lock: cannot be opened without following links"):
+        wheel_cache.install(tmp_path / "python")
+    assert not (tmp_path / "victim").exists()

@@ -66,7 +66,7 @@ def file_not_ours(st: os.stat_result, uid: int | None = None) -> str | None:
 
 
 def _fix(path: Path, why: str, root_hint: str) -> str:
-    if "writable by group/others" in why and "sticky" not in why:
+    if "writable by group/others" in why:
         return f"`chmod go-w {path}`, or {root_hint}"
     return root_hint
 
@@ -103,8 +103,8 @@ def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root
             except OSError as err:
                 if os.path.islink(path):
                     raise PrivateDirError(
-                        f"{path}: is a symbolic link; a cache folder is never followed through links: remove it"
-                        + ("" if private else f", or {root_hint}")
+                        f"{path}: is a symbolic link; a cache folder is never followed through links: remove it, "
+                        f"or {root_hint}"
                     ) from None
                 raise PrivateDirError(f"{path}: cannot be opened ({err.strerror}); {root_hint}") from None
             os.close(fd)

@@ -62,7 +62,7 @@ VERIFIED = ".verified"  # what the installers see: hard links of the checked fil
 DOWNLOAD = ".download"  # where pip downloads before the checked files move into the cache
 FLOCK = ".install.lock"
 REQUIREMENTS_NAME = ".requirements.txt"  # inside VERIFIED: no installer takes a .txt for a distribution
-ROOT_HINT = "or set VERL_OVERLAY_CACHE to a folder only you can write"
+ROOT_HINT = "set VERL_OVERLAY_CACHE to a folder only you can write"
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -111,6 +111,8 @@ def _fresh_folder(cache_fd: int, name: str) -> int:
         shutil.rmtree(name, dir_fd=cache_fd)
     except FileNotFoundError:
         pass
+    except OSError:  # not a folder (a file or a link in its place): rmtree refuses links, unlink never follows one
+        os.unlink(name, dir_fd=cache_fd)
     os.mkdir(name, 0o700, dir_fd=cache_fd)
     return os.open(name, _DIR, dir_fd=cache_fd)
 
@@ -251,7 +253,12 @@ def install(python: Path, root: Path | None = None, log=sys.stdout) -> int:
     env = environment_of(python)
     cache_fd, cache = open_cache(root)
     try:
-        lock_fd = os.open(FLOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=cache_fd)
+        try:
+            lock_fd = os.open(FLOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=cache_fd)
+        except OSError as err:
+            raise WheelCacheError(
+                f"{cache / FLOCK}: cannot be opened without following links ({err.strerror}); remove it"
+            ) from None
         with os.fdopen(lock_fd, "r+b") as flock:
             fcntl.flock(flock, fcntl.LOCK_EX)
             start = time.monotonic()
@@ -306,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         install(args.python)
         return 0
     except (WheelCacheError, LockError, PinError) as err:
+        print(f"wheel cache: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a folder or file of the cache that cannot be read or written
         print(f"wheel cache: {err}", file=sys.stderr)
         return 1
 
