@@ -213,7 +213,8 @@ def test_tiny_profile_values() -> None:
     assert sel(c, "actor_rollout_ref.model.path") == str(assets / "model")
     assert sel(c, "algorithm.adv_estimator") == "grpo"
     assert sel(c, f"{A}.strategy") == "megatron" and sel(c, f"{REF}.strategy") == "megatron"
-    assert sel(c, f"{R}.name") == "vllm" and sel(c, f"{R}.tensor_model_parallel_size") == 1
+    assert sel(c, f"{R}.name") == "vllm" and sel(c, f"{R}.tensor_model_parallel_size") == 2  # as A3
+    assert sel(c, "overlay.vllm_dp_size") == 2  # one instance of DP2 x TP2 over the four ranks (EP4)
     assert sel(c, f"{A}.recompute_old_log_prob") is False
     assert sel(c, f"{A}.ppo_mini_batch_size") == sel(c, "data.train_batch_size")
     for role in (A, REF):
