@@ -17,8 +17,3 @@ def user_cache_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "verl_overlay"
-
-
-def wheel_cache_dir() -> Path:
-    """The folder of cached wheels (setup_cpu_env.sh fills it and installs from it)."""
-    return user_cache_dir() / "wheels"

@@ -3,8 +3,8 @@ lands on an import path, nothing of it is imported as a package."""
 
 from __future__ import annotations
 
+import io
 import zipfile
-from pathlib import Path
 
 # The wheel's files the contract is read from (paths inside the archive)
 NATIVE_FUNCTIONS = "torch_npu/csrc/aten/npu_native_functions.yaml"
@@ -23,18 +23,18 @@ ATB_DOCS = "torch_npu/op_plugin/atb/_atb_api_docs.py"
 
 
 class WheelArchive:
-    """The wheel's members by name; a name the archive does not hold is a KeyError naming it."""
+    """The wheel's members by name, from its bytes (already checked against the pin); a name the archive does
+    not hold is a KeyError naming it."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        with zipfile.ZipFile(path) as z:
-            self._names = frozenset(z.namelist())
+    def __init__(self, data: bytes, name: str) -> None:
+        self.name = name
+        self._zip = zipfile.ZipFile(io.BytesIO(data))
+        self._names = frozenset(self._zip.namelist())
 
     def data(self, member: str) -> bytes:
         if member not in self._names:
-            raise KeyError(f"{self.path.name}: no member {member}")
-        with zipfile.ZipFile(self.path) as z:
-            return z.read(member)
+            raise KeyError(f"{self.name}: no member {member}")
+        return self._zip.read(member)
 
     def text(self, member: str) -> str:
         return self.data(member).decode("utf-8")

@@ -3,7 +3,9 @@ it registers, where torch_npu exposes its ATB ops. Everything comes from the has
 
 The ``npu::`` schemas are found in libtorch_npu.so (57 MB once unpacked: about a second to read); they are kept
 in the user's cache as JSON named by the wheel's sha256 and the digest of the files that parse them, so a
-process reads that small file instead. Meta functions are always taken from the wheel's own files (`sandbox`).
+process reads that small file instead. That folder is reached like the wheel's (`verl_patches.base.private_dir`)
+and a file in it is read only when it is this account's and others cannot write it; otherwise the wheel is read.
+Meta functions are always taken from the wheel's own files (`sandbox`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.base.atomic_write import write_json_atomically
+from verl_patches.base.private_dir import PrivateDirError, file_not_ours, open_private_dir
 from verl_patches.base.user_cache import user_cache_dir
 from verl_patches.npu_emulation.wheel_contract import archive, sandbox, schemas
-from verl_patches.npu_emulation.wheel_contract.fetch import verified_wheel
+from verl_patches.npu_emulation.wheel_contract.fetch import ROOT_HINT, cached_wheel, wheel_bytes
 from verl_patches.npu_emulation.wheel_contract.pin import TORCH_NPU_WHEEL
 
 _PARSERS = (Path(schemas.__file__), Path(__file__))
+PARSED = "npu_wheel_contract"  # the user cache's folder of parsed schemas
 _CUSTOM_OP = re.compile(r"^torch_npu\.(\w+) = torch\.ops\.npu\.(?:\w+)$", re.MULTILINE)
 
 
@@ -65,8 +70,24 @@ def _parser_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_file(sha256: str) -> Path:
-    return user_cache_dir() / "npu_wheel_contract" / f"{sha256[:16]}-{_parser_digest()}.json"
+def _cache_name(sha256: str) -> str:
+    return f"{sha256[:16]}-{_parser_digest()}.json"
+
+
+def _read_parsed(fd: int, name: str) -> dict | None:
+    """The parsed schemas cached as ``name`` in the checked folder ``fd``, or None (absent, unreadable, or a file
+    this account does not own alone)."""
+    try:
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    with os.fdopen(handle, "rb") as f:
+        if file_not_ours(os.fstat(f.fileno())):
+            return None
+        try:
+            return json.loads(f.read().decode("utf-8"))
+        except ValueError:
+            return None
 
 
 def yaml_functions(wheel: archive.WheelArchive) -> dict[str, list[schemas.YamlFunc]]:
@@ -81,23 +102,35 @@ def yaml_functions(wheel: archive.WheelArchive) -> dict[str, list[schemas.YamlFu
 
 
 def _npu_schemas(wheel: archive.WheelArchive, sha256: str) -> dict[str, schemas.WheelSchema]:
-    cache = _cache_file(sha256)
+    name = _cache_name(sha256)
     try:
-        rows = json.loads(cache.read_text(encoding="utf-8"))
-        return {key: schemas.WheelSchema(**row) for key, row in rows.items()}
-    except (OSError, ValueError, TypeError):
-        pass  # not cached yet (or unreadable): read from the wheel, then cache
-    names = frozenset(key.split(".", 1)[0] for key in yaml_functions(wheel))
-    found = schemas.library_schemas(wheel.data(archive.TORCH_NPU_LIBRARY), names, "npu", archive.TORCH_NPU_LIBRARY)
+        fd, folder = open_private_dir(user_cache_dir(), (PARSED,), root_hint=ROOT_HINT)
+    except PrivateDirError:
+        fd, folder = -1, None  # a folder others could change: nothing is read from it or written to it
     try:
-        write_json_atomically(cache, {key: vars(s) for key, s in found.items()}, indent=None)
-    except OSError:
-        pass  # a read-only cache: every process reads the wheel
-    return found
+        rows = _read_parsed(fd, name) if fd >= 0 else None
+        if rows is not None:
+            try:
+                return {key: schemas.WheelSchema(**row) for key, row in rows.items()}
+            except TypeError:
+                pass  # not the layout this parser writes: read the wheel again
+        names = frozenset(key.split(".", 1)[0] for key in yaml_functions(wheel))
+        library = wheel.data(archive.TORCH_NPU_LIBRARY)
+        found = schemas.library_schemas(library, names, "npu", archive.TORCH_NPU_LIBRARY)
+        if folder is not None:
+            try:
+                write_json_atomically(folder / name, {key: vars(s) for key, s in found.items()}, indent=None)
+            except OSError:
+                pass  # a read-only cache: every process reads the wheel
+        return found
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def read_contract(path: Path, sha256: str) -> WheelContract:
-    wheel = archive.WheelArchive(path)
+def read_contract(data: bytes, path: Path, sha256: str) -> WheelContract:
+    """The contract of the wheel ``data`` (already checked to hash to ``sha256``), cached at ``path``."""
+    wheel = archive.WheelArchive(data, path.name)
     atb_exposure = schemas.atb_exposure(wheel.text(archive.ATB_OPS), archive.ATB_OPS)
     found: dict[str, schemas.WheelSchema] = {}
     for key, s in _npu_schemas(wheel, sha256).items():
@@ -138,4 +171,4 @@ def read_contract(path: Path, sha256: str) -> WheelContract:
 def wheel_contract() -> WheelContract:
     """The pinned wheel's contract (raises fetch.WheelError when the wheel is not in the cache or not the pinned
     file); read once per process."""
-    return read_contract(verified_wheel(), TORCH_NPU_WHEEL.sha256)
+    return read_contract(wheel_bytes(), cached_wheel(), TORCH_NPU_WHEEL.sha256)

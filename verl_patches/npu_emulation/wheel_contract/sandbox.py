@@ -8,7 +8,7 @@ namespace of their own where those names are stand-ins that record what the file
 decorated function unchanged; ``torch`` and ``math`` are the real modules (the functions compute with them, and
 version tests such as ``if torch.__version__ >= "2.3.1"`` decide as they do under torch_npu with this torch).
 
-Why running the wheel's code is safe here: the file comes from the wheel whose sha256 `fetch.verified_wheel`
+Why running the wheel's code is safe here: the file comes from the wheel bytes whose sha256 `fetch.wheel_bytes`
 checked against the pin (`pin.py`) before anything is read, it is executed with only the imports listed in
 `_ALLOWED_IMPORTS` (any other import fails, naming it), and it registers nothing by itself. Top-level
 ``has_side_effect(torch.ops.<ns>.<op>.<overload>)`` calls are recorded, not run (they name ops this process may not

@@ -9,11 +9,12 @@ The Meta functions are found by reading the wheel's registration files as syntax
 from __future__ import annotations
 
 import ast
+import io
 import zipfile
 from pathlib import Path
 
 from verl_patches.npu_emulation.wheel_contract import archive
-from verl_patches.npu_emulation.wheel_contract.fetch import WheelError, cached_wheel, verified_wheel
+from verl_patches.npu_emulation.wheel_contract.fetch import WheelError, cached_wheel, wheel_bytes
 from verl_patches.npu_emulation.wheel_contract.pin import TORCH_NPU_WHEEL
 
 SCHEMA_SOURCES = {
@@ -68,12 +69,12 @@ def wheel_summary(cache: Path | None = None) -> dict:
     pin = TORCH_NPU_WHEEL
     out: dict = {"file": pin.file, "sha256": pin.sha256, "url": pin.url, "path": str(cached_wheel(pin, cache))}
     try:
-        path = verified_wheel(pin, cache)
+        data = wheel_bytes(pin, cache)
     except WheelError as err:
         out.update(status="not usable", detail=str(err), metas={})
         return out
     metas: dict[str, str] = {}
-    with zipfile.ZipFile(path) as z:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
         for member in META_FILES:
             for op in meta_functions_in(z.read(member).decode("utf-8"), member):
                 metas.setdefault(op, member)
