@@ -190,6 +190,74 @@ def scenario_skip_old_log_prob(rank: int, world: int) -> dict:
     }
 
 
+def scenario_tis_through_the_actor(rank: int, world: int) -> dict:
+    """The skipped old-log-prob pass with TIS at cap 2: rollout log-probs equal to the actor's own (the ones its
+    forward computes, from compute_log_prob on the same micro-batches) change nothing; perturbed by a known Δ
+    they weigh each token's REINFORCE term by min(exp(Δ), 2), and the actor reports the weights' metrics."""
+    from verl_patches.patches.verl.workers.actor.rollout_correction import CAPPED_SHARE, WEIGHT_MEAN
+
+    init_megatron_tp1()
+    temperature = 0.9
+    model = ToyModel()
+    mask = make_batch().batch["attention_mask"][:, -R:]
+
+    def grads(rollout: torch.Tensor | None, cap: float | None) -> tuple[list[torch.Tensor], dict]:
+        actor = make_actor(model, recompute_old_log_prob=False, rollout_correction={"tis_cap": cap})
+        batch = make_batch()
+        if rollout is not None:
+            batch.batch["rollout_log_probs"] = rollout
+        batch.meta_info.update(temperature=temperature, micro_batch_size=2)
+        keys = set(next(actor.make_minibatch_iterator(batch)).batch.keys())
+        assert ("rollout_log_probs" in keys) == (rollout is not None)  # selected for the update's forward
+        model.zero_grad_buffer()
+        out = actor.forward_backward_batch(batch, micro_batch_size=2)["output"]
+        return [p.grad.clone() for p in (model.emb, model.out)], [m[0] for m in out]
+
+    measuring = make_actor(model, recompute_old_log_prob=True)
+    batch = make_batch()
+    batch.meta_info.update(temperature=temperature, micro_batch_size=2, use_dynamic_bsz=False)
+    own, _ = measuring.compute_log_prob(batch)
+    own = torch.where(mask.bool(), own, torch.full_like(own, -1.0))  # the rollout pads with -1
+    plain, _ = grads(None, None)
+    same, same_metrics = grads(own.clone(), 2.0)
+
+    g = torch.Generator().manual_seed(7)
+    delta = torch.rand(B, R, generator=g) * 2.0 - 0.5  # -0.5 .. 1.5 nats: some weights capped at 2
+    perturbed, metrics = grads(own - delta, 2.0)
+    w = torch.clamp(torch.exp(delta), max=2.0)
+    model.zero_grad(set_to_none=True)
+    lp, _ = reference_log_probs(model, batch, temperature)
+    m = mask.float()
+    adv = batch.batch["advantages"]
+    loss = 0
+    for s in (slice(0, 2), slice(2, 4)):
+        loss = loss + (-adv[s] * w[s] * lp[s] * m[s]).sum() / m[s].sum() / 2
+    loss.backward()
+    diff = max(float((a - b.grad).abs().max()) for a, b in zip(perturbed, (model.emb, model.out)))
+    scale = max(float(b.grad.abs().max()) for b in (model.emb, model.out))
+    per_micro = [
+        (w[s][mask[s].bool()].mean().item(), (torch.exp(delta[s]) > 2)[mask[s].bool()].float().mean().item())
+        for s in (slice(0, 2), slice(2, 4))
+    ]
+    try:  # TIS on, no rollout log-probs in the batch: refused before any forward
+        make_actor(model, recompute_old_log_prob=False, rollout_correction={"tis_cap": 2.0}).make_minibatch_iterator(
+            make_batch()
+        )
+        missing = "no error"
+    except KeyError as e:
+        missing = str(e)
+    return {
+        "missing": missing,
+        "identity": all(torch.equal(a, b) for a, b in zip(plain, same)),
+        "identity_metrics": [(mm[WEIGHT_MEAN], mm[CAPPED_SHARE]) for mm in same_metrics],
+        "metrics": [(mm[WEIGHT_MEAN], mm[CAPPED_SHARE]) for mm in metrics],
+        "want_metrics": per_micro,
+        "grad_diff": diff,
+        "grad_scale": scale,
+        "moved": max(float((a - b).abs().max()) for a, b in zip(plain, perturbed)),
+    }
+
+
 def scenario_update_policy_profiles_the_second_step(rank: int, world: int, out_dir: str) -> dict:
     import os
 
@@ -261,6 +329,21 @@ def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
     assert res["clipfrac"] == 0.0 and res["ppo_kl"] == 0.0
     assert res["grad_diff"] < 1e-6, res
     assert "meta_info['temperature'] is missing" in res["missing"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tis_in_the_actors_update_is_an_identity_on_agreement_and_the_formula_on_a_perturbed_rollout() -> None:
+    (res,) = run_ranks(scenario_tis_through_the_actor, 1, 120, overlay=True)
+    assert res["identity"], res
+    assert "tis_cap=2 needs the rollout's log-probs" in res["missing"]
+    assert res["identity_metrics"] == [[1.0, 0.0], [1.0, 0.0]]
+    for got, want in zip(res["metrics"], res["want_metrics"]):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert any(capped > 0 for _, capped in res["want_metrics"])  # the cap is exercised
+    assert res["moved"] > 1e-3 * res["grad_scale"]  # the weights changed the update
+    assert res["grad_diff"] < 1e-6 * max(1.0, res["grad_scale"]), res
 
 
 @pytest.mark.multiproc

@@ -63,6 +63,21 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
         'self.config.rollout.get("trust_remote_code", False)',
         "",
     ),
+    f"{A}.rollout_correction.tis_cap": (
+        "verl_patches/patches/verl/workers/actor/rollout_correction.py",
+        'CAP_KEY = "actor_rollout_ref.actor.rollout_correction.tis_cap"',
+        "test_actor_loss::test_tis_in_the_actors_update_is_an_identity_on_agreement_and_the_formula_on_a_perturbed_"
+        "rollout, test_rollout_correction.py",
+    ),
+    **{
+        f"overlay.rollout_mismatch_gate.{level}.{metric}": (
+            "verl_patches/trainer/mismatch_gate.py",
+            'GATE_KEY = "overlay.rollout_mismatch_gate"',
+            "tests/trainer/test_mismatch_gate.py",
+        )
+        for level in ("warn", "stop")
+        for metric in ("logprob_abs_diff_mean", "ratio_abs_dev_mean", "logprob_abs_diff_max")
+    },
     "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
     "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
     "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),

@@ -10,6 +10,7 @@ from verl_patches.base.config_access import get  # noqa: F401  (its readers impo
 from verl_patches.base.env_flags import EnvError
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 from verl_patches.trainer.logger_backends import logger_backend_problems
+from verl_patches.trainer.mismatch_gate import GateConfigError, thresholds_from_config
 from verl_patches.trainer.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
 from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
 
@@ -83,6 +84,8 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     if get(cfg, f"{a}.entropy_coeff", 0) not in (0, 0.0) and get(cfg, f"{a}.strategy") == "megatron":
         problems.append(f"{a}.entropy_coeff must be 0 on the Megatron path (entropy is not back-propagated there)")
     problems += rollout_problems(cfg)
+    problems += mismatch_gate_problems(cfg)
+    problems += rollout_correction_problems(cfg)
     problems += kv_nz_problems(cfg)
     problems += logger_backend_problems(cfg)  # verl imports a backend only after every worker is up
     return problems
@@ -143,6 +146,48 @@ def d2d_problems(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
         found = get(cfg, key)
         if found != want:
             problems.append(f"{key}={found!r} {why} must be {want!r}: {reason}")
+    return problems
+
+
+def mismatch_gate_problems(cfg: DictConfig) -> list[str]:
+    """The rollout-mismatch gate's thresholds, read by the one reader the fit loop uses."""
+    try:
+        thresholds_from_config(cfg)
+    except GateConfigError as err:
+        return [str(err)]
+    return []
+
+
+# rollouts whose generate_sequences returns the sampled tokens' log-probs (rollout_log_probs) in verl v0.4.0
+ROLLOUTS_WITH_LOG_PROBS = ("vllm",)
+
+
+def rollout_correction_problems(cfg: DictConfig) -> list[str]:
+    """TIS (actor.rollout_correction.tis_cap) weighs each token against the rollout's log-probs: only our
+    Megatron actor applies it, and only a rollout that returns those log-probs in the batch can feed it."""
+    # lazy: that module loads torch; importing this one must not
+    from verl_patches.patches.verl.workers.actor.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
+
+    cap = get(cfg, CAP_KEY)
+    problem = cap_problem(cap)
+    if problem:
+        return [problem]
+    if cap is None:
+        return []
+    problems = []
+    strategy = get(cfg, "actor_rollout_ref.actor.strategy")
+    if strategy != "megatron":
+        problems.append(
+            f"{CAP_KEY}={cap} needs actor_rollout_ref.actor.strategy=megatron (found {strategy}): only the "
+            f"Megatron actor applies TIS; set {CAP_KEY}=null"
+        )
+    name, mode = get(cfg, "actor_rollout_ref.rollout.name"), get(cfg, "actor_rollout_ref.rollout.mode", "sync")
+    if name not in ROLLOUTS_WITH_LOG_PROBS or mode != "sync":
+        problems.append(
+            f"{CAP_KEY}={cap} needs the rollout's log-probs in the batch ({ROLLOUT_LOG_PROBS}), which only "
+            f"actor_rollout_ref.rollout.name={'|'.join(ROLLOUTS_WITH_LOG_PROBS)} with "
+            f"actor_rollout_ref.rollout.mode=sync returns (found name={name}, mode={mode}); set {CAP_KEY}=null"
+        )
     return problems
 
 

@@ -14,7 +14,9 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
   patched ``func_generator``): the step the driver is in names the calls that carry no step (checkpoint
   save, validation) in a hang report;
 * every step logs the rollout/training log-prob mismatch (`logprob_mismatch`) when the driver holds both
-  log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics;
+  log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics; once
+  logged, `mismatch_gate` judges it against the profile's warning and stop thresholds (a warning line
+  for each step above one, the end of the run above the other);
 * the first step logs the worker classes and the plan, so a run's log says which path ran;
 * every step records each worker's peak memory (`rank_memory`) for the golden-metrics check;
 * every step prints one compact line for a person watching the run (`step_line`: progress, ETA, throughput,
@@ -38,6 +40,7 @@ import numpy as np
 
 from verl_patches.resilience import worker_deadline
 from verl_patches.sync.path import describe_sync_path
+from verl_patches.trainer import mismatch_gate
 from verl_patches.trainer.rank_memory import StepMemory, run_dir
 from verl_patches.trainer.step_line import step_line
 from verl_patches.trainer.step_plan import StepPlan, plan_steps
@@ -64,6 +67,12 @@ def with_overlay_fit(fit: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return run_fit(self, plan_steps(self.config))
 
     return overlay_fit
+
+
+def _say(line: str) -> None:
+    """A line for the trainer log (stdout) and the overlay's logger."""
+    logger.warning(line)
+    print(line, flush=True)
 
 
 def worker_summary(trainer: Any, plan: StepPlan) -> str:
@@ -286,6 +295,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
     trainer.global_steps += 1
     missing_mismatch_reported = False
     step_memory = StepMemory()
+    gate = mismatch_gate.thresholds_from_config(cfg)
     for epoch in range(cfg.trainer.total_epochs):
         for batch_dict in trainer.train_dataloader:
             metrics: dict[str, Any] = {}
@@ -315,6 +325,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
             tracker.log(data=metrics, step=trainer.global_steps)
             step_times.append(float(timing_raw.get("step", math.nan)))
             _print_step_line(trainer, metrics, step_times, started)
+            mismatch_gate.enforce(mismatch_gate.decide(metrics, gate), trainer.global_steps, _say)
             progress.update(1)
             trainer.global_steps += 1
             if is_last_step:

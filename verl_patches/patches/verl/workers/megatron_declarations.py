@@ -162,7 +162,8 @@ PATCHES = (
             fingerprint="sha256:68a2dd59135d8534",
             replacement=lazy_object(f"{_A}:make_minibatch_iterator"),
             vendor_item="C3",
-            reason="select old_log_probs only when they were recomputed, ref_log_prob only with the KL loss",
+            reason="select old_log_probs only when they were recomputed, ref_log_prob only with the KL loss, "
+            "rollout_log_probs for the mismatch metrics and TIS (refused by key when TIS is on without them)",
         ),
         Patch(
             name="megatron_actor.forward_backward_batch",
@@ -172,7 +173,8 @@ PATCHES = (
             replacement=lazy_object(f"{_A}:forward_backward_batch"),
             vendor_item="C3",
             reason="logits divided by the sampling temperature as the rollout samples (upstream never does); "
-            "old = current.detach() without recompute; non-packed forward; max_packing_token_size",
+            "old = current.detach() without recompute; non-packed forward; max_packing_token_size; truncated "
+            "importance sampling against the rollout's log-probs with actor.rollout_correction.tis_cap",
         ),
         Patch(
             name="megatron_actor.update_policy",

@@ -13,6 +13,10 @@ Changes against verl v0.4.0, each for a reason:
 - The forward is the non-packed one with the NPU flash-attention mask (G11); ``use_packed_seq=True`` is
   refused at construction. ``use_dynamic_bsz`` packs micro-batches up to ``max_packing_token_size``.
 - ``entropy_coeff`` must be 0 (the recipe's loss has no entropy term and the A3 profile sets 0).
+- With ``rollout_correction.tis_cap`` set (the A3 profiles), each token's policy-gradient term is weighted by
+  truncated importance sampling against the rollout's log-probs (`rollout_correction`): the samples came
+  from the rollout engine's numerics, not the actor's, which the ratio of a skipped old-log-prob pass
+  (exactly 1) cannot see.
 - ``update_policy`` counts optimizer steps, traces the second one when ``PROFILE_UPDATE=1`` (C9) and empties
   the device cache at the end (C8).
 """
@@ -27,6 +31,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
+from verl_patches.patches.verl.workers.actor import rollout_correction
 from verl_patches import profiler as npu_profiler  # read at call time: tests put a fake NPUProfiler there
 from verl_patches.tools import empty_cache
 
@@ -162,7 +167,10 @@ def make_minibatch_iterator(self, data: Any) -> Iterable[Any]:
     if not recompute and self.config.ppo_epochs != 1:
         raise ValueError("recompute_old_log_prob=False needs ppo_epochs=1 (old = current only on the first pass)")
     keys = minibatch_keys(recompute, self.config.use_kl_loss)
-    if not recompute and ROLLOUT_LOG_PROBS in data.batch.keys():  # for the per-step rollout/train mismatch
+    cap = rollout_correction.tis_cap(self.config)
+    rollout_correction.require_rollout_log_probs(data.batch.keys(), cap)
+    # the per-step rollout/train mismatch (pass skipped) and TIS read the rollout's log-probs
+    if (not recompute or cap is not None) and ROLLOUT_LOG_PROBS in data.batch.keys():
         keys.append(ROLLOUT_LOG_PROBS)
     data = data.select(batch_keys=keys)
     return data.make_iterator(
@@ -190,7 +198,7 @@ def forward_backward_batch(
 
     # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.models.mcore import get_mcore_forward_fn
-    from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, kl_penalty
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
     from verl.utils.megatron.pipeline_parallel import make_batch_generator
     from verl.utils.megatron.tensor_parallel import vocab_parallel_entropy, vocab_parallel_log_probs_from_logits
     from verl.utils.py_functional import append_to_dict
@@ -199,6 +207,7 @@ def forward_backward_batch(
 
     temperature = temperature_of(data.meta_info)
     recompute = self.config.get("recompute_old_log_prob", True)
+    tis_cap = None if forward_only else rollout_correction.tis_cap(self.config)
     pack_seqs = bool(self.config.get("use_packed_seq", False))
     mini_batch = data
     broadcast_dict_tensor(
@@ -239,7 +248,9 @@ def forward_backward_batch(
         clip_ratio = meta_info["clip_ratio"]
         low = self.config.clip_ratio_low if self.config.clip_ratio_low is not None else clip_ratio
         high = self.config.clip_ratio_high if self.config.clip_ratio_high is not None else clip_ratio
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
+        if tis_cap is not None:
+            rollout_correction.require_rollout_log_probs(data.keys(), tis_cap)
+        (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower), tis_metrics = rollout_correction.policy_loss(
             old_log_prob=old_log_prob,
             log_prob=log_prob,
             advantages=data["advantages"],
@@ -249,7 +260,10 @@ def forward_backward_batch(
             cliprange_high=high,
             clip_ratio_c=meta_info["clip_ratio_c"],
             loss_agg_mode=mode,
+            rollout_log_prob=data[ROLLOUT_LOG_PROBS] if tis_cap is not None else None,
+            cap=tis_cap,
         )
+        metrics.update(tis_metrics)
         policy_loss = pg_loss
         if not recompute and ROLLOUT_LOG_PROBS in data.keys():
             # the driver never holds the training log-probs when the old-log-prob pass is skipped: report the
