@@ -276,6 +276,7 @@ def install(python: Path, root: Path | None = None, log=sys.stdout) -> int:
                 if still:
                     raise WheelCacheError(f"{cache}: no file of {', '.join(still[:5])} after fetching them")
             checked_s = time.monotonic() - start
+            checked = "fetch and check" if missing else "check"
             try:
                 reinstalled = install_checked(env, cache / VERIFIED, lock, platform_name)
                 install_receipt.write_receipt(env.prefix, env.site_packages, lock, platform_name, staged)
@@ -286,7 +287,7 @@ def install(python: Path, root: Path | None = None, log=sys.stdout) -> int:
     count = len(lock.for_platform(platform_name))
     again = "all" if reinstalled is None else str(len(reinstalled))
     print(
-        f"   {count} packages from {cache}, every file's sha256 as {LOCK.name} ({checked_s:.0f} s to check); "
+        f"   {count} packages from {cache}, every file's sha256 as {LOCK.name} ({checked_s:.0f} s to {checked}); "
         f"{again} (re)installed",
         file=log,
     )
