@@ -16,8 +16,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
+from verl_patches.launch.node_roster import ExpectedNode, RayNodeRow, Sighting, missing_text, observe, rows_from_ray
 from verl_patches.launch.run_dir import open_new
 from verl_patches.process_identity import (
     ProcessId,
@@ -217,15 +218,20 @@ def start_node(
     return RayNode(proc, role, log_path, address)
 
 
-def cluster_resource(address: str, resource: str) -> tuple[float, int]:
-    """(total of `resource`, number of alive nodes) as the head's GCS reports them."""
+def node_rows(address: str, resource: str) -> list[RayNodeRow]:
+    """Ray's node table as the head's GCS reports it (live and dead nodes), with each node's `resource`."""
     # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return sum(n.get("Resources", {}).get(resource, 0.0) for n in nodes), len(nodes)
+    return rows_from_ray(ray.nodes(), resource)
+
+
+def cluster_resource(address: str, resource: str) -> tuple[float, int]:
+    """(total of `resource`, number of alive nodes) as the head's GCS reports them."""
+    live = [r for r in node_rows(address, resource) if r.alive]
+    return sum(r.npus for r in live), len(live)
 
 
 def _port_open(address: str, timeout_s: float = 1.0) -> bool:
@@ -237,6 +243,10 @@ def _port_open(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+REPORT_EVERY_S = 60.0  # an unchanged progress line is repeated this often, so a quiet wait still shows it is alive
+LINE_NODES = 6  # missing nodes named in one progress line; the time-out error names them all
+
+
 def wait_for_resource(
     address: str,
     resource: str,
@@ -246,40 +256,58 @@ def wait_for_resource(
     head: RayNode | None = None,
     progress: Callable[[str], None] = print,
     poll_s: float = 5.0,
+    nodes: Sequence[ExpectedNode] = (),
+    per_node: float | None = None,
+    report_s: float = REPORT_EVERY_S,
 ) -> None:
-    """Block until the cluster offers `expected` of `resource`, printing a progress line; else raise."""
+    """Block until the cluster offers `expected` of `resource`, printing a progress line; else raise.
+
+    With `nodes` (NODES, looked up by `node_roster.expected_nodes`) each line names the nodes that have not
+    joined and what the head last saw of each (never seen, joined with too few NPUs, left at a time), and the
+    time-out error names every one of them. The line is printed when it changes and every `report_s`."""
     # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
     import ray
 
+    per_node = per_node if per_node is not None else expected / max(expected_nodes, 1)
     start = time.time()
-    last = ""
+    last, last_at = "", 0.0
+    seen: dict[str, Sighting] = {}
+    view = observe(nodes, [], per_node, start)
     try:
         while True:
             if head is not None and not head.alive():
                 raise RayClusterError(f"the Ray head exited (see {head.log_path})")
+            rows: list[RayNodeRow] | None
             try:
                 # ray.init blocks for minutes on a GCS that is not listening (a head still starting, or
                 # one that died): connect only once the port answers, so the loop keeps its progress
                 # line, its timeout and its check of the head.
-                if ray.is_initialized() or _port_open(address):
-                    have, nodes = cluster_resource(address, resource)
-                else:
-                    have, nodes = 0.0, 0
+                rows = node_rows(address, resource) if ray.is_initialized() or _port_open(address) else []
             except (ConnectionError, RuntimeError, ray.exceptions.RpcError):
-                have, nodes = 0.0, 0
-            line = (
-                f"waiting for {resource}s: {have:g}/{expected:g} on {nodes}/{expected_nodes} nodes "
-                f"({time.time() - start:.0f} s of {timeout_s:.0f} s)"
-            )
-            if line.split(" (")[0] != last:
-                progress(line)
-                last = line.split(" (")[0]
+                rows = None  # the table could not be read: what was seen before stands
+            now = time.time()
+            if rows is not None:
+                view = observe(nodes, rows, per_node, now, seen)
+                seen = view.sightings
+            live = [r for r in rows or [] if r.alive]
+            have, joined = sum(r.npus for r in live), len(live)
+            state = f"waiting for {resource}s: {have:g}/{expected:g} on {joined}/{expected_nodes} nodes"
+            named = missing_text(view, per_node, LINE_NODES) if nodes and have < expected else ""
+            key = state + named
+            if key != last or now - last_at >= report_s:
+                progress(f"{state} ({now - start:.0f} s of {timeout_s:.0f} s)" + (f"; {named}" if named else ""))
+                last, last_at = key, now
             if have >= expected:
                 return
-            if time.time() - start > timeout_s:
+            if now - start > timeout_s:
+                if nodes:
+                    who = missing_text(view, per_node) or "every node of NODES joined, with fewer NPUs than expected"
+                else:
+                    joined_nodes = ", ".join(r.label() for r in live) or "none"
+                    who = f"joined: {joined_nodes} (set NODES in the env file to have the missing nodes named)"
                 raise RayClusterError(
                     f"only {have:g} of {expected:g} {resource}s joined within {timeout_s:.0f} s "
-                    f"({nodes}/{expected_nodes} nodes): start the launch script on the missing "
+                    f"({joined}/{expected_nodes} nodes): {who}; start the launch script on the missing "
                     f"nodes, or raise WAIT_TIMEOUT_S"
                 )
             time.sleep(poll_s)

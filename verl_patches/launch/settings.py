@@ -52,8 +52,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "NODES",
         None,
-        "every node's address or host name, comma-separated (NNODES of them); read by gather_logs, which "
-        "collects each node's logs after a failure (the launch itself finds its nodes through Ray)",
+        "every node's address or host name, comma-separated (NNODES of them): the head names those that have not "
+        "joined while it waits; gather_logs collects each node's logs after a failure",
     ),
     Setting(
         "DIST_CKPT_PATH",
