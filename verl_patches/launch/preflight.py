@@ -34,7 +34,9 @@ from verl_patches.launch.preflight_layout import layout_findings
 from verl_patches.launch.preflight_mc2 import mc2_buffer_findings
 from verl_patches.launch.preflight_memory import memory_findings
 from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
+from verl_patches.launch.preflight_run_end import run_end_findings
 from verl_patches.launch.preflight_validation import validation_findings
+from verl_patches.launch.preflight_vendor_env import vendor_env_findings
 from verl_patches.launch.run_dir import LogDirError, check_log_root
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -213,8 +215,9 @@ def run_preflight(
         layout_found = [Finding("layout", FAIL, f"could not evaluate the layout: {type(e).__name__}: {e}", "")]
     found += layout_found
     found += data_findings(ctx) + model_found + checkpoint_findings(ctx, model)
-    found += checkpoint_folder_findings(ctx, model) + validation_findings(ctx)
-    found += settings_findings(ctx, allow_remote_dashboard) + cluster_findings(ctx)
+    found += checkpoint_folder_findings(ctx, model) + validation_findings(ctx) + run_end_findings(ctx)
+    found += settings_findings(ctx, allow_remote_dashboard) + vendor_env_findings(ctx, os.environ)
+    found += cluster_findings(ctx)
     blocking = {"layout", "layout.megatron_parallel", "layout.layer_list", "layout.vllm_dp_size", "layout.rollout_tp"}
     if any(f.status == FAIL and f.check in blocking for f in layout_found):
         found.append(Finding("memory", WARN, "skipped: the layout is invalid (see the layout.* failures)", ""))
