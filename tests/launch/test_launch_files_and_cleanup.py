@@ -94,7 +94,8 @@ def test_a_run_folder_swapped_for_a_link_after_it_is_made_does_not_redirect_the_
         [sys.executable, "-c", "print('trainer says hi')"], made / "trainer.log", dict(os.environ), launch, "trainer"
     )
     assert rc == 0 and list(theirs.iterdir()) == []
-    assert json.loads((moved / "pids.json").read_text())["trainer"] != 12345  # the trainer's own pid, recorded
+    recorded = json.loads((moved / "pids.json").read_text())["processes"]
+    assert recorded["trainer"]["pid"] != 12345  # the trainer's own pid, recorded
     assert "hello" in (moved / "launcher.log").read_text()
     assert "trainer says hi" in (moved / "trainer.log").read_text()
     assert {p.stat().st_mode & 0o777 for p in moved.iterdir()} == {0o600}
@@ -120,9 +121,11 @@ def test_the_launcher_writes_its_pids_and_log_only_in_its_new_folder(tmp_path: P
     monkeypatch.setattr(job, "become_subreaper", lambda: False)  # the test process itself stays as it is
     launch = job.Launch(SimpleNamespace(tiny=True, profile="a3"), settings, "local")
     launch.say("hello")
-    launch.record("trainer", 12345)
-    assert launch.log_dir.name.endswith("-1") and json.loads((launch.log_dir / "pids.json").read_text()) == {
-        "trainer": 12345
+    launch.record("trainer", os.getpid())
+    recorded = json.loads((launch.log_dir / "pids.json").read_text())["processes"]  # by pid and start time
+    assert launch.log_dir.name.endswith("-1") and {n: e["pid"] for n, e in recorded.items()} == {
+        "launcher": os.getpid(),
+        "trainer": os.getpid(),
     }
     assert victim.read_text() == "precious"
 

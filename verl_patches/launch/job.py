@@ -6,15 +6,17 @@ waits for every node's NPUs with a progress line and a timeout, checks on every 
 folder is one storage they can all write, with room (`checkpoint_nodes`), runs the trainer, and stops the Ray
 processes it started when the trainer ends (or fails, or is interrupted). A worker joins with
 retries and exits when the head goes away. Nothing else on the node is touched: no `pkill`, no
-`ray stop`. Logs and recorded process ids go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/.
+`ray stop`. Logs and recorded process ids (the launcher's own among them, by pid and start time: `pid_record`)
+go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/; `python -m verl_patches.launch.stop RUN_DIR` stops them.
+With --ray-only the head holds the cluster for `ray job submit` instead of running the trainer.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
+import shlex
 import signal
 import socket
 import subprocess
@@ -30,6 +32,7 @@ from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
 from verl_patches.launch import job_env
+from verl_patches.launch.pid_record import record_text
 from verl_patches.launch.run_dir import check_log_root, make_log_root, new_run_dir
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -40,6 +43,7 @@ from verl_patches.launch.settings import (
     dashboard_exposure,
     describe_settings,
     load_settings,
+    node_list,
 )
 from verl_patches.process_identity import ProcessId, become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
@@ -115,6 +119,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --tiny: megatron (default; the A3 job's path) or fsdp (verl's FSDP actor + HF rollout)",
     )
     p.add_argument(
+        "--ray-only",
+        action="store_true",
+        help="the head brings the cluster up (preflight, Ray, every node's NPUs, the checkpoint folder) and holds it "
+        "for `ray job submit` instead of running the trainer; it prints the submit command",
+    )
+    p.add_argument(
         ALLOW_REMOTE_DASHBOARD_FLAG,
         dest="allow_remote_dashboard",
         action="store_true",
@@ -152,6 +162,7 @@ class Launch:
         self.owned: dict[str, int] = {}
         self.keep: list[int] = []  # processes (and their subtrees) ended by their own code, not as leftovers
         self._log = self.run.open_new("launcher.log", "a")
+        self.record("launcher", os.getpid())  # `launch.stop RUN_DIR` asks it to stop, as Ctrl-C would
         self.subreaper = become_subreaper()  # orphans of the job stay findable (session_leftovers)
         if warning:
             self.say(warning)
@@ -164,7 +175,7 @@ class Launch:
 
     def record(self, name: str, pid: int) -> None:
         self.owned[name] = pid
-        self.run.write_text("pids.json", json.dumps(self.owned, indent=2))
+        self.run.write_text("pids.json", record_text(self.owned))  # each by pid and start time
 
     def open_log(self, path: Path, mode: str = "ab") -> Any:
         """A new file of the run folder (``path`` must be in it), created through the folder's descriptor."""
@@ -448,7 +459,7 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
-    from verl_patches.launch import checkpoint_nodes, preflight, ray_cluster
+    from verl_patches.launch import checkpoint_nodes, node_roster, preflight, preflight_vendor_env, ray_cluster
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(
@@ -467,6 +478,14 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch = Launch(args, settings, role)
     # The same composition the preflight checks, so the trainer runs exactly what was checked.
     cfg = preflight.compose(config_name, job_overrides(args, settings), settings, REPO_ROOT)
+    # the vendor's variables, judged on every node (a worker's shell may carry them too), before anything starts
+    vendor = preflight_vendor_env.vendor_findings(
+        preflight_vendor_env.seen_variables(settings, os.environ), cfg, settings.world_size
+    )
+    refused = [f.message for f in vendor if f.status == "fail"]
+    if refused:
+        print("launch: cannot start:\n  - " + "\n  - ".join(refused), file=sys.stderr)
+        return 2
     env = base_env()
     env.update(
         source_scripts(
@@ -489,6 +508,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         f"{role} on {socket.gethostname()} ({node_ip}); cluster {settings.get('NNODES')} x {npus} NPUs; "
         f"head {address}; logs in {launch.log_dir}"
     )
+    for f in vendor:
+        if f.status == "warn":
+            launch.say(f"note: {f.message}")
     if role == "worker":
         node = ray_cluster.join_with_retries(
             ray_cluster.worker_command(address, node_ip, npus, NPU_RESOURCE),
@@ -538,10 +560,15 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
             timeout,
             head=head,
             progress=launch.say,
+            # NODES, when the env file has it: the nodes that have not joined are named with what was last seen
+            nodes=node_roster.expected_nodes(node_list(settings)) if settings.get("NODES") else (),
+            per_node=float(npus),
         )
         # the checkpoint folder, judged on every node now that all joined: one storage, writable, with room
         if not checkpoint_nodes.check_on_every_node(address, cfg, settings, REPO_ROOT, launch.say):
             return 1
+        if args.ray_only:
+            return hold_for_ray_jobs(launch, head, settings, config_name, job_overrides(args, settings))
         env["RAY_ADDRESS"] = address
         rc = run_logged(
             trainer_command(config_name, job_overrides(args, settings)),
@@ -559,6 +586,32 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         launch.say("stopping the Ray processes this launch started")
         head.stop()
         say_hang_report(launch, rc)
+
+
+def submit_command(dashboard: str, config_name: str, overrides: list[str]) -> list[str]:
+    """`ray job submit` of the trainer entry with the launch's own overrides, against this head's dashboard."""
+    return [
+        "ray", "job", "submit", "--address", dashboard, "--no-wait", "--",
+        "python3", "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", config_name, *overrides,
+    ]  # fmt: skip
+
+
+def hold_for_ray_jobs(
+    launch: Launch, head: Any, settings: ClusterSettings, config_name: str, overrides: list[str]
+) -> int:
+    """--ray-only: keep the cluster up for `ray job submit` until the head exits or this launcher is stopped
+    (Ctrl-C or `launch.stop`); the caller then stops the Ray node it started."""
+    dashboard = f"http://{settings.get('RAY_DASHBOARD_HOST') or '127.0.0.1'}:{settings.int('RAY_DASHBOARD_PORT')}"
+    submit = shlex.join(submit_command(dashboard, config_name, overrides))
+    launch.say(f"cluster ready; submit the trainer from this node: {submit}")
+    launch.say(f"stop the cluster with: python3 -m verl_patches.launch.stop {shlex.quote(str(launch.log_dir))}")
+    try:
+        rc = head.process.wait()
+    except KeyboardInterrupt:
+        launch.say("stopped: ending the Ray cluster")
+        return 130
+    launch.say(f"the Ray head exited with {rc}")
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
