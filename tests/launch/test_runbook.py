@@ -147,3 +147,63 @@ def test_the_collective_check_and_gather_commands_parse(tmp_path):
     assert gather[:3] == ["python3", "-m", "verl_patches.launch.gather_logs"]
     args = gather_logs.parse_args(gather[3:])
     assert args.run_dir.endswith("-head-a3-node-01") and args.env_file == Path("cluster.env")
+
+
+# ---- the fan-out: each node's exit status, node names as data ------------------------------------------
+
+FAKE_SSH = r"""#!/usr/bin/env bash
+# ssh as the fan-out calls it: ssh -o BatchMode=yes -- NODE COMMAND; runs COMMAND here, fails for the node "down"
+while [ "$1" = -o ]; do shift 2; done
+[ "$1" = -- ] && shift
+node=$1; shift
+printf '%s\n' "$node" >> "$FANOUT_CALLS"
+[ "$node" = down ] && { echo "ssh: connect to host down port 22: No route to host" >&2; exit 255; }
+exec bash -c "$1"
+"""
+
+
+def on_every_node_definition() -> str:
+    block = code_block("on_every_node python3 -m verl_patches.launch.collective_check")
+    start = block.index("on_every_node() {")
+    return block[start : block.index("\n}\n", start) + 3]
+
+
+def run_fanout(tmp_path: Path, nodes: str, command: str, repo: Path) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    script = on_every_node_definition() + '\non_every_node "$FANOUT_COMMAND"\necho "status $?"\n'
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "NODES": nodes,
+        "REPO": str(repo),
+        "TOKEN": "s3cret",
+        "FANOUT_COMMAND": command,
+        "FANOUT_CALLS": str(tmp_path / "calls"),
+    }
+    # NODES, REPO and TOKEN reach the function as README's block sets them, as variables of the shell
+    return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_fan_out_reports_each_nodes_exit_status_and_fails_if_one_failed(tmp_path: Path) -> None:
+    repo = tmp_path / "repo with space $(touch pwned)"
+    repo.mkdir()
+    r = run_fanout(tmp_path, "n1 down n3", 'read t; echo "token=$t in $(basename "$PWD")"; exit 3', repo)
+    assert r.stdout.splitlines() == ["node n1: exit 3", "node down: exit 255", "node n3: exit 3", "status 1"], r.stderr
+    assert (tmp_path / "fanout-n1.log").read_text() == f"token=s3cret in {repo.name}\n"  # the token on stdin, cd'd
+    assert "No route to host" in (tmp_path / "fanout-down.log").read_text()
+    assert not list(tmp_path.rglob("pwned"))  # REPO is quoted, never run
+    ok = run_fanout(tmp_path, "n1 n3", "true", repo)
+    assert ok.stdout.splitlines() == ["node n1: exit 0", "node n3: exit 0", "status 0"]
+
+
+@pytest.mark.parametrize("bad", ["-oProxyCommand=touch${IFS}pwned", "a;touch pwned", "n1/../../x", "*", "$(id)"])
+def test_the_fan_out_refuses_a_node_name_that_is_not_one_before_running_anything(tmp_path: Path, bad: str) -> None:
+    (tmp_path / "a-file.log").write_text("")  # a glob must not turn into file names
+    r = run_fanout(tmp_path, f"n1 {bad}", "touch ran", tmp_path)
+    assert r.stdout.splitlines() == ["status 2"]
+    assert "is not a host name or address" in r.stderr
+    assert not (tmp_path / "calls").exists() and not (tmp_path / "ran").exists()
+    assert not list(tmp_path.rglob("pwned"))
