@@ -222,3 +222,41 @@ def test_a_length_vllm_could_not_use_is_named(model: dict, key: str) -> None:
 
     with pytest.raises(ValueError, match=key):
         model_length_limit(model)
+
+
+@pytest.mark.parametrize(
+    "blocks, prompt, response, seqs, refused",
+    [
+        (128, 48, 12, 128, False),
+        (127, 48, 12, 128, True),
+        (80, 48, 12, 128, True),
+        (256, 100, 40, 128, False),
+        (255, 100, 40, 128, True),
+    ],
+)
+def test_a_fixed_kv_block_count_must_hold_every_sequence_of_the_engine(
+    blocks: int, prompt: int, response: int, seqs: int, refused: bool
+) -> None:
+    # 128-token blocks (vllm-ascend's): 60 tokens take 1, 140 take 2; a queued sequence is prefilled among the
+    # others' decodes, in eager steps, and the graph-decode share falls (measured: 0.82 -> 0.54 in the tiny run)
+    c = resolved(
+        compose_config(
+            "ppo_tiny_local",
+            [
+                "overlay.tiny_assets_dir=/tmp/none",
+                f"actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override={blocks}",
+                f"data.max_prompt_length={prompt}",
+                f"data.max_response_length={response}",
+                f"actor_rollout_ref.rollout.max_num_seqs={seqs}",
+            ],
+        )
+    )
+    problems = [p for p in rollout_problems(c) if "num_gpu_blocks_override" in p]
+    assert bool(problems) is refused, problems
+    if refused:
+        assert f"set it to at least {seqs * -(-(prompt + response) // 128)}" in problems[0]
+
+
+def test_the_tiny_profiles_kv_cache_holds_its_engines_sequences() -> None:
+    c = resolved(compose_config("ppo_tiny_local", ["overlay.tiny_assets_dir=/tmp/none"]))
+    assert rollout_problems(c) == []

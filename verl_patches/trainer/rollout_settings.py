@@ -155,7 +155,30 @@ def rollout_problems(cfg: Any) -> list[str]:
         )
     out += _graph_problems(cfg, eager, seqs)
     out += _prefill_problems(cfg, seqs)
+    out += _kv_block_problems(cfg, seqs)
     return out
+
+
+VLLM_ASCEND_BLOCK_SIZE = 128  # vllm_ascend/platform.py sets it when the config leaves it unset
+
+
+def _kv_block_problems(cfg: Any, seqs: int | None) -> list[str]:
+    """A fixed KV block count (``num_gpu_blocks_override``, the CPU proof's: the emulated device's memory is the
+    host's) must hold all max_num_seqs sequences at their longest: otherwise the scheduler queues the rest and
+    prefills them among the others' decodes, in eager steps A3 does not run (A3 sizes its cache from the NPU's
+    memory: it holds an engine's 64 sequences of 4096 tokens)."""
+    blocks = get(cfg, f"{ENGINE}.num_gpu_blocks_override")
+    if blocks is None or seqs is None:
+        return []
+    longest = int(get(cfg, "data.max_prompt_length", 0)) + int(get(cfg, "data.max_response_length", 0))
+    per_seq = -(-longest // VLLM_ASCEND_BLOCK_SIZE)
+    if int(blocks) >= seqs * per_seq:
+        return []
+    return [
+        f"{ENGINE}.num_gpu_blocks_override={blocks} holds {int(blocks) // per_seq} of the engine's {seqs} sequences "
+        f"(max_num_seqs) at {longest} tokens ({per_seq} block(s) of {VLLM_ASCEND_BLOCK_SIZE} each): set it to at "
+        f"least {seqs * per_seq}"
+    ]
 
 
 def _graph_problems(cfg: Any, eager: bool, seqs: int | None) -> list[str]:
