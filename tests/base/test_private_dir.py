@@ -137,3 +137,12 @@ def test_file_not_ours_names_what_is_wrong(tmp_path):
     assert file_not_ours(f.stat()) == "is writable by group/others (mode 664)"
     assert file_not_ours(f.stat(), uid=os.geteuid() + 1).startswith("is owned by uid ")
     assert file_not_ours(tmp_path.stat()) == "is not a regular file"
+
+
+def test_a_hint_written_with_its_own_or_reads_once(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o775)
+    root.chmod(0o775)
+    with pytest.raises(PrivateDirError) as err:
+        open_private_dir(root, (), root_hint="or set X to a folder only you can write")
+    assert str(err.value).endswith(f"`chmod go-w {root.resolve()}`, or set X to a folder only you can write")

@@ -80,6 +80,7 @@ def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root
         if not name or name in (".", "..") or "/" in name or "\0" in name:
             raise ValueError(f"open_private_dir: {name!r} is not one folder name")
     uid = os.geteuid()
+    root_hint = root_hint.removeprefix("or ")  # the messages put their own "or" before it
     real_root = Path(os.path.realpath(os.path.abspath(os.fspath(root))))
     parts = real_root.parts[1:]
     levels = [(name, False) for name in parts[:-1]] + [(name, True) for name in (*parts[-1:], *below)]
