@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 from verl_patches.base.host_device import forced_device
 from verl_patches.npu_emulation import is_emulation_path
 
@@ -57,8 +57,8 @@ def local_device_index(visible: int, environ: Any = None) -> int:
     if visible == 1:
         return 0
     for name in ("LOCAL_RANK", "RAY_LOCAL_RANK"):
-        if env.get(name, "").strip():
-            index = env_int(name, 0, environ=env)
+        if env_registry.is_set(name, env):
+            index = env_registry.integer(name, env)
             if not 0 <= index < visible:
                 raise RuntimeError(f"{name}={index} but this process sees {visible} devices")
             return index

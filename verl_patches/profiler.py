@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from verl_patches import device
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 from verl_patches.tools import _rank
 
 PROFILE_ENV = "PROFILE_UPDATE"
@@ -21,7 +21,7 @@ DEFAULT_ROOT = "./profiling"
 
 
 def profiling_requested(environ: Mapping[str, str] | None = None) -> bool:
-    return env_flag(PROFILE_ENV, environ=environ)
+    return env_registry.flag(PROFILE_ENV, environ)
 
 
 class NPUProfiler:

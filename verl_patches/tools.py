@@ -13,7 +13,7 @@ import logging
 from typing import Any, Mapping
 
 from verl_patches import device
-from verl_patches.base.env_flags import env_flag, env_int
+from verl_patches.base import env_registry
 
 PRINT_MEMORY_ENV = "PRINT_MEMORY"
 logger = logging.getLogger("verl_patches")
@@ -41,7 +41,7 @@ def _rank() -> int:
             return dist.get_rank()
     except ImportError:
         pass
-    return env_int("RANK", 0)
+    return env_registry.integer("RANK", default=0)
 
 
 def print_memory(
@@ -49,7 +49,7 @@ def print_memory(
 ) -> str | None:
     """Log the memory line for `tag` when PRINT_MEMORY is on (and this is rank 0 unless `only_rank_0` is
     False); returns the line logged, or None."""
-    if not env_flag(PRINT_MEMORY_ENV, environ=environ):
+    if not env_registry.flag(PRINT_MEMORY_ENV, environ):
         return None
     r = _rank() if rank is None else rank
     if only_rank_0 and r != 0:

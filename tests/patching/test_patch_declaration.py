@@ -78,23 +78,24 @@ def test_conditions_device_and_env_flag(monkeypatch):
     ok, why = p.condition_holds("npu")
     assert not ok and why == "device is npu; applies on cpu"
 
-    flagged = _ok(env_flag="VPT_FLAG")
-    monkeypatch.delenv("VPT_FLAG", raising=False)
-    assert flagged.condition_holds("cpu") == (False, "VPT_FLAG is off")
+    flagged = _ok(env_flag="VERL_PATCHES_ROLLOUT_STANDIN")
+    monkeypatch.delenv("VERL_PATCHES_ROLLOUT_STANDIN", raising=False)
+    assert flagged.condition_holds("cpu") == (False, "VERL_PATCHES_ROLLOUT_STANDIN is off")
     for off in ("0", "false", "No", "off", ""):
-        monkeypatch.setenv("VPT_FLAG", off)
+        monkeypatch.setenv("VERL_PATCHES_ROLLOUT_STANDIN", off)
         assert not flagged.condition_holds("cpu")[0], off
     for on in ("1", "true", "yes", "ON"):
-        monkeypatch.setenv("VPT_FLAG", on)
+        monkeypatch.setenv("VERL_PATCHES_ROLLOUT_STANDIN", on)
         assert flagged.condition_holds("cpu") == (True, ""), on
-    monkeypatch.setenv("VPT_FLAG", "enabled")  # once "on" here and an error elsewhere: one grammar now
-    with pytest.raises(ValueError, match=r"^VPT_FLAG='enabled': expected 1, true, yes, on \(on\)"):
+    # once "on" here and an error elsewhere: one grammar now
+    monkeypatch.setenv("VERL_PATCHES_ROLLOUT_STANDIN", "enabled")
+    with pytest.raises(ValueError, match=r"^VERL_PATCHES_ROLLOUT_STANDIN='enabled': expected 1, true, yes, on \(on\)"):
         flagged.condition_holds("cpu")
 
-    default_on = _ok(env_flag="VPT_FLAG", env_default=True)
-    monkeypatch.delenv("VPT_FLAG")
+    default_on = _ok(env_flag="VERL_PATCHES_ROLLOUT_STANDIN", env_default=True)
+    monkeypatch.delenv("VERL_PATCHES_ROLLOUT_STANDIN")
     assert default_on.condition_holds("cpu") == (True, "")
-    assert default_on.condition_text() == "env VPT_FLAG=1 by default"
+    assert default_on.condition_text() == "env VERL_PATCHES_ROLLOUT_STANDIN=1 by default"
     assert _ok().condition_text() == ""
 
 

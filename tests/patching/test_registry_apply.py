@@ -390,13 +390,13 @@ def test_device_condition_skips_with_reason(mods, make_registry):
 
 def test_env_flag_condition(mods, make_registry, monkeypatch):
     pkg, mod, _ = mods
-    monkeypatch.delenv("VPT_ENABLE_F", raising=False)
-    declared = [patch("flagged", f"{pkg}.mod:f", replacement=lambda: new_f, env_flag="VPT_ENABLE_F")]
+    monkeypatch.delenv("VERL_PATCHES_ROLLOUT_STANDIN", raising=False)
+    declared = [patch("flagged", f"{pkg}.mod:f", replacement=lambda: new_f, env_flag="VERL_PATCHES_ROLLOUT_STANDIN")]
     off = make_registry(declared)
-    assert off.records[0].status == "skipped" and off.records[0].detail == "VPT_ENABLE_F is off"
+    assert off.records[0].status == "skipped" and off.records[0].detail == "VERL_PATCHES_ROLLOUT_STANDIN is off"
     assert mod.f() == "orig-f"
     off.revert()
-    monkeypatch.setenv("VPT_ENABLE_F", "1")
+    monkeypatch.setenv("VERL_PATCHES_ROLLOUT_STANDIN", "1")
     on = make_registry(declared)
     assert on.records[0].status == "applied" and mod.f is new_f
 

@@ -11,36 +11,30 @@ half of the code.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from verl_patches.base.env_flags import EnvError
+from verl_patches.base.env_registry import REGISTRY, text
+
 DEVICE_ENV = "VERL_PATCHES_DEVICE"  # npu | cuda | cpu: overrides detection (tests, odd hosts)
 STALE_DEVICE_ENV = "VERL_OVERLAY_DEVICE"  # the former name the sources' setup read: refused, not ignored
-DEVICE_KINDS = ("npu", "cuda", "cpu")
+DEVICE_KINDS = REGISTRY[DEVICE_ENV].choices  # npu, cuda, cpu
 _NPU_FILES = ("/dev/davinci0", "/dev/davinci_manager")
 _CUDA_FILES = ("/dev/nvidia0", "/dev/nvidiactl")
 
 
-class DeviceSettingError(ValueError):
+class DeviceSettingError(EnvError):
     """The device override is not one of npu, cuda, cpu, or is set under its former name; one line."""
 
 
 def forced_device(environ: Mapping[str, str] | None = None) -> str | None:
     """The kind `VERL_PATCHES_DEVICE` forces, or None when it is unset or empty."""
-    env = os.environ if environ is None else environ
-    stale = env.get(STALE_DEVICE_ENV)
-    if stale:
-        raise DeviceSettingError(
-            f"{STALE_DEVICE_ENV}={stale!r}: this variable is no longer read; set {DEVICE_ENV}={stale} instead "
-            f"(one name for the device override everywhere)"
-        )
-    forced = env.get(DEVICE_ENV, "").strip()
-    if not forced:
-        return None
-    if forced not in DEVICE_KINDS:
-        raise DeviceSettingError(f"{DEVICE_ENV}={forced!r}: expected {', '.join(DEVICE_KINDS[:-1])} or cpu")
-    return forced
+    try:  # the registry refuses the former name, and a kind not in DEVICE_KINDS, in one line
+        text(STALE_DEVICE_ENV, environ)
+        return text(DEVICE_ENV, environ) or None
+    except EnvError as err:
+        raise DeviceSettingError(str(err)) from None
 
 
 def detect_host_device(environ: Mapping[str, str] | None = None) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.base.config_access import get
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 from verl_patches.base.folder_access import access_problem
 
 ALLOW_SHARED_ROOT_ENV = "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT"
@@ -40,7 +40,7 @@ class CheckpointRootError(Exception):
 def allow_shared_root(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the user accepted a checkpoint root others can change (`ALLOW_SHARED_ROOT_ENV`, the one
     grammar of switches: a value such as ``yes please`` is an `EnvError` naming the variable)."""
-    return env_flag(ALLOW_SHARED_ROOT_ENV, environ=environ)
+    return env_registry.flag(ALLOW_SHARED_ROOT_ENV, environ)
 
 
 def cluster_run(cfg: Any) -> bool:

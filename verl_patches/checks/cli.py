@@ -10,7 +10,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from verl_patches.base.env_flags import EnvError, env_flag
+from verl_patches.base import env_registry
+from verl_patches.base.env_flags import EnvError
 from verl_patches.base.strict_int import IntError, int_arg, parse_int
 from verl_patches.checks.run import ENGINES, CheckRequest, CheckRequestError, run_check
 from verl_patches.multirank import RankFailure
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_logprobs: error: --work-dir {ns.work_dir}: not a folder", file=sys.stderr)
         return EXIT_ERROR
     try:
-        show_traceback = env_flag(TRACEBACK_ENV)  # read before the run: a bad value is said first, not last
+        show_traceback = env_registry.flag(TRACEBACK_ENV)  # read before the run: a bad value is said first, not last
     except EnvError as err:
         print(f"check_logprobs: error: {err}", file=sys.stderr)
         return EXIT_ERROR

@@ -9,12 +9,12 @@ sent it; a rank that never arrives leaves its peers waiting, which the node's de
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from datetime import timedelta
 from typing import Any
 
+from verl_patches.base import env_registry
 from verl_patches.device import device_kind, dist_backend, set_local_device, synchronize, torch_device
 
 STORE_PREFIX = "collective_check/group"  # the process group's keys, beside the check's own in the store
@@ -67,7 +67,7 @@ def rank_check(
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = env_registry.integer("RANK"), env_registry.integer("WORLD_SIZE")
     kind = device_kind()
     index = set_local_device(kind)  # before the group: HCCL binds the current device
     device = torch_device(index)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from verl_patches.base.atomic_write import is_temp_name, write_json_atomically
-from verl_patches.base.env_flags import env_str
+from verl_patches.base import env_registry
 from verl_patches.base import cpu_numerics
 
 ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
@@ -24,7 +24,7 @@ ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
 
 def write_record(summary: str, patches: dict[str, str]) -> Path | None:
     """Write <dir>/<host>-<pid>.json (atomically); None when no folder is asked for or it cannot be written."""
-    folder = env_str(ACTIVATION_DIR_ENV)
+    folder = env_registry.text(ACTIVATION_DIR_ENV)
     if not folder:
         return None
     host, pid = socket.gethostname(), os.getpid()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 
 DEVICES = ("npu", "cuda", "cpu")
 ALL_DEVICES = DEVICES
@@ -125,7 +125,7 @@ class Patch:
     def env_flag_on(self, environ: Mapping[str, str] | None = None) -> bool:
         """The value of this patch's switch in `environ` (default: this process's environment; True when the
         patch has none), in the one grammar of `verl_patches.base.env_flags` (an unknown value is an error)."""
-        return True if not self.env_flag else env_flag(self.env_flag, default=self.env_default, environ=environ)
+        return True if not self.env_flag else env_registry.flag(self.env_flag, environ, default=self.env_default)
 
 
 def _resolve(path: str) -> Any:

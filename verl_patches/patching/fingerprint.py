@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from verl_patches.base.atomic_write import write_text_atomically
-from verl_patches.base.env_flags import env_str
+from verl_patches.base import env_registry
 
 PREFIX = "sha256:"
 # Parsing a large upstream file (transformers' modeling_utils is 300 kB) costs tens of ms, and far more
@@ -213,12 +213,12 @@ def target_nodes(target: str, root: Path | None = None) -> list[ast.AST]:
 
 
 def _cache_dir() -> Path | None:
-    raw = env_str(CACHE_ENV)  # a folder, or "off"
+    raw = env_registry.text(CACHE_ENV)  # a folder, or "off"
     if raw.lower() == "off":
         return None
     if raw:
         return Path(raw)
-    return Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_patches" / "fingerprints"
+    return Path(env_registry.text("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_patches" / "fingerprints"
 
 
 def _cache_key(targets: tuple[str, ...], root: Path | None) -> str | None:

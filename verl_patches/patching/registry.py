@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_patches.base.env_flags import env_flag, env_list
+from verl_patches.base import env_registry
 from verl_patches.device import device_kind
 from verl_patches.patching import import_hook
 from verl_patches.patching.activation_record import write_record
@@ -73,7 +73,7 @@ class Record:
 
 
 def _drift_allowed(name: str) -> bool:
-    allowed = set(env_list("VERL_PATCHES_ALLOW_DRIFT"))
+    allowed = set(env_registry.items("VERL_PATCHES_ALLOW_DRIFT"))
     return "all" in allowed or name in allowed
 
 
@@ -492,7 +492,7 @@ def activate(catalog: Callable[[], Sequence[Patch]], device: str | None = None) 
             _REGISTRY = Registry(list(catalog()), device or device_kind())
         if not _REGISTRY.active:
             _REGISTRY.activate()
-            if not env_flag("VERL_PATCHES_QUIET"):
+            if not env_registry.flag("VERL_PATCHES_QUIET"):
                 print(_REGISTRY.summary_line(), file=sys.stderr, flush=True)
 
             write_record(_REGISTRY.summary_line(), {r.patch.name: r.status for r in _REGISTRY.records})

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from verl_patches.base.env_flags import env_flag, env_int
+from verl_patches.base import env_registry
 from verl_patches.resilience import fault_injection, progress
 from verl_patches.resilience.boards import Board, RayKVBoard, StoreBoard
 from verl_patches.resilience.reap import start_ticks
@@ -129,7 +129,7 @@ def process_identity(rank: int, environ: dict[str, str] | None = None) -> dict[s
     node_id = _node_id()
     if node_id:
         ident["node_id"] = node_id
-    if env_flag("TORCH_HCCL_DUMP_ON_TIMEOUT", environ=env) and env_flag("TORCH_HCCL_ENABLE_MONITORING", environ=env):
+    if env_registry.flag("TORCH_HCCL_DUMP_ON_TIMEOUT", env) and env_registry.flag("TORCH_HCCL_ENABLE_MONITORING", env):
         ident["flight_recorder"] = (env.get("TORCH_HCCL_DEBUG_INFO_TEMP_FILE") or FLIGHT_RECORDER_DEFAULT) + str(rank)
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         ident["store"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
@@ -190,7 +190,7 @@ def start_in_ray_worker() -> Heartbeat | None:
     actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
     if actor_id is None:
         return None
-    rank = env_int("RANK", -1)
+    rank = env_registry.integer("RANK", default=-1)
     with _START_LOCK:
         if _ACTIVE is None:
             _ACTIVE = Heartbeat(RayKVBoard(), actor_id, process_identity(rank), publish_interval(timeout)).start()

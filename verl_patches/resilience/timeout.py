@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from verl_patches.base.env_flags import env_float
+from verl_patches.base import env_registry
 
 TIMEOUT_ENV = "VERL_PATCHES_COLLECTIVE_TIMEOUT_S"
 
 
 def configured_timeout(environ: Mapping[str, str] | None = None) -> float:
     """The time-out in seconds (0 = off); a bad value is one line naming the variable (`EnvError`)."""
-    return env_float(TIMEOUT_ENV, 0.0, minimum=0.0, environ=environ)
+    return env_registry.number(TIMEOUT_ENV, environ)  # 0 when unset; at least 0
 
 
 def publish_interval(timeout_s: float) -> float:

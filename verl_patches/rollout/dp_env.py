@@ -29,9 +29,9 @@ import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from verl_patches.base import node_ip
+from verl_patches.base import env_registry, node_ip
+from verl_patches.base.env_flags import EnvError
 from verl_patches.base.free_port import port_is_free
-from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.reshard.layout import RolloutLayout
 
 IFNAME_ENVS = ("HCCL_SOCKET_IFNAME", "SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -90,17 +90,15 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
 
 def dp_base_port(environ: Mapping[str, str] | None = None) -> int:
     """The DP ports' base, from VERL_PATCHES_VLLM_DP_BASE_PORT (the launch exports it)."""
-    env = os.environ if environ is None else environ
-    raw = env.get(BASE_PORT_ENV, "").strip()
-    if not raw:
+    if not env_registry.is_set(BASE_PORT_ENV, environ):
         raise DpEnvError(
             f"{BASE_PORT_ENV} is not set: with VLLM_DP_SIZE > 1 the launch exports it (the MASTER_PORT setting; "
             f"vLLM's DP master ports are it +1 onwards); MASTER_PORT inside a verl worker is torch.distributed's "
             f"random port and cannot serve as the base. Set it, or set VLLM_DP_MASTER_PORT yourself"
         )
     try:
-        return parse_int(raw, BASE_PORT_ENV, minimum=1023, maximum=65534)
-    except IntError as e:
+        return env_registry.integer(BASE_PORT_ENV, environ)  # 1023..65534, as the dry run parses it
+    except EnvError as e:
         raise DpEnvError(str(e)) from None
 
 

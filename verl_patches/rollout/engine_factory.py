@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from verl_patches.base.env_flags import env_flag, env_int
+from verl_patches.base import env_registry
 from verl_patches.compile_toggle import real_torch_compile
 from verl_patches.npu_emulation.transfer import native_devices
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
@@ -45,7 +45,7 @@ def rollout_llm_kwargs(kwargs: Mapping[str, Any], environ: Mapping[str, str] | N
     out["disable_mm_preprocessor_cache"] = False
     out["enable_sleep_mode"] = False
     out["enable_prefix_caching"] = False
-    dp = env_int("VLLM_DP_SIZE", 1, environ=env)
+    dp = env_registry.integer("VLLM_DP_SIZE", env)
     if dp > 1:
         out["enable_expert_parallel"] = True
     extra = dict(out.get("additional_config") or {})
@@ -81,7 +81,7 @@ def engine_seed(base: Any, tp: int, environ: Mapping[str, str]) -> int:
     sampling stream (the device's default generator on A3) from it once, at engine start; every rank of
     one engine (its TP group: consecutive ranks in verl's layout) must draw the same noise to agree on the
     tokens, and every engine, across DP ranks and vLLM instances, draws its own."""
-    rank = env_int("RANK", 0, environ=environ)
+    rank = env_registry.integer("RANK", environ, default=0)
     return int(base or 0) + rank // max(1, tp)
 
 
@@ -89,7 +89,7 @@ def check_kv_nz_patch(graph: Mapping[str, Any], environ: Mapping[str, str]) -> N
     """F4 is installed by a patch flag the launcher derives from this config; an engine whose config and
     flag disagree would either write an NZ cache without the fix or skip the ND cache writes it needs."""
     want = kv_nz_wanted(graph)
-    flag = env_flag(KV_NZ_FLAG, environ=environ)
+    flag = env_registry.flag(KV_NZ_FLAG, environ)
     if want != flag:
         raise EngineArgumentError(
             f"{_ENGINE_KEYS}.additional_config.torchair_graph_config: enabled={graph.get('enabled')}, "
@@ -154,7 +154,8 @@ def build_llm(*args: Any, **kwargs: Any) -> Any:
 
 def first_rank_of_instance(tp: int, environ: Mapping[str, str]) -> bool:
     """Rank 0 of one vLLM instance (DP rank 0, TP rank 0 in verl's layout): one report line per instance."""
-    return env_int("VLLM_DP_RANK", 0, environ=environ) == 0 and env_int("RANK", 0, environ=environ) % max(1, tp) == 0
+    dp_rank = env_registry.integer("VLLM_DP_RANK", environ)
+    return dp_rank == 0 and env_registry.integer("RANK", environ, default=0) % max(1, tp) == 0
 
 
 def build_standin_llm(*args: Any, **kwargs: Any) -> Any:

@@ -13,15 +13,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_patches.base.env_flags import env_int, env_str
+from verl_patches.base import env_registry
 from verl_patches.compile_toggle import real_torch_compile
 from verl_patches.rollout import decode_share
 from verl_patches.rollout.dp_env import dp_base_port, init_vllm_dp_env
 
 
 def _dp_env_from_config(config: Any) -> None:
-    dp = env_int("VLLM_DP_SIZE", 1)
-    if dp <= 1 or env_str("VLLM_DP_MASTER_PORT"):
+    dp = env_registry.integer("VLLM_DP_SIZE")
+    if dp <= 1 or env_registry.is_set("VLLM_DP_MASTER_PORT"):  # set by hand: the dry run names what it turns off
         return
 
     tp = int(config.get("tensor_model_parallel_size", 1))

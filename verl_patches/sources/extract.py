@@ -10,23 +10,19 @@ from pathlib import Path
 from typing import IO
 
 from verl_patches.base.atomic_write import atomic_path
-from verl_patches.base.env_flags import EnvError, env_int
+from verl_patches.base import env_registry
+from verl_patches.base.env_flags import EnvError
 from verl_patches.sources.errors import IntegrityError
 
-
-# Upstream package folders are tens of MB; these bounds stop an archive bomb long before the tree
-# hash could (it only runs after extraction). Each can be raised for an unusual artifact.
-LIMITS = {
-    "VERL_OVERLAY_MAX_FILE_BYTES": 128 << 20,
-    "VERL_OVERLAY_MAX_TREE_BYTES": 1 << 30,
-    "VERL_OVERLAY_MAX_MEMBERS": 200_000,
-}
 _CHUNK = 1 << 20
 
 
+# Upstream package folders are tens of MB; these bounds (defaults in base.env_registry: 128 MiB per file, 1 GiB in
+# all, 200,000 members) stop an archive bomb long before the tree hash could (it only runs after extraction). Each
+# can be raised for an unusual artifact.
 def _limit(name: str) -> int:
     try:
-        return env_int(name, LIMITS[name], minimum=0)
+        return env_registry.integer(name)
     except EnvError as err:
         raise IntegrityError(str(err)) from None
 

@@ -10,7 +10,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_patches.base.env_flags import EnvError, env_float
+from verl_patches.base import env_registry
+from verl_patches.base.env_flags import EnvError
 from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import confined_target
@@ -27,7 +28,7 @@ class BadGitArgument(IntegrityError):
 
 def git_timeout_s() -> float:
     try:
-        return env_float(GIT_TIMEOUT_ENV, 600.0, minimum=0.0)
+        return env_registry.number(GIT_TIMEOUT_ENV)
     except EnvError as err:
         raise SourceError(str(err)) from None
 

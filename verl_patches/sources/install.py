@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_patches.base.atomic_write import rename_durably, swap_folder_in, temp_dir_for, write_bytes_atomically
-from verl_patches.base.env_flags import env_list
+from verl_patches.base import env_registry
 from verl_patches.sources import cache_route, git_route, names, prelude_line, pypi_route
 from verl_patches.sources.errors import IntegrityError, LocalEditsError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import extract_subdir, write_tar
@@ -67,7 +67,7 @@ class BadMirror(SourceError):
 def git_urls(opts: SetupOptions, comp: Component) -> list[str]:
     """Mirrors first (environment, then flags), then the lock's URLs; every one allow-listed."""
     var = f"VERL_OVERLAY_GIT_MIRROR_{comp.name.upper()}"
-    sources = [(u, var) for u in env_list(var)]
+    sources = [(u, var) for u in env_registry.items(var)]
     sources += [(u, f"--mirror {comp.name}=") for u in opts.mirrors.get(comp.name, [])]
     for url, origin in sources:
         try:

@@ -17,7 +17,8 @@ import urllib.request
 from pathlib import Path
 
 from verl_patches.base.atomic_write import atomic_open, copy_file_atomically
-from verl_patches.base.env_flags import EnvError, env_float, env_str
+from verl_patches.base import env_registry
+from verl_patches.base.env_flags import EnvError
 from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError
 from verl_patches.sources.lock import PypiArtifact
@@ -28,7 +29,7 @@ HTTP_TIMEOUT_ENV = "VERL_OVERLAY_HTTP_TIMEOUT"  # seconds per request, default 6
 
 def http_timeout_s() -> float:
     try:
-        return env_float(HTTP_TIMEOUT_ENV, 60.0, minimum=0.0)
+        return env_registry.number(HTTP_TIMEOUT_ENV)
     except EnvError as err:
         raise SourceError(str(err)) from None
 
@@ -36,8 +37,8 @@ def http_timeout_s() -> float:
 def configured_index_url(explicit: str | None = None) -> str:
     if explicit:
         return explicit
-    if env_str("PIP_INDEX_URL"):
-        return env_str("PIP_INDEX_URL")
+    if env_registry.text("PIP_INDEX_URL"):
+        return env_registry.text("PIP_INDEX_URL")
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "config", "get", "global.index-url"],

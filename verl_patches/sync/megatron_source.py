@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from verl_patches.base.env_flags import EnvError, env_int
+from verl_patches.base import env_registry
+from verl_patches.base.env_flags import EnvError
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.sync.generator import SyncGroups
@@ -85,7 +86,7 @@ def megatron_layout(mpu: Any, rank: int, world_size: int) -> MegatronLayout:
 def rollout_layout(world_size: int, rollout_tp: int, environ: Mapping[str, str] | None = None) -> RolloutLayout:
     """vLLM's layout: ``rollout_tp`` ranks per engine, ``VLLM_DP_SIZE`` engines per expert-parallel instance."""
     try:
-        dp = env_int("VLLM_DP_SIZE", 1, environ=environ)
+        dp = env_registry.integer("VLLM_DP_SIZE", environ)
     except EnvError as err:
         raise InvalidLayoutError("vllm_dp_size_integer", str(err)) from None
     return RolloutLayout(world_size=world_size, tp=rollout_tp, dp_per_instance=dp)

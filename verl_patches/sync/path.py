@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 
 ENV_FLAG = "NO_ALL_TO_ALL_RESHARD"
 ALL_TO_ALL = "all-to-all"
@@ -19,7 +19,7 @@ ALL_GATHER = "all-gather"
 
 def active_sync_path(environ: Mapping[str, str] | None = None) -> str:
     """``"all-to-all"`` or ``"all-gather"``; an unrecognised flag value is an error naming it (`EnvError`)."""
-    return ALL_GATHER if env_flag(ENV_FLAG, environ=environ) else ALL_TO_ALL
+    return ALL_GATHER if env_registry.flag(ENV_FLAG, environ) else ALL_TO_ALL
 
 
 def describe_sync_path(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -35,5 +35,5 @@ def describe_sync_path(environ: Mapping[str, str] | None = None) -> dict[str, st
         if path == ALL_TO_ALL
         else "vendor fallback: PP broadcast of every parameter, experts all-gathered over training TP×EP"
     )
-    flag = env.get(ENV_FLAG)
-    return {"path": path, "flag": f"{ENV_FLAG}={flag}" if flag is not None else f"{ENV_FLAG} unset", "detail": detail}
+    shown = f"{ENV_FLAG}={env[ENV_FLAG]}" if ENV_FLAG in env else f"{ENV_FLAG} unset"
+    return {"path": path, "flag": shown, "detail": detail}

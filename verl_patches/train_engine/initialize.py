@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 from verl_patches.compile_toggle import capture_real_compile, restore_real_compile
 from verl_patches.device import dist_backend
 from verl_patches.train_engine.argv import parse_args_from_config
@@ -119,7 +119,7 @@ def initialize_megatron(config: MegatronConfig | Mapping[str, Any], prog: str = 
     with _argv(argv):
         args = parse_args_decorator(megatron_arguments.parse_args)(None, False)
     args.rank, args.world_size = dist.get_rank(), dist.get_world_size()
-    args.local_rank = env_int("LOCAL_RANK", 0)
+    args.local_rank = env_registry.integer("LOCAL_RANK")
     megatron_arguments.validate_args(args, {})
     _reset_global_args()
     set_global_variables(args, build_tokenizer=False)

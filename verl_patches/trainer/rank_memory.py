@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from verl_patches import device
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 
 logger = logging.getLogger("verl_patches")
 GIB = float(1 << 30)
@@ -31,7 +31,7 @@ def probe(_worker: Any = None) -> dict[str, Any]:
     """This process's memory (called inside a worker; `_worker` is the actor instance Ray passes)."""
 
     mod = device.accelerator_module()
-    rank = env_int("RANK", -1)
+    rank = env_registry.integer("RANK", default=-1)
     if mod is not None:
         return {
             "rank": rank,

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 from verl_patches.base.config_access import get
 
 D2D_ENV = "D2D_DATA_TRANSFER"
@@ -35,7 +35,7 @@ RECOMPUTE_KEY = "actor_rollout_ref.actor.recompute_old_log_prob"
 def d2d_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """`D2D_DATA_TRANSFER` as a switch (`verl_patches.base.env_flags`: 1/true/yes/on, 0/false/no/off/empty;
     anything else is an error naming it); off when unset."""
-    return env_flag(D2D_ENV, environ=environ)
+    return env_registry.flag(D2D_ENV, environ)
 
 
 def d2d_setting(cfg: Any, environ: Mapping[str, str] | None = None) -> tuple[bool, str]:

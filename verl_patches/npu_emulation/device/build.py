@@ -47,7 +47,7 @@ from typing import TextIO
 import torch
 
 from verl_patches.base.atomic_write import write_bytes_atomically, write_json_atomically
-from verl_patches.base.env_flags import env_str
+from verl_patches.base import env_registry
 from verl_patches.base.private_dir import PrivateDirError, file_not_ours, open_private_dir
 
 EXTENSION_NAME = "verl_npu_device"
@@ -94,7 +94,7 @@ def build_dir(source: bytes | None = None) -> Path:
 
 def cache_root() -> Path:
     """$XDG_CACHE_HOME, else ~/.cache: the root the extension's cache folders are checked from."""
-    return Path(env_str("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(env_registry.text("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def library_path(folder: Path) -> Path:

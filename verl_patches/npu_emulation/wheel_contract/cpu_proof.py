@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from verl_patches.base.env_flags import env_flag
+from verl_patches.base import env_registry
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ EXCEPTIONS = (FP32_RUN, SCALED_MODEL)
 
 
 def in_effect(exception: CpuProofException) -> bool:
-    return env_flag(exception.env)
+    return env_registry.flag(exception.env)
 
 
 def declare(exception: CpuProofException) -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig
 
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 from verl_patches.checkpoint import rng
 from verl_patches.resilience import progress
 from verl_patches.rollout.kv_cache_config import initialize_kv_caches_keeping_configs
@@ -116,8 +116,8 @@ class StandinLLM:
         torch_dtype = torch.float32 if dtype in (None, "auto") else _DTYPES.get(str(dtype), torch.float32)
         ep_size, ep_rank = 1, 0
         if enable_expert_parallel:  # vLLM: EP over the DP x TP ranks of the instance
-            ep_size = env_int("VLLM_DP_SIZE", 1) * tensor_parallel_size
-            ep_rank = env_int("VLLM_DP_RANK", 0) * tensor_parallel_size
+            ep_size = env_registry.integer("VLLM_DP_SIZE") * tensor_parallel_size
+            ep_rank = env_registry.integer("VLLM_DP_RANK") * tensor_parallel_size
         _ensure_vllm_parallel_state(tensor_parallel_size)
         self.max_model_len = int(max_model_len or hf_config.max_position_embeddings)
         self.max_num_seqs = int(max_num_seqs)
@@ -294,7 +294,7 @@ def _ensure_vllm_parallel_state(tp: int) -> None:
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
         distributed_init_method="env://",
-        local_rank=env_int("LOCAL_RANK", 0),
+        local_rank=env_registry.integer("LOCAL_RANK"),
         backend="gloo",
     )
     ps.ensure_model_parallel_initialized(tp, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 from verl_patches.patches.verl.workers.step_timing import META_KEY
 
 DIES_PER_CARD_ENV = "VERL_PATCHES_DIES_PER_CARD"
@@ -53,7 +53,7 @@ def with_reference_metrics(compute: Callable[..., dict[str, Any]]) -> Callable[.
             response = float(batch.batch["attention_mask"][:, -batch.batch["responses"].shape[-1] :].sum())
         except (KeyError, TypeError, AttributeError):
             response = 0.0
-        dies_per_card = env_int(DIES_PER_CARD_ENV, 1, minimum=1)
+        dies_per_card = env_registry.integer(DIES_PER_CARD_ENV)  # 1 when unset; at least 1
         metrics.update(
             reference_step_metrics(
                 timing_raw, total, response, n_gpus, dies_per_card, batch.meta_info.get(META_KEY, {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from verl_patches.base.env_flags import env_int
+from verl_patches.base import env_registry
 from verl_patches.device import dist_backend
 
 
@@ -23,8 +23,8 @@ def init_process_group_first(init: Callable[..., Any]) -> Callable[..., Any]:
         if not dist.is_initialized():
             dist.init_process_group(
                 backend=dist_backend(),
-                rank=env_int("RANK", 0),
-                world_size=env_int("WORLD_SIZE", 1),
+                rank=env_registry.integer("RANK", default=0),
+                world_size=env_registry.integer("WORLD_SIZE", default=1),
             )
         init(self, *args, **kwargs)
 
