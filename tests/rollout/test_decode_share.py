@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_patches.rollout import decode_share as ds
@@ -65,6 +65,7 @@ def _outputs(parents: list[str], n: int) -> list[SimpleNamespace]:
     return [SimpleNamespace(request_id=p, outputs=[SimpleNamespace(index=i) for i in range(n)]) for p in parents]
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(parents=st.integers(1, 5), n=st.integers(1, 4), data=st.data())
 def test_per_response_counts_follow_verls_order(parents: int, n: int, data: st.DataObject) -> None:
     ids = [str(10 + p) for p in range(parents)]
@@ -165,6 +166,7 @@ def test_modelled_share_hand_computed_cases() -> None:
         ds.modelled_share(0, 1, 1, 1)
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seqs=st.integers(1, 12), prompt=st.integers(1, 30), budget=st.integers(1, 200), response=st.integers(1, 20))
 def test_modelled_share_properties(seqs: int, prompt: int, budget: int, response: int) -> None:
     share = ds.modelled_share(seqs, prompt, budget, response)
