@@ -171,6 +171,5 @@ def test_modelled_share_hand_computed_cases() -> None:
 def test_modelled_share_properties(seqs: int, prompt: int, budget: int, response: int) -> None:
     share = ds.modelled_share(seqs, prompt, budget, response)
     assert 0.0 <= share <= (response - 1) / response + 1e-12  # each response's first token comes from a prefill step
-    assert ds.modelled_share(seqs, prompt, budget, response + 5) >= share - 1e-12  # longer responses: more graph
     if budget >= seqs * prompt:
         assert share == pytest.approx((response - 1) / response)
