@@ -174,8 +174,9 @@ def test_graph_mode_is_the_profiles_config_key_not_the_dropped_variable() -> Non
         capture_output=True,
         text=True,
     )
-    # preflight_vendor_env names it only to refuse or map it (issue 42): it drives nothing
-    readers = [p for p in hits.stdout.split() if not p.endswith(("job_env.py", "preflight_vendor_env.py"))]
+    # preflight_vendor_env names it only to refuse or map it (issue 42), the registry to document it: it drives nothing
+    skip = ("job_env.py", "preflight_vendor_env.py", "env_registry.py")
+    readers = [p for p in hits.stdout.split() if not p.endswith(skip)]
     assert readers == [], f"read by {readers}"
 
 
@@ -200,10 +201,13 @@ def test_the_tiny_run_hands_out_a_free_block_outside_the_ephemeral_range_unless_
     got = tiny_rollout_env(TINY_CONFIG, [], {"HCCL_SOCKET_IFNAME": "lo"}, pick)
     # ppo_tiny_local: 4 ranks, rollout TP1, DP2 -> 2 instances x TP1 = 2 DP groups, masters on this host
     assert (got["VLLM_DP_SIZE"], got[BASE_PORT_ENV], asked) == ("2", "20000", [(2, "127.0.0.1")])
-    for given in ({BASE_PORT_ENV: "25000"}, {"VLLM_DP_MASTER_PORT": "25001"}):
-        assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, [], given, pick)  # the user's value stays
-    with pytest.raises(DpEnvError, match=rf"{BASE_PORT_ENV}: expected an integer"):
+    assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, [], {BASE_PORT_ENV: "25000"}, pick)  # the user's stays
+    with pytest.raises(DpEnvError, match=rf"{BASE_PORT_ENV}='2500o': expected an integer"):
         tiny_rollout_env(TINY_CONFIG, [], {BASE_PORT_ENV: "2500o"}, pick)  # refused at launch, named
+    with pytest.raises(DpEnvError, match=rf"{BASE_PORT_ENV}=65534: its 2 DP master ports 65535..65536 run past"):
+        tiny_rollout_env(TINY_CONFIG, [], {BASE_PORT_ENV: "65534"}, pick)  # so is a block past 65535
+    with pytest.raises(DpEnvError, match=r"VLLM_DP_MASTER_PORT='25001' \(environment\) is set by hand"):
+        tiny_rollout_env(TINY_CONFIG, [], {"VLLM_DP_MASTER_PORT": "25001"}, pick)  # DP2: no rank would know its own
     assert BASE_PORT_ENV not in tiny_rollout_env(TINY_CONFIG, ["overlay.vllm_dp_size=1"], {}, pick)
     asked.clear()
     tiny_rollout_env(TINY_CONFIG, ["trainer.n_gpus_per_node=8", "overlay.vllm_dp_size=2"], {}, pick)

@@ -493,12 +493,12 @@ _VARIABLES: tuple[Variable, ...] = (
         "VLLM_DP_MASTER_PORT",
         INT,
         None,
-        P + "rollout/verl_hooks.py " + P + "launch/job.py",
-        "set by hand, no rank exports its own VLLM_DP_* (F2 is off): every DP group would share it",
+        P + "rollout/verl_hooks.py " + P + "launch/preflight_env.py",
+        "vLLM's DP master port; set by hand, no rank exports its own VLLM_DP_* (F2 is off): refused with DP > 1",
         VLLM,
         minimum=1,
         maximum=65535,
-        judged_by="env.dp_master_port",
+        judged_by="env.variables",
     ),
     # ---- HCCL / CANN / torch_npu ----
     _v(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.env_flags import EnvError
 from verl_patches.base.free_port import PortBlockError, free_port_block
 from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
@@ -48,7 +49,7 @@ from verl_patches.launch.settings import (
 from verl_patches.process_identity import ProcessId, become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
 from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
-from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address
+from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address, port_block
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.base.cpu_numerics import pinned
@@ -306,16 +307,20 @@ def tiny_rollout_env(
     from omegaconf import OmegaConf
 
     # lazy: these load Hydra and omegaconf; importing this module must not
+    from verl_patches.launch.preflight_env import DP_MASTER_PORT, dp_master_port_findings, seen_variables
     from verl_patches.launch.preflight_host import vllm_dp_port_count
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     cfg = resolved(compose_config(config_name, overrides))
     dp = int(OmegaConf.select(cfg, "overlay.vllm_dp_size", default=1) or 1)
     out = {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
-    if dp <= 1 or environ.get("VLLM_DP_MASTER_PORT"):
+    if dp > 1 and environ.get(DP_MASTER_PORT):  # set by hand it turns the per-rank export off: refused, named
+        raise DpEnvError(dp_master_port_findings(seen_variables(None, environ), dp)[0].message)
+    if dp <= 1:
         return out
     if environ.get(DP_BASE_PORT_ENV):
-        dp_base_port(environ)  # the user's value: refused here, with its name, not in every worker later
+        # the user's value: refused here, with its name, not in every worker later; so is a block past 65535
+        port_block(dp_base_port(environ), vllm_dp_port_count(cfg))
         return out
     out[DP_BASE_PORT_ENV] = str(pick_ports(vllm_dp_port_count(cfg), host_address(environ)) - 1)
     return out
@@ -459,7 +464,8 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
-    from verl_patches.launch import checkpoint_nodes, node_roster, preflight, preflight_vendor_env, ray_cluster
+    from verl_patches.launch import checkpoint_nodes, node_roster, preflight, preflight_env, preflight_vendor_env
+    from verl_patches.launch import ray_cluster
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(
@@ -481,6 +487,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # the vendor's variables, judged on every node (a worker's shell may carry them too), before anything starts
     vendor = preflight_vendor_env.vendor_findings(
         preflight_vendor_env.seen_variables(settings, os.environ), cfg, settings.world_size
+    )
+    vendor += preflight_env.dp_master_port_findings(  # the rest of the environment was judged in main
+        preflight_env.seen_variables(settings, os.environ), int(cfg.overlay.vllm_dp_size)
     )
     refused = [f.message for f in vendor if f.status == "fail"]
     if refused:
@@ -616,7 +625,32 @@ def hold_for_ray_jobs(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return dispatch(args)
+    except EnvError as e:  # a variable the launcher reads itself (VERL_PATCHES_DEVICE=NPU): one line, no traceback
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
 
+
+def environment_refused(settings: ClusterSettings, cluster: bool) -> bool:
+    """The registered variables of the launching environment and the env file, parsed as the job parses them
+    (`preflight_env`), before anything starts: a value the job would die on is refused, one line each; a typo
+    of ours, or a variable the launch replaces, is a note. True when something was refused."""
+    # lazy: that module loads omegaconf; importing this one must not
+    from verl_patches.launch import preflight_env
+
+    found = preflight_env.variable_findings(preflight_env.seen_variables(settings, os.environ), cluster=cluster)
+    for f in found:
+        if f.status == "warn":
+            print(f"launch: note: {f.message}", flush=True)
+    refused = [f.message for f in found if f.status == "fail"]
+    if refused:
+        print("launch: cannot start:\n  - " + "\n  - ".join(refused), file=sys.stderr)
+    return bool(refused)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """The dry run, the tiny run or the cluster launch, as ``args`` ask."""
     print(f"launch: {check_package_versions()[0]}", flush=True)  # another image is seen before anything starts
     flags = {s.name: getattr(args, s.name) for s in SETTINGS if getattr(args, s.name) is not None}
     try:
@@ -626,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         return run_preflight(args, settings)
+    if environment_refused(settings, cluster=not args.tiny):
+        return 2
     if args.tiny:
         try:
             return run_tiny(args, settings)

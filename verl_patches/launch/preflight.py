@@ -25,8 +25,10 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig
 
+from verl_patches.base.env_flags import EnvError
 from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight_checkpoint import checkpoint_folder_findings
+from verl_patches.launch.preflight_env import env_variable_findings
 from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
 from verl_patches.launch.preflight_host import cluster_findings, probe_host
@@ -217,6 +219,7 @@ def run_preflight(
     found += data_findings(ctx) + model_found + checkpoint_findings(ctx, model)
     found += checkpoint_folder_findings(ctx, model) + validation_findings(ctx) + run_end_findings(ctx)
     found += settings_findings(ctx, allow_remote_dashboard) + vendor_env_findings(ctx, os.environ)
+    found += env_variable_findings(ctx, os.environ)  # every registered variable, parsed as the job parses it
     found += cluster_findings(ctx)
     blocking = {"layout", "layout.megatron_parallel", "layout.layer_list", "layout.vllm_dp_size", "layout.rollout_tp"}
     if any(f.status == FAIL and f.check in blocking for f in layout_found):
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
     try:
         settings = load_settings(flags, args.env_file)
         cfg = compose(config_name, overrides, settings, args.root.resolve())
-    except (SettingsError, ConfigCompositionError) as e:
+    except (SettingsError, ConfigCompositionError, EnvError) as e:
         print(f"preflight: {e}", file=sys.stderr)
         return EXIT_USAGE
     die = (
@@ -423,17 +426,21 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
         if args.die_memory_gib is None
         else DieSpec(ATLAS_A3_DIE.name, int(args.die_memory_gib * GIB), "given with --die-memory-gib")
     )
-    return report(
-        cfg,
-        config_name,
-        overrides,
-        settings,
-        args.root.resolve(),
-        as_json=args.json,
-        host=host,
-        die=die,
-        allow_remote_dashboard=args.allow_remote_dashboard,
-    )
+    try:
+        return report(
+            cfg,
+            config_name,
+            overrides,
+            settings,
+            args.root.resolve(),
+            as_json=args.json,
+            host=host,
+            die=die,
+            allow_remote_dashboard=args.allow_remote_dashboard,
+        )
+    except EnvError as e:  # a variable the checks themselves cannot run with (VERL_PATCHES_DEVICE=NPU): one line
+        print(f"preflight: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def report(

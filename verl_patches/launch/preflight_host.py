@@ -21,7 +21,7 @@ from verl_patches.launch.ray_cluster import RAY_OWN_PORTS
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
 from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
-from verl_patches.rollout.dp_env import DpEnvError, dp_base_port
+from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, port_block
 
 HCCL_PORTS_PER_NODE = 16  # CANN: HCCL_IF_BASE_PORT occupies 16 ports starting at the base
 HCCL_BASE_PORT_MAX = 65520
@@ -131,13 +131,16 @@ def _is_head(ctx: Context) -> bool:
     return role == "head" or (role in (None, "auto") and ctx.settings.get("MASTER_ADDR") in ctx.host.local_addresses)
 
 
-def local_dp_port_findings(environ: Mapping[str, str]) -> list[Finding]:
+def local_dp_port_findings(environ: Mapping[str, str], cfg: Any = None) -> list[Finding]:
     """The tiny run keeps a DP base port the user exported (the cluster launch sets it from MASTER_PORT): the dry
-    run refuses a malformed one as the launch does."""
+    run refuses a malformed one, and one whose block of DP master ports (one per DP group of ``cfg``) runs past
+    65535, as the launch does."""
     if not environ.get(DP_BASE_PORT_ENV):
         return []
     try:
         base = dp_base_port(environ)
+        dp_size = int(get(cfg, "overlay.vllm_dp_size") or 1) if cfg is not None else 1
+        port_block(base, vllm_dp_port_count(cfg) if dp_size > 1 else 0)  # DP size 1: no DP group, no port
     except DpEnvError as e:
         return [Finding("local.dp_ports", FAIL, str(e), DP_BASE_PORT_ENV)]
     return [Finding("local.dp_ports", OK, f"{DP_BASE_PORT_ENV}={base}: vLLM DP master ports from {base + 1}")]
@@ -152,7 +155,7 @@ def cluster_findings(
     if not ctx.cluster_profile:
         return [
             Finding("cluster", OK, "local profile: no cluster settings, NIC, CANN or NPUs needed")
-        ] + local_dp_port_findings(os.environ if environ is None else environ)
+        ] + local_dp_port_findings(os.environ if environ is None else environ, ctx.cfg)
     s, npu = ctx.settings, ctx.host.is_npu
     here = "" if npu else f" (this is a {ctx.host.device} host; checked on the NPU nodes)"
     out: list[Finding] = []

@@ -18,7 +18,7 @@ never from MASTER_PORT inside a worker: verl's rank 0 replaces that with torch.d
 kernel handed out from its ephemeral range, and the ports after it are anyone's (an outgoing connection of
 the job itself can hold one).
 
-Pure planning: `dp_assignment`, `all_group_ports`, `dp_base_port` (from a mapping). Execution:
+Pure planning: `dp_assignment`, `all_group_ports`, `port_block`, `dp_base_port` (from a mapping). Execution:
 `host_address`, `check_port_free`, `export_env`, `init_vllm_dp_env` (needs torch.distributed initialised).
 """
 
@@ -100,6 +100,18 @@ def dp_base_port(environ: Mapping[str, str] | None = None) -> int:
         return env_registry.integer(BASE_PORT_ENV, environ)  # 1023..65534, as the dry run parses it
     except EnvError as e:
         raise DpEnvError(str(e)) from None
+
+
+def port_block(base_port: int, groups: int) -> range:
+    """The DP master ports of ``groups`` DP groups from ``base_port`` (``base + 1 .. base + groups``, as
+    `dp_assignment` hands them out); DpEnvError, naming the variable, when the block runs past 65535."""
+    block = range(base_port + 1, base_port + 1 + groups)
+    if groups and block[-1] > 65535:
+        raise DpEnvError(
+            f"{BASE_PORT_ENV}={base_port}: its {groups} DP master ports {block[0]}..{block[-1]} run past 65535; "
+            f"set it to at most {65535 - groups}"
+        )
+    return block
 
 
 def all_group_ports(layout: RolloutLayout, base_port: int) -> dict[int, int]:
