@@ -49,6 +49,9 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
 
 REPO = Path(__file__).resolve().parents[1]
+
+from verl_patches.base.atomic_write import write_atomically, write_json_atomically  # noqa: E402  (stdlib only)
+
 DTYPES = ("bfloat16", "float32")
 FP32_BAR = 1e-3  # the tiny run's bound on rollout_mismatch/logprob_abs_diff_mean (fp32 engines)
 TIS_CAP = 2.0  # the A3 profiles' actor_rollout_ref.actor.rollout_correction.tis_cap
@@ -279,7 +282,7 @@ def rollout_rank(spec_file: str, rank: int, world: int, port: int, out_file: str
         )
     graph_steps = sum(all(c == 1 for c in s["counts"]) for s in STEPS)
     result = {"sequences": sequences, "steps": STEPS, "generate_s": seconds, "decode_only_steps": graph_steps}
-    Path(out_file).write_text(json.dumps(result))
+    write_json_atomically(out_file, result, indent=None)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -426,15 +429,14 @@ def run_rollout(args: argparse.Namespace, cfg: Any, assets: Any, prompts: list, 
     run_dir = args.work_dir / dtype
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = run_dir / "spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "model_dir": str(assets.model_dir),
-                "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout),
-                "prompts": prompts,
-                "tp": args.rollout_tp,
-            }
-        )
+    write_json_atomically(
+        spec,
+        {
+            "model_dir": str(assets.model_dir),
+            "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout),
+            "prompts": prompts,
+            "tp": args.rollout_tp,
+        },
     )
     # one block outside the ephemeral range (where other processes' connections take ports): the ranks' own gloo
     # group on its first port, F2's DP master ports (one DP group per TP rank) on the ports after it
@@ -635,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         path = args.work_dir / dtype / "batch.pt"
-        torch.save(batch, path)
+        write_atomically(path, lambda tmp, batch=batch: torch.save(batch, tmp))
         batches[dtype], seqs_of[dtype] = (batch, str(path)), seqs
     t = time.monotonic()
     (train,) = run_ranks(
@@ -651,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     print(f"training engine scored both pairs in {time.monotonic() - t:.0f} s", flush=True)
-    (args.work_dir / "train.json").write_text(json.dumps(train))
+    write_json_atomically(args.work_dir / "train.json", train, indent=None)
     results = {d: pair_report(seqs_of[d], batches[d][0], train[d], n_layers) for d in dtypes}
     ok, line = verdict(results, any_cfg)
     for text in report_lines(results) + [line]:
@@ -665,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         "verdict": line,
         "seconds": time.monotonic() - t0,
     }
-    (args.work_dir / "results.json").write_text(json.dumps(record, indent=2))
+    write_json_atomically(args.work_dir / "results.json", record)
     print(f"total {record['seconds']:.0f} s; {args.work_dir / 'results.json'}")
     return 0 if ok else 1
 
