@@ -467,3 +467,24 @@ def test_every_entry_names_owners_that_mention_it() -> None:
             if not path.is_file() or mention not in path.read_text():
                 stale.append(f"{var.name}: owner {owner} does not mention it")
     assert not stale, "\n".join(stale)
+
+
+def test_readmes_table_is_the_registrys() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert env_registry.readme_block() in readme, (
+        "README's table of environment variables is not the registry's: "
+        "python -m verl_patches.base.env_registry --write-readme README.md"
+    )
+    assert readme.count(env_registry.README_BEGIN) == 1
+
+
+def test_write_readme_replaces_the_table_and_nothing_else(tmp_path: Path, capsys) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{env_registry.README_BEGIN}\n| old |\n{env_registry.README_END}\nrest\n")
+    assert env_registry.main(["--write-readme", str(readme)]) == 0
+    assert readme.read_text() == f"intro\n{env_registry.readme_block()}\nrest\n"
+    readme.write_text("no markers\n")
+    assert env_registry.main(["--write-readme", str(readme)]) == 2
+    assert "no '<!-- env-registry:begin" in capsys.readouterr().err and readme.read_text() == "no markers\n"
+    assert env_registry.main(["--markdown"]) == 0
+    assert capsys.readouterr().out == env_registry.markdown_table()

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_patches.base.env_flags import SPELLINGS, EnvError, env_flag, env_float, env_int, env_list, env_str
+from verl_patches.base.env_flags import EnvError, env_flag, env_float, env_int, env_list, env_str
 
 FLAG, INT, FLOAT, TEXT, LIST, CHOICE, RETIRED = "switch", "integer", "number", "text", "list", "choice", "retired"
 KINDS = (FLAG, INT, FLOAT, TEXT, LIST, CHOICE, RETIRED)
@@ -111,7 +111,7 @@ class Variable:
     def accepted(self) -> str:
         """What a value may be, for README's table and the refusals."""
         if self.kind == FLAG:
-            return "switch: " + SPELLINGS
+            return "switch"
         if self.kind in (INT, FLOAT):
             low = "" if self.minimum is None else f"≥ {_number(self.minimum)}"
             high = "" if self.maximum is None else f"≤ {self.maximum}"
