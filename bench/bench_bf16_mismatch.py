@@ -522,8 +522,9 @@ def pair_report(seqs: list[dict], batch: dict, train: dict, n_layers: int) -> di
                 at_flip[i, t] = True
     out.update(flip_shares(counts))
     delta = (train_lp.double() - rollout_lp.double()).abs()
-    out["mean_abs_diff_at_flips"] = float(delta[at_flip].mean()) if at_flip.any() else math.nan
-    out["mean_abs_diff_elsewhere"] = float(delta[~at_flip].mean()) if (~at_flip).any() else math.nan
+    # None (JSON null) where no token is in the class: no mean to give
+    out["mean_abs_diff_at_flips"] = float(delta[at_flip].mean()) if at_flip.any() else None
+    out["mean_abs_diff_elsewhere"] = float(delta[~at_flip].mean()) if (~at_flip).any() else None
     return out
 
 
@@ -547,7 +548,8 @@ def report_lines(results: dict[str, dict[str, float]]) -> list[str]:
     head = f"{'pair':<9}" + "".join(f"{c:>16}" for c, _, _ in COLUMNS)
     lines = [head]
     for dtype, r in results.items():
-        lines.append(f"{dtype:<9}" + "".join(f"{fmt.format(r[k]):>16}" for _, k, fmt in COLUMNS))
+        cells = ("-" if r[k] is None else fmt.format(r[k]) for _, k, fmt in COLUMNS)
+        lines.append(f"{dtype:<9}" + "".join(f"{c:>16}" for c in cells))
     if set(DTYPES) <= set(results):
         b, f = results["bfloat16"], results["float32"]
         ratio = b["rollout_mismatch/logprob_abs_diff_mean"] / max(f["rollout_mismatch/logprob_abs_diff_mean"], 1e-30)

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_bf16_mismatch import (
+    COLUMNS,
     logprob_band,
     merge_tp_taps,
+    report_lines,
     rollout_routes,
     routing_flips,
     step_rows,
@@ -79,3 +81,11 @@ def test_logprob_band_uses_the_runs_metrics_and_adds_the_bands_shape() -> None:
     assert band["p99_abs_diff"] == pytest.approx(float(torch.quantile(delta.abs(), 0.99)))
     assert band["share_above_1_nat"] == pytest.approx(float((delta.abs() > 1).double().mean()))
     assert band["share_tis_capped"] == pytest.approx(float((delta > math.log(2.0)).double().mean()))
+
+
+def test_the_report_shows_a_class_without_tokens_as_a_dash() -> None:
+    row = {key: 0.5 for _, key, _ in COLUMNS} | {"routed_tokens": 10.0}
+    fp32 = dict(row, mean_abs_diff_at_flips=None)  # no flip: no mean gap at flips
+    lines = report_lines({"bfloat16": row, "float32": fp32})
+    assert lines[2].split()[0] == "float32" and lines[2].split().count("-") == 1
+    assert lines[3].startswith("bf16 / fp32 mean")
