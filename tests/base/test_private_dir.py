@@ -49,7 +49,8 @@ def test_a_level_group_or_others_can_write_is_refused_with_the_fix(tmp_path, mod
     with pytest.raises(PrivateDirError) as err:
         open_private_dir(root, ("a",), root_hint=HINT)
     message = str(err.value)
-    assert message.startswith(f"{target.resolve()}: is writable by group/others (mode {mode:o}); ")
+    sticky = ", sticky" if mode & stat.S_ISVTX else ""  # base.folder_access's words: sticky does not help here
+    assert message.startswith(f"{target.resolve()}: is writable by group/others (mode {mode:o}{sticky}); ")
     assert f"`chmod go-w {target.resolve()}`" in message and HINT in message and "\n" not in message
 
 
@@ -146,3 +147,26 @@ def test_a_hint_written_with_its_own_or_reads_once(tmp_path):
     with pytest.raises(PrivateDirError) as err:
         open_private_dir(root, (), root_hint="or set X to a folder only you can write")
     assert str(err.value).endswith(f"`chmod go-w {root.resolve()}`, or set X to a folder only you can write")
+
+
+@pytest.mark.parametrize("above", [0o755, 0o775, 0o777, 0o1777, 0o1775])
+@pytest.mark.parametrize("own", [0o700, 0o755, 0o770, 0o1777])
+def test_the_walk_and_the_path_check_judge_a_folder_alike(tmp_path, above, own):
+    """One home for the rule (base.folder_access): the cache walk refuses exactly what the checkpoint root's
+    path check names, with the same words, whatever the modes of the folder and the level above it."""
+    from verl_patches.base.folder_access import access_problem
+
+    tmp_path.chmod(0o700)
+    parent = tmp_path / "parent"
+    (parent / "cache").mkdir(parents=True)
+    (parent / "cache").chmod(own)
+    parent.chmod(above)
+    problem = access_problem(parent / "cache", private=True)
+    if problem is None:
+        with private_dir(parent / "cache", (), root_hint=HINT) as (_, path):
+            assert path == (parent / "cache").resolve()
+        return
+    with pytest.raises(PrivateDirError) as err:
+        open_private_dir(parent / "cache", (), root_hint=HINT)
+    folder, why = problem.split(": ", 1)
+    assert str(err.value).startswith(f"{folder}: is {why}; ")

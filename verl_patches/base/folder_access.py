@@ -16,7 +16,9 @@ another account could:
 
 Group bits show a POSIX ACL's mask, so a folder an ACL lets another user write into is named too. This is a
 check of permissions, read by path: an account that can change them is the owner, which the check requires
-to be root or us.
+to be root or us. The two rules, on one folder's status (`passage_problem` for a level we go through,
+`private_problem` for the folder we trust), are also what `base.private_dir` applies level by level to the
+descriptors it walks with: one home for who may change a folder.
 """
 
 from __future__ import annotations
@@ -60,38 +62,43 @@ def _lookups(path: Path) -> tuple[list[tuple[Path, str]], Path]:
     return seen, here
 
 
+def passage_problem(st: os.stat_result, uid: int, name: str | None = None) -> str | None:
+    """Why another account can rename or replace ``name`` in a folder we go through (``st``: that folder's
+    status; ``name`` None: whatever each user creates in it), or None: the folder must be root's or this
+    account's, and writable by group/others only when sticky. No path in the line: the caller names the
+    folder. The one rule for the levels above a folder we trust, whether read by path (`access_problem`) or
+    by descriptor (`base.private_dir`)."""
+    if name is None:
+        owned, writable = "who can replace what is in it", "they can replace what is in it"
+    else:
+        owned, writable = f"who can rename {name!r} in it", f"they can rename {name!r} and put their own in its place"
+    if st.st_uid not in (0, uid):
+        return f"owned by uid {st.st_uid} (neither root nor this account), {owned}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"writable by group/others and not sticky ({_mode(st)}): {writable}"
+    return None
+
+
+def private_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why what lies in a folder (or a file) with status ``st`` cannot be trusted as this account's alone:
+    another owner, or writable by group/others, sticky or not; None when it can. No path in the line, and
+    the kind of entry is the caller's to check."""
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this account (uid {uid})"
+    if st.st_mode & 0o022:
+        sticky = ", sticky" if st.st_mode & stat.S_ISVTX else ""
+        return f"writable by group/others ({_mode(st)}{sticky})"
+    return None
+
+
 def _level_problem(folder: Path, name: str, uid: int) -> str | None:
     st = os.stat(folder)
-    if st.st_uid not in (0, uid):
-        return f"{folder}: owned by uid {st.st_uid} (neither root nor this account), who can rename {name!r} in it"
-    if st.st_mode & 0o022:
-        if not st.st_mode & stat.S_ISVTX:
-            return (
-                f"{folder}: writable by group/others and not sticky ({_mode(st)}): they can rename {name!r} "
-                "and put their own in its place"
-            )
+    if problem := passage_problem(st, uid, name):
+        return f"{folder}: {problem}"
+    if st.st_mode & 0o022:  # sticky: the entry's owner can still rename it
         entry = os.lstat(folder / name)
         if entry.st_uid not in (0, uid):
             return f"{folder / name}: owned by uid {entry.st_uid} in the shared folder {folder}, who can replace it"
-    return None
-
-
-def _container_problem(folder: Path, uid: int) -> str | None:
-    """A folder judged as a level above what each user creates in it (``private=False``)."""
-    st = os.stat(folder)
-    if st.st_uid not in (0, uid):
-        return f"{folder}: owned by uid {st.st_uid} (neither root nor this account), who can replace what is in it"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"{folder}: writable by group/others and not sticky ({_mode(st)}): they can replace what is in it"
-    return None
-
-
-def _private_problem(folder: Path, st: os.stat_result, uid: int) -> str | None:
-    if st.st_uid != uid:
-        return f"{folder}: owned by uid {st.st_uid}, not by this account (uid {uid})"
-    if st.st_mode & 0o022:
-        sticky = ", sticky" if st.st_mode & stat.S_ISVTX else ""
-        return f"{folder}: writable by group/others ({_mode(st)}{sticky})"
     return None
 
 
@@ -108,7 +115,8 @@ def access_problem(path: str | os.PathLike, *, private: bool, uid: int | None = 
         problem = _level_problem(folder, name, uid)
         if problem:
             return problem
-    return _private_problem(real, final, uid) if private else _container_problem(real, uid)
+    problem = private_problem(final, uid) if private else passage_problem(final, uid)
+    return f"{real}: {problem}" if problem else None
 
 
-__all__ = ["MAX_LINKS", "access_problem"]
+__all__ = ["MAX_LINKS", "access_problem", "passage_problem", "private_problem"]

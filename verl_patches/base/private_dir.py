@@ -3,7 +3,8 @@
 A cache we load code from (a compiled extension, wheels) is only as trustworthy as the folders that hold it:
 whoever can write into one of them, or rename it, can plant a file there. `open_private_dir` therefore walks
 from ``/`` to the folder with descriptors (``openat``, never following a link at any depth) and checks each
-level as it goes:
+level as it goes, with the rules of `base.folder_access` (`private_problem`, `passage_problem`) applied to the
+descriptor it holds:
 
 * the cache root and every level below it (created 0700 where missing) must be owned by this account and not
   writable by group or others;
@@ -25,6 +26,8 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from verl_patches.base.folder_access import passage_problem, private_problem
+
 _DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_PATH: an ancestor we may not list (/home at 0711) can still be opened to walk through and fstat
 _ANCESTOR_FLAGS = _DIR_FLAGS | getattr(os, "O_PATH", os.O_RDONLY)
@@ -34,35 +37,22 @@ class PrivateDirError(PermissionError):
     """A cache folder others can change (or one we cannot check); the message names it and the fix."""
 
 
+def _not_ours(st: os.stat_result, uid: int, *, right_kind: bool, kind: str) -> str | None:
+    if not right_kind:
+        return f"is not a {kind}"
+    why = private_problem(st, uid)
+    return f"is {why}" if why else None
+
+
 def _why_not_ours(st: os.stat_result, uid: int) -> str | None:
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a folder"
-    if st.st_uid != uid:
-        return f"is owned by uid {st.st_uid}, not by this account (uid {uid})"
-    if st.st_mode & 0o022:
-        return f"is writable by group/others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _why_unsafe_ancestor(st: os.stat_result, uid: int) -> str | None:
-    if st.st_uid not in (0, uid):
-        return f"is owned by uid {st.st_uid} (neither root nor this account), who can rename what lies below it"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by group/others and not sticky (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    return _not_ours(st, uid, right_kind=stat.S_ISDIR(st.st_mode), kind="folder")
 
 
 def file_not_ours(st: os.stat_result, uid: int | None = None) -> str | None:
     """Why a file of a private cache cannot be trusted (not a regular file, another owner, writable by
     group/others), or None when it can."""
     uid = os.geteuid() if uid is None else uid
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_uid != uid:
-        return f"is owned by uid {st.st_uid}, not by this account (uid {uid})"
-    if st.st_mode & 0o022:
-        return f"is writable by group/others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    return _not_ours(st, uid, right_kind=stat.S_ISREG(st.st_mode), kind="regular file")
 
 
 def _fix(path: Path, why: str, root_hint: str) -> str:
@@ -87,10 +77,9 @@ def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root
     path = Path("/")
     fd = os.open("/", _ANCESTOR_FLAGS)
     try:
-        st = os.fstat(fd)
-        if parts and (why := _why_unsafe_ancestor(st, uid)):
-            raise PrivateDirError(f"{path}: {why}; {root_hint}")
-        for name, private in levels:
+        if levels and (why := passage_problem(os.fstat(fd), uid, levels[0][0])):
+            raise PrivateDirError(f"{path}: is {why}; {root_hint}")
+        for i, (name, private) in enumerate(levels):
             path = path / name
             if private:
                 try:
@@ -111,7 +100,11 @@ def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root
             os.close(fd)
             fd = child
             st = os.fstat(fd)
-            why = _why_not_ours(st, uid) if private else _why_unsafe_ancestor(st, uid)
+            if private:
+                why = _why_not_ours(st, uid)
+            else:  # an ancestor is always followed by the level it leads to
+                why = passage_problem(st, uid, levels[i + 1][0])
+                why = f"is {why}" if why else None
             if why:
                 raise PrivateDirError(f"{path}: {why}; {_fix(path, why, root_hint)}")
         return fd, path
