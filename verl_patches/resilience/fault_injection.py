@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from verl_patches.base.env_flags import env_str
+from verl_patches.base import env_registry
 from verl_patches.resilience import progress
 
 INJECT_ENV = "VERL_PATCHES_INJECT_STOP"
@@ -47,7 +47,7 @@ def arm(
     """Install the stop for this process when the variable names it; returns what was armed.
     `before_stop` (the heartbeat's beat) publishes the position first, as a process stopped from outside
     seconds into a phase would have."""
-    raw = env_str(INJECT_ENV, environ=environ)
+    raw = env_registry.text(INJECT_ENV, environ)
     if not raw:
         return None
     plan = parse(raw)
