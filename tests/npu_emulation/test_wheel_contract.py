@@ -313,6 +313,10 @@ NO_WHEEL_META = {  # the wheel ships these without a Meta function: the emulatio
     "atb::_npu_reshape_and_cache",
     "atb::_npu_paged_attention_mla",
     "atb::_npu_rotary_embedding",
+    "atb::_npu_flash_attention",
+    "atb::_npu_flash_attention_qlens",
+    "atb::_npu_paged_attention",
+    "atb::_npu_paged_attention_splitfuse",
 }
 
 

@@ -310,6 +310,67 @@ OPS: tuple[EmulatedOp, ...] = (
         "pairs (i, i + rot_dim/2) neox style, else (2i, 2i + 1)",
         wheel_ops=("atb::_npu_rotary_embedding",),
     ),
+    # ---- for vllm-ascend's own tests (tests/vllm_ascend_upstream): paths A3's DeepSeek job does not take ----------
+    EmulatedOp(
+        "torch_npu.npu_apply_rotary_pos_emb",
+        "torch_npu (torch.ops.npu custom op; vllm-ascend rope_forward_oot with precomputed cos/sin: Qwen models)",
+        "verl_patches.npu_emulation.ops.apply_rotary_pos_emb:npu_apply_rotary_pos_emb",
+        "in place: x = x*cos + cat(-x2, x1)*sin for x = query [B,S,N,D], key [B,S,Nk,D], cos/sin [B,S,1,D]; "
+        "float16 in half arithmetic, bfloat16/float32 in float32; layout BSH only",
+        wheel_ops=("npu::npu_apply_rotary_pos_emb",),
+    ),
+    EmulatedOp(
+        "torch_npu._npu_flash_attention",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend V1 attention without MLA, prefill without cache)",
+        "verl_patches.npu_emulation.ops.paged_attention:npu_flash_attention",
+        "per packed sequence: softmax(scale * q k^T, mask[:L, :L] != 0 blocked) v, GQA, into out",
+        wheel_ops=("atb::_npu_flash_attention",),
+    ),
+    EmulatedOp(
+        "torch_npu._npu_flash_attention_qlens",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend V1 attention without MLA, prefill with a cache hit)",
+        "verl_patches.npu_emulation.ops.paged_attention:npu_flash_attention_qlens",
+        "the q_len new tokens of each sequence attend causally (bottom-right) to its kv_len paged tokens; the "
+        "mask must be the square causal tile",
+        wheel_ops=("atb::_npu_flash_attention_qlens",),
+    ),
+    EmulatedOp(
+        "torch_npu._npu_paged_attention",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend V1 attention without MLA, decode)",
+        "verl_patches.npu_emulation.ops.paged_attention:npu_paged_attention",
+        "one query token per sequence attends to its context_lens[b] paged tokens, GQA, into out",
+        wheel_ops=("atb::_npu_paged_attention",),
+    ),
+    EmulatedOp(
+        "torch_npu._npu_paged_attention_splitfuse",
+        "torch_npu ATB (torch.ops.atb custom op; vllm-ascend V1 attention without MLA, chunked prefill)",
+        "verl_patches.npu_emulation.ops.paged_attention:npu_paged_attention_splitfuse",
+        "query token t of sequence b attends to paged key j < context_lens[b] where mask[t, j] == 0",
+        wheel_ops=("atb::_npu_paged_attention_splitfuse",),
+    ),
+    EmulatedOp(
+        "torch.ops._C.rotary_embedding",
+        "vllm-ascend's vllm_ascend_C (csrc/torch_binding.cpp; registered on a CPU host only, where it is absent; "
+        "called for float16 queries, A3 runs bfloat16)",
+        "verl_patches.npu_emulation.ops.vllm_ascend_kernels:rotary_embedding",
+        "new [T, N, D] tensors: x[:h]*cos - x[h:r]*sin, x[:h]*sin + x[h:r]*cos, x[r:] copied (r = cache width, "
+        "h = r/2); float16 in half arithmetic, bfloat16 in float32 cast toward zero; neox only, head_size % 32 == 0",
+    ),
+    EmulatedOp(
+        "torch.ops._C.get_masked_input_and_mask",
+        "vllm-ascend's vllm_ascend_C (csrc/torch_binding.cpp; registered on a CPU host only; A3 computes the mask "
+        "in Python)",
+        "verl_patches.npu_emulation.ops.vllm_ascend_kernels:get_masked_input_and_mask",
+        "VocabParallelEmbedding's shard-local ids and out-of-shard mask, int32 ids below 2**24",
+    ),
+    EmulatedOp(
+        "torch.ops._C.advance_step_flashattn_ascendc",
+        "vllm-ascend's vllm_ascend_C (csrc/torch_binding.cpp; registered on a CPU host only; V0 multi-step runner, "
+        "A3 runs V1)",
+        "verl_patches.npu_emulation.ops.vllm_ascend_kernels:advance_step_flashattn_ascendc",
+        "in place for the first num_queries sequences: token := sampled, position := seq_len, seq_len += 1, "
+        "slot := block_tables[i, p // bs] * bs + p % bs",
+    ),
 )
 
 # MindSpeed features (A3 profile) and NPU facilities that do not run on a CPU host.

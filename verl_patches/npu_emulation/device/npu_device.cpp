@@ -656,7 +656,26 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool ch
   }
 }
 
+// torch_npu's gather takes an int32 index as well as an int64 one; the CPU kernel only int64 (vllm-ascend's own tests
+// gather block tables by int32 positions). An int32 index of aten::gather (any overload) is widened before the CPU
+// kernel runs.
+void widen_int32_gather_index(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.operator_name().name != "aten::gather") {
+    return;
+  }
+  const auto& schema = op.schema();
+  const auto index = schema.argumentIndexWithName("index");
+  if (!index.has_value()) {
+    return;
+  }
+  c10::IValue& v = (*stack)[stack->size() - schema.arguments().size() + *index];
+  if (v.isTensor() && v.toTensor().scalar_type() == at::kInt) {
+    v = v.toTensor().to(at::kLong);
+  }
+}
+
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  widen_int32_gather_index(op, stack);
   // Device rules are aten's; other namespaces (custom ops) decide about CPU arguments themselves.
   run_on_cpu(op, stack, op.operator_name().name.rfind("aten::", 0) == 0);
 }
@@ -885,6 +904,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(npu_local_scalar_dense));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(npu_has_compatible_shallow_copy_type));
   m.impl("record_stream", TORCH_FN(npu_record_stream));
+  // aten's default kernel for gather checks the index dtype before any backend runs: the fallback widens it first
+  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 // A backend kernel of a CompositeImplicitAutograd op takes the op's autograd entry away: give it back.

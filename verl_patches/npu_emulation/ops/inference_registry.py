@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from verl_patches.npu_emulation.ops import infer_norm_rope, mla, paged_cache, prefetch, top_k_top_p
+from verl_patches.npu_emulation.ops import apply_rotary_pos_emb, paged_attention
 from verl_patches.npu_emulation.wheel_contract.registration import Emulated, Registered, register
 
 
@@ -63,6 +64,18 @@ INFERENCE_OPS: tuple[Emulated, ...] = (
     Emulated("atb::_npu_reshape_and_cache", paged_cache.npu_reshape_and_cache, fallback_fake=_returns_nothing),
     Emulated("atb::_npu_paged_attention_mla", mla.npu_paged_attention_mla, fallback_fake=_returns_nothing),
     Emulated("atb::_npu_rotary_embedding", infer_norm_rope.npu_rotary_embedding, fallback_fake=_returns_nothing),
+    # for models without MLA (vllm-ascend's own engine tests on small Qwen2/OPT models; not on A3's DeepSeek path)
+    Emulated("npu::npu_apply_rotary_pos_emb", apply_rotary_pos_emb.npu_apply_rotary_pos_emb),
+    Emulated("atb::_npu_flash_attention", paged_attention.npu_flash_attention, fallback_fake=_returns_nothing),
+    Emulated(
+        "atb::_npu_flash_attention_qlens", paged_attention.npu_flash_attention_qlens, fallback_fake=_returns_nothing
+    ),
+    Emulated("atb::_npu_paged_attention", paged_attention.npu_paged_attention, fallback_fake=_returns_nothing),
+    Emulated(
+        "atb::_npu_paged_attention_splitfuse",
+        paged_attention.npu_paged_attention_splitfuse,
+        fallback_fake=_returns_nothing,
+    ),
 )
 
 

@@ -25,6 +25,7 @@ def _expose_emulated_ops() -> None:
     from verl_patches.npu_emulation.ops.inference_registry import register_inference_ops
     from verl_patches.npu_emulation.ops.moe_registry import register_moe_ops
     from verl_patches.npu_emulation.ops.training_registry import training_functions
+    from verl_patches.npu_emulation.ops.vllm_ascend_c_registry import register_vllm_ascend_c_ops
 
     names = globals()
     names.update(training_functions())
@@ -34,6 +35,7 @@ def _expose_emulated_ops() -> None:
         {n.split(".", 1)[1]: op for n, op in packets.items() if n.startswith("atb.")}
     )
     names.update(register_moe_ops())
+    register_vllm_ascend_c_ops()  # torch.ops._C: vllm-ascend's own compiled kernels, which a CPU host lacks
 
 
 _expose_emulated_ops()
