@@ -1,11 +1,19 @@
 """Memory calls: the "device" is the host, so totals come from host memory; allocated bytes are those of npu
-tensors (the npu device emulation's counters, 0 before it is loaded). Nothing is cached: reserved is allocated."""
+tensors (the npu device emulation's counters, 0 before it is loaded). Nothing is cached: reserved is allocated.
+
+VERL_PATCHES_NPU_MEMORY_GIB gives the emulated device a capacity of its own (GiB) instead of the host's total: a
+vLLM engine sizes its KV cache as a share of the device (gpu_memory_utilization), and a share of a whole host,
+written with zeros, is more memory than a host that runs other processes can give (vllm-ascend's own tests keep
+upstream's 0.9)."""
 
 import os
 
 import torch
 
+from verl_patches.base import env_registry
 from verl_patches.npu_emulation.device.build import loaded_extension
+
+CAPACITY_ENV = "VERL_PATCHES_NPU_MEMORY_GIB"
 
 
 def _host_memory() -> tuple[int, int]:
@@ -24,7 +32,8 @@ def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) of the emulated device: its capacity is the host's total memory, and what is used is what
     this process holds in npu tensors. Not the host's available memory: that moves with every other process,
     and vllm-ascend's KV-cache sizing asserts free memory fell while it profiled (it would rise at random)."""
-    total = _host_memory()[1]
+    capacity_gib = env_registry.number(CAPACITY_ENV)  # 0 (the host's) when unset
+    total = int(capacity_gib * (1 << 30)) if capacity_gib else _host_memory()[1]
     return max(0, total - memory_allocated(device)), total
 
 
