@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_patches.base import env_registry
 from verl_patches.base.atomic_write import swap_folder_in, temp_dir_for
 from verl_patches.sources import cache_route, names, pypi_route
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError
@@ -116,8 +117,8 @@ def install(
         if _matches(folder, pin.tree_sha256):  # another process installed it while this one waited
             return folder
         comp = lock.select([component])[0]
-        if cache_dir is None and os.environ.get(SOURCES_CACHE_ENV):
-            cache_dir = Path(os.environ[SOURCES_CACHE_ENV])
+        if cache_dir is None and env_registry.text(SOURCES_CACHE_ENV):
+            cache_dir = Path(env_registry.text(SOURCES_CACHE_ENV))
         artifact = _artifact(comp, cache or user_cache_dir(), cache_dir, offline)
         staged = temp_dir_for(folder)
         try:
