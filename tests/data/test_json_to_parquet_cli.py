@@ -63,9 +63,10 @@ def test_invalid_rows_exit_2_with_named_rows_and_write_nothing(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--train_data_ratio", "1"], "must be in (0, 1)"),
-        (["--train_data_ratio", "0"], "must be in (0, 1)"),
-        (["--train_data_ratio", "abc"], "not a number"),
+        (["--train_data_ratio", "1"], "argument --train_data_ratio: must be above 0 and below 1, got 1"),
+        (["--train_data_ratio", "0"], "argument --train_data_ratio: must be above 0 and below 1, got 0"),
+        (["--train_data_ratio", "abc"], "argument --train_data_ratio: expected a finite decimal number, got 'abc'"),
+        (["--train_data_ratio", "nan"], "argument --train_data_ratio: expected a finite decimal number, got 'nan'"),
         (["--template", "nonsense"], "unknown template 'nonsense'"),
     ],
 )

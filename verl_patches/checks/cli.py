@@ -5,13 +5,13 @@ any failure on the way (one line): 1 is never a crash."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import traceback
 from pathlib import Path
 
 from verl_patches.base import env_registry
 from verl_patches.base.env_flags import EnvError
+from verl_patches.base.finite_float import float_arg
 from verl_patches.base.strict_int import IntError, int_arg, parse_int
 from verl_patches.checks.run import ENGINES, CheckRequest, CheckRequestError, run_check
 from verl_patches.multirank import RankFailure
@@ -26,16 +26,6 @@ def _layer_list(text: str) -> tuple[int, ...]:
         return tuple(parse_int(x, "item", minimum=1) for x in text.split(","))
     except IntError:
         raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a comma-separated list of positive integers") from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-    if not 0 < value < math.inf:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text[:40]!r}")
-    return value
 
 
 def _engines(text: str) -> tuple[str, ...]:
@@ -86,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tolerance",
-        type=_positive_float,
+        type=float_arg(above=0),
         default=None,
         help="max |log-prob difference| allowed (default 1e-3 in float32, 0.15 in bfloat16)",
     )
@@ -101,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run even when the memory estimate exceeds the host's available memory",
     )
-    p.add_argument("--timeout", type=_positive_float, default=1800.0, help="seconds the ranks may take")
+    p.add_argument("--timeout", type=float_arg(above=0), default=1800.0, help="seconds the ranks may take")
     p.add_argument("--work-dir", type=Path, default=None, help="where the temporary model folders go")
     return p
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from omegaconf import DictConfig
 
 from verl_patches.base.env_flags import EnvError
+from verl_patches.base.finite_float import float_arg
 from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight_checkpoint import checkpoint_folder_findings
 from verl_patches.launch.preflight_env import env_variable_findings
@@ -310,16 +311,6 @@ def compose(config_name: str, overrides: list[str], settings: ClusterSettings, r
         return resolved(composed)
 
 
-def _positive_gib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GiB, got {text[:40]!r}") from None
-    if not 0 < value < 1 << 20:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"expected a positive number of GiB below {1 << 20}, got {text[:40]!r}")
-    return value
-
-
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(
         prog="python -m verl_patches.launch.preflight",
@@ -367,7 +358,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="accept a RAY_DASHBOARD_HOST other than loopback, as the launch does with this flag",
     )
     p.add_argument(
-        "--die-memory-gib", type=_positive_gib, help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: Atlas A3)"
+        "--die-memory-gib",
+        type=float_arg(above=0, below=1 << 20),
+        help=f"HBM per die (default {ATLAS_A3_DIE.hbm_bytes // GIB}: Atlas A3)",
     )
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repo root (default: this checkout)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -30,6 +30,7 @@ if __name__ == "__main__" and not __package__:
 from verl_patches.base.tool_python import third_party_imports  # noqa: E402
 
 with third_party_imports("convert_ckpt_deepseek3.py"):  # another Python than requirements.txt's: one line, exit 2
+    from verl_patches.base.finite_float import float_arg
     from verl_patches.base.strict_int import StepNumberError, int_arg, parse_step_int
     from verl_patches.weights.cli import run_cli
     from verl_patches.weights.config import load_config
@@ -49,16 +50,6 @@ _UNSUPPORTED = {
     "--num-nextn-predict-layers": "the training config has no MTP layer (num_nextn_predict_layers 0)",
     "--allow-pickle": "rank files are always loaded weights-only (tensors and plain data; never pickled code)",
 }
-
-
-def _shard_gb(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GB, got {text[:40]!r}") from None
-    if not 0.001 <= value <= 1024:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"expected a size in 0.001..1024 GB, got {text[:40]!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tokenizer-dir", default=None, help="--reverse: copy tokenizer files from this directory")
     p.add_argument("--iteration", default=None, help="--reverse: iteration to export (default: the tracker's)")
-    p.add_argument("--max-shard-size-gb", type=_shard_gb, default=5.0, help="--reverse: output shard size (default 5)")
+    p.add_argument(
+        "--max-shard-size-gb",
+        type=float_arg(at_least=0.001, at_most=1024),
+        default=5.0,
+        help="--reverse: output shard size (default 5)",
+    )
     p.add_argument(
         "--workers",
         type=int_arg(1, 4096),

@@ -18,18 +18,9 @@ EXIT_BAD_INPUT = 2  # bad usage or input, as argparse and the weight tools (verl
 EXIT_WRITE_FAILED = 1
 
 
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     # deferred: run as a file, this script has the package only once the __main__ block put the repo on sys.path
+    from verl_patches.base.finite_float import float_arg
     from verl_patches.base.strict_int import int_arg
     from verl_patches.data.convert import DEFAULT_SEED, DEFAULT_TRAIN_RATIO
     from verl_patches.data.templates import DEFAULT_TEMPLATE, TEMPLATES
@@ -46,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--train_data_ratio",
-        type=_ratio,
+        type=float_arg(above=0, below=1),
         default=DEFAULT_TRAIN_RATIO,
         help=f"share of rows for train, in (0, 1) (default {DEFAULT_TRAIN_RATIO})",
     )
