@@ -449,3 +449,26 @@ def test_a_run_without_the_share_fails_and_an_older_baseline_says_it_has_none(tm
 def test_a_non_finite_share_is_a_regression(tmp_path: Path, baseline: Path) -> None:
     rc, rep = check(tmp_path, baseline, graph_share=float("nan"))
     assert rc == 1 and golden.GRAPH_SHARE_KEY in {c["metric"] for c in regressions(rep)}
+
+
+def test_golden_record_host_variants_plan_spread_and_identity(tmp_path: Path) -> None:
+    from verl_patches.base import cpu_numerics
+    from verl_patches.trainer import golden_record
+
+    plan = golden_record.host_variant_runs(tmp_path)
+    assert [env for _, env, _ in plan[:2]] == [{}, {}] and [o for _, _, o in plan[:2]] == [[], []]  # as is, twice
+    variants = plan[2:]
+    assert [env for _, env, _ in variants] == [env for _, env in golden_record.HOST_VARIANTS]
+    assert {k for _, env, _ in variants for k in env} <= set(cpu_numerics.PINS)  # only the kernel pins move
+    dirs = [o[0] for _, _, o in variants]
+    assert len(set(dirs)) == len(dirs) and all(d.startswith(f"overlay.tiny_assets_dir={tmp_path}/") for d in dirs)
+
+    a, b = (golden.read_run(write_run(tmp_path / n)) for n in ("a", "b"))
+    assert golden_record.identical_steps(a, b) is None  # the same run twice: every compared value equal
+    c = golden.read_run(write_run(tmp_path / "c", reward_shift=0.001))
+    assert golden_record.identical_steps(a, c).startswith("step 1 critic/score/mean")
+    d = golden.read_run(write_run(tmp_path / "d", step_time=2.0))
+    assert golden_record.identical_steps(a, d) is None  # the step time is not a result
+    spread = golden_record.window_spread([a, c, golden.read_run(write_run(tmp_path / "e", reward_shift=-0.02))], 10)
+    assert [(x, y) for x, y, _ in spread] == [(1, 10), (11, 20), (21, 30)]
+    assert all(abs(s - 0.021) < 1e-6 for _, _, s in spread)  # TensorBoard keeps float32
