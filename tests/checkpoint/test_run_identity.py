@@ -310,15 +310,21 @@ def test_the_trainers_save_and_resume_apply_the_cluster_rule(ckroot: Path) -> No
             assert trainer_io.load_latest(t) == 2
 
 
-def test_cluster_run_is_the_preflights_and_the_trainer_entrys_rule() -> None:
+@pytest.mark.parametrize("device", ["npu", "cpu", "cuda", None])
+@pytest.mark.parametrize("profile", ["tiny", "a3_256die_true_weight", "a3_256die_random_init", None])
+def test_cluster_run_is_the_one_rule_of_a_cluster_profile(device, profile) -> None:
+    """An A3 profile is a cluster run whatever this host is; the tiny profile never is. The preflight's
+    Context and the trainer's checkpoint-folder check ask `cluster_run` (no copy of the formula to drift)."""
     from verl_patches.launch.preflight_findings import Context
-    from verl_patches.trainer.checkpoint_folder import on_cluster
+    from verl_patches.trainer.checkpoint_folder import folder_problem
 
-    for device in ("npu", "cpu", "cuda", None):
-        for profile in ("tiny", "a3_256die_true_weight", None):
-            cfg = OmegaConf.create({"trainer": {"device": device}, "overlay": {"profile": profile}})
-            ctx = Context(cfg=cfg, settings=None, root=Path("."), host=None)
-            assert cluster_run(cfg) == ctx.cluster_profile == on_cluster(cfg), (device, profile)
+    cfg = OmegaConf.create(
+        {"trainer": {"device": device, "default_local_dir": "ckpt/rel"}, "overlay": {"profile": profile}}
+    )
+    expected = device == "npu" and profile != "tiny"
+    assert cluster_run(cfg) is expected
+    assert Context(cfg=cfg, settings=None, root=Path("."), host=None).cluster_profile is expected
+    assert (folder_problem(cfg) is not None) is expected  # a relative folder: refused on a cluster run only
 
 
 def test_the_secret_file_name_never_collides_with_what_a_resume_reads(tmp_path: Path) -> None:

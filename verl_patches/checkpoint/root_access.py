@@ -44,9 +44,10 @@ def allow_shared_root(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def cluster_run(cfg: Any) -> bool:
-    """The config targets an NPU cluster: an A3 profile, whatever this host is (the tiny profile never is). The
-    rule of the preflight's ``Context.cluster_profile`` and ``trainer.checkpoint_folder.on_cluster``, read
-    here for the trainer's save and resume, which see the composed config only."""
+    """The config targets an NPU cluster: an A3 profile, whatever this host is (the tiny profile follows the
+    host's device and never is, even on an NPU machine). The one rule of "cluster profile": the preflight's
+    ``Context.cluster_profile``, the trainer's checkpoint-folder check (``trainer.checkpoint_folder``), its
+    save and resume and the launch call this, on the composed config."""
     return get(cfg, "trainer.device") == "npu" and get(cfg, "overlay.profile") != "tiny"
 
 

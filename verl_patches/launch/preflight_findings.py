@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from verl_patches.checkpoint.root_access import cluster_run
 from verl_patches.launch.settings import ClusterSettings
 from verl_patches.trainer.config_checks import get  # noqa: F401  (re-exported for the preflight modules)
 
@@ -56,9 +57,9 @@ class Context:
 
     @property
     def cluster_profile(self) -> bool:
-        """The config targets an NPU cluster (an A3 profile), whatever this host is. The tiny profile
-        follows the host's device, so it is never one, even on an NPU machine."""
-        return get(self.cfg, "trainer.device") == "npu" and get(self.cfg, "overlay.profile") != "tiny"
+        """The config targets an NPU cluster (an A3 profile), whatever this host is: `cluster_run`, the
+        rule the trainer's save, resume and checkpoint-folder check apply too."""
+        return cluster_run(self.cfg)
 
     @property
     def authoritative(self) -> bool:

@@ -14,16 +14,11 @@ import os
 from typing import Any
 
 from verl_patches.base.config_access import get
+from verl_patches.checkpoint.root_access import cluster_run
 
 CKPT_KEY = "trainer.default_local_dir"
 CKPT_SETTING = "CKPT_DIR"  # the launch setting the A3 profiles read it from
 KEY_TO_CHANGE = f"{CKPT_SETTING} / {CKPT_KEY}"
-
-
-def on_cluster(cfg: Any) -> bool:
-    """The config targets an NPU cluster (an A3 profile), whatever this host is; the tiny profile follows the
-    host's device and is never one (the preflight's `Context.cluster_profile`, for the trainer side)."""
-    return get(cfg, "trainer.device") == "npu" and get(cfg, "overlay.profile") != "tiny"
 
 
 def folder_problem(cfg: Any) -> str | None:
@@ -34,7 +29,7 @@ def folder_problem(cfg: Any) -> str | None:
             f"{CKPT_KEY} is not set: name the checkpoint folder, an absolute path on storage every node mounts "
             f"({CKPT_SETTING}=/shared/ckpt/<run> in the --env-file or --ckpt-dir, or {CKPT_KEY}=... after --)"
         )
-    if on_cluster(cfg) and not os.path.isabs(str(raw)):
+    if cluster_run(cfg) and not os.path.isabs(str(raw)):
         return (
             f"{CKPT_KEY}={str(raw)[:200]!r} is relative: each node would resolve it in its own working directory, "
             f"on its own disk unless the checkout is shared; give an absolute folder every node mounts ({CKPT_SETTING})"
@@ -42,4 +37,4 @@ def folder_problem(cfg: Any) -> str | None:
     return None
 
 
-__all__ = ["CKPT_KEY", "CKPT_SETTING", "KEY_TO_CHANGE", "folder_problem", "on_cluster"]
+__all__ = ["CKPT_KEY", "CKPT_SETTING", "KEY_TO_CHANGE", "folder_problem"]
