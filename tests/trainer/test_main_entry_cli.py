@@ -70,3 +70,19 @@ def test_config_errors_exit_2_naming_the_key(override: str, key: str) -> None:
 def test_unknown_option_exits_2() -> None:
     p = run_entry("--no-such-option", "profile=a3_256die_true_weight")
     assert p.returncode == 2 and "--no-such-option" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_shared_checkpoint_root_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """On a cluster profile the entry refuses a root others can write into in one line, exit 2, before Ray or
+    any worker starts (the resume would refuse it too, but inside a Ray worker, as a traceback)."""
+    tmp_path.chmod(0o700)
+    root = tmp_path / "ck"
+    root.mkdir()
+    root.chmod(0o770)
+    p = run_entry("profile=a3_256die_true_weight", f"trainer.default_local_dir={root}")
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    (line,) = entry_lines(p.stderr)
+    assert line.startswith(f"main_ppo_npu: {root}: others can change what is saved there")
+    assert "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT=1" in line
+    assert "resolved config" not in p.stdout  # nothing written to the run folder, nothing started

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
 from verl_patches.sources.pins import check as check_package_versions
-from verl_patches.trainer.checkpoint_folder import folder_problem
+from verl_patches.trainer.checkpoint_folder import folder_problem, root_problem
 from verl_patches.trainer.config_checks import OverlayConfigError, raise_on_problems
 from verl_patches.trainer.config_compose import CONFIG_NAMES, ConfigCompositionError, compose_config, resolved
 from verl_patches.trainer.rank_memory import run_dir
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(cfg))
         return 0
 
-    folder = folder_problem(cfg)  # the resume reads the folder first thing: refused before any worker starts
+    # the resume reads the folder first thing: refused here in one line, not as a worker's traceback
+    folder = folder_problem(cfg) or root_problem(cfg)
     if folder:
         print(f"main_ppo_npu: {folder}", file=sys.stderr)
         return 2
