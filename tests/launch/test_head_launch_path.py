@@ -96,3 +96,40 @@ def test_without_nodes_the_wait_gets_none(head_launch, capsys) -> None:
          "--node-role", "head", "--nnodes", "1"]
     )  # fmt: skip
     assert head_launch["wait"][1]["nodes"] == ()  # no NODES: the wait counts nodes, it cannot name them
+
+
+def test_a_stop_while_the_nodes_join_ends_in_one_line_with_the_head_stopped(
+    head_launch, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`launch.stop RUN_DIR` (SIGINT) on a head still waiting for NPUs: the Ray node it started is stopped and the
+    launcher ends with one line and status 130, not a KeyboardInterrupt traceback."""
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_cluster, "wait_for_resource", interrupted)
+    rc = job.main(
+        ["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+         "--node-role", "head", "--nnodes", "2"]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 130 and head_launch["stopped"] is True
+    assert "stopping the Ray processes this launch started" in captured.out
+    assert captured.err.strip().splitlines()[-1] == "launch: stopped by SIGINT (Ctrl-C or launch.stop)"
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_a_stop_while_a_worker_joins_ends_the_node_it_started(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The worker's join retries `ray start` until the head answers; a stop between two tries must not leave the
+    last one running (the launcher records a node only once it joined)."""
+    stopped = []
+    node = SimpleNamespace(stop=lambda: stopped.append(True), alive=lambda: True)
+    monkeypatch.setattr(ray_cluster, "start_node", lambda *_a, **_k: node)
+
+    def sleep(_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_cluster.time, "sleep", sleep)
+    with pytest.raises(KeyboardInterrupt):
+        ray_cluster.join_with_retries(["ray", "start"], tmp_path / "ray.log", 60.0, progress=lambda _l: None)
+    assert stopped == [True]

@@ -630,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
     except EnvError as e:  # a variable the launcher reads itself (VERL_PATCHES_DEVICE=NPU): one line, no traceback
         print(f"launch: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C or `launch.stop` outside the trainer's run (while the nodes join, say): the paths it went through
+        # have stopped what they started; this is the last line, not a traceback
+        print("launch: stopped by SIGINT (Ctrl-C or launch.stop)", file=sys.stderr)
+        return 130
 
 
 def environment_refused(settings: ClusterSettings, cluster: bool) -> bool:

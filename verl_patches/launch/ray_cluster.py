@@ -330,7 +330,11 @@ def join_with_retries(
     while True:
         attempt += 1
         node = start_node(cmd, "worker", log_path, env)
-        time.sleep(min(retry_s, 15.0))
+        try:
+            time.sleep(min(retry_s, 15.0))
+        except KeyboardInterrupt:  # stopped while joining: the caller has not recorded this node, so end it here
+            node.stop()
+            raise
         if node.alive():
             progress(f"joined the Ray cluster (attempt {attempt})")
             return node
