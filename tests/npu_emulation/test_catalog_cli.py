@@ -27,6 +27,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_the_command_prints_every_op_and_every_cpu_limit() -> None:
     p = run()
     assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # no runpy warning: the package does not import its catalog when it loads
     text = " ".join(p.stdout.split())  # wrapped for the terminal; compared with the wrapping undone
     assert text.startswith(f"{len(OPS)} emulated torch_npu / MindSpeed operations")
     for op in OPS:
@@ -42,10 +43,21 @@ def test_the_command_prints_every_op_and_every_cpu_limit() -> None:
 
 def test_json_is_the_catalog_as_data() -> None:
     p = run("--json")
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0 and p.stderr == "", p.stderr
     assert json.loads(p.stdout) == {"emulated_ops": json.loads(json.dumps(ops_table())), "cpu_limits": limits_table()}
 
 
 def test_an_unknown_option_is_usage_exit_2() -> None:
     p = run("--tabel")
     assert p.returncode == 2 and "--tabel" in p.stderr and p.stdout == ""
+
+
+def test_loading_the_package_loads_nothing_of_the_report() -> None:
+    """Every patched process imports the package (prelude_patch); the catalog and the wheel contract are the
+    audit's, loaded when it asks."""
+    code = (
+        "import sys, verl_patches.npu_emulation; "
+        "print(sorted(m for m in sys.modules if m.startswith('verl_patches.npu_emulation.')))"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", (p.stdout, p.stderr)

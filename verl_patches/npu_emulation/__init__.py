@@ -18,10 +18,6 @@ import sys
 from pathlib import Path
 
 from verl_patches.base.host_device import forced_device
-from verl_patches.npu_emulation.catalog import OPS, limits_table, ops_table
-from verl_patches.npu_emulation.wheel_contract.cpu_proof import EXCEPTIONS, in_effect
-from verl_patches.npu_emulation.wheel_contract.deviations import META_DISAGREEMENTS, MUTATIONS
-from verl_patches.npu_emulation.wheel_contract.summary import op_sources, wheel_summary
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 EMULATED_PACKAGES = ("torch_npu", "torchair", "acl")
@@ -87,6 +83,12 @@ def is_active() -> bool:
 def emulation_report() -> dict:
     """For the audit: where the stand-ins live, whether they are active here, every emulated op and
     every MindSpeed feature that cannot run on a CPU host (with the reason)."""
+    # deferred: only the audit asks; loaded with the package, `python -m ...npu_emulation.catalog` found its own
+    # module already imported (runpy's RuntimeWarning), and every patched process paid for the report's modules
+    from verl_patches.npu_emulation.catalog import OPS, limits_table, ops_table
+    from verl_patches.npu_emulation.wheel_contract.cpu_proof import EXCEPTIONS, in_effect
+    from verl_patches.npu_emulation.wheel_contract.deviations import META_DISAGREEMENTS, MUTATIONS
+    from verl_patches.npu_emulation.wheel_contract.summary import op_sources, wheel_summary
 
     wheel = wheel_summary()
     return {
