@@ -4,7 +4,9 @@ by test_ray_worker_deadline.py with one or more modes; prints one JSON line per 
 Each mode gets a group of its own on the one Ray cluster, made once the previous mode's group and its placement
 group are removed: `work(step, mode)`: every rank goes through four micro-batches of the "update" phase; rank 1
 stops there per `mode` (frozen: SIGSTOP; dies: SIGKILL; slow: 0.7 time-out per micro-batch, alive; none). The
-other ranks finish. The driver's call goes through verl's worker-group method, i.e. our bounded func_generator.
+other ranks finish, except in mode peers_fail: rank 1 dies a second after the others raised, as gloo's peers of a
+killed rank do ("Connection reset by peer") before Ray has reported the death. The driver's call goes through
+verl's worker-group method, i.e. our bounded func_generator.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ try:
                         os.kill(os.getpid(), signal.SIGSTOP)
                     elif mode == "dies":
                         os.kill(os.getpid(), signal.SIGKILL)
+                    elif mode == "peers_fail":
+                        time.sleep(1.0)
+                        os.kill(os.getpid(), signal.SIGKILL)
+                elif mode == "peers_fail" and micro == 3:
+                    raise RuntimeError("[gloo/transport/tcp/pair.cc:525] Read error [127.0.0.1]:7066: Connection reset")
                 progress.unit("micro-batch", micro, 4)
                 time.sleep(0.7 * timeout if (self.rank == 1 and mode == "slow") else 0.3)
             progress.leave_call()

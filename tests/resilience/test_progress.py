@@ -81,7 +81,7 @@ def test_timeout_setting_is_validated_and_shapes_the_intervals() -> None:
 
 
 def test_fault_injection_spec() -> None:
-    assert fault_injection.parse("1:update:3") == fault_injection.StopAt(1, "update", 3)
+    assert fault_injection.parse("1:update:3") == fault_injection.FaultAt(1, "update", 3)
     for bad in ("1:update", "x:update:3", "1:updating:3"):
         with pytest.raises(ValueError, match=fault_injection.INJECT_ENV):
             fault_injection.parse(bad)
@@ -93,9 +93,9 @@ def test_fault_injection_stops_only_the_named_rank_entering_the_named_phase_and_
     sent = []
     monkeypatch.setattr(fault_injection.os, "kill", lambda pid, sig: sent.append(sig))
     env = {fault_injection.INJECT_ENV: "2:weight_sync:4"}
-    assert fault_injection.arm(1, env) is None and progress._on_phase is None
+    assert fault_injection.arm(1, env) == [] and progress._on_phase is None
     published = lambda: sent.append(("published", progress.current()[0].phase))  # noqa: E731
-    assert fault_injection.arm(2, env, before_stop=published) == fault_injection.StopAt(2, "weight_sync", 4)
+    assert fault_injection.arm(2, env, before_stop=published) == [fault_injection.FaultAt(2, "weight_sync", 4)]
     progress.enter_call("generate_sequences", 3, "generate")
     progress.phase("weight_sync")  # step 3: not yet
     progress.enter_call("generate_sequences", 4, "generate")

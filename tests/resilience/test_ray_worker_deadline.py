@@ -25,7 +25,7 @@ SLACK_S = 5.0
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(600)]  # the first test runs all three
 
 
-MODES = ("frozen", "dies", "slow")
+MODES = ("frozen", "dies", "peers_fail", "slow")
 
 
 def run(*modes: str) -> dict[str, dict]:
@@ -69,6 +69,15 @@ def test_a_worker_that_dies_is_named_at_once(results: dict[str, dict]) -> None:
     assert err.startswith("WorkerHangError: verl_patches hang: work (step 7): worker process died: rank 1 (node "), out
     assert f"pid {out['pids'][1]}) last in phase 'update' (micro-batch 2/4 of batch 1) of step 7" in err
     assert out["elapsed"] < TIMEOUT_S, out["elapsed"]
+
+
+def test_a_death_that_makes_the_peers_fail_first_is_named_as_the_cause(results: dict[str, dict]) -> None:
+    out = results["peers_fail"]
+    err = out.get("error", "")
+    assert err.startswith("WorkerHangError: verl_patches hang: work (step 7): worker process died: rank 1 (node "), out
+    assert f"pid {out['pids'][1]}) last in phase 'update' (micro-batch 2/4 of batch 1) of step 7" in err
+    assert "2 other worker(s) failed after it: " in err and "Connection reset" in err, err
+    assert out["elapsed"] < 1.0 + 0.6 + SLACK_S, out["elapsed"]  # the death, not the grace's end
 
 
 def test_a_slow_but_live_worker_is_waited_for(results: dict[str, dict]) -> None:

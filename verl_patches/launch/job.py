@@ -32,8 +32,11 @@ from verl_patches.base.free_port import PortBlockError, free_port_block
 from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
-from verl_patches.launch import job_env
+from verl_patches.launch import job_env, restart_policy, restarts
+from verl_patches.launch.failure_diagnosis import Cause, LostNode, lost_since
+from verl_patches.launch.failure_diagnosis import diagnose as diagnose_failure
 from verl_patches.launch.pid_record import record_text
+from verl_patches.launch.restart_policy import DEFAULT_A3_RESTARTS
 from verl_patches.launch.run_dir import check_log_root, make_log_root, new_run_dir
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -63,6 +66,8 @@ PROFILES = {
 TINY_CONFIG = "ppo_tiny_local"  # the A3 path: Megatron/MindSpeed actor+ref, vLLM-Ascend rollout seam, weight sync
 TINY_CONFIGS = {"megatron": TINY_CONFIG, "fsdp": "ppo_tiny_local_fsdp"}  # --tiny-engine
 NPU_RESOURCE = "NPU"
+TINY_RESTARTS = 0  # --tiny's default: README command 1 still fails visibly; `--max-restarts N` asks for restarts
+RUN_DIR_ENV = "VERL_PATCHES_RUN_DIR"  # the run folder, for the trainer's and the workers' files (rank memory, ...)
 
 
 SCRIPT_PROFILE_ENV = "VERL_LAUNCH_PROFILE"  # set by launch_job.sh (so by train_*.sh): the profile the script runs
@@ -99,6 +104,13 @@ def refuse_other_profile(args: argparse.Namespace, fixed: str | None, prog: str)
         raise SystemExit(2)
 
 
+def restart_count(text: str) -> int:
+    """--max-restarts: 0 or more, ASCII digits only."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of restarts, 0 to 999")
+    return int(text)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=os.environ.get("VERL_LAUNCH_PROG", "python -m verl_patches.launch.job"),
@@ -124,6 +136,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="the head brings the cluster up (preflight, Ray, every node's NPUs, the checkpoint folder) and holds it "
         "for `ray job submit` instead of running the trainer; it prints the submit command",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=restart_count,
+        default=None,
+        metavar="N",
+        help=f"after a failure (hang, dead worker, HCCL error, lost node) diagnose it, end what the trainer left and "
+        f"run it again from the last committed checkpoint, at most N times; stops when the same step fails twice "
+        f"(default {DEFAULT_A3_RESTARTS} on the cluster, 0 with --tiny; needs trainer.save_freq > 0)",
     )
     p.add_argument(
         ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -162,6 +183,7 @@ class Launch:
         self.log_dir = self.run.path
         self.owned: dict[str, int] = {}
         self.keep: list[int] = []  # processes (and their subtrees) ended by their own code, not as leftovers
+        self.stopped = False  # a stop request (Ctrl-C, launch.stop) was passed on to the trainer: never restarted
         self._log = self.run.open_new("launcher.log", "a")
         self.record("launcher", os.getpid())  # `launch.stop RUN_DIR` asks it to stop, as Ctrl-C would
         self.subreaper = become_subreaper()  # orphans of the job stay findable (session_leftovers)
@@ -188,57 +210,60 @@ class Launch:
 PIPE_DRAIN_S = 2.0  # after the trainer exits, how long its output may still arrive before cleanup starts
 
 
-def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], launch: Launch, name: str) -> int:
-    """Run a child in a session of its own, with its output both on the console and in its log; forward
+def run_logged(
+    cmd: list[str], log_path: Path, env: dict[str, str], launch: Launch, name: str, log: Any | None = None
+) -> int:
+    """Run a child in a session of its own, with its output both on the console and in its log (``log``, an open
+    file of the run folder, when given: the trainer's runs of one launch share trainer.log); forward
     Ctrl-C/TERM to it; once it has exited, end what is left of its session (session_leftovers).
 
     The output is copied by a thread and the launcher waits for the child itself: a leftover that keeps the
     child's stdout open cannot hold the launcher (the copy gets `PIPE_DRAIN_S`, then the cleanup ends the
     holder, which closes the pipe)."""
+    if log is None:
+        with launch.open_log(log_path) as own:
+            return run_logged(cmd, log_path, env, launch, name, own)
     # lazy: that module loads psutil; importing this one must not
     from verl_patches.launch.session_leftovers import end_session_leftovers, wait_exited
 
-    with launch.open_log(log_path) as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
-        )
-        leader = ProcessId.of(proc.pid)  # our unreaped child: the number is its own; names its session below
-        launch.record(name, proc.pid)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, start_new_session=True
+    )
+    leader = ProcessId.of(proc.pid)  # our unreaped child: the number is its own; names its session below
+    launch.record(name, proc.pid)
 
-        def forward(signum: int, _frame: Any) -> None:
-            if proc.returncode is None:  # not reaped before the cleanup below: its group id is still its own
-                try:
-                    os.killpg(proc.pid, signum)
-                except ProcessLookupError:  # exited, and nothing of its group is left to tell
-                    pass
+    def forward(signum: int, _frame: Any) -> None:
+        launch.stopped = True
+        if proc.returncode is None:  # not reaped before the cleanup below: its group id is still its own
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:  # exited, and nothing of its group is left to tell
+                pass
 
-        def copy() -> None:
-            assert proc.stdout is not None
-            for chunk in iter(lambda: proc.stdout.readline(), b""):
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                log.write(chunk)
+    def copy() -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.readline(), b""):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            log.write(chunk)
 
-        reader = threading.Thread(target=copy, name=f"{name}-output", daemon=True)
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            reader.start()
-            wait_exited(proc.pid)  # not reaped yet: no other process can be given its number (its session's id)
-            reader.join(PIPE_DRAIN_S)
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        # the child's own session, and what left it: what it started and left running
-        end_session_leftovers(
-            leader, launch.say, adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep
-        )
-        rc = proc.wait()
+    reader = threading.Thread(target=copy, name=f"{name}-output", daemon=True)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        reader.start()
+        wait_exited(proc.pid)  # not reaped yet: no other process can be given its number (its session's id)
         reader.join(PIPE_DRAIN_S)
-        if reader.is_alive():
-            launch.say(
-                f"the {name}'s output pipe is still held open by a process outside this launch's reach; "
-                "not waiting for it"
-            )
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    # the child's own session, and what left it: what it started and left running
+    end_session_leftovers(leader, launch.say, adopted_from=os.getpid() if launch.subreaper else None, keep=launch.keep)
+    rc = proc.wait()
+    reader.join(PIPE_DRAIN_S)
+    if reader.is_alive():
+        launch.say(
+            f"the {name}'s output pipe is still held open by a process outside this launch's reach; not waiting for it"
+        )
     return rc
 
 
@@ -327,6 +352,17 @@ def tiny_rollout_env(
 
 
 def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
+    # lazy: that module loads omegaconf; importing this one must not
+    from verl_patches.trainer.config_compose import ConfigCompositionError
+
+    try:
+        setting, root = tiny_restart_setting(args)
+    except ConfigCompositionError as e:
+        print(f"launch: the tiny config does not compose: {e}", file=sys.stderr)
+        return 2
+    if setting.refusal:
+        print(f"launch: {setting.refusal}", file=sys.stderr)
+        return 2
     launch = Launch(args, settings, "local")
     launch.say(f"tiny local profile on this {device()} host; logs in {launch.log_dir}")
     env = base_env()
@@ -364,20 +400,115 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
         )
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
-    start = time.monotonic()
-    rc = run_logged(
-        trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides),
-        launch.log_dir / "trainer.log",
-        env,
+    env.setdefault(RUN_DIR_ENV, str(launch.log_dir))  # rank memory, and fault injections fire once per run folder
+
+    def exit_line(rc: int, seconds: float) -> str:
+        return (
+            f"trainer exited with status {rc} after {seconds:.0f} s wall time "
+            f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}"
+        )
+
+    outcome = run_trainer_restarting(
         launch,
-        "trainer",
+        trainer_command(TINY_CONFIGS[args.tiny_engine], args.overrides),
+        env,
+        setting,
+        exit_line,
+        node=socket.gethostname(),
+        root=root,
     )
-    launch.say(
-        f"trainer exited with status {rc} after {time.monotonic() - start:.0f} s wall time "
-        f"({TINY_CONFIGS[args.tiny_engine]}); TensorBoard logs: {env['TENSORBOARD_DIR']}"
+    if not setting.restarts:
+        say_hang_report(launch, outcome.returncode)
+    return outcome.returncode
+
+
+def tiny_restart_setting(args: argparse.Namespace) -> tuple[restart_policy.RestartSetting, Path | None]:
+    """--max-restarts for the tiny run (default 0: README command 1 fails as it always did) and its checkpoint
+    root; the config is composed only when restarts are asked for."""
+    if not args.max_restarts:
+        return restart_policy.RestartSetting(0), None
+    # lazy: these load Hydra and omegaconf; importing this module must not
+    from verl_patches.trainer.config_compose import compose_config, resolved
+
+    cfg = resolved(compose_config(TINY_CONFIGS[args.tiny_engine], list(args.overrides)))
+    return restart_setting_of(args, cfg, TINY_RESTARTS), checkpoint_root_of(cfg)
+
+
+def restart_setting_of(args: argparse.Namespace, cfg: Any, default: int) -> restart_policy.RestartSetting:
+    # lazy: omegaconf is heavy and only this path needs it; importing this module stays light
+    from omegaconf import OmegaConf
+
+    return restart_policy.restart_setting(
+        args.max_restarts,
+        default,
+        OmegaConf.select(cfg, "trainer.save_freq"),
+        OmegaConf.select(cfg, "trainer.resume_mode", default="auto"),
     )
-    say_hang_report(launch, rc)
-    return rc
+
+
+def checkpoint_root_of(cfg: Any) -> Path | None:
+    """The trainer's checkpoint root (`trainer.default_local_dir`; relative to the repo root, the trainer's
+    working directory), or None when the config has none."""
+    # lazy: omegaconf is heavy and only this path needs it; importing this module stays light
+    from omegaconf import OmegaConf
+
+    folder = OmegaConf.select(cfg, "trainer.default_local_dir")
+    if not folder:
+        return None
+    return Path(folder) if Path(folder).is_absolute() else REPO_ROOT / folder
+
+
+def run_trainer_restarting(
+    launch: Launch,
+    cmd: list[str],
+    env: dict[str, str],
+    setting: restart_policy.RestartSetting,
+    exit_line: Callable[[int, float], str],
+    node: str,
+    root: Path | None = None,
+    cluster: bool = False,
+    before_restart: Callable[[], None] = lambda: None,
+    lost_nodes: Callable[[], list[LostNode]] = list,
+) -> restarts.Outcome:
+    """The trainer, run again after a failure as `restarts.supervise` decides (not at all with 0 restarts); every
+    run's output goes to the console and to the one trainer.log of the run folder."""
+    log_path = launch.log_dir / "trainer.log"
+    if setting.note:
+        launch.say(setting.note)
+    if setting.restarts:
+        backoff = restart_policy.Backoff()
+        launch.say(
+            f"restarts: up to {setting.restarts} after a failure, each from the last committed checkpoint under "
+            f"{root} after {backoff.first_s:g} s doubling to at most {backoff.cap_s:g} s; none when the same step "
+            "fails twice (--max-restarts)"
+        )
+    with launch.open_log(log_path) as log:
+
+        def run_once(n: int) -> restarts.Run:
+            if n:
+                log.write(f"[launcher] restart {n}: the same command again\n".encode())
+            log.flush()
+            start_at, t0 = log.tell(), time.monotonic()
+            rc = run_logged(cmd, log_path, env, launch, "trainer", log)
+            log.flush()
+            launch.say(exit_line(rc, time.monotonic() - t0))
+            output = restarts.read_run_output(log_path, start_at) if rc != 0 and setting.restarts else ""
+            return restarts.Run(rc, output, launch.owned.get("trainer", 0), launch.stopped)
+
+        def diagnose(run: restarts.Run) -> Cause:
+            report = last_report(run.output)
+            if report:
+                launch.say(report)  # the driver's report, repeated for each failed run
+            return diagnose_failure(run.output, run.returncode, node, run.pid, lost_nodes(), run.stopped)
+
+        return restarts.supervise(
+            run_once,
+            diagnose,
+            lambda: restarts.committed_step(root, cluster, env) if root is not None else 0,
+            setting.restarts,
+            launch.say,
+            before_restart=before_restart,
+        )
 
 
 def say_hang_report(launch: Launch, rc: int) -> None:
@@ -464,6 +595,7 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
+    from verl_patches.checkpoint.root_access import cluster_run
     from verl_patches.launch import checkpoint_nodes, node_roster, preflight, preflight_env, preflight_vendor_env
     from verl_patches.launch import ray_cluster
 
@@ -495,6 +627,10 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     if refused:
         print("launch: cannot start:\n  - " + "\n  - ".join(refused), file=sys.stderr)
         return 2
+    restart = restart_setting_of(args, cfg, DEFAULT_A3_RESTARTS)  # judged on every node, as the same command runs
+    if restart.refusal:
+        print(f"launch: cannot start: {restart.refusal}", file=sys.stderr)
+        return 2
     env = base_env()
     env.update(
         source_scripts(
@@ -505,6 +641,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     env.update(kv_nz_env(cfg))  # F4 is installed at process start, from the config's KV-NZ setting
     env.update(preflight.path_environment(settings, REPO_ROOT))  # absolute, as the profiles read them
     env["TENSORBOARD_DIR"] = str(launch.log_dir / "tensorboard")
+    env[RUN_DIR_ENV] = str(launch.log_dir)
     auth = ray_auth_env()
     env.update(auth)
     use_ray_auth_here(auth)
@@ -560,7 +697,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     launch.record("ray", head.pid)
     launch.keep.append(head.pid)  # stopped by ray_cluster below, not as a leftover of the trainer
     rc = 1
-    try:
+    last_line = ""
+
+    def wait_for_every_node() -> None:
         ray_cluster.wait_for_resource(
             address,
             NPU_RESOURCE,
@@ -573,20 +712,38 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
             nodes=node_roster.expected_nodes(node_list(settings)) if settings.get("NODES") else (),
             per_node=float(npus),
         )
+
+    try:
+        wait_for_every_node()
         # the checkpoint folder, judged on every node now that all joined: one storage, writable, with room
         if not checkpoint_nodes.check_on_every_node(address, cfg, settings, REPO_ROOT, launch.say):
             return 1
         if args.ray_only:
             return hold_for_ray_jobs(launch, head, settings, config_name, job_overrides(args, settings))
         env["RAY_ADDRESS"] = address
-        rc = run_logged(
-            trainer_command(config_name, job_overrides(args, settings)),
-            launch.log_dir / "trainer.log",
-            env,
+        # Ray's node table before each run: a node it marks dead during the run is named as the failure's cause
+        dead_before = restarts.dead_nodes(address, NPU_RESOURCE)
+
+        def lost_nodes() -> list[LostNode]:
+            return lost_since(dead_before, restarts.dead_nodes(address, NPU_RESOURCE))
+
+        def before_restart() -> None:
+            wait_for_every_node()  # a lost node must be back (or replaced) before the next run
+            dead_before[:] = restarts.dead_nodes(address, NPU_RESOURCE)
+
+        outcome = run_trainer_restarting(
             launch,
-            "trainer",
+            trainer_command(config_name, job_overrides(args, settings)),
+            env,
+            restart,
+            lambda status, _s: f"trainer exited with status {status}",
+            node=f"{node_ip} {socket.gethostname()}",
+            root=checkpoint_root_of(cfg),
+            cluster=cluster_run(cfg),
+            before_restart=before_restart,
+            lost_nodes=lost_nodes,
         )
-        launch.say(f"trainer exited with status {rc}")
+        rc, last_line = outcome.returncode, outcome.last_line
         return rc
     except ray_cluster.RayClusterError as e:
         launch.say(f"error: {e}")
@@ -594,7 +751,11 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     finally:
         launch.say("stopping the Ray processes this launch started")
         head.stop()
-        say_hang_report(launch, rc)
+        if restart.restarts:
+            if last_line:  # why the launch ended after its restarts: its last line, as the hang report was
+                launch.say(last_line)
+        else:
+            say_hang_report(launch, rc)
 
 
 def submit_command(dashboard: str, config_name: str, overrides: list[str]) -> list[str]:

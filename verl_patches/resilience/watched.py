@@ -75,7 +75,8 @@ def watched(environ: Mapping[str, str] | None = None) -> dict:
         "TORCH_HCCL_DUMP_ON_TIMEOUT=1, TORCH_HCCL_TRACE_BUFFER_SIZE=2000, TORCH_HCCL_HEARTBEAT_TIMEOUT_SEC="
         "the time-out, TORCH_HCCL_DEBUG_INFO_TEMP_FILE=/tmp/hccl_trace_rank_ (dumps <prefix><rank> per node)",
         "fault_injection": "VERL_PATCHES_INJECT_STOP=<rank>:<phase>:<step> stops that rank (SIGSTOP) entering the "
-        "phase (tests); checked at phase boundaries only",
+        "phase, VERL_PATCHES_INJECT_KILL=<rank>:<phase>:<step> kills it (SIGKILL) there (tests); checked at phase "
+        "boundaries only; each fires once per run folder (VERL_PATCHES_RUN_DIR), so a restarted trainer gets past it",
     }
 
 

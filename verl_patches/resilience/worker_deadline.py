@@ -12,7 +12,10 @@ once, as before), and between looks it reads the outstanding workers' heartbeats
   which cannot exit by itself, gets SIGKILL on its node: `reap`) and raises `WorkerHangError` with that one
   line: the trainer ends with a non-zero status and the launcher repeats the line last.
 * When a worker process dies (Ray lost its actor), it names that worker with its last position at once.
-* A worker's own exception is raised as soon as it arrives, as upstream's ``ray.get`` would raise it.
+* A worker's own exception is raised as soon as it arrives, as upstream's ``ray.get`` would raise it, unless an
+  outstanding worker turns out to have died within `DEATH_GRACE_S`: a dead peer makes the others' collectives
+  fail (gloo: "Connection reset by peer"; HCCL: a remote rank gone), often before Ray reports the death itself,
+  and the death is the cause to name.
 
 With the time-out unset this is upstream's ``ray.get``.
 """
@@ -37,6 +40,7 @@ logger = logging.getLogger("verl_patches")
 FLIGHT_RECORDER_SIGNAL = "exception_dump"  # torch_npu's key: its monitor threads dump when it appears
 FLIGHT_RECORDER_GRACE_S = 20.0  # torch_npu polls the key every TORCH_HCCL_COORD_CHECK_MILSEC (1 s), then dumps
 FLIGHT_RECORDER_TOOL = "torch_npu's tools/flight_recorder/fr_trace.py"
+DEATH_GRACE_S = 10.0  # after a worker's exception, how long a peer's death may take to be reported by Ray
 
 _driver_step: int | None = None
 
@@ -119,25 +123,58 @@ def wait_for_workers(group: Any, method: str, refs: Any, step: int | None = None
     interval = publish_interval(timeout)
     while pending:
         ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=interval)
-        died = []
-        for ref in ready:
-            key = by_ref[ref]
-            del pending[key]
-            try:
-                results[key] = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                died.append((key, e))
+        died: list[tuple[str, Exception]] = []
+        failed: list[tuple[str, Exception]] = []
+        _collect(ready, by_ref, pending, results, died, failed)
+        if failed and not died and pending:  # was it a peer's death that made this worker fail?
+            deadline = time.monotonic() + DEATH_GRACE_S
+            while pending and not died and time.monotonic() < deadline:
+                more, _ = ray.wait(list(pending.values()), num_returns=1, timeout=deadline - time.monotonic())
+                _collect(more, by_ref, pending, results, died, failed)
         if died:
             watch.observe([k for k, _ in died])  # their last heartbeats
-            message = death_message(
-                watch.call, watch.step, watch.observed([k for k, _ in died]), f"{type(died[0][1]).__name__}"
-            )
+            error = type(died[0][1]).__name__
+            if failed:
+                error += f"; {len(failed)} other worker(s) failed after it: {_last_line(failed[0][1])}"
+            message = death_message(watch.call, watch.step, watch.observed([k for k, _ in died]), error)
             end_job(workers, message, None, watch)
+        if failed:
+            raise failed[0][1]
         if pending:
             diagnosis = watch.observe(list(pending))
             if diagnosis is not None:
                 end_job(workers, hang_message(diagnosis, flight_recorder_note(watch, list(pending))), diagnosis, watch)
     return results[keys[0]] if single else [results[k] for k in keys]
+
+
+def _collect(
+    ready: list[Any],
+    by_ref: dict[Any, str],
+    pending: dict[str, Any],
+    results: dict[str, Any],
+    died: list[tuple[str, Exception]],
+    failed: list[tuple[str, Exception]],
+) -> None:
+    """Take the finished results: a value, a dead worker (Ray lost its actor) or a worker's own exception."""
+    # lazy: Ray is imported only where this talks to Ray; other users of this module do without it
+    import ray
+
+    for ref in ready:
+        key = by_ref[ref]
+        del pending[key]
+        try:
+            results[key] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            died.append((key, e))
+        except Exception as e:  # the worker's own exception: raised once no peer's death explains it
+            failed.append((key, e))
+
+
+def _last_line(error: Exception, limit: int = 200) -> str:
+    """The last line of an error's text (a worker's error carries its remote traceback before it)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[-1] if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def ray_actor_states(actor_ids: list[str]) -> dict[str, dict]:
