@@ -167,3 +167,11 @@ def test_an_explicit_request_without_checkpoints_is_refused_the_default_turned_o
     assert restart_setting(0, DEFAULT_A3_RESTARTS, -1, "auto") == restart_setting(None, 0, -1, "auto")
     assert restart_setting(0, 3, -1, "auto").restarts == 0 and not restart_setting(0, 3, -1, "auto").refusal
     assert restart_setting(5, 0, 1, "auto").restarts == 5
+
+
+def test_a_config_without_a_checkpoint_folder_cannot_restart() -> None:
+    assert checkpoint_problem(10, "auto", None).startswith("trainer.default_local_dir is not set (CKPT_DIR")
+    assert checkpoint_problem(10, "auto", "") == checkpoint_problem(10, "auto", None)
+    default = restart_setting(None, DEFAULT_A3_RESTARTS, 10, "auto", None)
+    assert default.restarts == 0 and "trainer.default_local_dir is not set" in default.note
+    assert restart_setting(1, DEFAULT_A3_RESTARTS, 10, "auto", None).refusal.startswith("--max-restarts 1: trainer.")

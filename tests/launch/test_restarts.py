@@ -232,3 +232,83 @@ def test_the_read_back_of_a_runs_output_keeps_its_start_and_end(tmp_path: Path, 
     text = restarts.read_run_output(log, len(b"earlier run\n"))
     assert text.startswith("resume line\n") and text.endswith("last line\n") and "[...]" in text
     assert len(text) < 250
+
+
+def test_the_cluster_head_names_a_lost_node_waits_for_every_node_and_keeps_ray_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The head's path with Ray, the preflight and the checkpoint check stood in for (as test_head_launch_path.py):
+    a run that fails while Ray marks a node dead is named by that node; the head waits for every node's NPUs again
+    before the next run, and stops its Ray node once, at the end."""
+    from types import SimpleNamespace
+
+    from verl_patches.launch import checkpoint_nodes, preflight, ray_cluster
+    from verl_patches.launch.failure_diagnosis import LostNode
+
+    calls: dict[str, int] = {"wait": 0, "stop": 0}
+
+    class FakeHead:
+        pid = __import__("os").getpid()
+        process = SimpleNamespace(wait=lambda: 0)
+        log_path = tmp_path / "ray.log"
+
+        def alive(self) -> bool:
+            return True
+
+        def stop(self) -> None:
+            calls["stop"] += 1
+
+    def wait(*_a, **_k) -> None:
+        calls["wait"] += 1
+
+    tables = iter([[], [LostNode("10.0.0.9 (node-b)", "health check failed for node")], [], []])
+    monkeypatch.setattr(job, "run_preflight", lambda *_a: 0)
+    monkeypatch.setattr(job, "source_scripts", lambda _paths: {})
+    monkeypatch.setattr(job, "become_subreaper", lambda: False)
+    monkeypatch.setattr(ray_cluster, "start_node", lambda *_a, **_k: FakeHead())
+    monkeypatch.setattr(ray_cluster, "wait_for_resource", wait)
+    monkeypatch.setattr(checkpoint_nodes, "check_on_every_node", lambda *_a: True)
+    monkeypatch.setattr(restarts, "dead_nodes", lambda *_a: next(tables))
+    monkeypatch.setattr(preflight, "path_environment", lambda *_a: {})
+    for var in ("MASTER_ADDR", "NNODES", "NODE_ROLE", "NODES", "MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LOG_DIR", str(tmp_path / "logs"))
+    trainer, ckpt = tmp_path / "trainer.py", tmp_path / "ckpt"
+    trainer.write_text(TRAINER)
+    waits: list[float] = []
+    monkeypatch.setattr(restarts, "wait", waits.append)
+    monkeypatch.setattr(
+        job,
+        "trainer_command",
+        lambda _name, _overrides: [sys.executable, str(trainer), str(tmp_path / "state"), str(ckpt), "2,1;1,ok"],
+    )
+    rc = job.main(
+        ["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+         "--node-role", "head", "--nnodes", "1", "--", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}"]
+    )  # fmt: skip
+    run_dir = next((tmp_path / "logs").glob("a3_256die_random_init-*-head-*"))
+    lines = [line.split("] ", 1)[1] for line in (run_dir / "launcher.log").read_text().splitlines()]
+    assert rc == 0 and waits == [10]
+    assert calls == {"wait": 2, "stop": 1}  # once before the first run, once before the restart; Ray stopped once
+    assert "restart 1/3 after the loss of node 10.0.0.9 (node-b) in step 3; Ray: health check failed for node; " \
+        "resuming from step 2 in 10 s" in lines  # fmt: skip
+    assert lines[-1] == "stopping the Ray processes this launch started"
+    assert any(line.startswith("restarts: up to 3 after a failure") for line in lines)  # the cluster's default
+
+
+def test_restarts_and_ray_only_do_not_mix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    from verl_patches.launch import preflight
+
+    monkeypatch.setattr(preflight, "path_environment", lambda *_a: {})
+    monkeypatch.setattr(job, "become_subreaper", lambda: False)
+    monkeypatch.setenv("LOG_DIR", str(tmp_path / "logs"))
+    rc = job.main(
+        ["--profile", "a3_256die_random_init", "--ray-only", "--max-restarts", "2", "--master-addr", "127.0.0.1",
+         "--socket-ifname", "lo", "--node-role", "head", "--nnodes", "1", "--", "trainer.save_freq=1",
+         f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    )  # fmt: skip
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (
+        "launch: cannot start: --max-restarts 2 with --ray-only: the trainer is then a `ray job submit` of yours, "
+        "which this launcher neither runs nor restarts"
+    )

@@ -443,6 +443,7 @@ def restart_setting_of(args: argparse.Namespace, cfg: Any, default: int) -> rest
         default,
         OmegaConf.select(cfg, "trainer.save_freq"),
         OmegaConf.select(cfg, "trainer.resume_mode", default="auto"),
+        checkpoint_root_of(cfg),
     )
 
 
@@ -628,6 +629,12 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
         print("launch: cannot start:\n  - " + "\n  - ".join(refused), file=sys.stderr)
         return 2
     restart = restart_setting_of(args, cfg, DEFAULT_A3_RESTARTS)  # judged on every node, as the same command runs
+    if args.ray_only and args.max_restarts:
+        restart = restart_policy.RestartSetting(
+            0,
+            refusal=f"--max-restarts {args.max_restarts} with --ray-only: the trainer is then a `ray job submit` "
+            "of yours, which this launcher neither runs nor restarts",
+        )
     if restart.refusal:
         print(f"launch: cannot start: {restart.refusal}", file=sys.stderr)
         return 2

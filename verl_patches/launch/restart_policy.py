@@ -109,8 +109,11 @@ def decide(history: Sequence[Failure], max_restarts: int, backoff: Backoff = DEF
     )
 
 
-def checkpoint_problem(save_freq: object, resume_mode: object) -> str:
-    """'' when a restart resumes where the run failed; else why it would not, and the key to change (one line)."""
+def checkpoint_problem(save_freq: object, resume_mode: object, folder: object = "set") -> str:
+    """'' when a restart resumes where the run failed; else why it would not, and the key to change (one line).
+    ``folder``: the checkpoint root (`trainer.default_local_dir`), empty or None when the config has none."""
+    if not folder:
+        return "trainer.default_local_dir is not set (CKPT_DIR on the cluster), so no restart could resume"
     try:
         freq = int(save_freq)  # type: ignore[call-overload]
     except (TypeError, ValueError):
@@ -137,13 +140,15 @@ class RestartSetting:
     note: str = ""  # a line for the launcher's log (restarts turned off, and why)
 
 
-def restart_setting(asked: int | None, default: int, save_freq: object, resume_mode: object) -> RestartSetting:
+def restart_setting(
+    asked: int | None, default: int, save_freq: object, resume_mode: object, folder: object = "set"
+) -> RestartSetting:
     """``--max-restarts`` (``asked``; None: not given, ``default`` applies) against the run's checkpoints: a restart
     without them would start over, so an explicit request is refused and the default turned off with a note."""
     wanted = default if asked is None else asked
     if wanted <= 0:
         return RestartSetting(0)
-    problem = checkpoint_problem(save_freq, resume_mode)
+    problem = checkpoint_problem(save_freq, resume_mode, folder)
     if not problem:
         return RestartSetting(wanted)
     if asked is not None:
