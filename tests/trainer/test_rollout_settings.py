@@ -136,6 +136,45 @@ def test_preflight_says_the_graph_batch_size() -> None:
     assert lifecycle.status == OK and "rebuilt" in lifecycle.message
 
 
+ON_1024 = "chunked prefill on (max_num_batched_tokens 1024, max_model_len 4096)"
+ON_4096 = "chunked prefill on (max_num_batched_tokens 4096, max_model_len 4096)"
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        ((), f"{ON_1024} because {R}.enable_chunked_prefill=True"),
+        (
+            (f"{R}.enable_chunked_prefill=False", f"{R}.max_num_batched_tokens=4096"),
+            f"{ON_4096} because {SCHEDULER}.enabled=False: vLLM V1's own scheduler chunks prompts",
+        ),
+        (
+            (f"{R}.enable_chunked_prefill=False", f"{R}.max_num_batched_tokens=4096", f"{SCHEDULER}.enabled=True"),
+            "chunked prefill off (max_num_batched_tokens 4096, max_model_len 4096)",
+        ),
+    ],
+)
+def test_the_engine_line_says_what_the_engine_does_not_what_one_key_says(overrides, said) -> None:
+    """With the Ascend scheduler off vLLM V1 chunks whatever enable_chunked_prefill says: the line follows
+    chunked_prefill_reason, and says off only where the Ascend scheduler keeps prefills apart."""
+    line = describe(a3(*overrides))
+    assert said in line
+    assert ("chunked prefill off" in line) is (" because " not in line)
+
+
+@pytest.mark.parametrize(
+    "scheduler, why",
+    [
+        ("False", "(vLLM V1's scheduler chunks prompts then whatever the key says; say so)"),
+        ("True", "(vllm-ascend's Ascend scheduler refuses it without chunked prefill)"),
+    ],
+)
+def test_a_budget_below_max_model_len_without_chunking_says_who_chunks_or_refuses(scheduler, why) -> None:
+    c = a3(f"{R}.enable_chunked_prefill=False", f"{SCHEDULER}.enabled={scheduler}")
+    (line,) = [p for p in rollout_problems(c) if "< max_model_len 4096 needs" in p]
+    assert line == f"{R}.max_num_batched_tokens=1024 < max_model_len 4096 needs {R}.enable_chunked_prefill=True {why}"
+
+
 def test_not_a_vllm_rollout_has_no_engine_rules() -> None:
     c = resolved(compose_config("ppo_tiny_local_fsdp", []))
     assert rollout_problems(c) == []

@@ -245,14 +245,19 @@ def _prefill_problems(cfg: Any, seqs: int | None) -> list[str]:
     chunked = bool(get(cfg, f"{R}.enable_chunked_prefill", False))
     batched = int(get(cfg, f"{R}.max_num_batched_tokens") or 0)
     length = max_model_len(cfg)
+    scheduler = get(cfg, SCHEDULER) or {}
     if batched and batched < length and not chunked:
+        why = (
+            "vllm-ascend's Ascend scheduler refuses it without chunked prefill"
+            if scheduler.get("enabled")
+            else "vLLM V1's scheduler chunks prompts then whatever the key says; say so"
+        )
         out.append(
             f"{R}.max_num_batched_tokens={batched} < max_model_len {length} needs "
-            f"{R}.enable_chunked_prefill=True (vLLM refuses it without chunked prefill)"
+            f"{R}.enable_chunked_prefill=True ({why})"
         )
     if batched and seqs is not None and batched < seqs:
         out.append(f"{R}.max_num_batched_tokens={batched} must be >= {ENGINE}.max_num_seqs={seqs} (vLLM's scheduler)")
-    scheduler = get(cfg, SCHEDULER) or {}
     if scheduler.get("enabled") and chunked and bool(scheduler.get("enable_chunked_prefill", False)):
         out.append(
             f"{SCHEDULER}.enabled=True has no effect with chunked prefill on: vllm-ascend 0.9.1's "
@@ -294,8 +299,11 @@ def describe(cfg: Any) -> str:
     else:
         mode = "eager" if get(cfg, f"{R}.enforce_eager", True) else "graph mode off"
     batched, length = int(get(cfg, f"{R}.max_num_batched_tokens") or 0), max_model_len(cfg)
+    # what the engine does, not what one key says: vLLM V1 chunks with the Ascend scheduler off
+    chunking = chunked_prefill_reason(cfg)
     prefill = (
-        f"chunked prefill {'on' if get(cfg, f'{R}.enable_chunked_prefill') else 'off'} "
-        f"(max_num_batched_tokens {batched}, max_model_len {length})"
+        f"chunked prefill {'on' if chunking else 'off'} (max_num_batched_tokens {batched}, max_model_len {length})"
     )
+    if chunking:
+        prefill += f" because {chunking}"
     return f"{mode}; {seqs_text}; {prefill}"
