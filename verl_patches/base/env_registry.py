@@ -281,8 +281,9 @@ _VARIABLES: tuple[Variable, ...] = (
         TEXT,
         "",
         P + "trainer/rank_memory.py " + P + "resilience/fault_injection.py",
-        "the run's log folder (the launcher sets it), for rank_memory.jsonl (else the parent of TENSORBOARD_DIR) "
-        "and the fault injections' once-only markers",
+        "the run's log folder (the launcher sets it, tiny and cluster alike): where the trainer writes "
+        "resolved_config.yaml, curves.png and rank_memory.jsonl (else the parent of TENSORBOARD_DIR), and the fault "
+        "injections' once-only markers",
     ),
     _v(
         "VERL_PATCHES_VLLM_DP_BASE_PORT",

@@ -400,7 +400,9 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
         )
     env.setdefault("TENSORBOARD_DIR", str(launch.log_dir / "tensorboard"))
     env["VERL_PATCHES_ACTIVATION_DIR"] = str(launch.log_dir / "activations")  # one record per patched process
-    env.setdefault(RUN_DIR_ENV, str(launch.log_dir))  # rank memory, and fault injections fire once per run folder
+    # the trainer's run folder (rank memory, resolved config, curves; fault injections fire once per run folder)
+    # is this launch's, whatever the shell exported: a user's TENSORBOARD_DIR or a stale value must not move it
+    env[RUN_DIR_ENV] = str(launch.log_dir)
 
     def exit_line(rc: int, seconds: float) -> str:
         return (
