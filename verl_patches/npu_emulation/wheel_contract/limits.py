@@ -105,6 +105,8 @@ def size(
 
 
 F16_BF16 = (torch.float16, torch.bfloat16)
+F16_BF16_F32 = (*F16_BF16, torch.float32)
+F16_BF16_INT8 = (*F16_BF16, torch.int8)
 
 
 # ---- npu_fused_infer_attention_score -------------------------------------------------------------------------
@@ -137,26 +139,24 @@ _FIA_PA_BLOCK = "该场景下, 必须开启PageAttention, 此时block_size支持
 FIA = (
     dtypes(
         "query",
-        (torch.float16, torch.bfloat16, torch.int8),
+        F16_BF16_INT8,
         "query: Tensor类型, attention结构的Query输入, 数据类型支持float16、bfloat16、int8",
     ),
-    dtypes(
-        "key",
-        (torch.float16, torch.bfloat16, torch.int8, torch.int32),
-        "Atlas A3 训练系列产品: 数据类型支持float16、bfloat16、int8、int4(int32)",
+    *(
+        dtypes(
+            arg,
+            (*F16_BF16_INT8, torch.int32),
+            "Atlas A3 训练系列产品: 数据类型支持float16、bfloat16、int8、int4(int32)",
+        )
+        for arg in ("key", "value")
     ),
-    dtypes(
-        "value",
-        (torch.float16, torch.bfloat16, torch.int8, torch.int32),
-        "Atlas A3 训练系列产品: 数据类型支持float16、bfloat16、int8、int4(int32)",
-    ),
-    dtypes(
-        "query_rope",
-        F16_BF16,
-        "表示MLA(Multi-head Latent Attention)结构中的query的rope信息, 数据类型支持float16、bfloat16",
-    ),
-    dtypes(
-        "key_rope", F16_BF16, "表示MLA(Multi-head Latent Attention)结构中的key的rope信息, 数据类型支持float16、bfloat16"
+    *(
+        dtypes(
+            f"{t}_rope",
+            F16_BF16,
+            f"表示MLA(Multi-head Latent Attention)结构中的{t}的rope信息, 数据类型支持float16、bfloat16",
+        )
+        for t in ("query", "key")
     ),
     one_of(
         "input_layout",
@@ -270,6 +270,17 @@ def _rows(a: Args) -> int:
     return a["logits"].shape[0]
 
 
+def _one_per_row(arg: str) -> Limit:
+    """``arg`` holds one value per row of logits (p and k document the same rule)."""
+    return Limit(
+        arg,
+        "a 1-D tensor of logits.size(0) values",
+        "shape支持1维且需要与logits的首轴相同",
+        OPS_DOC,
+        lambda a: a[arg].dim() == 1 and a[arg].shape[0] == _rows(a),
+    )
+
+
 TOP_K_TOP_P = (
     Limit(
         "logits", "a 2-D tensor", "logits(torch.Tensor): 输入张量，支持2维", OPS_DOC, lambda a: a["logits"].dim() == 2
@@ -280,13 +291,7 @@ TOP_K_TOP_P = (
         "数据类型支持torch.bfloat16, torch.float16, torch.float32",
     ),
     Limit("p", "logits' dtype", "数据类型需要与logits一致", OPS_DOC, lambda a: a["p"].dtype == a["logits"].dtype),
-    Limit(
-        "p",
-        "a 1-D tensor of logits.size(0) values",
-        "shape支持1维且需要与logits的首轴相同",
-        OPS_DOC,
-        lambda a: a["p"].dim() == 1 and a["p"].shape[0] == _rows(a),
-    ),
+    _one_per_row("p"),
     Limit(
         "p",
         "values in [0, 1]",
@@ -295,13 +300,7 @@ TOP_K_TOP_P = (
         lambda a: bool(((a["p"] >= 0) & (a["p"] <= 1)).all()),
     ),
     dtypes("k", (torch.int32,), "数据类型支持torch.int32"),
-    Limit(
-        "k",
-        "a 1-D tensor of logits.size(0) values",
-        "shape支持1维且需要与logits的首轴相同",
-        OPS_DOC,
-        lambda a: a["k"].dim() == 1 and a["k"].shape[0] == _rows(a),
-    ),
+    _one_per_row("k"),
     Limit(
         "k",
         "values in [1, 1024]",
@@ -325,8 +324,10 @@ def _tensors(a: Args, name: str) -> list[torch.Tensor]:
 
 
 GROUPED_MATMUL = (
-    Limit("x", "at most 128 tensors", "列表最大长度为128", OPS_DOC, lambda a: len(_tensors(a, "x")) <= 128),
-    Limit("weight", "at most 128 tensors", "列表最大长度为128", OPS_DOC, lambda a: len(_tensors(a, "weight")) <= 128),
+    *(
+        Limit(arg, "at most 128 tensors", "列表最大长度为128", OPS_DOC, lambda a, arg=arg: len(_tensors(a, arg)) <= 128)
+        for arg in ("x", "weight")
+    ),
     dtypes(
         "x",
         (torch.float16, torch.float32, torch.bfloat16, torch.int8),
@@ -375,9 +376,7 @@ GATING_TOP_K_SOFTMAX = (
     Limit(
         "x", "a 2-D or 3-D tensor", "表示待计算的输入要求是一个2D/3D的Tensor", OPS_DOC, lambda a: a["x"].dim() in (2, 3)
     ),
-    dtypes(
-        "x", (torch.float16, torch.bfloat16, torch.float32), "数据类型支持float16、bfloat16、float32, 数据格式要求为ND"
-    ),
+    dtypes("x", F16_BF16_F32, "数据类型支持float16、bfloat16、float32, 数据格式要求为ND"),
     Limit(
         "k",
         "0 < k <= x.size(-1) and k <= 1024",
@@ -390,7 +389,7 @@ INIT_ROUTING = (
     Limit("x", "a 2-D tensor", "要求为一个2D的Tensor, shape为 (NUM_ROWS, H)", OPS_DOC, lambda a: a["x"].dim() == 2),
     dtypes(
         "x",
-        (torch.float16, torch.bfloat16, torch.float32),
+        F16_BF16_F32,
         "数据类型支持float16、bfloat16、float32, 数据格式要求为ND. shape大小需要小于2^24",
     ),
     dtypes("row_idx", (torch.int32,), "指示每个位置对应的原始行位置, shape要求与expert_idx一致. 数据类型支持int32"),
@@ -409,7 +408,7 @@ COMPUTE_EXPERT_TOKENS = (
 FINALIZE_ROUTING = (
     dtypes(
         "expanded_permuted_rows",
-        (torch.float16, torch.bfloat16, torch.float32),
+        F16_BF16_F32,
         "要求是一个2D的Tensor, 数据类型支持float16、bfloat16、float32",
     ),
     dtypes(
@@ -432,26 +431,30 @@ def _ring_seq_ok(a: Args) -> bool:
     return bool(((q != 0) & ((kv >= q) | (kv == 0))).all())
 
 
+def _head_size(arg: str, width: int) -> Limit:
+    """``arg`` is [qNTokens, headNum, width] (the query's no-position and rotary parts document one rule each)."""
+    return size(
+        arg,
+        f"head size {width} ([qNTokens, headNum, {width}])",
+        lambda a: a[arg].shape[-1] == width,
+        f"shape为[qNTokens, headNum, {width}]",
+        ATB_DOC,
+    )
+
+
 RING_MLA = (
-    dtypes("q_nope", F16_BF16, "q_nope: Device Tensor,无位置编码query矩阵，支持float16/bf16", ATB_DOC),
-    dtypes("q_rope", F16_BF16, "q_rope: Device Tensor,query旋转位置编码分量，支持float16/bf16", ATB_DOC),
-    dtypes("k_nope", F16_BF16, "k_nope: Device Tensor,无位置编码key矩阵，支持float16/bf16", ATB_DOC),
-    dtypes("k_rope", F16_BF16, "k_rope: Device Tensor,key旋转位置编码，支持float16/bf16", ATB_DOC),
-    dtypes("value", F16_BF16, "value: Device Tensor,value矩阵，支持float16/bf16", ATB_DOC),
-    size(
-        "q_nope",
-        "head size 128 ([qNTokens, headNum, 128])",
-        lambda a: a["q_nope"].shape[-1] == 128,
-        "shape为[qNTokens, headNum, 128]",
-        ATB_DOC,
+    *(
+        dtypes(arg, F16_BF16, quote, ATB_DOC)
+        for arg, quote in (
+            ("q_nope", "q_nope: Device Tensor,无位置编码query矩阵，支持float16/bf16"),
+            ("q_rope", "q_rope: Device Tensor,query旋转位置编码分量，支持float16/bf16"),
+            ("k_nope", "k_nope: Device Tensor,无位置编码key矩阵，支持float16/bf16"),
+            ("k_rope", "k_rope: Device Tensor,key旋转位置编码，支持float16/bf16"),
+            ("value", "value: Device Tensor,value矩阵，支持float16/bf16"),
+        )
     ),
-    size(
-        "q_rope",
-        "head size 64 ([qNTokens, headNum, 64])",
-        lambda a: a["q_rope"].shape[-1] == 64,
-        "shape为[qNTokens, headNum, 64]",
-        ATB_DOC,
-    ),
+    _head_size("q_nope", 128),
+    _head_size("q_rope", 64),
     one_of("input_layout", (None, "type_bsnd"), "inputLayout仅支持TYPE_BSND", ATB_DOC),
     one_of("mask_type", (None, "no_mask", "mask_type_triu"), "mask类型，当前支持no_mask、mask_type_triu", ATB_DOC),
     one_of(
@@ -484,34 +487,27 @@ def _row_bytes_aligned(cache: str) -> Callable[[Args], bool]:
 
 
 PAGED_CACHE_LOAD = (
-    dtypes(
-        "key_cache",
-        (torch.float16, torch.bfloat16, torch.int8),
-        "key_cache: Device Tensor, cache好的key, 支持float16/bf16/int8数据类型",
-        ATB_DOC,
-    ),
-    dtypes(
-        "value_cache",
-        (torch.float16, torch.bfloat16, torch.int8),
-        "value_cache: Device Tensor, cache好的value, 支持float16/bf16/int8数据类型",
-        ATB_DOC,
+    *(
+        dtypes(
+            f"{kv}_cache",
+            F16_BF16_INT8,
+            f"{kv}_cache: Device Tensor, cache好的{kv}, 支持float16/bf16/int8数据类型",
+            ATB_DOC,
+        )
+        for kv in ("key", "value")
     ),
     dtypes("block_table", (torch.int32,), "记录每个batch的sequence在kvcache中的blockId，支持int32数据类型", ATB_DOC),
     dtypes("context_lens", (torch.int32,), "每个batch序列长度或每个batch序列长度的累加和，支持int32数据类型", ATB_DOC),
     dtypes("seq_starts", (torch.int32,), "每个batch在blocktable中对应的起始位置, shape为[batch],支持int32", ATB_DOC),
-    size(
-        "key_cache",
-        "num_heads * head_size_k a multiple of 32 bytes",
-        _row_bytes_aligned("key_cache"),
-        "key_cache的shape信息中num_heads*head_size_k 需要是32B对齐",
-        ATB_DOC,
-    ),
-    size(
-        "value_cache",
-        "num_heads * head_size_v a multiple of 32 bytes",
-        _row_bytes_aligned("value_cache"),
-        "value_cache的shape信息中num_heads*head_size_v 需要是32B对齐",
-        ATB_DOC,
+    *(
+        size(
+            f"{kv}_cache",
+            f"num_heads * head_size_{kv[0]} a multiple of 32 bytes",
+            _row_bytes_aligned(f"{kv}_cache"),
+            f"{kv}_cache的shape信息中num_heads*head_size_{kv[0]} 需要是32B对齐",
+            ATB_DOC,
+        )
+        for kv in ("key", "value")
     ),
 )
 
