@@ -375,29 +375,14 @@ _VARIABLES: tuple[Variable, ...] = (
         "seconds per HTTP request of the set-up",
         minimum=0.0,
     ),
-    _v(
-        "VERL_OVERLAY_MAX_FILE_BYTES",
-        INT,
-        128 << 20,
-        P + "sources/extract.py",
-        "largest file an upstream archive may unpack",
-        minimum=0,
-    ),
-    _v(
-        "VERL_OVERLAY_MAX_TREE_BYTES",
-        INT,
-        1 << 30,
-        P + "sources/extract.py",
-        "largest total an upstream archive may unpack",
-        minimum=0,
-    ),
-    _v(
-        "VERL_OVERLAY_MAX_MEMBERS",
-        INT,
-        200_000,
-        P + "sources/extract.py",
-        "most members an upstream archive may hold",
-        minimum=0,
+    # what an upstream archive may unpack (sources/extract.py)
+    *(
+        _v(name, INT, default, P + "sources/extract.py", f"{what} an upstream archive may {verb}", minimum=0)
+        for name, default, what, verb in (
+            ("VERL_OVERLAY_MAX_FILE_BYTES", 128 << 20, "largest file", "unpack"),
+            ("VERL_OVERLAY_MAX_TREE_BYTES", 1 << 30, "largest total", "unpack"),
+            ("VERL_OVERLAY_MAX_MEMBERS", 200_000, "most members", "hold"),
+        )
     ),
     _v(
         "VERL_OVERLAY_GIT_MIRROR_*",
@@ -425,50 +410,37 @@ _VARIABLES: tuple[Variable, ...] = (
         "weight sync by all-gather instead of the all-to-all reshard",
         VENDOR,
     ),
-    _v(
-        "VLLM_ENABLE_GRAPH_MODE",
-        FLAG,
-        False,
-        P + "launch/preflight_vendor_env.py",
-        "the vendor's graph-mode switch: read by nothing here (the config key is); the dry run maps or refuses it",
-        VENDOR,
-        judged_by="env.vendor",
-    ),
-    _v(
-        "VLLM_ENABLE_FIX_ROUTE",
-        FLAG,
-        False,
-        P + "launch/preflight_vendor_env.py",
-        "the vendor's balanced rollout routing, not in vllm-ascend 0.9.1: refused when on",
-        VENDOR,
-        judged_by="env.vendor",
-    ),
-    _v(
-        "VLLM_ENABLE_MC2",
-        FLAG,
-        True,
-        P + "launch/preflight_vendor_env.py",
-        "the vendor's MC2 switch: read by nothing (MC2 is vllm-ascend's own choice); refused when off",
-        VENDOR,
-        judged_by="env.vendor",
-    ),
-    _v(
-        "VLLM_ASCEND_ACL_OP_INIT_MODE",
-        TEXT,
-        "",
-        P + "launch/preflight_vendor_env.py",
-        "the vendor's: read by nothing here; the dry run says so",
-        VENDOR,
-        judged_by="env.vendor",
-    ),
-    _v(
-        "ROLLOUT_REBALANCE_ENABLE",
-        FLAG,
-        False,
-        P + "launch/preflight_vendor_env.py",
-        "the vendor's rollout rebalance, not carried here: refused when on",
-        VENDOR,
-        judged_by="env.vendor",
+    # read by nothing but the dry run's env.vendor check, which maps or refuses each
+    *(
+        _v(name, kind, default, P + "launch/preflight_vendor_env.py", doc, VENDOR, judged_by="env.vendor")
+        for name, kind, default, doc in (
+            (
+                "VLLM_ENABLE_GRAPH_MODE",
+                FLAG,
+                False,
+                "the vendor's graph-mode switch: read by nothing here (the config key is); the dry run maps or "
+                "refuses it",
+            ),
+            (
+                "VLLM_ENABLE_FIX_ROUTE",
+                FLAG,
+                False,
+                "the vendor's balanced rollout routing, not in vllm-ascend 0.9.1: refused when on",
+            ),
+            (
+                "VLLM_ENABLE_MC2",
+                FLAG,
+                True,
+                "the vendor's MC2 switch: read by nothing (MC2 is vllm-ascend's own choice); refused when off",
+            ),
+            ("VLLM_ASCEND_ACL_OP_INIT_MODE", TEXT, "", "the vendor's: read by nothing here; the dry run says so"),
+            (
+                "ROLLOUT_REBALANCE_ENABLE",
+                FLAG,
+                False,
+                "the vendor's rollout rebalance, not carried here: refused when on",
+            ),
+        )
     ),
     # ---- vLLM / vllm-ascend ----
     _v(
@@ -577,21 +549,16 @@ _VARIABLES: tuple[Variable, ...] = (
         TORCH,
         minimum=0,
     ),
-    _v(
-        "MASTER_ADDR",
-        TEXT,
-        "",
-        P + "resilience/heartbeat.py " + P + "train_engine/initialize.py",
-        "torch.distributed's rendezvous address (also a cluster setting)",
-        TORCH,
-    ),
-    _v(
-        "MASTER_PORT",
-        TEXT,
-        "",
-        P + "resilience/heartbeat.py " + P + "train_engine/initialize.py",
-        "torch.distributed's rendezvous port (also a cluster setting)",
-        TORCH,
+    *(
+        _v(
+            f"MASTER_{suffix}",
+            TEXT,
+            "",
+            P + "resilience/heartbeat.py " + P + "train_engine/initialize.py",
+            f"torch.distributed's rendezvous {part} (also a cluster setting)",
+            TORCH,
+        )
+        for suffix, part in (("ADDR", "address"), ("PORT", "port"))
     ),
     _v("GLOO_SOCKET_IFNAME", TEXT, "", P + "rollout/dp_env.py", "NIC of Gloo's sockets", TORCH),
     _v(
@@ -602,18 +569,17 @@ _VARIABLES: tuple[Variable, ...] = (
         "Inductor's compile-pool warm-up (the tiny run sets 0 unless given)",
         TORCH,
     ),
-    _v(
-        "ATEN_CPU_CAPABILITY",
-        TEXT,
-        "",
-        P + "base/cpu_numerics.py",
-        "ATen's CPU kernels (the tiny run pins avx2)",
-        TORCH,
+    # the CPU numerics the tiny run pins (base/cpu_numerics.py)
+    *(
+        _v(name, TEXT, "", P + "base/cpu_numerics.py", f"{what} (the tiny run pins {pinned})", TORCH)
+        for name, what, pinned in (
+            ("ATEN_CPU_CAPABILITY", "ATen's CPU kernels", "avx2"),
+            ("MKL_CBWR", "MKL's code branch", "COMPATIBLE"),
+            ("ONEDNN_MAX_CPU_ISA", "oneDNN's CPU ISA", "AVX2"),
+            ("OMP_NUM_THREADS", "intra-op threads", "1"),
+            ("MKL_NUM_THREADS", "MKL threads", "1"),
+        )
     ),
-    _v("MKL_CBWR", TEXT, "", P + "base/cpu_numerics.py", "MKL's code branch (the tiny run pins COMPATIBLE)", TORCH),
-    _v("ONEDNN_MAX_CPU_ISA", TEXT, "", P + "base/cpu_numerics.py", "oneDNN's CPU ISA (the tiny run pins AVX2)", TORCH),
-    _v("OMP_NUM_THREADS", TEXT, "", P + "base/cpu_numerics.py", "intra-op threads (the tiny run pins 1)", TORCH),
-    _v("MKL_NUM_THREADS", TEXT, "", P + "base/cpu_numerics.py", "MKL threads (the tiny run pins 1)", TORCH),
     # ---- Ray, verl ----
     _v(
         "RAY_ADDRESS",
