@@ -65,10 +65,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("verl_patches/launch/settings.py", "values[s.name], origin[s.name] = environ[s.name], \"environment\""): (
         "the cluster settings, as above"
     ),
-    (
-        "verl_patches/launch/preflight_vendor_env.py",
-        'out = {n: Seen(n, environ[n], "environment") for n in names if n in environ}',
-    ): "the vendor's variables the preflight judges (HANDLERS' names, each registered), read to be refused or mapped",
     ("verl_patches/launch/preflight_vendor_env.py", "value = env_int(v.name, 0, environ={v.name: v.value})"): (
         "parses a value handed in (the vendor's variable as the job would see it), not this process's environment"
     ),

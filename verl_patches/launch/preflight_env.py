@@ -21,7 +21,7 @@ Variables another check judges itself (the vendor's, ``env.vendor``) are left to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from verl_patches.base.env_registry import closest, lookup, problem, unregistered_ours
@@ -46,16 +46,28 @@ class Seen:
         return f"{self.name}={self.value!r} ({self.where})"
 
 
-def seen_variables(settings: ClusterSettings | None, environ: Mapping[str, str]) -> dict[str, Seen]:
-    """The registered variables, and the ones that look like ours, of the launching environment; then the env
-    file's pass-through lines (which win, as in `job_env.job_environment`)."""
-    typos = set(unregistered_ours(environ))
-    out = {n: Seen(n, v, "environment") for n, v in environ.items() if n in typos or lookup(n) is not None}
+def seen_by_the_job(
+    environ: Mapping[str, str],
+    settings: ClusterSettings | None,
+    wanted: Callable[[str], bool],
+    typos: Collection[str] = (),
+) -> dict[str, Seen]:
+    """What the job would see of the variables ``wanted`` names: the launching environment's (and there the
+    ``typos`` too, to be named), then the env file's pass-through lines (they win, as in `job_env.job_environment`).
+    The one reading of the two sources, for this check and ``env.vendor``."""
+    out = {n: Seen(n, v, "environment") for n, v in environ.items() if n in typos or wanted(n)}
     if settings is not None:
         for key, value in settings.values.items():
-            if key not in SETTING_NAMES and settings.where(key) not in ("environment", "default") and lookup(key):
+            if wanted(key) and key not in SETTING_NAMES and settings.where(key) not in ("environment", "default"):
                 out[key] = Seen(key, value, settings.where(key))
     return out
+
+
+def seen_variables(settings: ClusterSettings | None, environ: Mapping[str, str]) -> dict[str, Seen]:
+    """The registered variables, and the ones that look like ours, of the launching environment; then the env
+    file's pass-through lines of registered variables."""
+    typos = set(unregistered_ours(environ))
+    return seen_by_the_job(environ, settings, lambda name: lookup(name) is not None, typos)
 
 
 def dp_master_port_findings(seen: Mapping[str, Seen], dp_size: int) -> list[Finding]:
@@ -126,4 +138,12 @@ def env_variable_findings(ctx: Context, environ: Mapping[str, str]) -> list[Find
     return variable_findings(seen_variables(ctx.settings, environ), dp_size, ctx.cluster_profile)
 
 
-__all__ = ["CHECK", "Seen", "dp_master_port_findings", "env_variable_findings", "seen_variables", "variable_findings"]
+__all__ = [
+    "CHECK",
+    "Seen",
+    "dp_master_port_findings",
+    "env_variable_findings",
+    "seen_by_the_job",
+    "seen_variables",
+    "variable_findings",
+]

@@ -18,28 +18,16 @@ with the accepted spellings.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from verl_patches.base.env_flags import EnvError, env_int, parse_flag
+from verl_patches.launch.preflight_env import Seen, seen_by_the_job
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
-from verl_patches.launch.settings import SETTING_NAMES, ClusterSettings
+from verl_patches.launch.settings import ClusterSettings
 
 CHECK = "env.vendor"
 GRAPH_MODE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled"
 FIX_ROUTER_KEY = "actor_rollout_ref.actor.megatron.fix_router"
 DP_SIZE_KEY = "overlay.vllm_dp_size"
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A vendor variable as the job would see it: its value and where it came from."""
-
-    name: str
-    value: str
-    where: str
-
-    def shown(self) -> str:
-        return f"{self.name}={self.value!r} ({self.where})"
 
 
 def _on_off(on: bool) -> str:
@@ -170,13 +158,9 @@ def vendor_findings(
 
 def seen_variables(settings: ClusterSettings, environ: Mapping[str, str]) -> dict[str, Seen]:
     """The vendor variables the job would see: the launching environment's, then the env file's pass-through
-    lines (which win, as in `job_env.job_environment`)."""
+    lines (which win)."""
     names = set(HANDLERS) | {"WORLD_SIZE", "LD_PRELOAD"}
-    out = {n: Seen(n, environ[n], "environment") for n in names if n in environ}
-    for key, value in settings.values.items():
-        if key in names and key not in SETTING_NAMES and settings.where(key) not in ("environment", "default"):
-            out[key] = Seen(key, value, settings.where(key))
-    return out
+    return seen_by_the_job(environ, settings, names.__contains__)
 
 
 def vendor_env_findings(ctx: Context, environ: Mapping[str, str]) -> list[Finding]:
