@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from ast_scan import dotted, is_environ
+
 from verl_patches.base import env_registry
 from verl_patches.base.env_registry import FAMILY_MARK, REGISTRY, lookup
 
@@ -85,17 +87,6 @@ class Read:
     presence: bool  # only tested for being set (a truth value, ``in``) or shown in a message
 
 
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
-
-
 def _module_name(path: Path) -> str:
     rel = path.relative_to(REPO).with_suffix("")
     parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
@@ -132,7 +123,7 @@ def _module_constants(tree: ast.Module) -> dict[str, set[str]]:
         else:
             continue
         strings = _literal_strings(value)
-        if strings is None and isinstance(value, ast.Call) and _dotted(value.func) in ("frozenset", "set", "tuple"):
+        if strings is None and isinstance(value, ast.Call) and dotted(value.func) in ("frozenset", "set", "tuple"):
             strings = _literal_strings(value.args[0]) if len(value.args) == 1 else None
         for t in targets:
             if isinstance(t, ast.Name) and strings is not None:
@@ -205,19 +196,12 @@ class _Scanner(ast.NodeVisitor):
                 return self.trees.constant(*self.imported[node.id])
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in self.modules:
             return self.trees.constant(self.modules[node.value.id], node.attr)
-        if isinstance(node, ast.Call) and _dotted(node.func) in ("set", "frozenset", "tuple") and len(node.args) == 1:
+        if isinstance(node, ast.Call) and dotted(node.func) in ("set", "frozenset", "tuple") and len(node.args) == 1:
             return self.resolve(node.args[0])
         return None
 
     def is_environ(self, node: ast.AST) -> bool:
-        if isinstance(node, ast.IfExp):
-            return self.is_environ(node.body) or self.is_environ(node.orelse)
-        if isinstance(node, ast.BoolOp):
-            return any(self.is_environ(v) for v in node.values)
-        if isinstance(node, ast.Call) and _dotted(node.func) == "dict" and node.args:
-            return self.is_environ(node.args[0])
-        dotted = _dotted(node)
-        return dotted == "os.environ" or dotted in self.environs[-1]
+        return is_environ(node, self.environs[-1])
 
     # scopes ------------------------------------------------------------------------------------------------
     def _function(self, node: ast.AST) -> None:
@@ -314,9 +298,9 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        dotted = _dotted(func)
+        called = dotted(func)
         first = node.args[0] if node.args else None
-        if dotted in ("os.getenv", "getenv"):
+        if called in ("os.getenv", "getenv"):
             self._add(node, "environ", first, id(node) in self.tests)
         elif isinstance(func, ast.Attribute) and func.attr in ("get", "pop") and self.is_environ(func.value):
             self._add(node, "environ", first, id(node) in self.tests)
@@ -326,7 +310,7 @@ class _Scanner(ast.NodeVisitor):
                 self._add(node, f"env_flags.{origin[1]}", first)
             elif origin and origin[0] == "verl_patches.base.env_registry" and origin[1] in REGISTRY_GETTERS:
                 self._add(node, f"registry.{origin[1]}", first)
-            callee = dotted.rsplit(".", 1)[-1]
+            callee = called.rsplit(".", 1)[-1]
             if callee in DECLARING_KEYWORDS:
                 for kw in node.keywords:
                     if kw.arg == DECLARING_KEYWORDS[callee] and not (

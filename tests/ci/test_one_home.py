@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from ast_scan import dotted, is_environ
+
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("verl_patches", "bench", "tests")  # verl_patches/scripts/ is under verl_patches/
 BASE = "verl_patches/base/"
@@ -86,18 +88,6 @@ class Finding:
         return f"{self.path}:{self.line}: [{self.rule}] {self.text}"
 
 
-def _dotted(node: ast.AST) -> str:
-    """``os.environ.get`` for that attribute chain; '' for anything that is not names and attributes."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
-
-
 def _strings(node: ast.AST, constants: dict[str, set[str]]) -> set[str]:
     """The string literals ``node`` stands for: a literal, a tuple/list/set of them, or a module-level name
     bound to one of those."""
@@ -121,20 +111,14 @@ class _Scope:
         self.values: set[str] = set(parent.values) if parent else set()
 
     def is_environ(self, node: ast.AST) -> bool:
-        """``os.environ``, ``environ``, or a name or expression made of them (``os.environ if e is None else e``)."""
-        if isinstance(node, ast.IfExp):
-            return self.is_environ(node.body) or self.is_environ(node.orelse)
-        if isinstance(node, ast.BoolOp):
-            return any(self.is_environ(v) for v in node.values)
-        dotted = _dotted(node)
-        return dotted == "os.environ" or dotted in self.environs
+        return is_environ(node, self.environs)
 
     def is_env_read(self, node: ast.AST) -> bool:
         """``<environ>.get(...)``, ``<environ>[...]``, ``os.getenv(...)``, or a name bound to one of them."""
         node = _peel_read(node)
         if isinstance(node, ast.Call):
             func = node.func
-            if _dotted(func) in ("os.getenv", "getenv"):
+            if dotted(func) in ("os.getenv", "getenv"):
                 return True
             return isinstance(func, ast.Attribute) and func.attr == "get" and self.is_environ(func.value)
         if isinstance(node, ast.Subscript):
@@ -248,7 +232,7 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _check_homes(self, node: ast.Call) -> None:
-        what = self._resolve(_dotted(node.func))
+        what = self._resolve(dotted(node.func))
         if what == "os._exit" and self.path != HOMES["rank-exit"]:
             self._add(node, "rank-exit", "os._exit(): end a rank with verl_patches.base.rank_exit.exit_rank")
         if _binds_port_zero(node) and self.path != HOMES["free-port"]:
@@ -263,8 +247,7 @@ class _Checker(ast.NodeVisitor):
 
     def _check_call(self, node: ast.Call) -> None:
         func = node.func
-        dotted = _dotted(func)
-        what = self._resolve(dotted)
+        what = self._resolve(dotted(func))
         if what in ("os.replace", "os.rename"):
             name = what.split(".")[1]
             if not (self.in_tests and name in TEST_ONLY):
@@ -291,7 +274,7 @@ class _Checker(ast.NodeVisitor):
         if not node.args:
             return False
         func = node.func
-        is_read = _dotted(func) in ("os.getenv", "getenv") or (
+        is_read = dotted(func) in ("os.getenv", "getenv") or (
             isinstance(func, ast.Attribute) and func.attr == "get" and self.scope.is_environ(func.value)
         )
         return is_read and self._names_device(node.args[0])
@@ -299,7 +282,7 @@ class _Checker(ast.NodeVisitor):
     def _names_device(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
             return node.value in DEVICE_VARIABLES
-        return _dotted(node).split(".")[-1] in ("DEVICE_ENV", "STALE_DEVICE_ENV")
+        return dotted(node).split(".")[-1] in ("DEVICE_ENV", "STALE_DEVICE_ENV")
 
     def visit_Compare(self, node: ast.Compare) -> None:
         if not self.in_base:
