@@ -100,71 +100,57 @@ def test_flash_attention_is_causal_attention_per_packed_sequence(dtype, torch_np
     assert torch.all(out[start:] == 7.0)  # rows past the sequences are not written
 
 
-def _cache_case(dtype, q_lens, kv_lens):
+def _cache_case(dtype, q_lens, kv_lens, lens_dtype=torch.int32):
+    """The new tokens' queries, the sequences' keys/values, and the arguments every cache-reading kernel takes
+    (the keys/values paged, the block table, the sequences' lengths as ``lens_dtype``, the head counts)."""
     torch.manual_seed(1)
     seqs = {"k": [torch.randn(n, KV_HEADS, DIM).to(dtype) for n in kv_lens]}
     seqs["v"] = [torch.randn(n, KV_HEADS, DIM).to(dtype) for n in kv_lens]
     q = torch.randn(sum(q_lens), HEADS, DIM).to(dtype)
-    return q, seqs, _paged(seqs, dtype)
+    k_cache, v_cache, table = _paged(seqs, dtype)
+    over_cache = dict(
+        query=q,
+        key_cache=k_cache,
+        value_cache=v_cache,
+        block_table=table,
+        context_lens=torch.tensor(kv_lens, dtype=lens_dtype),
+        num_kv_heads=KV_HEADS,
+        num_heads=HEADS,
+        scale_value=SCALE,
+    )
+    return q, seqs, over_cache
+
+
+def _check_new_tokens(out, q, seqs, q_lens, kv_lens, dtype):
+    """Each sequence's q_len new tokens are its last ones: each attends causally to its cached sequence."""
+    t = 0
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+        for i in range(q_len):
+            position = kv_len - q_len + i
+            _close(out[t], _attention(q[t], seqs["k"][b], seqs["v"][b], [j <= position for j in range(kv_len)]), dtype)
+            t += 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_flash_attention_qlens_attends_new_tokens_to_their_cached_sequence(dtype, torch_npu):
     q_lens, kv_lens = [2, 5], [7, 5]
-    q, seqs, (k_cache, v_cache, table) = _cache_case(dtype, q_lens, kv_lens)
+    q, seqs, over_cache = _cache_case(dtype, q_lens, kv_lens)
+    seq_len = torch.tensor(q_lens, dtype=torch.int32)
     out = torch.zeros(q.shape[0], HEADS, DIM, dtype=dtype)
-    torch_npu._npu_flash_attention_qlens(
-        query=q,
-        key_cache=k_cache,
-        value_cache=v_cache,
-        block_table=table,
-        mask=_mask(128, dtype),
-        seq_len=torch.tensor(q_lens, dtype=torch.int32),
-        context_lens=torch.tensor(kv_lens, dtype=torch.int32),
-        num_kv_heads=KV_HEADS,
-        num_heads=HEADS,
-        scale_value=SCALE,
-        out=out,
-    )
-    start = 0
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
-        for i in range(q_len):
-            position = kv_len - q_len + i  # the new tokens are the sequence's last ones
-            want = _attention(q[start + i], seqs["k"][b], seqs["v"][b], [j <= position for j in range(kv_len)])
-            _close(out[start + i], want, dtype)
-        start += q_len
+    torch_npu._npu_flash_attention_qlens(**over_cache, mask=_mask(128, dtype), seq_len=seq_len, out=out)
+    _check_new_tokens(out, q, seqs, q_lens, kv_lens, dtype)
     with pytest.raises((ValueError, RuntimeError), match="square causal tile"):
         torch_npu._npu_flash_attention_qlens(
-            query=q,
-            key_cache=k_cache,
-            value_cache=v_cache,
-            block_table=table,
-            mask=torch.zeros(128, 128, dtype=dtype),
-            seq_len=torch.tensor(q_lens, dtype=torch.int32),
-            context_lens=torch.tensor(kv_lens, dtype=torch.int32),
-            num_kv_heads=KV_HEADS,
-            num_heads=HEADS,
-            scale_value=SCALE,
-            out=out,
+            **over_cache, mask=torch.zeros(128, 128, dtype=dtype), seq_len=seq_len, out=out
         )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_attention_decodes_one_token_per_sequence(dtype, torch_npu):
     kv_lens = [1, 9, 4]
-    q, seqs, (k_cache, v_cache, table) = _cache_case(dtype, [1, 1, 1], kv_lens)
+    q, seqs, over_cache = _cache_case(dtype, [1, 1, 1], kv_lens)
     out = torch.zeros(3, HEADS, DIM, dtype=dtype)
-    torch_npu._npu_paged_attention(
-        query=q,
-        key_cache=k_cache,
-        value_cache=v_cache,
-        num_kv_heads=KV_HEADS,
-        num_heads=HEADS,
-        scale_value=SCALE,
-        block_table=table,
-        context_lens=torch.tensor(kv_lens, dtype=torch.int32),
-        out=out,
-    )
+    torch_npu._npu_paged_attention(**over_cache, out=out)
     for b, kv_len in enumerate(kv_lens):
         _close(out[b], _attention(q[b], seqs["k"][b], seqs["v"][b], [True] * kv_len), dtype)
 
@@ -174,29 +160,12 @@ def test_paged_attention_splitfuse_uses_one_mask_row_per_query_token(dtype, torc
     """A chunked-prefill step: a decode (1 of 6 tokens), a middle chunk (3 of 8) and a first chunk (2 of 2), with the
     mask vllm-ascend builds for it."""
     q_lens, kv_lens = [1, 3, 2], [6, 8, 2]
-    q, seqs, (k_cache, v_cache, table) = _cache_case(dtype, q_lens, kv_lens)
+    q, seqs, over_cache = _cache_case(dtype, q_lens, kv_lens, lens_dtype=torch.int64)
     positions = torch.tensor([p for ql, kl in zip(q_lens, kv_lens) for p in range(kl - ql, kl)])
     mask = _mask(max(kv_lens), dtype, positions)
     out = torch.zeros(q.shape[0], HEADS, DIM, dtype=dtype)
-    torch_npu._npu_paged_attention_splitfuse(
-        query=q,
-        key_cache=k_cache,
-        value_cache=v_cache,
-        block_table=table,
-        context_lens=torch.tensor(kv_lens),
-        mask=mask,
-        seq_len=torch.tensor(q_lens),
-        num_kv_heads=KV_HEADS,
-        num_heads=HEADS,
-        scale_value=SCALE,
-        out=out,
-    )
-    t = 0
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
-        for i in range(q_len):
-            position = kv_len - q_len + i
-            _close(out[t], _attention(q[t], seqs["k"][b], seqs["v"][b], [j <= position for j in range(kv_len)]), dtype)
-            t += 1
+    torch_npu._npu_paged_attention_splitfuse(**over_cache, mask=mask, seq_len=torch.tensor(q_lens), out=out)
+    _check_new_tokens(out, q, seqs, q_lens, kv_lens, dtype)
 
 
 def test_the_kernels_refuse_inputs_that_do_not_fit():
