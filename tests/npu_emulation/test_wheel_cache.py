@@ -1,6 +1,7 @@
-"""The pinned wheel and the parsed schemas are read from caches that cannot be planted: the wheel through checked
-folders, never through a link, never when others can write it, and only as the very bytes that hash to the pin;
-a parsed-schema file others could have written is ignored and the wheel read instead."""
+"""The pinned wheel is fetched into the cache only as the bytes that hash to the pin (a missing one is named with
+the command that fetches it), and it and the parsed schemas are read from caches that cannot be planted: the wheel
+through checked folders, never through a link, never when others can write it, and only as the very bytes that
+hash to the pin; a parsed-schema file others could have written is ignored and the wheel read instead."""
 
 from __future__ import annotations
 
@@ -25,6 +26,40 @@ def pin_of(data: bytes) -> WheelPin:
         python_version="3.11",
         abi="cp311",
     )
+
+
+def downloader(data: bytes, calls: list):
+    def download(pin: WheelPin, dest: Path) -> Path:
+        calls.append(pin.file)
+        (dest / pin.file).write_bytes(data)
+        return dest / pin.file
+
+    return download
+
+
+def test_fetch_refuses_a_download_with_another_hash_naming_the_file_and_keeps_nothing(tmp_path):
+    pin, calls = pin_of(b"the pinned wheel"), []
+    with pytest.raises(fetch.WheelMismatch, match=f"{pin.file}.*is not the pinned {pin.sha256}"):
+        fetch.fetch_wheel(pin, tmp_path, download=downloader(b"another wheel", calls))
+    assert calls == [pin.file] and list(tmp_path.iterdir()) == []  # no wheel, no temp folder left behind
+
+
+def test_fetch_keeps_a_checked_wheel_and_replaces_one_that_is_not_the_pin(tmp_path):
+    good = b"the pinned wheel"
+    pin, calls = pin_of(good), []
+    path = fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls))
+    assert path == tmp_path / pin.file and path.read_bytes() == good and calls == [pin.file]
+    assert fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls)) == path and len(calls) == 1  # cached
+    path.write_bytes(b"corrupt")
+    with pytest.raises(fetch.WheelMismatch, match=str(path)):
+        fetch.verified_wheel(pin, tmp_path)
+    assert fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls)).read_bytes() == good and len(calls) == 2
+
+
+def test_a_missing_wheel_is_named_with_the_command_that_fetches_it(tmp_path):
+    pin = pin_of(b"x")
+    with pytest.raises(fetch.WheelError, match=f"{pin.file}.*not in the wheel cache.*{fetch.FETCH_COMMAND}"):
+        fetch.verified_wheel(pin, tmp_path)
 
 
 @pytest.fixture()

@@ -1,11 +1,11 @@
 """The emulation keeps the pinned torch_npu 2.5.1.post1 wheel's contract: every emulated op has the schema the wheel
 registers (any difference fails, except the declared alias marks), the wheel's Meta function is its Meta kernel
 and checks every eager call, and torch_npu's attributes answer upstream's hasattr probes as the wheel's do. The
-wheel is fetched hash-checked and read offline from the cache. (The documented limits: test_wheel_limits.py.)"""
+cached wheel is the pinned file and gives the whole emulation offline. (The fetch and the caches' checks:
+test_wheel_cache.py; the documented limits: test_wheel_limits.py.)"""
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import shutil
@@ -26,7 +26,7 @@ from verl_patches.npu_emulation.ops.training_registry import TRAINING_OPS
 from verl_patches.npu_emulation.wheel_contract import archive, exposure, fetch, probes, registration, schemas
 from verl_patches.npu_emulation.wheel_contract.contract import wheel_contract, yaml_functions
 from verl_patches.npu_emulation.wheel_contract.deviations import MUTATIONS
-from verl_patches.npu_emulation.wheel_contract.pin import TORCH_NPU_WHEEL, WheelPin
+from verl_patches.npu_emulation.wheel_contract.pin import TORCH_NPU_WHEEL
 from verl_patches.npu_emulation.wheel_contract.python_ops import wheel_function
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,53 +54,6 @@ def test_the_pin_is_requirements_txt_torch_npu_and_setup_fetches_it():
     assert TORCH_NPU_WHEEL.url.endswith("/" + TORCH_NPU_WHEEL.file)
     setup = (REPO / "verl_patches/scripts/setup_cpu_env.sh").read_text()
     assert "-m verl_patches.npu_emulation.wheel_contract.fetch" in setup
-
-
-def fake_pin(data: bytes) -> WheelPin:
-    return WheelPin(
-        project="torch-npu",
-        version="0",
-        file="torch_npu-0-cp311-cp311-linux_x86_64.whl",
-        sha256=hashlib.sha256(data).hexdigest(),
-        url="https://example.invalid/torch_npu-0-cp311-cp311-linux_x86_64.whl",
-        platform_tags=("linux_x86_64",),
-        python_version="3.11",
-        abi="cp311",
-    )
-
-
-def downloader(data: bytes, calls: list):
-    def download(pin: WheelPin, dest: Path) -> Path:
-        calls.append(pin.file)
-        (dest / pin.file).write_bytes(data)
-        return dest / pin.file
-
-    return download
-
-
-def test_fetch_refuses_a_download_with_another_hash_naming_the_file_and_keeps_nothing(tmp_path):
-    pin, calls = fake_pin(b"the pinned wheel"), []
-    with pytest.raises(fetch.WheelMismatch, match=f"{pin.file}.*is not the pinned {pin.sha256}"):
-        fetch.fetch_wheel(pin, tmp_path, download=downloader(b"another wheel", calls))
-    assert calls == [pin.file] and list(tmp_path.iterdir()) == []  # no wheel, no temp folder left behind
-
-
-def test_fetch_keeps_a_checked_wheel_and_replaces_one_that_is_not_the_pin(tmp_path):
-    good = b"the pinned wheel"
-    pin, calls = fake_pin(good), []
-    path = fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls))
-    assert path == tmp_path / pin.file and path.read_bytes() == good and calls == [pin.file]
-    assert fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls)) == path and len(calls) == 1  # cached
-    path.write_bytes(b"corrupt")
-    with pytest.raises(fetch.WheelMismatch, match=str(path)):
-        fetch.verified_wheel(pin, tmp_path)
-    assert fetch.fetch_wheel(pin, tmp_path, download=downloader(good, calls)).read_bytes() == good and len(calls) == 2
-
-
-def test_a_missing_wheel_is_named_with_the_command_that_fetches_it(tmp_path):
-    pin = fake_pin(b"x")
-    with pytest.raises(fetch.WheelError, match=f"{pin.file}.*not in the wheel cache.*{fetch.FETCH_COMMAND}"):
-        fetch.verified_wheel(pin, tmp_path)
 
 
 def test_the_cached_wheel_is_the_pinned_file():
