@@ -49,51 +49,37 @@ def _save(model: Any, tok: Any, out_dir: Path) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
-def opt_model(out_dir: Path) -> None:
-    """OPTForCausalLM (the architecture of facebook/opt-125m), float16, 2 layers of width 128."""
+def _random_model(
+    out_dir: Path, config_class: Any, model_class: Any, dtype: str, special: tuple[str, ...], **dims: Any
+) -> None:
+    """A ``model_class`` of 2 layers of width 128 with 2 query heads (``dims`` adds to or replaces these), over the
+    byte tokenizer (its end-of-text token as each ``special`` token id of the config), random weights (SEED) in
+    ``dtype``, saved with the tokenizer."""
     import torch
-    from transformers import OPTConfig, OPTForCausalLM
 
     tok = byte_tokenizer(out_dir)
-    cfg = OPTConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        word_embed_proj_dim=128,
-        ffn_dim=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        torch_dtype="float16",
-    )
+    shape = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=2048)
+    ids = {f"{role}_token_id": getattr(tok, f"{role}_token_id") for role in special}
+    cfg = config_class(vocab_size=len(tok), torch_dtype=dtype, **ids, **{**shape, **dims})
     torch.manual_seed(SEED)
-    _save(OPTForCausalLM(cfg).to(torch.float16), tok, out_dir)
+    _save(model_class(cfg).to(getattr(torch, dtype)), tok, out_dir)
+
+
+def opt_model(out_dir: Path) -> None:
+    """OPTForCausalLM (the architecture of facebook/opt-125m), float16, 2 layers of width 128."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    special = ("bos", "eos", "pad")
+    _random_model(out_dir, OPTConfig, OPTForCausalLM, "float16", special, word_embed_proj_dim=128, ffn_dim=256)
 
 
 def qwen2_model(out_dir: Path) -> None:
     """Qwen2ForCausalLM (the architecture of Qwen/Qwen2.5-0.5B-Instruct), bfloat16, 2 layers of width 128, head
     size 64 as there, grouped-query attention (2 query heads per key head), tied embeddings."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tok = byte_tokenizer(out_dir)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        torch_dtype="bfloat16",
-    )
-    torch.manual_seed(SEED)
-    _save(Qwen2ForCausalLM(cfg).to(torch.bfloat16), tok, out_dir)
+    grouped = dict(intermediate_size=256, num_key_value_heads=1, tie_word_embeddings=True)
+    _random_model(out_dir, Qwen2Config, Qwen2ForCausalLM, "bfloat16", ("bos", "eos"), **grouped)
 
 
 def deepseek_model(out_dir: Path) -> None:
