@@ -34,7 +34,7 @@ from verl_patches.trainer.mismatch_gate import (
 )
 from verl_patches.trainer.step_plan import StepPlan
 from verl_patches.worker_calls import logprob_mismatch
-from test_fit_loop import STEPS, Recorder, make_trainer  # the fit loop's fake workers
+from fit_fakes import STEPS, Recorder, fit_config, make_trainer  # the fit loop's fake workers
 
 MEAN, RATIO, MAX = logprob_mismatch.ABS_DIFF, logprob_mismatch.RATIO_DEV, logprob_mismatch.ABS_DIFF_MAX
 A3_PROFILES = ("a3_256die_true_weight", "a3_256die_random_init", "a3_16die_smoke")
@@ -158,20 +158,7 @@ def test_enforce_says_nothing_warns_or_stops_in_one_line() -> None:
 @pytest.fixture(scope="module")
 def fit_cfg() -> Any:
     """test_fit_loop's base config (its fake workers' batch sizes)."""
-    return resolved(
-        compose_config(
-            "ppo_mindspeed_trainer",
-            [
-                "data.train_batch_size=4",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.rollout.n=2",
-                "trainer.logger=[console]",
-                "trainer.n_gpus_per_node=2",
-                "trainer.nnodes=1",
-                "algorithm.adv_estimator=grpo",
-            ],
-        )
-    )
+    return fit_config()
 
 
 def run_with_gate(fit_cfg: Any, monkeypatch: pytest.MonkeyPatch, gate: dict) -> tuple[list[str], Any, Any]:

@@ -1,4 +1,4 @@
-"""A run you can watch, through the fit loop with the fake workers of test_fit_loop and verl's own tracker
+"""A run you can watch, through the fit loop with the fake workers of fit_fakes and verl's own tracker
 writing TensorBoard: one compact line per step (and one for the validation before training), verl's full
 metrics in TensorBoard, and the curves' PNG in the run folder at the end."""
 
@@ -11,28 +11,14 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from test_fit_loop import STEPS, make_trainer  # the fit loop's fake workers
+from fit_fakes import STEPS, fit_config, make_trainer  # the fit loop's fake workers
 from verl_patches.trainer import fit_loop, golden, plot
-from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.trainer.step_plan import StepPlan
 
 
 @pytest.fixture(scope="module")
 def watch_cfg() -> Any:
-    return resolved(
-        compose_config(
-            "ppo_mindspeed_trainer",
-            [
-                "data.train_batch_size=4",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.rollout.n=2",
-                "trainer.logger=[tensorboard]",
-                "trainer.n_gpus_per_node=2",
-                "trainer.nnodes=1",
-                "algorithm.adv_estimator=grpo",
-            ],
-        )
-    )
+    return fit_config("tensorboard")
 
 
 def run_watched(watch_cfg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **cfg_over: Any) -> Path:
