@@ -103,6 +103,22 @@ def _files(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
+def parquet_rows(ctx: Context, key: str) -> int | None:
+    """Rows of the parquet files config ``key`` lists (their metadata only), None when it lists none or one is not
+    readable on this host (`data_findings` says why)."""
+    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
+    import pyarrow.parquet as pq
+
+    files = _files(get(ctx.cfg, key))
+    total = 0
+    for f in files:
+        try:
+            total += pq.ParquetFile(_abs(ctx, f)).metadata.num_rows
+        except Exception:  # noqa: BLE001  (missing or unreadable: data_findings reports it)
+            return None
+    return total if files else None
+
+
 def data_findings(ctx: Context) -> list[Finding]:
     # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
     import pyarrow.parquet as pq

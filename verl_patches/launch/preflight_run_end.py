@@ -14,8 +14,8 @@ Hours are the steps times the vendor's measured step time for the profile's layo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from verl_patches.launch.preflight_files import parquet_rows
 from verl_patches.launch.preflight_findings import OK, WARN, Context, Finding, get
 from verl_patches.launch.run_costs import VENDOR_SOURCE, human_seconds, vendor_step
 
@@ -46,24 +46,6 @@ def run_length(asked: int | None, epochs: int, train_rows: int | None, batch: in
     if asked is not None and asked > 0 and (by_epochs is None or asked <= by_epochs):
         return RunLength(asked, STEPS_KEY, epochs, per_epoch, asked)
     return RunLength(by_epochs, EPOCHS_KEY, epochs, per_epoch, asked if asked is not None and asked > 0 else None)
-
-
-def train_rows(ctx: Context) -> int | None:
-    """Rows of ``data.train_files`` on this host (parquet metadata only), None when a file is not readable here."""
-    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
-    import pyarrow.parquet as pq
-
-    files = get(ctx.cfg, "data.train_files")
-    files = [files] if isinstance(files, str) else list(files or [])
-    total = 0
-    for f in files:
-        path = Path(str(f)).expanduser()
-        path = path if path.is_absolute() else ctx.root / path
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001  (missing or unreadable: data_findings reports it)
-            return None
-    return total if files else None
 
 
 def run_end_text(
@@ -111,7 +93,7 @@ def run_end_findings(ctx: Context) -> list[Finding]:
     asked = get(ctx.cfg, STEPS_KEY)
     epochs = int(get(ctx.cfg, EPOCHS_KEY, 1) or 0)
     batch = int(get(ctx.cfg, "data.train_batch_size", 0) or 0)
-    rows = train_rows(ctx)
+    rows = parquet_rows(ctx, "data.train_files")
     length = run_length(int(asked) if asked is not None else None, epochs, rows, batch)
     vendor = vendor_step(get(ctx.cfg, "overlay.profile"))
     return [
@@ -126,4 +108,4 @@ def run_end_findings(ctx: Context) -> list[Finding]:
     ]
 
 
-__all__ = ["CHECK", "RunLength", "run_end_findings", "run_end_text", "run_length", "train_rows"]
+__all__ = ["CHECK", "RunLength", "run_end_findings", "run_end_text", "run_length"]

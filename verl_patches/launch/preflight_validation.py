@@ -10,31 +10,13 @@ for the layouts the vendor ran, and as a count of batches otherwise.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY, val_max_prompts
+from verl_patches.launch.preflight_files import parquet_rows
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.run_costs import VENDOR_SOURCE, vendor_step
 
 TEST_FREQ_KEY = "trainer.test_freq"
-
-
-def val_rows(ctx: Context) -> int | None:
-    """Rows of ``data.val_files`` on this host (parquet metadata only), None when any file is not readable here."""
-    # lazy: pyarrow is heavy and only this path needs it; importing this module stays light
-    import pyarrow.parquet as pq
-
-    files = get(ctx.cfg, "data.val_files")
-    files = [files] if isinstance(files, str) else list(files or [])
-    total = 0
-    for f in files:
-        path = Path(str(f)).expanduser()
-        path = path if path.is_absolute() else ctx.root / path
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001  (missing or unreadable: data_findings reports it)
-            return None
-    return total if files else None
 
 
 def rollout_engines(ctx: Context) -> int:
@@ -67,7 +49,7 @@ def validation_findings(ctx: Context) -> list[Finding]:
         for w in ("before training" if before else "", f"every {freq} steps (and at the last)" if freq > 0 else "")
         if w
     )
-    rows = val_rows(ctx)
+    rows = parquet_rows(ctx, "data.val_files")
     if bound is None or (rows is not None and rows <= bound):
         prompts = rows
         which = f"the whole test split ({rows} prompts)" if rows is not None else "the whole test split"
@@ -100,4 +82,4 @@ def validation_findings(ctx: Context) -> list[Finding]:
     return [Finding(check, status, text, key)]
 
 
-__all__ = ["rollout_engines", "val_rows", "validation_findings"]
+__all__ = ["rollout_engines", "validation_findings"]
