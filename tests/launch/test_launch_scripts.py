@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from no_process_starts import refuse_process_starts, worker_launch
 from suite_components import missing_components, require_components
 
-from verl_patches.launch import job, ray_cluster
+from verl_patches.launch import job
 from verl_patches.launch.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,13 +201,7 @@ def test_unknown_option_is_rejected() -> None:
 
 @pytest.fixture
 def nothing_may_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    def refuse(*_a, **_k):
-        raise AssertionError("the launcher tried to start a process")
-
-    for name in ("start_node", "join_with_retries", "wait_for_resource"):
-        monkeypatch.setattr(ray_cluster, name, refuse)
-    monkeypatch.setattr(job, "run_logged", refuse)
-    monkeypatch.setattr(job, "source_scripts", refuse)
+    refuse_process_starts(monkeypatch)
     for var in CLUSTER_VARS:
         monkeypatch.delenv(var, raising=False)
     logs = tmp_path / "logs"
@@ -215,18 +210,7 @@ def nothing_may_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_unknown_socket_interface_exits_1_naming_it(nothing_may_start: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = job.main(
-        [
-            "--profile",
-            "a3_256die_random_init",
-            "--master-addr",
-            "127.0.0.1",
-            "--socket-ifname",
-            "nonexistent0",
-            "--node-role",
-            "worker",
-        ]
-    )
+    rc = job.main(worker_launch("nonexistent0"))
     err = capsys.readouterr().err
     assert rc == 1
     assert "SOCKET_IFNAME='nonexistent0'" in err and "no such interface" in err and "Traceback" not in err

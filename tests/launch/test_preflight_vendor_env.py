@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.launch import job, ray_cluster
+from no_process_starts import refuse_process_starts, worker_launch
+from verl_patches.launch import job
 from verl_patches.launch.preflight import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, HostFacts
 from verl_patches.launch.preflight_vendor_env import (
@@ -144,29 +145,12 @@ def test_the_dry_run_reports_them(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_launch_refuses_them_before_it_starts_anything(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
 ) -> None:
-    def refuse(*_a, **_k):
-        raise AssertionError("the launcher tried to start a process")
-
-    for name in ("start_node", "join_with_retries", "wait_for_resource"):
-        monkeypatch.setattr(ray_cluster, name, refuse)
-    monkeypatch.setattr(job, "run_logged", refuse)
-    monkeypatch.setattr(job, "source_scripts", lambda _paths: {})
+    refuse_process_starts(monkeypatch, sourced={})
     monkeypatch.setenv("LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setenv("VLLM_ENABLE_GRAPH_MODE", "0")
     monkeypatch.setenv("VLLM_ENABLE_MC2", "1")
     iface = next(n for n in job.node_addresses.socket.if_nameindex() if n[1] == "lo")[1]
-    rc = job.main(
-        [
-            "--profile",
-            "a3_256die_random_init",
-            "--master-addr",
-            "127.0.0.1",
-            "--socket-ifname",
-            iface,
-            "--node-role",
-            "worker",
-        ]
-    )
+    rc = job.main(worker_launch(iface))
     err = capsys.readouterr().err
     assert rc == 2
     assert "VLLM_ENABLE_GRAPH_MODE='0' (environment) asks for graph mode off" in err and GRAPH_MODE_KEY in err
