@@ -3,6 +3,8 @@ and the per-token reference out[t] = sum_k w[t, k] * expert_{e[t, k]}(x[t]) in f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from verl_patches.npu_emulation.ops.activation import npu_swiglu
@@ -15,6 +17,43 @@ def gen(seed: int) -> torch.Generator:
 def distinct_choices(tokens: int, experts: int, k: int, seed: int) -> torch.Tensor:
     g = gen(seed)
     return torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
+
+
+@dataclass(frozen=True)
+class EPBatch:
+    """An EP group's seeded batch, built identically on every rank: every rank's tokens (x, their distinct expert
+    choices, routing weights, rank by rank) and every expert's weights (vLLM's layout, see `expert_mlp`)."""
+
+    tokens: tuple[int, ...]  # tokens per rank
+    x: torch.Tensor  # [sum(tokens), H]
+    ids: torch.Tensor  # [sum(tokens), K] int32
+    weights: torch.Tensor  # [sum(tokens), K]
+    w13: torch.Tensor  # [E, 2I, H]
+    w2: torch.Tensor  # [E, H, I]
+
+    def rows(self, rank: int) -> slice:
+        """The rows of ``rank``'s tokens."""
+        return slice(sum(self.tokens[:rank]), sum(self.tokens[: rank + 1]))
+
+    def experts_of(self, rank: int) -> slice:
+        """The experts ``rank`` holds (E / ranks each, in rank order)."""
+        local = self.w13.shape[0] // len(self.tokens)
+        return slice(rank * local, (rank + 1) * local)
+
+
+def ep_batch(tokens, experts, k, hidden, inter, seed, stride=1, dtype=torch.float32) -> EPBatch:
+    """`EPBatch` for ``tokens`` per rank, in ``dtype``; x, the choices, the weights, w13 and w2 come from the seeds
+    ``seed``, ``seed + stride``, ... ``seed + 4 * stride``, the experts' weights scaled by 1/4."""
+    total = sum(tokens)
+    seeds = [seed + i * stride for i in range(5)]
+    return EPBatch(
+        tokens=tuple(tokens),
+        x=torch.randn(total, hidden, generator=gen(seeds[0])).to(dtype),
+        ids=distinct_choices(total, experts, k, seeds[1]),
+        weights=torch.rand(total, k, generator=gen(seeds[2])).to(dtype),
+        w13=(torch.randn(experts, 2 * inter, hidden, generator=gen(seeds[3])) / 4).to(dtype),
+        w2=(torch.randn(experts, hidden, inter, generator=gen(seeds[4])) / 4).to(dtype),
+    )
 
 
 def vllm_row_idx(tokens: int, k: int) -> torch.Tensor:

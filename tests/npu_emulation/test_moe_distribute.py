@@ -39,11 +39,10 @@ def _ep2_round_trip(rank: int, world: int) -> list[dict]:
     import torch.distributed as dist
 
     from tests.npu_emulation.moe_reference import (
-        distinct_choices,
+        ep_batch,
         fused_experts_all2all,
         fused_experts_ep1,
         fused_experts_mc2,
-        gen,
         moe_reference,
     )
     from verl_patches.npu_emulation import hccl_names
@@ -55,19 +54,13 @@ def _ep2_round_trip(rank: int, world: int) -> list[dict]:
     for i, cfg in enumerate(CONFIGS):
         dtype = getattr(torch, cfg["dtype"])
         experts, k, hidden, inter = cfg["experts"], cfg["k"], cfg["hidden"], cfg["inter"]
-        total = sum(cfg["tokens"])
         # every rank builds the same global data and keeps its own tokens and its own experts
-        x_all = torch.randn(total, hidden, generator=gen(100 + i)).to(dtype)
-        ids_all = distinct_choices(total, experts, k, seed=200 + i)
-        w_all = torch.rand(total, k, generator=gen(300 + i)).to(dtype)
-        w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen(400 + i)) / 4).to(dtype)
-        w2 = (torch.randn(experts, hidden, inter, generator=gen(500 + i)) / 4).to(dtype)
-        starts = [sum(cfg["tokens"][:r]) for r in range(world)]
-        owners = [range(starts[r], starts[r] + cfg["tokens"][r]) for r in range(world)]
-        mine = slice(starts[rank], starts[rank] + cfg["tokens"][rank])
-        x, ids, w = x_all[mine], ids_all[mine], w_all[mine]
+        batch = ep_batch(cfg["tokens"], experts, k, hidden, inter, seed=100 + i, stride=100, dtype=dtype)
+        x_all, ids_all, w13, w2 = batch.x, batch.ids, batch.w13, batch.w2
+        owners = [range(batch.rows(r).start, batch.rows(r).stop) for r in range(world)]
+        mine, experts_here = batch.rows(rank), batch.experts_of(rank)
+        x, ids, w = x_all[mine], ids_all[mine], batch.weights[mine]
         local = experts // world
-        experts_here = slice(rank * local, (rank + 1) * local)
         global_bs = max(cfg["tokens"]) * world
         args = (x, w13[experts_here], w2[experts_here], w, ids, name, world, rank, experts, global_bs)
 
@@ -176,7 +169,7 @@ def _vllm_ascend_functions(rank: int, world: int) -> dict:
     from vllm_ascend.ops import fused_moe
     from vllm_ascend.utils import init_ascend_soc_version
 
-    from tests.npu_emulation.moe_reference import distinct_choices, gen, moe_reference
+    from tests.npu_emulation.moe_reference import ep_batch, moe_reference
     from verl_patches.npu_emulation import hccl_names
 
     init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="hccl")
@@ -185,17 +178,13 @@ def _vllm_ascend_functions(rank: int, world: int) -> dict:
     init_ascend_soc_version()
     name = hccl_names.name_for_group(get_mc2_group().device_group)
     experts, k, hidden, inter, tokens = 8, 2, 64, 32, (3, 5)
-    x_all = torch.randn(sum(tokens), hidden, generator=gen(1))
-    ids_all = distinct_choices(sum(tokens), experts, k, 2)
-    w_all = torch.rand(sum(tokens), k, generator=gen(3))
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen(4)) / 4
-    w2 = torch.randn(experts, hidden, inter, generator=gen(5)) / 4
-    mine = slice(sum(tokens[:rank]), sum(tokens[: rank + 1]))
+    batch = ep_batch(tokens, experts, k, hidden, inter, seed=1)
+    ids_all, w13, w2 = batch.ids, batch.w13, batch.w2
+    mine, here = batch.rows(rank), batch.experts_of(rank)
     local = experts // world
-    here = slice(rank * local, (rank + 1) * local)
     expert_map = torch.full((experts,), -1, dtype=torch.int32)
     expert_map[here] = torch.arange(local, dtype=torch.int32)
-    x, w, ids = x_all[mine], w_all[mine], ids_all[mine]
+    x, w, ids = batch.x[mine], batch.weights[mine], ids_all[mine]
     with set_forward_context(None, VllmConfig()):
         get_forward_context().max_tokens_across_dp = max(tokens)
         mc2, token_nums, list_type = fused_moe.fused_experts_with_mc2(

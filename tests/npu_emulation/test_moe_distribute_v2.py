@@ -200,20 +200,16 @@ def _mlp_chain(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from tests.npu_emulation.moe_reference import distinct_choices, fused_experts_mc2, gen, moe_reference
+    from tests.npu_emulation.moe_reference import ep_batch, fused_experts_mc2, moe_reference
     from verl_patches.npu_emulation import hccl_names
     from verl_patches.npu_emulation.ops.moe_registry import register_moe_ops
 
     register_moe_ops()
     name = hccl_names.name_for_group(dist.group.WORLD)
     experts, k, hidden, inter, tokens = 8, 2, 64, 32, 6
-    x = torch.randn(world * tokens, hidden, generator=gen(1))[rank * tokens : (rank + 1) * tokens]
-    ids = distinct_choices(world * tokens, experts, k, 2)[rank * tokens : (rank + 1) * tokens]
-    w = torch.rand(world * tokens, k, generator=gen(3))[rank * tokens : (rank + 1) * tokens]
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen(4)) / 4
-    w2 = torch.randn(experts, hidden, inter, generator=gen(5)) / 4
-    local = experts // world
-    here = slice(rank * local, (rank + 1) * local)
+    batch = ep_batch((tokens,) * world, experts, k, hidden, inter, seed=1)
+    mine, here, w13, w2 = batch.rows(rank), batch.experts_of(rank), batch.w13, batch.w2
+    x, ids, w = batch.x[mine], batch.ids[mine], batch.weights[mine]
     mask = torch.arange(tokens) < tokens - 1 - rank  # each rank pads a different number of rows
     args = (x, w13[here], w2[here], w, ids, name, world, rank, experts, tokens * world)
     v2, _ = fused_experts_mc2(*args, x_active_mask=mask, v2=True)

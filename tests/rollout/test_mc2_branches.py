@@ -32,7 +32,7 @@ def _both_branches(rank: int, world: int) -> dict:
     from vllm_ascend.ops import fused_moe
     from vllm_ascend.utils import init_ascend_soc_version
 
-    from tests.npu_emulation.moe_reference import distinct_choices, gen, moe_reference
+    from tests.npu_emulation.moe_reference import ep_batch, moe_reference
     from verl_patches.npu_emulation import hccl_names
 
     # the rollout's layout: vLLM DP 2 x TP 1, experts over DP x TP (EP 2), as the engine builds it
@@ -49,14 +49,11 @@ def _both_branches(rank: int, world: int) -> dict:
     # rank 0: 4 tokens in the step, 3 of them real (a graph batch's padding); rank 1: 6 real. vllm-ascend pads
     # both to the largest step of the DP group (6) and masks what is not real
     num_tokens, real = (4, 6)[rank], (3, 6)[rank]
-    x = torch.randn(world * padded, hidden, generator=gen(11))[rank * padded : (rank + 1) * padded]
+    batch = ep_batch((padded,) * world, experts, k, hidden, inter, seed=11)
+    mine, here, w13, w2 = batch.rows(rank), batch.experts_of(rank), batch.w13, batch.w2
+    x, ids, w = batch.x[mine], batch.ids[mine], batch.weights[mine]
     x[real:] = 0  # the padding vllm-ascend adds (nn.functional.pad)
-    ids = distinct_choices(world * padded, experts, k, 12)[rank * padded : (rank + 1) * padded]
-    w = torch.rand(world * padded, k, generator=gen(13))[rank * padded : (rank + 1) * padded]
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen(14)) / 4
-    w2 = torch.randn(experts, hidden, inter, generator=gen(15)) / 4
     local = experts // world
-    here = slice(rank * local, (rank + 1) * local)
     expert_map = torch.full((experts,), -1, dtype=torch.int32)
     expert_map[here] = torch.arange(local, dtype=torch.int32)
 
