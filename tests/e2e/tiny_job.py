@@ -50,8 +50,14 @@ def env_for_run() -> dict[str, str]:
     return env
 
 
-def command(log_dir: Path, assets: Path, overrides: tuple[str, ...] = (), engine: str | None = None) -> list[str]:
-    flags = ["--tiny-engine", engine] if engine else []
+def command(
+    log_dir: Path,
+    assets: Path,
+    overrides: tuple[str, ...] = (),
+    engine: str | None = None,
+    launcher_flags: tuple[str, ...] = (),
+) -> list[str]:
+    flags = (["--tiny-engine", engine] if engine else []) + list(launcher_flags)
     return [
         "bash",
         SCRIPT,
@@ -98,13 +104,15 @@ def run_tiny(
 class TinyJob:
     """The tiny run as a background job whose output goes to ``<log_dir>/console.log``."""
 
-    def __init__(self, log_dir: Path, assets: Path, overrides: tuple[str, ...]) -> None:
+    def __init__(
+        self, log_dir: Path, assets: Path, overrides: tuple[str, ...], launcher_flags: tuple[str, ...] = ()
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         self.console = log_dir / "console.log"
         self._out = open(self.console, "wb")
         self.proc = subprocess.Popen(
-            command(log_dir, assets, overrides),
+            command(log_dir, assets, overrides, launcher_flags=launcher_flags),
             cwd=REPO,
             env=env_for_run(),
             stdout=self._out,
