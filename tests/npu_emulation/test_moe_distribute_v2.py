@@ -345,6 +345,41 @@ def test_fake_shapes_are_the_wheels_meta_shapes(registered_name, tokens, experts
     assert list(y2.shape) == list(y1.shape) == [tokens, 16] and y2.dtype == y1.dtype == torch.bfloat16
 
 
+def test_the_kernels_bind_their_arguments_as_the_registered_schemas():
+    """The kernels bind ``*args, **kwargs`` through DispatchArgs / CombineArgs / CombineV2Args: each takes the
+    registered (the wheel's) schema's positional arguments in its order and its keyword-only ones with its
+    defaults, so a direct call binds as the dispatcher's does."""
+    import inspect
+
+    import torch
+
+    from verl_patches.npu_emulation.ops import moe_distribute
+    from verl_patches.npu_emulation.ops.moe_registry import register_moe_ops
+    from verl_patches.npu_emulation.wheel_contract.registration import signature
+
+    register_moe_ops()
+    keyword = inspect.Parameter.KEYWORD_ONLY
+
+    def positional(params):
+        return [(name, p.default) for name, p in params.items() if p.kind is not keyword]
+
+    def keyword_only(params):
+        return {name: p.default for name, p in params.items() if p.kind is keyword}
+
+    for op, binder in [
+        ("npu_moe_distribute_dispatch", moe_distribute.DispatchArgs),
+        ("npu_moe_distribute_dispatch_v2", moe_distribute.DispatchArgs),
+        ("npu_moe_distribute_combine", moe_distribute.CombineArgs),
+        ("npu_moe_distribute_combine_v2", moe_distribute.CombineV2Args),
+    ]:
+        schema = signature(getattr(torch.ops.npu, op).default._schema).parameters
+        ours = inspect.signature(binder).parameters
+        assert positional(ours) == positional(schema), op
+        assert keyword_only(ours) == keyword_only(schema), op
+    with pytest.raises(TypeError, match="activation_scale"):  # a v1-only input is no argument of v2
+        moe_distribute.npu_moe_distribute_combine_v2(*[None] * 9, activation_scale=None)
+
+
 def test_arguments_refused_before_any_exchange(registered_name):
     import torch
 

@@ -46,6 +46,11 @@ Errors a rank finds in its own values (expert ids, the mask, counts that do not 
 through the first collective, so every rank of the group stops with an error instead of waiting in an
 exchange that its peer left.
 
+The kernels bind their arguments with `DispatchArgs` (both dispatch schemas are one), `CombineArgs` and
+`CombineV2Args`: the wheel's schemas as dataclasses (a test keeps them equal to the registered ones). v1 and v2
+share the checks, the exchange and the receive layout; they differ in dispatch's third output and combine's way
+back.
+
 Refused (NotImplementedError: vllm-ascend's unquantized A3 decode passes none of them): quantisation
 (quant_mode != 0, scales, comm_quant_mode), shared-expert ranks (shared_expert_rank_num != 0), a TP domain
 (tp_world_size 2), expert_scales / expand_scales (A2's layered algorithm; A3 supports neither), v2's
@@ -54,7 +59,8 @@ shared_expert_x, v1's activation_scale / weight_scale / group_list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,28 +94,100 @@ class DispatchLayout:
         return max(self.tokens * self.top_k, self.rows * ASSIST_WORDS_PER_ROW)
 
 
-def dispatch_layout(
-    op: str,
-    expert_ids: torch.Tensor,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    tp_world_size: int,
-    expert_shard_type: int,
-    shared_expert_num: int,
-    shared_expert_rank_num: int,
-    quant_mode: int,
-    global_bs: int,
-) -> DispatchLayout:
-    """Checks the arguments that fix the shapes (no tensor values read); returns the sizes."""
+@dataclass(frozen=True, eq=False, kw_only=True)
+class _MC2Options:
+    """The keyword-only arguments all four MC2 schemas take, with their defaults."""
+
+    x_active_mask: torch.Tensor | None = None
+    group_tp: str = ""
+    tp_world_size: int = 0
+    tp_rank_id: int = 0
+    expert_shard_type: int = 0
+    shared_expert_num: int = 1
+    shared_expert_rank_num: int = 0
+    global_bs: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class DispatchArgs(_MC2Options):
+    """A call of npu_moe_distribute_dispatch or _v2, bound as the wheel's schema binds it (the wheel registers one
+    schema under the two names): six positional-or-keyword arguments, then keyword-only ones with its defaults."""
+
+    x: torch.Tensor
+    expert_ids: torch.Tensor
+    group_ep: str
+    ep_world_size: int
+    ep_rank_id: int
+    moe_expert_num: int
+    _: KW_ONLY
+    scales: torch.Tensor | None = None
+    expert_scales: torch.Tensor | None = None
+    quant_mode: int = 0
+    expert_token_nums_type: int = 1
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class _CombineOptions(_MC2Options):
+    """The keyword-only arguments both combine schemas add."""
+
+    tp_send_counts: torch.Tensor | None = None
+    expand_scales: torch.Tensor | None = None
+    shared_expert_x: torch.Tensor | None = None
+    comm_quant_mode: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class CombineArgs(_CombineOptions):
+    """A call of npu_moe_distribute_combine (v1), bound as the wheel's schema binds it: nine positional-or-keyword
+    arguments, then the keyword-only ones (v1 adds the quantised and A2-only inputs to the common ones)."""
+
+    expand_x: torch.Tensor
+    expert_ids: torch.Tensor
+    expand_idx: torch.Tensor
+    ep_send_counts: torch.Tensor
+    expert_scales: torch.Tensor
+    group_ep: str
+    ep_world_size: int
+    ep_rank_id: int
+    moe_expert_num: int
+    _: KW_ONLY
+    activation_scale: torch.Tensor | None = None
+    weight_scale: torch.Tensor | None = None
+    group_list: torch.Tensor | None = None
+    out_dtype: int = 0
+    group_list_type: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class CombineV2Args(_CombineOptions):
+    """A call of npu_moe_distribute_combine_v2, bound as the wheel's schema binds it: v1's positional arguments
+    with assist_info_for_combine third, then the keyword-only ones both versions take."""
+
+    expand_x: torch.Tensor
+    expert_ids: torch.Tensor
+    assist_info_for_combine: torch.Tensor
+    ep_send_counts: torch.Tensor
+    expert_scales: torch.Tensor
+    group_ep: str
+    ep_world_size: int
+    ep_rank_id: int
+    moe_expert_num: int
+
+
+def dispatch_layout(op: str, call: DispatchArgs | CombineArgs | CombineV2Args, quant_mode: int) -> DispatchLayout:
+    """Checks the arguments that fix the shapes, those both halves of the pair take (no tensor values read);
+    returns the sizes."""
+    expert_ids, ep_world_size, ep_rank_id = call.expert_ids, call.ep_world_size, call.ep_rank_id
+    moe_expert_num, tp_world_size, global_bs = call.moe_expert_num, call.tp_world_size, call.global_bs
     if expert_ids.dim() != 2:
         raise ValueError(f"{op}: expert_ids must be 2-D (BS, K), got shape {tuple(expert_ids.shape)}")
     if expert_ids.dtype != IDX:
         raise TypeError(f"{op}: expert_ids must be int32, got {expert_ids.dtype}")
     if ep_world_size < 1 or not 0 <= ep_rank_id < ep_world_size:
         raise ValueError(f"{op}: ep_rank_id={ep_rank_id} is not a rank of ep_world_size={ep_world_size}")
-    _check_shared_experts(op, ep_world_size, expert_shard_type, shared_expert_num, shared_expert_rank_num)
+    _check_shared_experts(
+        op, ep_world_size, call.expert_shard_type, call.shared_expert_num, call.shared_expert_rank_num
+    )
     if quant_mode != 0:
         raise NotImplementedError(f"{op}: quant_mode={quant_mode} (int8 dispatch) is not emulated")
     if tp_world_size not in (0, 1):
@@ -336,222 +414,101 @@ def _dispatch_outputs(
     )
 
 
-def _check_dispatch(
-    op: str,
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    scales: torch.Tensor | None,
-    x_active_mask: torch.Tensor | None,
-    expert_scales: torch.Tensor | None,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    kwargs: dict,
-) -> DispatchLayout:
+def _check_dispatch(op: str, call: DispatchArgs) -> DispatchLayout:
+    x, expert_ids = call.x, call.expert_ids
     if x.dim() != 2:
         raise ValueError(f"{op}: x must be 2-D (BS, H), got shape {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"{op}: x must be floating point, got {x.dtype}")
     if expert_ids.dim() == 2 and expert_ids.shape[0] != x.shape[0]:
         raise ValueError(f"{op}: expert_ids has {expert_ids.shape[0]} rows, x has {x.shape[0]}")
-    if scales is not None:
+    if call.scales is not None:
         raise NotImplementedError(f"{op}: scales (quantised dispatch) are not emulated")
-    if expert_scales is not None:
+    if call.expert_scales is not None:
         raise NotImplementedError(f"{op}: expert_scales (A2's layered algorithm; A3 has none) are not emulated")
-    if kwargs["expert_token_nums_type"] not in (0, 1):
+    if call.expert_token_nums_type not in (0, 1):
         raise ValueError(f"{op}: expert_token_nums_type must be 0 (cumsum) or 1 (counts)")
-    layout = dispatch_layout(
-        op,
-        expert_ids,
-        ep_world_size,
-        ep_rank_id,
-        moe_expert_num,
-        tp_world_size=kwargs["tp_world_size"],
-        expert_shard_type=kwargs["expert_shard_type"],
-        shared_expert_num=kwargs["shared_expert_num"],
-        shared_expert_rank_num=kwargs["shared_expert_rank_num"],
-        quant_mode=kwargs["quant_mode"],
-        global_bs=kwargs["global_bs"],
-    )
-    _check_mask_shape(op, x_active_mask, layout.tokens, layout.top_k)
+    layout = dispatch_layout(op, call, call.quant_mode)
+    _check_mask_shape(op, call.x_active_mask, layout.tokens, layout.top_k)
     return layout
 
 
-def npu_moe_distribute_dispatch(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    group_ep: str | None,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    scales: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expert_scales: torch.Tensor | None = None,
-    group_tp: str | None = None,
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    quant_mode: int = 0,
-    global_bs: int = 0,
-    expert_token_nums_type: int = 1,
-) -> tuple[torch.Tensor, ...]:
-    """The v1 dispatch (see the module docstring): expand_idx is its third output; x_active_mask is refused."""
-    layout = _check_dispatch(
-        DISPATCH, x, expert_ids, scales, x_active_mask, expert_scales, ep_world_size, ep_rank_id, moe_expert_num,
-        locals(),
-    )  # fmt: skip
-    group = _ep_group(DISPATCH, group_ep, ep_world_size, ep_rank_id)
-    got = _send_to_experts(DISPATCH, x, expert_ids, None, layout, moe_expert_num, ep_rank_id, group)
-    flat = expert_ids.reshape(-1).long().cpu()
+def _dispatched(op: str, call: DispatchArgs) -> tuple[DispatchLayout, _Received]:
+    """The exchange both dispatch versions make (v1's x_active_mask is refused before it, so it is always None)."""
+    layout = _check_dispatch(op, call)
+    group = _ep_group(op, call.group_ep, call.ep_world_size, call.ep_rank_id)
+    got = _send_to_experts(
+        op, call.x, call.expert_ids, call.x_active_mask, layout, call.moe_expert_num, call.ep_rank_id, group
+    )
+    return layout, got
+
+
+def npu_moe_distribute_dispatch(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    """The v1 dispatch (see the module docstring; arguments: `DispatchArgs`): expand_idx is its third output;
+    x_active_mask is refused."""
+    call = DispatchArgs(*args, **kwargs)
+    layout, got = _dispatched(DISPATCH, call)
+    flat = call.expert_ids.reshape(-1).long().cpu()
     order = torch.argsort(flat, stable=True)
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel())
     sent = got.sent.reshape(-1)
     expand_idx = (position - (sent.cumsum(dim=0) - sent)[flat]).to(IDX)
-    return _dispatch_outputs(x, got, layout, expand_idx, expert_token_nums_type)
+    return _dispatch_outputs(call.x, got, layout, expand_idx, call.expert_token_nums_type)
 
 
-def npu_moe_distribute_dispatch_v2(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    group_ep: str,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    scales: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expert_scales: torch.Tensor | None = None,
-    group_tp: str = "",
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    quant_mode: int = 0,
-    global_bs: int = 0,
-    expert_token_nums_type: int = 1,
-) -> tuple[torch.Tensor, ...]:
-    """The v2 dispatch (see the module docstring): masked slots stay home; assist_info_for_combine is third."""
-    layout = _check_dispatch(
-        DISPATCH_V2, x, expert_ids, scales, x_active_mask, expert_scales, ep_world_size, ep_rank_id,
-        moe_expert_num, locals(),
-    )  # fmt: skip
-    group = _ep_group(DISPATCH_V2, group_ep, ep_world_size, ep_rank_id)
-    got = _send_to_experts(DISPATCH_V2, x, expert_ids, x_active_mask, layout, moe_expert_num, ep_rank_id, group)
+def npu_moe_distribute_dispatch_v2(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    """The v2 dispatch (see the module docstring; arguments: `DispatchArgs`): masked slots stay home;
+    assist_info_for_combine is third."""
+    call = DispatchArgs(*args, **kwargs)
+    layout, got = _dispatched(DISPATCH_V2, call)
     triples = torch.stack([got.sources, got.slots // layout.top_k, got.slots % layout.top_k], dim=1)
     assist = torch.zeros(layout.assist_words, dtype=IDX)
     assist[: triples.numel()] = triples.reshape(-1).to(IDX)
-    return _dispatch_outputs(x, got, layout, assist, expert_token_nums_type)
+    return _dispatch_outputs(call.x, got, layout, assist, call.expert_token_nums_type)
 
 
-def _dispatch_shapes(op: str, x: torch.Tensor, expert_ids: torch.Tensor, args: dict) -> tuple[torch.Tensor, ...]:
-    layout = _check_dispatch(
-        op, x, expert_ids, args["scales"], args["x_active_mask"], args["expert_scales"], args["ep_world_size"],
-        args["ep_rank_id"], args["moe_expert_num"], args,
-    )  # fmt: skip
-    group_named(args["group_ep"], op)  # an unknown name fails at trace time, not at the first run
+def _dispatch_shapes(op: str, call: DispatchArgs) -> tuple[torch.Tensor, ...]:
+    layout = _check_dispatch(op, call)
+    group_named(call.group_ep, op)  # an unknown name fails at trace time, not at the first run
+    x = call.x
     third = layout.tokens * layout.top_k if op == DISPATCH else layout.assist_words
     return (
         x.new_empty(layout.expand_rows, x.shape[1]),
         x.new_empty(layout.expand_rows, dtype=torch.float32),
         x.new_empty(third, dtype=IDX),
         x.new_empty(layout.local_experts, dtype=torch.int64),
-        x.new_empty(args["ep_world_size"] * layout.local_experts, dtype=IDX),
+        x.new_empty(call.ep_world_size * layout.local_experts, dtype=IDX),
         x.new_empty(layout.tp_world_size, dtype=IDX),
         x.new_empty(0, dtype=torch.float32),
     )
 
 
-def dispatch_shapes(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    group_ep: str | None,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    scales: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expert_scales: torch.Tensor | None = None,
-    group_tp: str | None = None,
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    quant_mode: int = 0,
-    global_bs: int = 0,
-    expert_token_nums_type: int = 1,
-) -> tuple[torch.Tensor, ...]:
+def dispatch_shapes(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
     """The v1 dispatch outputs' shapes and dtypes, from the arguments alone (the fake implementation)."""
-    return _dispatch_shapes(DISPATCH, x, expert_ids, locals())
+    return _dispatch_shapes(DISPATCH, DispatchArgs(*args, **kwargs))
 
 
-def dispatch_v2_shapes(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    group_ep: str,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    scales: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expert_scales: torch.Tensor | None = None,
-    group_tp: str = "",
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    quant_mode: int = 0,
-    global_bs: int = 0,
-    expert_token_nums_type: int = 1,
-) -> tuple[torch.Tensor, ...]:
+def dispatch_v2_shapes(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
     """The v2 dispatch outputs' shapes and dtypes (assist_info_for_combine: max(BS*K, A*128) words)."""
-    return _dispatch_shapes(DISPATCH_V2, x, expert_ids, locals())
+    return _dispatch_shapes(DISPATCH_V2, DispatchArgs(*args, **kwargs))
 
 
-def _check_combine(
-    op: str,
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    third: torch.Tensor,
-    ep_send_counts: torch.Tensor,
-    expert_scales: torch.Tensor,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    kwargs: dict,
-) -> DispatchLayout:
+def _check_combine(op: str, call: CombineArgs | CombineV2Args, third: torch.Tensor) -> DispatchLayout:
+    """The arguments' checks; ``third`` is v1's expand_idx or v2's assist_info_for_combine."""
+    expand_x, expert_ids, expert_scales = call.expand_x, call.expert_ids, call.expert_scales
     refused = ("expand_scales", "shared_expert_x")
     if op == COMBINE:
         refused += ("activation_scale", "weight_scale", "group_list")
     for name in refused:
-        if kwargs.get(name) is not None:
+        if getattr(call, name) is not None:
             raise NotImplementedError(f"{op}: {name} is not emulated (quantised, A2-only or shared-expert input)")
-    if kwargs["comm_quant_mode"] != 0:
-        raise NotImplementedError(f"{op}: comm_quant_mode={kwargs['comm_quant_mode']} (int8 transfer) is not emulated")
+    if call.comm_quant_mode != 0:
+        raise NotImplementedError(f"{op}: comm_quant_mode={call.comm_quant_mode} (int8 transfer) is not emulated")
     if expand_x.dim() != 2:
         raise ValueError(f"{op}: expand_x must be 2-D (A, H), got shape {tuple(expand_x.shape)}")
-    layout = dispatch_layout(
-        op,
-        expert_ids,
-        ep_world_size,
-        ep_rank_id,
-        moe_expert_num,
-        tp_world_size=kwargs["tp_world_size"],
-        expert_shard_type=kwargs["expert_shard_type"],
-        shared_expert_num=kwargs["shared_expert_num"],
-        shared_expert_rank_num=kwargs["shared_expert_rank_num"],
-        quant_mode=0,
-        global_bs=kwargs["global_bs"],
-    )
-    _check_mask_shape(op, kwargs["x_active_mask"], layout.tokens, layout.top_k)
+    layout = dispatch_layout(op, call, 0)
+    _check_mask_shape(op, call.x_active_mask, layout.tokens, layout.top_k)
     if op == COMBINE:
         want, name = layout.tokens * layout.top_k, "expand_idx"
     else:
@@ -562,7 +519,7 @@ def _check_combine(
             )
         if expert_scales.dtype != torch.float32:
             raise TypeError(f"{op}: expert_scales must be float32, got {expert_scales.dtype}")
-        tp_counts = kwargs["tp_send_counts"]
+        tp_counts = call.tp_send_counts
         if tp_counts is not None and tuple(tp_counts.shape) != (layout.tp_world_size,):
             raise ValueError(
                 f"{op}: tp_send_counts must be dispatch's tp_recv_counts ({layout.tp_world_size},), "
@@ -570,7 +527,8 @@ def _check_combine(
             )
     if tuple(third.shape) != (want,) or third.dtype != IDX:
         raise ValueError(f"{op}: {name} must be dispatch's, int32 ({want},), got {tuple(third.shape)} {third.dtype}")
-    sends = ep_world_size * layout.local_experts
+    sends = call.ep_world_size * layout.local_experts
+    ep_send_counts = call.ep_send_counts
     if tuple(ep_send_counts.shape) != (sends,) or ep_send_counts.dtype != IDX:
         raise ValueError(
             f"{op}: ep_send_counts must be dispatch's ep_recv_counts, int32 ({sends},), "
@@ -592,45 +550,17 @@ def _held_rows(op: str, ep_send_counts: torch.Tensor, expand_rows: int) -> torch
     return held
 
 
-def npu_moe_distribute_combine(
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    expand_idx: torch.Tensor,
-    ep_send_counts: torch.Tensor,
-    expert_scales: torch.Tensor,
-    group_ep: str | None,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    tp_send_counts: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    activation_scale: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
-    group_list: torch.Tensor | None = None,
-    expand_scales: torch.Tensor | None = None,
-    shared_expert_x: torch.Tensor | None = None,
-    group_tp: str | None = None,
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    global_bs: int = 0,
-    out_dtype: int = 0,
-    comm_quant_mode: int = 0,
-    group_list_type: int = 0,
-) -> torch.Tensor:
-    """The v1 combine (see the module docstring): the way back recomputed from expert_ids and expand_idx."""
-    layout = _check_combine(
-        COMBINE, expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, ep_world_size, ep_rank_id,
-        moe_expert_num, locals(),
-    )  # fmt: skip
-    group = _ep_group(COMBINE, group_ep, ep_world_size, ep_rank_id)
-    held = _held_rows(COMBINE, ep_send_counts, expand_x.shape[0])
+def npu_moe_distribute_combine(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The v1 combine (see the module docstring; arguments: `CombineArgs`): the way back recomputed from
+    expert_ids and expand_idx."""
+    call = CombineArgs(*args, **kwargs)
+    expand_x, ep_world_size, moe_expert_num = call.expand_x, call.ep_world_size, call.moe_expert_num
+    layout = _check_combine(COMBINE, call, call.expand_idx)
+    group = _ep_group(COMBINE, call.group_ep, ep_world_size, call.ep_rank_id)
+    held = _held_rows(COMBINE, call.ep_send_counts, expand_x.shape[0])
     by_expert_then_source = held.view(layout.local_experts, ep_world_size)
     local_rows = expand_x.cpu()[: int(held.sum())]
-    flat = expert_ids.reshape(-1).long().cpu()
+    flat = call.expert_ids.reshape(-1).long().cpu()
     _check_choices(COMBINE, flat, layout.top_k, moe_expert_num)
     per_expert = torch.bincount(flat, minlength=moe_expert_num).view(ep_world_size, -1)
     back = _exchange(
@@ -642,9 +572,9 @@ def npu_moe_distribute_combine(
     # `back` is in this rank's dispatch order (by expert, then (t, k)): slot (t, k) sits at its expert's first
     # row plus expand_idx[t*K + k]
     first_of_expert = per_expert.reshape(-1).cumsum(dim=0) - per_expert.reshape(-1)
-    where = first_of_expert[flat] + expand_idx.long().cpu()
+    where = first_of_expert[flat] + call.expand_idx.long().cpu()
     picked = back.float().index_select(0, where).view(layout.tokens, layout.top_k, -1)
-    out = (picked * expert_scales.float().cpu().unsqueeze(-1)).sum(dim=1)
+    out = (picked * call.expert_scales.float().cpu().unsqueeze(-1)).sum(dim=1)
     return out.to(expand_x.dtype).to(expand_x.device)
 
 
@@ -668,44 +598,19 @@ def _assist_problem(
     return None
 
 
-def npu_moe_distribute_combine_v2(
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    assist_info_for_combine: torch.Tensor,
-    ep_send_counts: torch.Tensor,
-    expert_scales: torch.Tensor,
-    group_ep: str,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    tp_send_counts: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expand_scales: torch.Tensor | None = None,
-    shared_expert_x: torch.Tensor | None = None,
-    group_tp: str = "",
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    global_bs: int = 0,
-    comm_quant_mode: int = 0,
-) -> torch.Tensor:
-    """The v2 combine (see the module docstring): each row goes back to the rank and slot its triple in
-    assist_info_for_combine names; masked slots add nothing."""
-    op = COMBINE_V2
-    layout = _check_combine(
-        op, expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, ep_world_size,
-        ep_rank_id, moe_expert_num, locals(),
-    )  # fmt: skip
-    group = _ep_group(op, group_ep, ep_world_size, ep_rank_id)
-    flat = expert_ids.reshape(-1).long().cpu()
+def npu_moe_distribute_combine_v2(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The v2 combine (see the module docstring; arguments: `CombineV2Args`): each row goes back to the rank and
+    slot its triple in assist_info_for_combine names; masked slots add nothing."""
+    op, call = COMBINE_V2, CombineV2Args(*args, **kwargs)
+    expand_x, ep_world_size = call.expand_x, call.ep_world_size
+    layout = _check_combine(op, call, call.assist_info_for_combine)
+    group = _ep_group(op, call.group_ep, ep_world_size, call.ep_rank_id)
+    flat = call.expert_ids.reshape(-1).long().cpu()
     try:
-        held = _held_rows(op, ep_send_counts, expand_x.shape[0])
-        triples = assist_info_for_combine.cpu().long()[: TRIPLE * int(held.sum())].view(-1, TRIPLE)
-        active = active_slots(op, x_active_mask, layout.tokens, layout.top_k)
-        _check_choices(op, flat, layout.top_k, moe_expert_num)
+        held = _held_rows(op, call.ep_send_counts, expand_x.shape[0])
+        triples = call.assist_info_for_combine.cpu().long()[: TRIPLE * int(held.sum())].view(-1, TRIPLE)
+        active = active_slots(op, call.x_active_mask, layout.tokens, layout.top_k)
+        _check_choices(op, flat, layout.top_k, call.moe_expert_num)
         problem = _assist_problem(held, triples, layout, ep_world_size)
         problem = f"{op}: {problem}" if problem else None
     except ValueError as e:
@@ -731,76 +636,23 @@ def npu_moe_distribute_combine_v2(
         raise ValueError(f"{op}: the rows that came back do not cover this rank's active slots once each")
     gathered = torch.zeros(flat.numel(), expand_x.shape[1], dtype=torch.float32)
     gathered[slots] = rows.float()
-    weighted = gathered.view(layout.tokens, layout.top_k, -1) * expert_scales.float().cpu().unsqueeze(-1)
+    weighted = gathered.view(layout.tokens, layout.top_k, -1) * call.expert_scales.float().cpu().unsqueeze(-1)
     return weighted.sum(dim=1).to(expand_x.dtype).to(expand_x.device)
 
 
-def combine_shapes(
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    expand_idx: torch.Tensor,
-    ep_send_counts: torch.Tensor,
-    expert_scales: torch.Tensor,
-    group_ep: str | None,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    tp_send_counts: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    activation_scale: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
-    group_list: torch.Tensor | None = None,
-    expand_scales: torch.Tensor | None = None,
-    shared_expert_x: torch.Tensor | None = None,
-    group_tp: str | None = None,
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    global_bs: int = 0,
-    out_dtype: int = 0,
-    comm_quant_mode: int = 0,
-    group_list_type: int = 0,
-) -> torch.Tensor:
+def _combine_shapes(op: str, call: CombineArgs | CombineV2Args, third: torch.Tensor) -> torch.Tensor:
+    layout = _check_combine(op, call, third)
+    group_named(call.group_ep, op)
+    return call.expand_x.new_empty(layout.tokens, call.expand_x.shape[1])
+
+
+def combine_shapes(*args: Any, **kwargs: Any) -> torch.Tensor:
     """The v1 combine output's shape and dtype (BS, H), from the arguments alone (the fake implementation)."""
-    layout = _check_combine(
-        COMBINE, expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, ep_world_size, ep_rank_id,
-        moe_expert_num, locals(),
-    )  # fmt: skip
-    group_named(group_ep, COMBINE)
-    return expand_x.new_empty(layout.tokens, expand_x.shape[1])
+    call = CombineArgs(*args, **kwargs)
+    return _combine_shapes(COMBINE, call, call.expand_idx)
 
 
-def combine_v2_shapes(
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    assist_info_for_combine: torch.Tensor,
-    ep_send_counts: torch.Tensor,
-    expert_scales: torch.Tensor,
-    group_ep: str,
-    ep_world_size: int,
-    ep_rank_id: int,
-    moe_expert_num: int,
-    *,
-    tp_send_counts: torch.Tensor | None = None,
-    x_active_mask: torch.Tensor | None = None,
-    expand_scales: torch.Tensor | None = None,
-    shared_expert_x: torch.Tensor | None = None,
-    group_tp: str = "",
-    tp_world_size: int = 0,
-    tp_rank_id: int = 0,
-    expert_shard_type: int = 0,
-    shared_expert_num: int = 1,
-    shared_expert_rank_num: int = 0,
-    global_bs: int = 0,
-    comm_quant_mode: int = 0,
-) -> torch.Tensor:
+def combine_v2_shapes(*args: Any, **kwargs: Any) -> torch.Tensor:
     """The v2 combine output's shape and dtype (BS, H), from the arguments alone (the fake implementation)."""
-    layout = _check_combine(
-        COMBINE_V2, expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, ep_world_size,
-        ep_rank_id, moe_expert_num, locals(),
-    )  # fmt: skip
-    group_named(group_ep, COMBINE_V2)
-    return expand_x.new_empty(layout.tokens, expand_x.shape[1])
+    call = CombineV2Args(*args, **kwargs)
+    return _combine_shapes(COMBINE_V2, call, call.assist_info_for_combine)
