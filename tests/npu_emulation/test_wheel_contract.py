@@ -7,17 +7,15 @@ test_wheel_cache.py; the documented limits: test_wheel_limits.py.)"""
 from __future__ import annotations
 
 import inspect
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.patching.patching_testlib import run_python
 from verl_patches.npu_emulation import catalog, emulation_report, emulation_report_text
 from verl_patches.npu_emulation.ops.inference_registry import INFERENCE_OPS, register_inference_ops
 from verl_patches.npu_emulation.ops.moe_registry import OPS as MOE_OPS
@@ -68,22 +66,21 @@ def test_offline_a_fresh_cache_with_only_the_wheel_gives_the_whole_emulation(tmp
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     shutil.copyfile(fetch.verified_wheel(), wheels / TORCH_NPU_WHEEL.file)
-    probe = (
-        "import socket\n"
-        "def refuse(*a, **k):\n"
-        "    raise OSError('network refused by the test')\n"
-        "socket.socket.connect = refuse\n"
-        "socket.create_connection = refuse\n"
-        "from verl_patches.npu_emulation.wheel_contract import fetch\n"
-        "fetch.fetch_wheel(download=refuse)\n"
-        "from verl_patches import npu_emulation\n"
-        "assert npu_emulation.install_on_cpu_host()\n"
-        "import torch, torch_npu\n"
-        "y, rstd = torch_npu.npu_rms_norm(torch.ones(2, 4), torch.ones(4))\n"
-        "print(torch_npu.npu_fused_infer_attention_score.default._schema.name, tuple(rstd.shape))\n"
-    )
-    env = {**os.environ, "VERL_OVERLAY_CACHE": str(tmp_path), "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    probe = """
+        import socket
+        def refuse(*a, **k):
+            raise OSError('network refused by the test')
+        socket.socket.connect = refuse
+        socket.create_connection = refuse
+        from verl_patches.npu_emulation.wheel_contract import fetch
+        fetch.fetch_wheel(download=refuse)
+        from verl_patches import npu_emulation
+        assert npu_emulation.install_on_cpu_host()
+        import torch, torch_npu
+        y, rstd = torch_npu.npu_rms_norm(torch.ones(2, 4), torch.ones(4))
+        print(torch_npu.npu_fused_infer_attention_score.default._schema.name, tuple(rstd.shape))
+    """
+    out = run_python(probe, env={"VERL_OVERLAY_CACHE": str(tmp_path)}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["npu::npu_fused_infer_attention_score", "(2,", "1)"]
     assert list((tmp_path / "npu_wheel_contract").glob("*.json"))  # the parsed schemas, cached for the next process

@@ -4,14 +4,12 @@ a built wheel are installed, outside the vendored folder, atomically; the declar
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.patching.patching_testlib import run_python
 from verl_patches.rollout import kernels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,15 +75,14 @@ def test_only_compiled_files_are_installed_outside_the_package(tmp_path: Path) -
 
 def test_declared_patch_makes_the_extension_importable_from_the_kernel_folder(tmp_path: Path) -> None:
     (tmp_path / "vllm_ascend_C.py").write_text("LOADED_FROM = __file__\n")  # stands for the built .so
-    code = (
-        "from verl_patches.patches.vllm_ascend.declarations import PATCHES\n"
-        "from verl_patches.patching.registry import Registry\n"
-        "r = Registry([p for p in PATCHES if p.name == 'npu.vllm_ascend.kernels_path'], 'npu').activate()\n"
-        "import vllm_ascend, vllm_ascend.vllm_ascend_C as c\n"
-        "print(r.records[0].status, c.__name__, c.LOADED_FROM)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_PATCHES_VLLM_ASCEND_KERNELS": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    code = """
+        from verl_patches.patches.vllm_ascend.declarations import PATCHES
+        from verl_patches.patching.registry import Registry
+        r = Registry([p for p in PATCHES if p.name == 'npu.vllm_ascend.kernels_path'], 'npu').activate()
+        import vllm_ascend, vllm_ascend.vllm_ascend_C as c
+        print(r.records[0].status, c.__name__, c.LOADED_FROM)
+    """
+    p = run_python(code, env={"VERL_PATCHES_VLLM_ASCEND_KERNELS": str(tmp_path)}, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     status, name, where = p.stdout.split()
     assert (status, name, where) == ("applied", "vllm_ascend.vllm_ascend_C", str(tmp_path / "vllm_ascend_C.py"))
