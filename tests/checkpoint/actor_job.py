@@ -5,9 +5,18 @@ Usage (environment: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT):
 
 The test injects failures through CKPT_TEST_KILL="RANK:STEP:PHASE" so every launch is the same command:
 ``save``: that rank dies (SIGKILL) while saving STEP, after its model shard and before its record;
+``write``: with ``--background``, that rank's background write of STEP kills its process after the first file
+(the main thread is then in the next step's work or at its fence);
 ``step``: that rank dies before computing STEP; ``job``: after STEP's metrics, RANK writes ``.kill_job`` and
 every rank waits for the harness to SIGKILL the whole job. A checkpoint that cannot be resumed at this
 layout ends the process with exit status 3 and the error on stderr.
+
+``--background`` saves as the trainer does with ``overlay.async_checkpoint`` (issue 42): the save takes the
+snapshot (`actor_state.snapshot_actor`) and a `background_write.BackgroundWrite` writes the files while the
+job goes on to the next step's work before its update (``--work-s`` seconds: the rollout and reference stand-in);
+the fence before the update waits for every rank's write, then rank 0 commits the step. ``--slow-write-s``
+makes every file of the write take that much longer, and every rank appends its events (write done, work done,
+fence passed, update started; monotonic times) to ``events.jsonl``, so a test can read their order.
 
 The model is MindSpeed-LLM's DeepSeek-V3 GPTModel (tests/train_engine/tiny_dsv3.py) built through our
 D1 bring-up, wrapped in Megatron's DDP, with Megatron's distributed optimizer (chained: dense and expert
@@ -138,6 +147,9 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--layer-list", default="")
+    ap.add_argument("--background", action="store_true")
+    ap.add_argument("--work-s", type=float, default=0.0)
+    ap.add_argument("--slow-write-s", type=float, default=0.0)
     a = ap.parse_args()
     kill = os.environ.get("CKPT_TEST_KILL", "")
     a.kill_rank, a.kill_at, a.kill_phase = (
@@ -146,7 +158,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import verl_patches.prelude_patch  # noqa: F401  (as in every worker process)
-    from verl_patches.checkpoint import commit
+    from verl_patches.checkpoint import background_write, commit
     from verl_patches.train_engine import actor_state
     from verl_patches.checkpoint.manifest import LayoutChangeError, rank_record_name
     from verl_patches.checkpoint.plan import is_save_step
@@ -157,6 +169,46 @@ def main() -> None:
     root = Path(a.root)
     root.mkdir(parents=True, exist_ok=True)
     log = root / "metrics.jsonl"
+    events = root / "events.jsonl"
+
+    def event(what: str, step: int) -> None:
+        with open(events, "a") as f:
+            f.write(json.dumps({"rank": rank, "what": what, "step": step, "t": time.monotonic()}) + "\n")
+
+    pending: list[int] = []  # the step whose files are being written in the background
+
+    def fence_and_commit() -> None:
+        """The fence before an update: every rank's write done, then rank 0 commits (the driver's part)."""
+        if not pending:
+            return
+        background_write.fence_pending()
+        event("fence passed", pending[0])
+        barrier()
+        if rank == 0:
+            step_dir = commit.staging_dir_name(pending[0])
+            commit.commit_step(root, root / step_dir, pending[0])
+            commit.prune(root, a.keep, protect=(commit.step_dir_name(pending[0]),))
+        barrier()
+        pending.clear()
+
+    def background_save(staging: Path, step: int) -> None:
+        snap = actor_state.snapshot_actor(staging / "actor", step, model, opt, hf_config, True)
+        die = rank == a.kill_rank and step == a.kill_at and a.kill_phase == "write"
+
+        def write(report):
+            def slow_report(path, complete):
+                if complete:
+                    time.sleep(a.slow_write_s)
+                    if die:  # a crash in the middle of the background write: one file on disk, no record
+                        os.kill(os.getpid(), signal.SIGKILL)
+                report(path, complete)
+
+            record = actor_state.write_actor(snap, slow_report)
+            event("write done", step)
+            return record
+
+        background_write.start(background_write.BackgroundWrite(step, rank, write))
+        pending.append(step)
 
     start, data_position = 0, 0
     point = commit.find_resume(root)
@@ -178,6 +230,11 @@ def main() -> None:
     for step in range(start + 1, a.steps + 1):
         if rank == a.kill_rank and step == a.kill_at and a.kill_phase == "step":
             os.kill(os.getpid(), signal.SIGKILL)
+        if pending:
+            time.sleep(a.work_s)  # the next step's rollout and reference: they read the weights, change nothing
+            event("work done", pending[0])
+        fence_and_commit()
+        event("update started", step)
         metrics = train_step(model, opt, data_position)
         data_position += 1
         if rank == 0:
@@ -196,6 +253,13 @@ def main() -> None:
                 actor_state.save_actor(staging / "actor", step, model, opt, hf_config, True)
                 (staging / "actor" / rank_record_name(rank)).unlink()
                 os.kill(os.getpid(), signal.SIGKILL)
+            if a.background:
+                background_save(staging, step)
+                if rank == 0:  # the driver's part, written with the save: the position this step left
+                    from verl_patches.base.atomic_write import write_json_atomically
+
+                    write_json_atomically(staging / "trainer_state.json", {"data_position": data_position})
+                continue
             actor_state.save_actor(staging / "actor", step, model, opt, hf_config, True)
             barrier()
             if rank == 0:
@@ -205,6 +269,7 @@ def main() -> None:
                 commit.commit_step(root, staging, step)
                 commit.prune(root, a.keep, protect=(commit.step_dir_name(step),))
             barrier()
+    fence_and_commit()  # the run ends with its last save committed
     barrier()
     if rank == 0:
         print("done", flush=True)

@@ -93,6 +93,11 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
         'VAL_MAX_PROMPTS_KEY = "overlay.val_max_prompts"',
         "tests/trainer/test_val_subset.py::test_verls_dataloader_validates_on_the_subset",
     ),
+    "overlay.async_checkpoint": (
+        "verl_patches/checkpoint/trainer_io.py",
+        'ASYNC_KEY = "overlay.async_checkpoint"',
+        "tests/checkpoint/test_background_commit.py, tests/checkpoint/test_background_save_resume.py",
+    ),
     # vLLM's LLM keyword arguments: verl's vLLMRollout passes engine_kwargs.vllm through unchanged
     f"{ENGINE}.max_num_seqs": (VLLM_ROLLOUT_PY, "**engine_kwargs,", f"{A3_BUILD}::test_what_the_engine_receives"),
     # vllm-ascend's own settings, read from LLM(additional_config=...)

@@ -2,14 +2,16 @@
 
 * ``checkpoint.folder``: ``trainer.default_local_dir`` is named, and absolute on a cluster profile
   (`trainer.checkpoint_folder.folder_problem`, the trainer entry's own rule);
-* ``checkpoint.cadence``: how often a step is saved, its size from the model config, how many are kept, and
-  the work a failure loses at the vendor's step time (`run_costs`);
+* ``checkpoint.cadence``: how often a step is saved, its size from the model config, how many are kept, the
+  work a failure loses at the vendor's step time, and what a save blocks the step for: in the foreground the
+  whole write, in the background (``overlay.async_checkpoint``) its snapshot and what the write has not finished
+  at the fence before the next update, with the host memory the write holds on the busiest node (`run_costs`);
 * ``checkpoint.storage``: on this host, the folder exists, the job may write there (a file is created and
   removed), no other account can change it (`checkpoint.root_access.root_verdict`, the save's and the
   resume's own rule: on a cluster profile a root others can write into, or a level above it, is refused
   unless ``VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT=1``), and it has room for the steps
-  kept plus the one being written; a folder on a local filesystem type is named (other nodes see it only
-  if this host exports it);
+  kept plus the one being written (a refusal states the trade-off of keeping one step instead of two); a
+  folder on a local filesystem type is named (other nodes see it only if this host exports it);
 * ``checkpoint.nodes``: the same storage, writable, on every node: only the nodes can answer, so the launch
   asks each of them once Ray is up (`checkpoint_nodes`); the dry run says so;
 * ``checkpoint.resume``: the step a resume would start from, read as the resume reads it
@@ -38,14 +40,26 @@ from verl_patches.checkpoint.root_access import (
 )
 from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
 from verl_patches.checkpoint.trainer_io import resume_dir
+from verl_patches.launch.memory_estimate import ModelShape, rank_params
 from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight_memory import training_setup
 from verl_patches.launch.run_costs import (
     CHECKPOINT_BYTES_NOTE,
+    GATHER_BYTES_PER_S,
+    STORAGE_WRITE_BYTES_PER_S,
     VENDOR_SOURCE,
+    RankLayout,
+    VendorStep,
+    background_save_rank_bytes,
+    busiest_node,
     checkpoint_step,
+    dense_gather_bytes,
+    hidden_bandwidth,
     human_bytes,
     human_seconds,
+    offloaded_host_bytes,
     room_needed,
+    save_timing,
     saves_in_run,
     vendor_step,
 )
@@ -53,6 +67,7 @@ from verl_patches.trainer.checkpoint_folder import CKPT_KEY, CKPT_SETTING, KEY_T
 
 KEEP_KEY = "trainer.max_actor_ckpt_to_keep"
 SAVE_KEY = "trainer.save_freq"
+ASYNC_KEY = "overlay.async_checkpoint"
 # filesystems that live on one machine: another node sees such a folder only if this host exports it
 LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "ramfs", "overlay", "vfat", "zfs"})
 # Filesystems that are never a checkpoint folder shared by the nodes: a RAM filesystem or a container's own
@@ -107,6 +122,30 @@ def room_note(cfg: Any, step_bytes: int) -> str:
     if saves is not None and (keep is None or saves < keep + 1):
         note += f"; the run saves {saves} step(s) (trainer.total_training_steps)"
     return note
+
+
+def keep_tradeoff(cfg: Any, step_bytes: int) -> str:
+    """Keeping two steps or one, said where the room is refused: what each needs and what each risks."""
+    keep = keep_count(cfg)
+    two, one = human_bytes(3 * step_bytes), human_bytes(2 * step_bytes)
+    one_risk = "a damaged newest step leaves none to resume from"
+    if keep == 1:
+        return (
+            f"keep 1 ({KEEP_KEY}=1) needs 2 steps of space ({one}) because a save commits before it prunes, and "
+            f"{one_risk}; keep 2 (the default) needs 3 ({two})"
+        )
+    lead = (
+        f"keep {keep}" + (" (the default)" if keep == 2 else f" ({KEEP_KEY}={keep})") if keep else "keeping every step"
+    )
+    room = (
+        f"needs {keep + 1} steps of space ({human_bytes((keep + 1) * step_bytes)})"
+        if keep
+        else "needs a step more per save"
+    )
+    return (
+        f"{lead} {room} because a save commits before it prunes; keep 1 ({KEEP_KEY}=1) needs 2 steps ({one}) "
+        f"but {one_risk}"
+    )
 
 
 def checkpoint_room(cfg: Any, model: Mapping[str, Any], folder: Path | None) -> tuple[int, str]:
@@ -172,7 +211,68 @@ def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
             f"; a failure loses at most {freq} steps ({human_seconds(freq * vendor.step_s)} at {vendor.step_s} s a "
             f"step, {VENDOR_SOURCE})"
         )
+        text += "; " + blocking_note(ctx, model, vendor, freq)
     return Finding("checkpoint.cadence", OK if keep else WARN, text, "" if keep else KEEP_KEY)
+
+
+def rank_layout(cfg: Any, model: Mapping[str, Any]) -> RankLayout:
+    """The training ranks' placement and per-stage parameters, as the memory estimate reads the config."""
+    t = training_setup(cfg, model)
+    shape = ModelShape.from_hf_config(model)
+    return RankLayout(
+        tp=t.tp,
+        cp=t.cp,
+        dp=t.dp,
+        expert_dp=max(t.dp // max(t.ep, 1), 1),
+        ranks_per_node=int(get(cfg, "trainer.n_gpus_per_node") or 1),
+        stage_params=tuple(rank_params(shape, t.tp, t.ep, t.layer_list, s) for s in range(t.pp)),
+    )
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory (bytes), None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, freq: int) -> str:
+    """What a save blocks the step for, in the foreground and in the background (`run_costs.save_timing`), and
+    the host memory a background write holds on the busiest node."""
+    cfg = ctx.cfg
+    step = checkpoint_step(model).nbytes
+    layout = rank_layout(cfg, model)
+    t = training_setup(cfg, model)
+    timing = save_timing(step, int(dense_gather_bytes(layout)), vendor.before_update_s)
+    assumed = (
+        f"storage writing {STORAGE_WRITE_BYTES_PER_S / 1e9:.0f} GB/s and the snapshot's DP gather "
+        f"{GATHER_BYTES_PER_S / 1e9:.0f} GB/s (assumptions)"
+    )
+    fg = f"{timing.foreground_s:.0f} s ({100 * timing.foreground_s / (freq * vendor.step_s):.0f} % of the {freq} steps)"
+    if not get(cfg, ASYNC_KEY, False):
+        return (
+            f"a save blocks the step for its whole write, {fg}, at {assumed}; {ASYNC_KEY}=True writes it in the "
+            f"background (about {timing.background_s:.0f} s blocked)"
+        )
+    node, held = busiest_node(layout, lambda r: background_save_rank_bytes(layout, r, t.swap_optimizer))
+    steady = busiest_node(
+        layout, lambda r: offloaded_host_bytes(layout, r, t.param_offload, t.ref_param_offload, t.swap_optimizer)
+    )[1]
+    note = (
+        f"a save is written in the background ({ASYNC_KEY}=True) and blocks about {timing.background_s:.0f} s: "
+        f"{timing.snapshot_s:.0f} s for its snapshot + {timing.fence_s:.0f} s at the fence before the next update, "
+        f"where the {timing.write_s:.0f} s write has overlapped the next step's rollout, weight switch, reward and "
+        f"reference ({vendor.before_update_s:.0f} s, {VENDOR_SOURCE}; no wait from "
+        f"{hidden_bandwidth(step, vendor.before_update_s) / 1e9:.1f} GB/s), against {fg} in the foreground, at "
+        f"{assumed}; the write holds up to {human_bytes(held)} of host memory on the busiest node (ranks "
+        f"{node * layout.ranks_per_node}-{(node + 1) * layout.ranks_per_node - 1}) beside the {human_bytes(steady)} "
+        "its offloaded weights and optimizer state take there"
+    )
+    mem = host_memory_bytes() if ctx.host.is_npu else None
+    if mem:
+        note += f" (this node has {human_bytes(mem)})"
+    return note
 
 
 def filesystem_type(path: Path) -> str | None:
@@ -247,7 +347,8 @@ def storage_findings(ctx: Context, model: Mapping[str, Any], folder: Path) -> li
             Finding(
                 check,
                 FAIL,
-                f"{folder} has {human_bytes(free)} free, needs {human_bytes(need)} for {what}",
+                f"{folder} has {human_bytes(free)} free, needs {human_bytes(need)} for {what}: "
+                f"{keep_tradeoff(ctx.cfg, checkpoint_step(model).nbytes)}",
                 f"{CKPT_SETTING} / {KEEP_KEY}",
             )
         )

@@ -15,6 +15,15 @@ Called by every rank of the actor with the same role folder (verl's ONE_TO_ALL `
 * RNG: every rank, its own file (tracker streams differ per TP/EP rank);
 * ``ranks/rank_R.json`` last: what rank R wrote; the driver refuses to commit without all of them.
 
+A save is two halves (issue 42): `snapshot_actor` takes, where the save is called, everything the files will hold
+(`ActorSnapshot`), and `write_actor` writes them, in the foreground (`save_actor`) or in a background thread
+(`verl_patches.checkpoint.background_write`). The snapshot copies as little as it can: weights offloaded to the
+host (``param_offload``) are read from the host buffer verl keeps them in (``cpu_data`` of each DDP buffer: verl's
+offload replaces it, never writes into it), weights on the device are copied to the host; the optimizer's state
+is `optimizer_state.parameter_state_for_save`'s (the DP gather where a DP group has several ranks, views of the
+swap optimizer's host buffers where it is this rank alone); the RNG states are copied. What is a view of live
+state must not change until the write is done: the fence before the next update (`background_write`).
+
 Every file is recorded with its sha256, hashed by the rank that wrote it. Loading reads the same files back
 from a committed step only: each through `safe_load.load_tensor_file` (weights only, never unpickling code),
 after its sha256 is checked against the step manifest (a changed file is refused by name, unread), and by
@@ -25,20 +34,13 @@ anything is read (`manifest.check_resume_layout`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from verl_patches.base.atomic_write import (
-    commit,
-    discard,
-    temp_path_for,
-    write_atomically,
-    write_json_atomically,
-    write_text_atomically,
-)
+from verl_patches.base.atomic_write import write_atomically, write_json_atomically, write_text_atomically
 from verl_patches.checkpoint import rng
 from verl_patches.checkpoint.committed_role import CommittedRole, saved_layout
 from verl_patches.checkpoint.manifest import (
@@ -48,7 +50,7 @@ from verl_patches.checkpoint.manifest import (
     check_resume_layout,
     rank_record_name,
 )
-from verl_patches.checkpoint.optimizer_state import load_parameter_state
+from verl_patches.checkpoint.optimizer_state import load_parameter_state, parameter_state_for_save
 from verl_patches.checkpoint.safe_load import sha256_file
 from verl_patches.checkpoint.tracker import TrackerError, read_tracker
 from verl_patches.weights.hf_to_mcore import CKPT_FILE, TRACKER_FILE, iteration_dir
@@ -57,6 +59,13 @@ from verl_patches.weights.layout import ParallelLayout, Rank, rank_dir_name
 
 OPTIM_DIR = "optim"
 RNG_DIR = "rng"
+# upstream code the snapshot relies on -> its fingerprint (a test compares them with the tree): verl's offload
+# copies each DDP buffer to a new host tensor (``cpu_data``) and frees the device storage, its load copies from
+# that tensor, never into it; so a view of ``cpu_data`` keeps its values while a background write reads it
+RELIED_ON = {
+    "verl.utils.megatron_utils:offload_megatron_model_to_cpu": "sha256:fb463348854df7b0",
+    "verl.utils.megatron_utils:load_megatron_model_to_gpu": "sha256:afceb3256d2c3f81",
+}
 
 
 @dataclass(frozen=True)
@@ -151,16 +160,38 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def model_state(modules: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """The model shard to save, on the host: a parameter offloaded by verl (its DDP buffer's storage freed, the
+    values in the buffer's ``cpu_data``) is a view of that host buffer, not a copy; anything on the device is
+    copied to the host; a host tensor is kept as it is."""
     if len(modules) != 1:
         raise NotImplementedError(
             "virtual pipeline stages are not supported by the actor checkpoint "
             f"({len(modules)} model chunks on this rank)"
         )
-    return {
-        k: v.detach().cpu()
-        for k, v in _unwrap(modules[0]).state_dict().items()
-        if not k.endswith("_extra_state") and isinstance(v, torch.Tensor)
-    }
+    offloaded = _offloaded_views(modules[0])
+    out = {}
+    for k, v in _unwrap(modules[0]).state_dict(keep_vars=True).items():
+        if k.endswith("_extra_state") or not isinstance(v, torch.Tensor):
+            continue
+        out[k] = offloaded[id(v)] if id(v) in offloaded else v.detach().cpu()
+    return out
+
+
+def _offloaded_views(module: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """id(parameter) -> its values in the host copy verl's ``offload_megatron_model_to_cpu`` made of its DDP
+    buffer, for the buffers whose device storage is freed (offloaded); empty when nothing is offloaded."""
+    out: dict[int, torch.Tensor] = {}
+    for buffer in [
+        *(getattr(module, "buffers", None) or []),
+        *(getattr(module, "expert_parallel_buffers", None) or []),
+    ]:
+        data = getattr(buffer, "param_data", None)
+        host = getattr(data, "cpu_data", None) if data is not None else None
+        if host is None or data.untyped_storage().size() != 0:
+            continue  # on the device (or never offloaded): state_dict() reads it
+        for param, (start, end, _bucket) in buffer.param_index_map.items():
+            out[id(param)] = host[start:end].view(param.shape)
+    return out
 
 
 def optimizer_has_stepped(optimizer: Any) -> bool:
@@ -172,20 +203,165 @@ def optimizer_has_stepped(optimizer: Any) -> bool:
     return False
 
 
-class _Written:
-    """The files this rank wrote, relative to the role folder: bytes and sha256 (hashed here, where the
-    file was just written, so the driver never reads the large files again)."""
+@dataclass
+class FileToWrite:
+    """One file of a rank's save: ``torch.save`` of ``obj`` (``kind`` "pt"), JSON or text."""
 
-    def __init__(self, role: Path) -> None:
-        self.role, self.sizes, self.sha256 = role, {}, {}
+    rel: str
+    obj: Any
+    kind: str = "pt"
 
-    def add(self, rel: str) -> None:
-        path = self.role / rel
-        self.sizes[rel], self.sha256[rel] = path.stat().st_size, sha256_file(path)
 
-    def save(self, obj: Any, rel: str) -> None:
-        write_atomically(self.role / rel, lambda p: torch.save(obj, p))
-        self.add(rel)
+@dataclass
+class ActorSnapshot:
+    """Everything one rank's part of an actor checkpoint will hold, taken where the save was called."""
+
+    role: Path
+    step: int
+    place: RankPlace
+    layout: TrainLayout
+    files: list[FileToWrite] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors the snapshot holds (views counted at their size)."""
+        return sum(_tensor_bytes(f.obj) for f in self.files)
+
+    def owned(self) -> "ActorSnapshot":
+        """The same snapshot holding copies of its tensors: for a caller that frees or changes the state the views
+        read before the write ends (a host copy of the state, as Megatron's own asynchronous save makes)."""
+        files = [FileToWrite(f.rel, _copied(f.obj), f.kind) for f in self.files]
+        return ActorSnapshot(self.role, self.step, self.place, self.layout, files)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _on_host(obj: Any) -> Any:
+    """``obj`` with every device tensor copied to the host (host tensors, and everything else, as they are)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu() if obj.device.type != "cpu" else obj.detach()
+    if isinstance(obj, dict):
+        return {k: _on_host(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_on_host(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_on_host(v) for v in obj)
+    return obj
+
+
+def _copied(obj: Any) -> Any:
+    """A deep copy of the tensors in ``obj`` on the host (small states whose owners may change them in place)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_copied(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_copied(v) for v in obj)
+    return obj
+
+
+def snapshot_actor(
+    role_dir: str | os.PathLike,
+    step: int,
+    modules: Sequence[torch.nn.Module],
+    optimizer: Any,
+    hf_config: Mapping[str, Any] | None,
+    use_distributed_optimizer: bool,
+) -> ActorSnapshot:
+    """This rank's part of the actor checkpoint of ``step``, ready to be written (`write_actor`); a collective
+    over all actor ranks (the optimizer's DP gather)."""
+    role = Path(role_dir)
+    place, layout, grouped = running_place(use_distributed_optimizer)
+    coords = (place.tp_rank, place.pp_rank, place.ep_rank)
+    writer = place.expert_dp_rank == 0  # one writer per (tp, pp, ep)
+    snap = ActorSnapshot(role, int(step), place, layout)
+
+    if writer:
+        snap.files.append(
+            FileToWrite(
+                model_file(step, layout, grouped, coords),
+                {"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
+            )
+        )
+    if optimizer is not None:
+        stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
+        if stepped and hasattr(optimizer, "save_parameter_state") and use_distributed_optimizer:
+            states = parameter_state_for_save(optimizer)  # collective: every rank joins the DP gather
+            if states is not None:
+                snap.files.append(FileToWrite(optim_params_file(coords), states))
+        if writer:
+            snap.files.append(
+                FileToWrite(
+                    optim_common_file(coords),
+                    {"stepped": stepped, "state_dict": _on_host(optimizer.state_dict()) if stepped else None},
+                )
+            )
+    snap.files.append(FileToWrite(rng_file(place.rank), _copied(rng.capture())))
+
+    if place.rank == 0:  # our converter's files: the export tool and C1's loader read this folder as is
+        snap.files.append(
+            FileToWrite(
+                CONVERTER_MANIFEST,
+                {
+                    "tool": "verl_patches.checkpoint",
+                    "complete": True,
+                    "layout": converter_layout(layout, grouped).to_json(),
+                    "hf_config": dict(hf_config) if hf_config is not None else None,
+                    "iteration": step,
+                },
+                "json",
+            )
+        )
+        snap.files.append(FileToWrite(TRACKER_FILE, str(step), "text"))
+    return snap
+
+
+# the writer reports each file: (path, True once it is complete); `background_write.Progress`
+WriteProgress = Callable[[Path, bool], None]
+
+
+def write_actor(snap: ActorSnapshot, progress: WriteProgress | None = None) -> RankRecord:
+    """Write ``snap``'s files (each atomically, hashed where it was written, so the driver never reads the
+    large files again), then this rank's record, last: without it the driver refuses to commit the step."""
+    sizes: dict[str, int] = {}
+    digests: dict[str, str] = {}
+    for f in snap.files:
+        path = snap.role / f.rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if progress is not None:
+            progress(path, False)
+        if f.kind == "json":
+            write_json_atomically(path, f.obj)
+        elif f.kind == "text":
+            write_text_atomically(path, f.obj)
+        else:
+            write_atomically(path, lambda p, obj=f.obj: torch.save(obj, p))
+        sizes[f.rel], digests[f.rel] = path.stat().st_size, sha256_file(path)
+        if progress is not None:
+            progress(path, True)
+    place = snap.place
+    record = RankRecord(
+        rank=place.rank,
+        layout=snap.layout,
+        tp_rank=place.tp_rank,
+        pp_rank=place.pp_rank,
+        ep_rank=place.ep_rank,
+        dp_rank=place.dp_rank,
+        files=sizes,
+        sha256=digests,
+    )
+    write_json_atomically(snap.role / rank_record_name(place.rank), record.to_json())
+    return record
 
 
 def save_actor(
@@ -196,68 +372,9 @@ def save_actor(
     hf_config: Mapping[str, Any] | None,
     use_distributed_optimizer: bool,
 ) -> RankRecord:
-    """This rank's part of the actor checkpoint of ``step``; a collective over all actor ranks."""
-    role = Path(role_dir)
-    place, layout, grouped = running_place(use_distributed_optimizer)
-    coords = (place.tp_rank, place.pp_rank, place.ep_rank)
-    writer = place.expert_dp_rank == 0  # one writer per (tp, pp, ep)
-    out = _Written(role)
-
-    if writer:
-        out.save(
-            {"model": model_state(modules), "iteration": step, "checkpoint_version": 3.0},
-            model_file(step, layout, grouped, coords),
-        )
-    if optimizer is not None:
-        (role / OPTIM_DIR).mkdir(parents=True, exist_ok=True)
-        stepped = optimizer_has_stepped(optimizer)  # the same on every rank: they step together
-        if stepped and hasattr(optimizer, "save_parameter_state") and use_distributed_optimizer:
-            rel = optim_params_file(coords)
-            tmp = temp_path_for(role / rel)  # one per rank: every rank joins the gather, DP rank 0 writes
-            try:
-                optimizer.save_parameter_state(str(tmp))  # collective: the DP gather
-                written = tmp.stat().st_size > 0  # torch.save never writes an empty file
-            except BaseException:
-                discard(tmp)
-                raise
-            if written:
-                commit(tmp, role / rel)
-                out.add(rel)
-            else:
-                discard(tmp)
-        if writer:
-            out.save(
-                {"stepped": stepped, "state_dict": optimizer.state_dict() if stepped else None},
-                optim_common_file(coords),
-            )
-    out.save(rng.capture(), rng_file(place.rank))
-
-    if place.rank == 0:  # our converter's files: the export tool and C1's loader read this folder as is
-        write_json_atomically(
-            role / CONVERTER_MANIFEST,
-            {
-                "tool": "verl_patches.checkpoint",
-                "complete": True,
-                "layout": converter_layout(layout, grouped).to_json(),
-                "hf_config": dict(hf_config) if hf_config is not None else None,
-                "iteration": step,
-            },
-        )
-        write_text_atomically(role / TRACKER_FILE, str(step))
-        out.add(CONVERTER_MANIFEST)
-        out.add(TRACKER_FILE)
-    record = RankRecord(
-        rank=place.rank,
-        layout=layout,
-        tp_rank=place.tp_rank,
-        pp_rank=place.pp_rank,
-        ep_rank=place.ep_rank,
-        dp_rank=place.dp_rank,
-        files=out.sizes,
-        sha256=out.sha256,
-    )
-    write_json_atomically(role / rank_record_name(place.rank), record.to_json())
-    return record
+    """This rank's part of the actor checkpoint of ``step``, written before it returns; a collective over all
+    actor ranks."""
+    return write_actor(snapshot_actor(role_dir, step, modules, optimizer, hf_config, use_distributed_optimizer))
 
 
 def load_model_into(modules: Sequence[torch.nn.Module], committed: CommittedRole, rel: str) -> None:

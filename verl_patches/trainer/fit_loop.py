@@ -17,10 +17,15 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
   log-probs; otherwise the actor worker's own report of it passes through update_actor's metrics; once
   logged, `mismatch_gate` judges it against the profile's warning and stop thresholds (a warning line
   for each step above one, the end of the run above the other);
+* every step logs the share of its sampled tokens that came from TorchAir graph decode steps
+  (`decode_share`: the path A3 makes ~99 % of its tokens on);
 * the first step logs the worker classes and the plan, so a run's log says which path ran;
 * every step records each worker's peak memory (`rank_memory`) for the golden-metrics check;
 * every step prints one compact line for a person watching the run (`step_line`: progress, ETA, throughput,
-  reward, validation, mismatch, phase times); the last one draws the run's curves (`plot`, ``curves.png``).
+  reward, validation, mismatch, phase times); the last one draws the run's curves (`plot`, ``curves.png``);
+* a checkpoint written in the background (``overlay.async_checkpoint``, `trainer_io.background_saves`) is
+  fenced and committed before the next ``update_actor`` and at the end of the run (`background_save`); each step
+  that saves or fences logs the time it blocked for it (``timing_s/save_checkpoint_blocking``).
 
 Every other line of behaviour (validation, checkpoints, critic, reward model, async rollout, metrics)
 follows upstream, calling upstream's helpers through their module so that other patches (step metrics)
@@ -38,7 +43,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from verl_patches.checkpoint import trainer_io
+from verl_patches.patches.verl.utils.checkpoint.background_save import finish_pending_save
 from verl_patches.resilience import worker_deadline
+from verl_patches.rollout import decode_share
 from verl_patches.sync.path import describe_sync_path
 from verl_patches.trainer import mismatch_gate
 from verl_patches.trainer.rank_memory import StepMemory, run_dir
@@ -186,6 +194,7 @@ def run_step(
         batch = batch.repeat(repeat_times=cfg.actor_rollout_ref.rollout.n, interleave=True)
         batch = batch.union(gen_out)
         batch.batch["response_mask"] = rt.compute_response_mask(batch)
+        metrics.update(decode_share.share_metrics(batch))
         if cfg.trainer.balance_batch and not plan.d2d:
             trainer._balance_batch(batch, metrics=metrics)
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(dim=-1).tolist()
@@ -222,6 +231,7 @@ def run_step(
             metrics.update(rt.reduce_metrics(critic_out.meta_info["metrics"]))
 
         if cfg.trainer.critic_warmup <= trainer.global_steps:
+            _fence_pending_save(trainer, metrics, timing_raw)  # the update changes what the write reads
             with timer("update_actor", timing_raw):
                 batch.meta_info["multi_turn"] = cfg.actor_rollout_ref.rollout.multi_turn.enable
                 actor_out = trainer.actor_rollout_wg.update_actor(
@@ -255,7 +265,30 @@ def run_step(
         if cfg.trainer.save_freq > 0 and (is_last_step or trainer.global_steps % cfg.trainer.save_freq == 0):
             with timer("save_checkpoint", timing_raw):
                 trainer._save_checkpoint()
+        if is_last_step:
+            _fence_pending_save(trainer, metrics, timing_raw)  # the run ends with its last save committed
+    _blocking_save_time(timing_raw)
     return batch, last_val
+
+
+def _fence_pending_save(trainer: Any, metrics: dict[str, Any], timing_raw: dict[str, float]) -> None:
+    """Wait for the background write of the step saved last and commit it (nothing to do when none is pending)."""
+    # deferred: importing this module must not load verl; it loads once the prelude patched it
+    from verl.trainer.ppo import ray_trainer as rt
+
+    if trainer_io.pending_save(trainer) is None:
+        return
+    with rt._timer("save_checkpoint_fence", timing_raw):
+        metrics.update(finish_pending_save(trainer))
+
+
+def _blocking_save_time(timing_raw: dict[str, float]) -> None:
+    """``timing_s/save_checkpoint_blocking``: the time this step stood still for checkpoints, the save call plus
+    the fence (a save in the foreground: all of its time; in the background: its snapshot, and at the fence what
+    the write had not finished)."""
+    parts = [timing_raw[k] for k in ("save_checkpoint", "save_checkpoint_fence") if k in timing_raw]
+    if parts:
+        timing_raw["save_checkpoint_blocking"] = sum(parts)
 
 
 def run_fit(trainer: Any, plan: StepPlan) -> None:
@@ -282,6 +315,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
     print(summary, flush=True)
     trainer.global_steps = 0
     trainer._load_checkpoint()
+    trainer_io.fence_before_updates(trainer)  # saves may leave their files to the background (overlay key)
     started, step_times = time.monotonic(), []  # this process's steps: the ETA's median and the time "in"
     if trainer.val_reward_fn is not None and cfg.trainer.get("val_before_train", True):
         val_metrics = trainer._validate()

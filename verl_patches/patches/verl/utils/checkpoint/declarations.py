@@ -1,5 +1,5 @@
-"""Checkpoint and resume (issues #16, #27): verl's Megatron checkpoint manager, the FSDP manager's load and the
-trainer's save/load."""
+"""Checkpoint and resume (issues #16, #27, 42): verl's Megatron checkpoint manager, the FSDP manager's load, the
+trainer's save/load, and the fence that keeps an update from changing what a background save is still writing."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
@@ -79,7 +79,19 @@ PATCHES = [
         calls_original=False,
         vendor_item="local",
         reason="the trailing barrier is redundant (the driver waits for every worker and checks every rank's "
-        "record) and fails on the CPU npu emulation; offloaded parameters are handled as upstream",
+        "record) and fails on the CPU npu emulation; offloaded parameters are read from their host copies; "
+        "background=True leaves the files to a thread (overlay.async_checkpoint)",
+        devices=ALL_DEVICES,
+    ),
+    Patch(
+        name="checkpoint.megatron_worker.fence_before_update",
+        target=f"{_W}.update_actor",
+        kind=Kind.WRAP,
+        fingerprint=pinned(f"{_W}.update_actor"),
+        replacement=lazy_call(f"{_IMPL}.background_save:fence_before_update"),
+        vendor_item="local",
+        reason="a checkpoint written in the background reads host buffers the update changes (the swap optimizer's "
+        "state, offloaded weights): the update waits for the write first, whoever calls it",
         devices=ALL_DEVICES,
     ),
 ]

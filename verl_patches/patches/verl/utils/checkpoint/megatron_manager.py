@@ -5,7 +5,9 @@ other), keeps no optimizer step count or param groups, and reads ``torch.cuda`` 
 DeepSeek-V3 raises (vendor item G13). These replacements call `verl_patches.train_engine.actor_state`,
 which writes model shards in our converter's layout (exported to HF by ``convert_ckpt_deepseek3.py
 --reverse``), the distributed optimizer's DP-gathered state per (tp, pp, ep), and every RNG. Pruning is the
-driver's (`trainer_io`); ``max_ckpt_to_keep`` is ignored here.
+driver's (`trainer_io`); ``max_ckpt_to_keep`` is ignored here. With ``background=True`` the snapshot is taken
+here and the files are written by a thread (`verl_patches.checkpoint.background_write`) that the worker's fence
+waits for (`background_save`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ def _hf_config_dict(hf_config: Any) -> dict | None:
 
 
 def save_checkpoint(
-    self: Any, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    self: Any,
+    local_path: str,
+    hdfs_path: str | None = None,
+    global_step: int = 0,
+    max_ckpt_to_keep: int | None = None,
+    background: bool = False,
+    own_copy: bool = False,
 ) -> None:
     # lazy: torch is heavy and only this path needs it; importing this module stays light
     import torch
 
     # lazy: that module loads numpy, safetensors, torch, tqdm; importing this one must not
-    from verl_patches.train_engine.actor_state import save_actor
+    from verl_patches.train_engine.actor_state import snapshot_actor, write_actor
 
     if hdfs_path is not None:
         raise NotImplementedError("remote (hdfs) checkpoints are not supported by the overlay")
@@ -38,7 +46,7 @@ def save_checkpoint(
             "actor.checkpoint.contents 'hf_model': export a saved checkpoint with "
             "verl_patches/scripts/convert_ckpt_deepseek3.py --reverse instead"
         )
-    save_actor(
+    snap = snapshot_actor(
         local_path,
         int(global_step),
         self.model,
@@ -47,10 +55,22 @@ def save_checkpoint(
         bool(self.use_distributed_optimizer),
     )
     if torch.distributed.get_rank() == 0 and self.processing_class is not None:
-        # the tokenizer and config beside the shards: --tokenizer-dir of the export
+        # the tokenizer and config beside the shards: --tokenizer-dir of the export (kilobytes: written here)
         out = Path(local_path) / HF_CONFIG_DIR
         self.processing_class.save_pretrained(str(out))
         self.hf_config.save_pretrained(str(out))
+    if not background:
+        write_actor(snap)
+        return
+    # lazy: the writer thread's module is needed only by a background save
+    from verl_patches.checkpoint import background_write
+
+    rank = torch.distributed.get_rank()
+    if own_copy:  # the caller frees what the snapshot views right after this returns (the worker's offload)
+        snap = snap.owned()
+    background_write.start(
+        background_write.BackgroundWrite(int(global_step), rank, lambda report: write_actor(snap, report))
+    )
 
 
 def load_checkpoint(
