@@ -17,8 +17,10 @@ Launch A (`--max-restarts 3`):
          once step 5 is logged the WHOLE job is SIGKILLed, as a scheduler does: the launcher, the trainer and its
          local Ray cluster, and none survives. Step 5's save is then in flight (committed at step 6's fence, if
          the kill lands after it): the commit before it stays intact.
-Launch B (the same command, without the faults): resumes from the last committed step (4 or 5) and runs to the
-end with status 0; checkpoints 6 and 7 remain. Exactly two restarts: one line each, naming cause, node and step.
+Launch B (the same command, without the faults, saving in the foreground): resumes from the last committed step
+(4 or 5) and runs to the end with status 0; checkpoints 6 and 7 remain. Exactly two restarts: one line each,
+naming cause, node and step. The time each save blocks its step is compared both ways (launch A's background
+saves, launch B's foreground ones) and printed.
 
 The uninterrupted reference is the session's 60-step run of the same command (conftest.py `a3_run`): every
 step any run logs must reproduce that run's step. Comparable because nothing before step `STEPS` of the
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -92,11 +95,13 @@ COMPARED = (
     "rollout_mismatch/logprob_abs_diff_mean",
     "rollout_mismatch/logprob_abs_diff_max",
 )
+BLOCKING, FENCE = "timing_s/save_checkpoint_blocking", "timing_s/save_checkpoint_fence"
 CONSOLE_TOL = 1e-3 + 1e-9  # one unit of the console's last printed digit
 
 
-def overrides(ckpt: Path) -> tuple[str, ...]:
+def overrides(ckpt: Path, background: bool) -> tuple[str, ...]:
     return (
+        f"overlay.async_checkpoint={background}",
         f"trainer.total_training_steps={STEPS}",
         "trainer.save_freq=1",
         f"trainer.max_actor_ckpt_to_keep={KEEP}",
@@ -108,7 +113,8 @@ def overrides(ckpt: Path) -> tuple[str, ...]:
 
 def launch(monkeypatch: pytest.MonkeyPatch, log_dir: Path, assets: Path, ckpt: Path, faults: bool) -> TinyJob:
     """The same command both times; only launch A's environment carries the faults (each fires once per run
-    folder, and launch B's is a new one: it may run step 5 again)."""
+    folder, and launch B's is a new one: it may run step 5 again). Launch A saves in the background as the A3
+    profiles do, launch B in the foreground: the time a save blocks the step, measured both ways in one test."""
     env = dict(tiny_job.env_for_run(), VERL_PATCHES_COLLECTIVE_TIMEOUT_S=str(TIMEOUT_S))
     for name in ("VERL_PATCHES_RUN_DIR", "VERL_PATCHES_INJECT_STOP", "VERL_PATCHES_INJECT_KILL"):
         env.pop(name, None)
@@ -117,7 +123,8 @@ def launch(monkeypatch: pytest.MonkeyPatch, log_dir: Path, assets: Path, ckpt: P
         env["VERL_PATCHES_INJECT_KILL"] = ":".join(map(str, KILL))
     with monkeypatch.context() as m:
         m.setattr(tiny_job, "env_for_run", lambda: env)
-        return TinyJob(log_dir, assets, overrides(ckpt), launcher_flags=("--max-restarts", str(MAX_RESTARTS)))
+        flags = ("--max-restarts", str(MAX_RESTARTS))
+        return TinyJob(log_dir, assets, overrides(ckpt, background=faults), launcher_flags=flags)
 
 
 def checkpoints(ckpt: Path) -> list[str]:
@@ -297,6 +304,19 @@ def test_one_launch_restarts_itself_through_a_hang_and_a_killed_worker_and_a_kil
         assert_same_as_reference(
             ref_tb, {s: m for s, m in steps.items() if s <= STEPS}, 0.0, f"run {n} (TensorBoard)", partial=n == 3
         )
+    # the time each save stood the step still: launch A's background saves (the snapshot, then the fence's wait
+    # for what the write had not finished) and launch B's foreground saves (the whole write)
+    blocked = {
+        way: [m[BLOCKING] for f in files for s, m in f.items() if s <= STEPS and BLOCKING in m]
+        for way, files in (("background", files_a[:2]), ("foreground", files_b))
+    }
+    assert len(blocked["background"]) >= 3 and len(blocked["foreground"]) >= 2, blocked
+    assert any(FENCE in m for f in files_a[:2] for m in f.values()), "no background save was fenced"
+    assert not any(FENCE in m for f in files_b for m in f.values()), "a foreground save was fenced"
+    print(
+        "checkpoint blocking time per save (tiny run, median): "
+        + ", ".join(f"{way} {statistics.median(v):.3f} s over {len(v)} saves" for way, v in blocked.items())
+    )
     print(
         f"faults and restarts: steps 1-{STEPS} in 4 trainer runs (resumed from {resumed}) equal the uninterrupted "
         "run's, bit for bit on TensorBoard"
