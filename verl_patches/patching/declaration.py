@@ -152,3 +152,33 @@ def lazy_call(path: str) -> Callable[..., Any]:
 
     factory.__qualname__ = f"lazy_call({path!r})"
     return factory
+
+
+# The common declarations, each without the two fields its kind fixes: the kind itself and how the replacement
+# is found (by import path, only when the patch applies). `options` are Patch's other fields (devices, rebind,
+# fingerprint_of, relies_on, calls_original, env_flag...). A patch switched by an environment variable stays a
+# plain `Patch(...)`: tests/ci/test_env_registry.py finds the variables it declares there.
+
+
+def replace(*, name: str, target: str, fingerprint: str, by: str = "", built_by: str = "", **options: Any) -> Patch:
+    """A REPLACE patch: the target becomes the object at `by` ("module:name"), or what the function at
+    `built_by` returns when called with no argument; exactly one of the two."""
+    if bool(by) == bool(built_by):
+        raise ValueError(f"patch {name}: replace() takes exactly one of by= and built_by=")
+    replacement = lazy_object(by) if by else lazy_call(built_by)
+    return Patch(
+        name=name, target=target, kind=Kind.REPLACE, fingerprint=fingerprint, replacement=replacement, **options
+    )
+
+
+def wrap(*, name: str, target: str, fingerprint: str, by: str, **options: Any) -> Patch:
+    """A WRAP patch: the target becomes what the function at `by` ("module:name") returns for the original."""
+    return Patch(
+        name=name, target=target, kind=Kind.WRAP, fingerprint=fingerprint, replacement=lazy_call(by), **options
+    )
+
+
+def module_alias(*, name: str, target: str, provides: str, **options: Any) -> Patch:
+    """A MODULE_ALIAS patch: where module `target` is absent, our module `provides` stands in (no upstream
+    source to fingerprint)."""
+    return Patch(name=name, target=target, kind=Kind.MODULE_ALIAS, fingerprint="", provides=provides, **options)

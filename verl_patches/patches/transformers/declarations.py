@@ -1,24 +1,22 @@
 """Patches of transformers (pinned by requirements, not by sources.lock)."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
+from verl_patches.patching.declaration import replace, wrap
 
 PATCHES = [
-    Patch(
+    wrap(
         name="cpu.transformers.eager_attention_without_flash_attn",
         target="transformers.modeling_utils:PreTrainedModel._autoset_attn_implementation",
-        kind=Kind.WRAP,
         fingerprint="sha256:65a9a89b8dead68c",
-        replacement=lazy_call("verl_patches.patches.transformers.modeling_utils:eager_without_flash_attn"),
+        by="verl_patches.patches.transformers.modeling_utils:eager_without_flash_attn",
         vendor_item="local",
         reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',
         devices=("cpu",),
     ),
-    Patch(
+    replace(
         name="transformers.deepseek_v3.router_masks_unselected_groups",
         target="transformers.models.deepseek_v3.modeling_deepseek_v3:DeepseekV3TopkRouter.get_topk_indices",
-        kind=Kind.REPLACE,
         fingerprint="sha256:d29a92fc4ffd92d8",
-        replacement=lazy_object("verl_patches.patches.transformers.deepseek_v3_router:topk_indices_with_masked_groups"),
+        by="verl_patches.patches.transformers.deepseek_v3_router:topk_indices_with_masked_groups",
         vendor_item="local",
         reason="HF's DeepseekV3 router fills the groups it did not select with 0.0, so a negative biased score "
         "(sigmoid + e_score_correction_bias) loses to an expert of an unselected group; DeepSeek-V3's own Gate "

@@ -1,25 +1,23 @@
 """Patches of top-level verl modules (verl.protocol)."""
 
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call, lazy_object
+from verl_patches.patching.declaration import ALL_DEVICES, replace, wrap
 
 PATCHES = [
-    Patch(
+    replace(
         name="protocol.union_locked_tensor_dict",
         target="verl.protocol:union_tensor_dict",
-        kind=Kind.REPLACE,
         fingerprint="sha256:5b4b6f8f12e7a426",
-        replacement=lazy_object("verl_patches.patches.verl.protocol:union_tensor_dict"),
+        by="verl_patches.patches.verl.protocol:union_tensor_dict",
         vendor_item="C7",
         reason="D2D unions a tensor-less (locked) DataProto with cached tensors; unlock for the inserts, "
         "lock again after",
         devices=ALL_DEVICES,
     ),
-    Patch(
+    wrap(
         name="protocol.pickle_empty_batch",
         target="verl.protocol:DataProto.__getstate__",
-        kind=Kind.WRAP,
         fingerprint="sha256:6710d7a87f5dbe6d",
-        replacement=lazy_call("verl_patches.patches.verl.protocol:pickle_empty_batch"),
+        by="verl_patches.patches.verl.protocol:pickle_empty_batch",
         vendor_item="A2",
         reason="with D2D, ref's payload and answer are batches with a size and no tensor; upstream's pickling "
         "consolidates the TensorDict first, which fails without tensors, so Ray could not ship them",

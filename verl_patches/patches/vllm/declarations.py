@@ -1,16 +1,15 @@
 """Patches of vLLM's top-level package."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import wrap
 
 PATCHES = [
-    Patch(
+    wrap(
         name="vllm.general_plugins_at_import",
         target="vllm:ModelRegistry",
-        kind=Kind.WRAP,
         # the code relied on: vLLM's plugin loader and vllm-ascend's general plugin (its custom-op fix)
         fingerprint="sha256:6186cca18e0ee1ad",
         fingerprint_of=("vllm.plugins:load_general_plugins", "vllm_ascend:register_model"),
-        replacement=lazy_call("verl_patches.patches.vllm.general_plugins:registry_after_general_plugins"),
+        by="verl_patches.patches.vllm.general_plugins:registry_after_general_plugins",
         vendor_item="local",
         reason="load vLLM's general plugins as soon as `import vllm` completes: verl's driver imports vLLM's "
         "DeepSeek model (verl.utils.vllm_utils) before any engine loads them, and on torch 2.5.1 "

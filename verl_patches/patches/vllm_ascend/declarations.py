@@ -1,7 +1,7 @@
 """Patches of vllm_ascend.* (v0.9.1)."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import Kind, Patch, lazy_call, wrap
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 
 _KV_NZ_REASON = (
@@ -35,25 +35,23 @@ PATCHES = [
         env_flag=KV_NZ_FLAG,
         rebind=False,  # only mla_v1's own name `torch_npu`
     ),
-    Patch(
+    wrap(
         name="vllm_ascend.model_runner_v1.dp_sync_over_hccl.dist",
         target="vllm_ascend.worker.model_runner_v1:dist",
-        kind=Kind.WRAP,
         fingerprint=pinned(_DP_METADATA),
         fingerprint_of=(_DP_METADATA,),
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:proxied_dist"),
+        by="verl_patches.patches.vllm_ascend.worker.dp_sync:proxied_dist",
         vendor_item="local",
         reason="per-step DP forward-metadata all-reduce over HCCL instead of Gloo (vendor measured rollout "
         "385 s -> 322 s, never shipped); model_runner_v1's `dist` routes only that call to the device group",
         devices=("npu",),
         rebind=False,
     ),
-    Patch(
+    wrap(
         name="vllm_ascend.model_runner_v1.dp_sync_over_hccl.method",
         target=_DP_METADATA,
-        kind=Kind.WRAP,
         fingerprint=pinned(_DP_METADATA),
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.dp_sync:wrap_forward_metadata"),
+        by="verl_patches.patches.vllm_ascend.worker.dp_sync:wrap_forward_metadata",
         vendor_item="local",
         reason="marks the DP metadata all-reduce so it runs on the DP group's device group (HCCL on A3; gloo "
         "stays on CPU, where this patch does not apply)",
@@ -62,13 +60,12 @@ PATCHES = [
 ]
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="npu.vllm_ascend.kernels_path",
         target="vllm_ascend:__path__",
-        kind=Kind.WRAP,
         fingerprint="sha256:4ddbef16d8c2f364",
         fingerprint_of=("vllm_ascend.utils:enable_custom_op",),
-        replacement=lazy_call("verl_patches.rollout.kernels_path:with_kernel_dir"),
+        by="verl_patches.rollout.kernels_path:with_kernel_dir",
         vendor_item="K3",
         reason="vllm_ascend_C built once from the pinned sdist into a folder outside the vendored tree "
         "(python -m verl_patches.rollout.kernels build); the package's search path includes it",
@@ -78,12 +75,11 @@ PATCHES.append(
 )
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="vllm_ascend.forward_context.mc2_decode_at_small_ep",
         target="vllm_ascend.ascend_forward_context:get_fused_moe_state",
-        kind=Kind.WRAP,
         fingerprint="sha256:be847a37e9110ee6",
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.forward_context.mc2_at_small_ep:wrap_fused_moe_state"),
+        by="verl_patches.patches.vllm_ascend.forward_context.mc2_at_small_ep:wrap_fused_moe_state",
         vendor_item="local",
         reason="CPU proof at rollout EP 2: decode through MC2 dispatch/combine as A3 does at EP 256 (upstream "
         "picks All2All below EP 16, a path A3 never decodes through and one TorchAir cannot trace); prefill and "
@@ -94,12 +90,11 @@ PATCHES.append(
 )
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="vllm_ascend.model_runner_v1.torchair_unfrozen_parameters",
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._get_torchair_lazy_compiled_model",
-        kind=Kind.WRAP,
         fingerprint="sha256:d6421b5fcf846eba",
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.worker.unfrozen_parameters:without_frozen_parameters"),
+        by="verl_patches.patches.vllm_ascend.worker.unfrozen_parameters:without_frozen_parameters",
         calls_original=False,  # upstream's method recompiled from its source with one assignment changed
         vendor_item="local",
         reason="TorchAir graphs take the weights as inputs at every run (frozen_parameter False, TorchAir's "
@@ -111,14 +106,13 @@ PATCHES.append(
 )
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="vllm_ascend.fused_moe.grouped_topk_as_deepseek",
         target="vllm_ascend.ops.fused_moe:select_experts",
-        kind=Kind.WRAP,
         fingerprint="sha256:259f46370d1ff9bd",
         # the rule it replaces is native_grouped_topk's, called from select_experts: both as written at the pin
         fingerprint_of=("vllm_ascend.ops.fused_moe:select_experts", "vllm_ascend.ops.fused_moe:native_grouped_topk"),
-        replacement=lazy_call("verl_patches.patches.vllm_ascend.ops.grouped_topk:grouped_as_deepseek"),
+        by="verl_patches.patches.vllm_ascend.ops.grouped_topk:grouped_as_deepseek",
         vendor_item="local",
         reason="below 256 routed experts vllm-ascend routes by native_grouped_topk: groups scored by their max "
         "and unselected groups filled with 0.0, where DeepSeek-V3's Gate, npu_moe_gating_top_k (the 256-expert "
@@ -128,12 +122,11 @@ PATCHES.append(
 )
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="vllm_ascend.model_runner_v1.graph_decode_counts",
         target="vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model",
-        kind=Kind.WRAP,
         fingerprint="sha256:8450a9b7a30d3922",
-        replacement=lazy_call("verl_patches.rollout.decode_share:wrap_execute_model"),
+        by="verl_patches.rollout.decode_share:wrap_execute_model",
         vendor_item="local",
         reason="counts, per request, the tokens sampled in TorchAir graph decode steps and in eager steps (the "
         "runner's DP-reduced with_prefill of the step), so every step logs rollout/graph_decode_token_share: on "

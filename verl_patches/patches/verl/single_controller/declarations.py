@@ -1,20 +1,19 @@
 """Patches of verl.single_controller.*."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
+from verl_patches.patching.declaration import replace, wrap
 
 
 PATCHES = [
-    Patch(
+    wrap(
         name="cpu.verl.ray_worker_group.logical_gpu_slots",
         target="verl.single_controller.ray.base:RayWorkerGroup.__init__",
-        kind=Kind.WRAP,
         fingerprint="sha256:78dad8337e9b5b52",
         fingerprint_of=(
             "verl.single_controller.ray.base:RayWorkerGroup.__init__",
             "verl.single_controller.ray.base:RayResourcePool.get_placement_groups",
             "verl.single_controller.ray.base:RayClassWithInitArgs.__call__",
         ),
-        replacement=lazy_call("verl_patches.patches.verl.single_controller.ray_base:ray_device_for_cpu"),
+        by="verl_patches.patches.verl.single_controller.ray_base:ray_device_for_cpu",
         vendor_item="local",
         reason="verl asks Ray for a 'cpu' resource on CPU hosts, which no cluster offers; use the logical GPU slots",
         devices=("cpu",),
@@ -22,16 +21,15 @@ PATCHES = [
 ]
 
 PATCHES.append(
-    Patch(
+    wrap(
         name="verl.dispatch.megatron_dp_rank_map",
         target="verl.single_controller.base.decorator:get_predefined_dispatch_fn",
-        kind=Kind.WRAP,
         fingerprint="sha256:acb2891f52de8bb0",
         fingerprint_of=(
             "verl.single_controller.base.decorator:get_predefined_dispatch_fn",
             "verl.single_controller.base.decorator:dispatch_megatron_compute_data_proto",
         ),
-        replacement=lazy_call("verl_patches.patches.verl.single_controller.dispatch:with_dp_rank_map"),
+        by="verl_patches.patches.verl.single_controller.dispatch:with_dp_rank_map",
         vendor_item="B1",
         reason="MEGATRON_COMPUTE_PROTO writes meta_info['global_megatron_dp_ranks'] so workers can reshard "
         "batch data between rollout chunks and Megatron DP slices on the device (C2)",
@@ -41,23 +39,21 @@ PATCHES.append(
 # Hang diagnosis (verl_patches.resilience): the driver's wait on a worker group is bounded, and every worker
 # process publishes its progress.
 PATCHES += [
-    Patch(
+    replace(
         name="resilience.verl.func_generator.bounded_wait",
         target="verl.single_controller.ray.base:func_generator",
-        kind=Kind.REPLACE,
         fingerprint="sha256:745d404315575cf8",
-        replacement=lazy_object("verl_patches.resilience.worker_deadline:func_generator"),
+        by="verl_patches.resilience.worker_deadline:func_generator",
         vendor_item="local",
         reason="the driver never waits for a worker group without a bound: a call whose outstanding workers make "
         "no progress for VERL_PATCHES_COLLECTIVE_TIMEOUT_S names them (rank, node, pid, phase, step) and "
         "ends the job; a dead worker is named at once; upstream's ray.get while that variable is unset",
     ),
-    Patch(
+    wrap(
         name="resilience.verl.worker.heartbeat",
         target="verl.single_controller.base.worker:Worker.__init__",
-        kind=Kind.WRAP,
         fingerprint="sha256:00c6bf5f1cbcd9ae",
-        replacement=lazy_call("verl_patches.patches.verl.workers.progress_points:start_heartbeat"),
+        by="verl_patches.patches.verl.workers.progress_points:start_heartbeat",
         vendor_item="local",
         reason="every worker process publishes its progress (rank, node, pid, phase, step, micro-batch) from a "
         "side thread that runs while its main thread is blocked; not started while "

@@ -1,14 +1,14 @@
 """Patches of verl.trainer.*."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call
+from verl_patches.patching.declaration import ALL_DEVICES, wrap
 
 _RT = "verl.trainer.ppo.ray_trainer"
 _TRAINER = f"{_RT}:RayPPOTrainer"
 _DATA = "verl.protocol:DataProto"
 _ASYNC = "verl.workers.rollout.async_server:AsyncLLMServerManager"
 
-# Every upstream function, method and class verl_patches.trainer.fit_loop calls by name in place of upstream's
+# Every upstream function, method and class verl_patches.driver.fit_loop calls by name in place of upstream's
 # `fit` (through `ray_trainer`'s module names, on the trainer, on the batch, or imported), each pinned on its
 # own: a change to any of them changes what our loop does, and the patch then fails naming it. The trainer's
 # __init__ and init_workers set the attributes the loop reads (use_rm, ref_in_actor, kl_ctrl_in_reward,
@@ -49,44 +49,40 @@ FIT_LOOP_RELIES_ON = (
 )
 
 PATCHES = [
-    Patch(
+    wrap(
         name="metrics.reference_step_table",
         target="verl.trainer.ppo.metric_utils:compute_throughout_metrics",
-        kind=Kind.WRAP,
         fingerprint=pinned("verl.trainer.ppo.metric_utils:compute_throughout_metrics"),
-        replacement=lazy_call("verl_patches.patches.verl.trainer.metrics:with_reference_metrics"),
+        by="verl_patches.patches.verl.trainer.metrics:with_reference_metrics",
         vendor_item="local",
         reason="per-die and per-card throughput and the weight-switch time, named like the vendor's step table",
         devices=ALL_DEVICES,
     ),
-    Patch(
+    wrap(
         name="verl.main_ppo.ray_runtime_env",
         target="verl.trainer.main_ppo:run_ppo",
-        kind=Kind.WRAP,
         fingerprint="sha256:d0ed4d56bc42d804",
-        replacement=lazy_call("verl_patches.patches.verl.trainer.main_ppo:start_ray_with_overlay"),
+        by="verl_patches.patches.verl.trainer.main_ppo:start_ray_with_overlay",
         vendor_item="A1",
         reason="every Ray worker must run our prelude (worker_process_setup_hook) and see the repo root; "
         "on CPU, Ray offers logical GPU slots for verl's resource pools",
         devices=ALL_DEVICES,
     ),
-    Patch(
+    wrap(
         name="trainer.fused_actor_rollout_ref",
         target=f"{_TRAINER}.init_workers",
-        kind=Kind.WRAP,
         fingerprint=pinned(f"{_TRAINER}.init_workers"),
-        replacement=lazy_call("verl_patches.trainer.fused_role:with_fused_role"),
+        by="verl_patches.patches.verl.trainer.ray_trainer:with_fused_role",
         vendor_item="A1",
         reason="with overlay.fused_actor_rollout_ref=True one actor_rollout_ref worker group plays actor, rollout "
         "and reference on one pool (ref_policy_wg is actor_rollout_wg); otherwise upstream's init",
         devices=ALL_DEVICES,
     ),
-    Patch(
+    wrap(
         name="trainer.fit_step_plan",
         target=f"{_TRAINER}.fit",
-        kind=Kind.WRAP,
         fingerprint="sha256:8473f7a548dfc9a8",
-        replacement=lazy_call("verl_patches.trainer.fit_loop:with_overlay_fit"),
+        by="verl_patches.patches.verl.trainer.ray_trainer:with_overlay_fit",
         relies_on=FIT_LOOP_RELIES_ON,
         vendor_item="A2",
         reason="skip the old-log-prob pass when recompute_old_log_prob=False (exact on-policy only), ship only "
@@ -95,12 +91,11 @@ PATCHES = [
         "log-prob mismatch every step and the worker classes that ran; REMAX keeps upstream's fit",
         devices=ALL_DEVICES,
     ),
-    Patch(
+    wrap(
         name="trainer.val_subset",
         target=f"{_TRAINER}._create_dataloader",
-        kind=Kind.WRAP,
         fingerprint="sha256:98065be136929795",
-        replacement=lazy_call("verl_patches.patches.verl.trainer.val_subset:with_val_subset"),
+        by="verl_patches.patches.verl.trainer.val_subset:with_val_subset",
         vendor_item="local",
         reason="validate on a fixed seeded sample of at most overlay.val_max_prompts test prompts (verl has no such "
         "key), so a validation on A3 is one batch of the rollout engines; unset or a smaller split: upstream's",

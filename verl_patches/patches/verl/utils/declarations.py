@@ -1,23 +1,21 @@
 """Patches of verl.utils.*."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
+from verl_patches.patching.declaration import replace
 
 
 PATCHES = [
-    Patch(
+    replace(
         name="cpu.verl.utils.device.get_torch_device",
         target="verl.utils.device:get_torch_device",
-        kind=Kind.REPLACE,
         fingerprint="sha256:66ca2b0ba76001d2",
-        replacement=lazy_object("verl_patches.patches.verl.utils.device:get_torch_device"),
+        by="verl_patches.patches.verl.utils.device:get_torch_device",
         vendor_item="local",
         reason="torch.cpu lacks the memory, RNG and device calls verl makes on its device module",
         devices=("cpu",),
     ),
-    Patch(
+    replace(
         name="cpu.verl.utils.fsdp_utils.torch_cuda_is_cpu",
         target="verl.utils.fsdp_utils:torch",
-        kind=Kind.REPLACE,
         fingerprint="sha256:aeeef948f42513d2",
         fingerprint_of=(
             "verl.utils.fsdp_utils:load_fsdp2_model_to_gpu",
@@ -25,7 +23,7 @@ PATCHES = [
             "verl.utils.fsdp_utils:fsdp2_clip_grad_norm_",
             "verl.utils.fsdp_utils:layered_summon_lora_params",
         ),
-        replacement=lazy_call("verl_patches.patches.verl.utils.device:torch_for_fsdp_utils"),
+        built_by="verl_patches.patches.verl.utils.device:torch_for_fsdp_utils",
         vendor_item="local",
         reason="verl's FSDP2 helpers call torch.cuda.current_device()/empty_cache() directly; "
         "on CPU they get the CPU device module",

@@ -1,7 +1,7 @@
 """Patches of verl.workers.*."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import ALL_DEVICES, Kind, Patch, lazy_call
+from verl_patches.patching.declaration import ALL_DEVICES, wrap
 
 
 _FSDP_INIT_FINGERPRINTS = {
@@ -12,12 +12,11 @@ _FSDP_INIT_FINGERPRINTS = {
 
 
 _SWITCH_TIMING = [
-    Patch(
+    wrap(
         name=f"timing.{cls}.enter",
         target=f"verl.workers.sharding_manager.{mod}:{cls}.__enter__",
-        kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=lazy_call("verl_patches.patches.verl.workers.step_timing:timed_enter"),
+        by="verl_patches.patches.verl.workers.step_timing:timed_enter",
         vendor_item="local",
         reason="time the train->rollout weight switch for the step table (the vendor's 'train/infer switch')",
         devices=ALL_DEVICES,
@@ -28,12 +27,11 @@ _SWITCH_TIMING = [
         ("megatron_vllm", "MegatronVLLMShardingManager", "sha256:c5e30c64f0c3e023"),
     )
 ] + [
-    Patch(
+    wrap(
         name=f"timing.{mod}.generate_sequences",
         target=f"verl.workers.{mod}:ActorRolloutRefWorker.generate_sequences",
-        kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=lazy_call("verl_patches.patches.verl.workers.step_timing:report_switch_time"),
+        by="verl_patches.patches.verl.workers.step_timing:report_switch_time",
         vendor_item="local",
         reason="hand the measured weight-switch time to the driver with the generated batch",
         devices=ALL_DEVICES,
@@ -47,12 +45,11 @@ _SWITCH_TIMING = [
 ]
 
 PATCHES = _SWITCH_TIMING + [
-    Patch(
+    wrap(
         name=f"cpu.verl.fsdp_workers.{cls}.gloo_process_group",
         target=f"verl.workers.fsdp_workers:{cls}.__init__",
-        kind=Kind.WRAP,
         fingerprint=fp,
-        replacement=lazy_call("verl_patches.patches.verl.workers.fsdp_workers:init_process_group_first"),
+        by="verl_patches.patches.verl.workers.fsdp_workers:init_process_group_first",
         vendor_item="local",
         reason="verl's FSDP workers pick an hccl process group when CUDA is absent; the CPU needs gloo",
         devices=("cpu",),

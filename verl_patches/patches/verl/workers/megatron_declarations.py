@@ -1,7 +1,7 @@
 """Patches of verl's Megatron worker and actor for DeepSeek-V3 on core_r0.8.0 + MindSpeed (vendor items C1, C3, C6)."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import Kind, Patch, lazy_call, lazy_object
+from verl_patches.patching.declaration import replace, wrap
 
 _W = "verl_patches.patches.verl.workers.megatron_workers"
 _D2D = "verl_patches.patches.verl.workers.d2d_cache"
@@ -12,74 +12,67 @@ _ACTOR = "verl.workers.actor.megatron_actor:MegatronPPOActor"
 
 PATCHES = (
     [
-        Patch(
+        wrap(
             name="megatron_worker.init_through_mindspeed",
             target=f"{_WORKER}.__init__",
-            kind=Kind.WRAP,
             fingerprint="sha256:4b5c2fdc77a58284",
-            replacement=lazy_call(f"{_W}:wrap_init"),
+            by=f"{_W}:wrap_init",
             vendor_item="C1",
             reason="bring Megatron up through MindSpeed-LLM/MindSpeed (D1) on the device's process group instead of "
             "nccl + initialize_model_parallel(expert_tensor_parallel_size), absent in core_r0.8.0; normalise "
             "the reference's batch sizes for the fused actor_rollout_ref role",
         ),
-        Patch(
+        replace(
             name="megatron_worker.build_model_optimizer",
             target=f"{_WORKER}._build_model_optimizer",
-            kind=Kind.REPLACE,
             fingerprint="sha256:670f4f0123e5b418",
-            replacement=lazy_object(f"{_W}:_build_model_optimizer"),
+            by=f"{_W}:_build_model_optimizer",
             vendor_item="C1",
             reason="build the actor for every actor role and the reference separately (is_for_actor), and load "
             "use_dist_checkpointing weights from our converter's legacy iter_*/mp_rank_* layout",
         ),
-        Patch(
+        wrap(
             name="megatron_worker.init_model",
             target=f"{_WORKER}.init_model",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.init_model"),
-            replacement=lazy_call(f"{_W}:wrap_init_model"),
+            by=f"{_W}:wrap_init_model",
             calls_original=False,  # our init_model under upstream's registration: the innermost layer
             vendor_item="C1",
             reason="pass is_for_actor to the model builder and take the parameter dtype from the Megatron arguments",
         ),
-        Patch(
+        wrap(
             name="megatron_worker.update_actor_temperature",
             target=f"{_WORKER}.update_actor",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.update_actor"),
-            replacement=lazy_call(f"{_W}:wrap_with_temperature"),
+            by=f"{_W}:wrap_with_temperature",
             vendor_item="local",
             reason="the actor's loss needs the rollout's sampling temperature on every batch it trains on",
         ),
         # The D2D tensor cache (C1/C2): each wraps the method below it in this list or in workers.declarations
         # (timing), so upstream's body still runs; a call without the driver's D2D flag passes straight through.
-        Patch(
+        wrap(
             name="megatron_worker.generate_sequences_d2d_cache",
             target=f"{_WORKER}.generate_sequences",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.generate_sequences"),
-            replacement=lazy_call(f"{_D2D}:wrap_generate_sequences"),
+            by=f"{_D2D}:wrap_generate_sequences",
             vendor_item="C1",
             reason="with the D2D tensor cache, keep responses/input_ids/attention_mask/position_ids/rollout_log_probs "
             "on the worker and hand the driver only prompts/responses/attention_mask (not on validation)",
         ),
-        Patch(
+        wrap(
             name="megatron_worker.compute_ref_log_prob_d2d_cache",
             target=f"{_WORKER}.compute_ref_log_prob",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.compute_ref_log_prob"),
-            replacement=lazy_call(f"{_D2D}:wrap_compute_ref_log_prob"),
+            by=f"{_D2D}:wrap_compute_ref_log_prob",
             vendor_item="C1",
             reason="with the D2D tensor cache, take the inputs from the cache resharded to the Megatron DP layout (C2) "
             "and keep ref_log_prob there; the driver gets a batch of the right size with no tensor",
         ),
-        Patch(
+        wrap(
             name="megatron_worker.update_actor_d2d_cache",
             target=f"{_WORKER}.update_actor",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.update_actor"),
-            replacement=lazy_call(f"{_D2D}:wrap_update_actor"),
+            by=f"{_D2D}:wrap_update_actor",
             vendor_item="C1",
             reason="with the D2D tensor cache, add the cached tensors to the driver's advantages, clear the cache "
             "after the update (also when it fails)",
@@ -90,12 +83,11 @@ PATCHES = (
     # D2D wraps mark their reshard phase inside it and left after, so a rank stuck in a D2D reshard is reported
     # in its call and step; beneath the D2D wrap those marks would land outside any call.
     + [
-        Patch(
+        wrap(
             name=f"megatron_worker.{method}_progress",
             target=f"{_WORKER}.{method}",
-            kind=Kind.WRAP,
             fingerprint=pinned(f"{_WORKER}.{method}"),
-            replacement=lazy_call(f"{_PROGRESS}:{method}_progress"),
+            by=f"{_PROGRESS}:{method}_progress",
             vendor_item="local",
             reason="hang diagnosis: the call is a phase of the trainer step (meta_info['global_steps'], written by our "
             "fit loop) in this process's progress, which its heartbeat publishes; a stuck rank is named "
@@ -112,86 +104,78 @@ PATCHES = (
         )
     ]
     + [
-        Patch(
+        wrap(
             name="megatron.make_batch_generator_micro_batch_progress",
             target="verl.utils.megatron.pipeline_parallel:make_batch_generator",
-            kind=Kind.WRAP,
             fingerprint="sha256:812b0cfbc2c26237",
-            replacement=lazy_call(f"{_PROGRESS}:with_micro_batch_progress"),
+            by=f"{_PROGRESS}:with_micro_batch_progress",
             vendor_item="local",
             reason="hang diagnosis: each micro-batch Megatron's schedule takes is a progress point (ref, old "
             "log-prob and update), so a stuck rank is named with its micro-batch; once per micro-batch, "
             "outside any compiled region",
         ),
-        Patch(
+        replace(
             name="cpu.megatron_worker.torch_cuda_is_cpu",
             target="verl.workers.megatron_workers:torch",
-            kind=Kind.REPLACE,
             fingerprint=pinned(f"{_WORKER}.update_actor"),
             fingerprint_of=(f"{_WORKER}.update_actor",),
-            replacement=lazy_call("verl_patches.patches.verl.utils.device:torch_for_fsdp_utils"),
+            built_by="verl_patches.patches.verl.utils.device:torch_for_fsdp_utils",
             vendor_item="local",
             reason="verl's Megatron worker calls torch.cuda.current_device()/empty_cache() directly; on CPU they get "
             "the CPU device module",
             devices=("cpu",),
             rebind=False,
         ),
-        Patch(
+        wrap(
             name="megatron_actor.init",
             target=f"{_ACTOR}.__init__",
-            kind=Kind.WRAP,
             fingerprint="sha256:71244399387e17aa",
-            replacement=lazy_call(f"{_A}:wrap_init"),
+            by=f"{_A}:wrap_init",
             vendor_item="C3",
             reason="refuse packed sequences and a non-zero entropy coefficient up front; count optimizer steps",
         ),
-        Patch(
+        replace(
             name="megatron_actor.compute_log_prob",
             target=f"{_ACTOR}.compute_log_prob",
-            kind=Kind.REPLACE,
             fingerprint="sha256:87ff9bb61611fd1c",
-            replacement=lazy_object(f"{_A}:compute_log_prob"),
+            by=f"{_A}:compute_log_prob",
             vendor_item="C3",
             reason="honour recompute_old_log_prob (upstream leaves log_probs unbound when it is False); "
             "tempered log-probs",
         ),
-        Patch(
+        replace(
             name="megatron_actor.make_minibatch_iterator",
             target=f"{_ACTOR}.make_minibatch_iterator",
-            kind=Kind.REPLACE,
             fingerprint="sha256:68a2dd59135d8534",
-            replacement=lazy_object(f"{_A}:make_minibatch_iterator"),
+            by=f"{_A}:make_minibatch_iterator",
             vendor_item="C3",
             reason="select old_log_probs only when they were recomputed, ref_log_prob only with the KL loss, "
             "rollout_log_probs for the mismatch metrics and TIS (refused by key when TIS is on without them)",
         ),
-        Patch(
+        replace(
             name="megatron_actor.forward_backward_batch",
             target=f"{_ACTOR}.forward_backward_batch",
-            kind=Kind.REPLACE,
             fingerprint="sha256:80e074cf64a39172",
-            replacement=lazy_object(f"{_A}:forward_backward_batch"),
+            by=f"{_A}:forward_backward_batch",
             vendor_item="C3",
             reason="logits divided by the sampling temperature as the rollout samples (upstream never does); "
             "old = current.detach() without recompute; non-packed forward; max_packing_token_size; truncated "
             "importance sampling against the rollout's log-probs with actor.rollout_correction.tis_cap",
         ),
-        Patch(
+        replace(
             name="megatron_actor.update_policy",
             target=f"{_ACTOR}.update_policy",
-            kind=Kind.REPLACE,
             fingerprint="sha256:852adec64a57bdf1",
-            replacement=lazy_object(f"{_A}:update_policy"),
+            by=f"{_A}:update_policy",
             vendor_item="C3",
             reason="count optimizer steps, profile one with PROFILE_UPDATE=1 (C9), empty the device cache after (C8); "
             "a skipped step is an error naming the cause",
         ),
-        Patch(
+        replace(
             name="megatron_actor.vocab_parallel_entropy_eager",
             target="verl.utils.megatron.tensor_parallel:_VocabParallelEntropy",
-            kind=Kind.REPLACE,
             fingerprint="sha256:630da888336bf6d4",
-            replacement=lazy_object("verl_patches.patches.verl.workers.actor.entropy:VocabParallelEntropy"),
+            by="verl_patches.patches.verl.workers.actor.entropy:VocabParallelEntropy",
             vendor_item="C6",
             reason="@torch.compile does not compile on NPU, and MindSpeed swaps torch.compile for jit.script",
         ),

@@ -1,14 +1,13 @@
 """Patches of vllm.engine.* (v0.9.1)."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import wrap
 
 PATCHES = [
-    Patch(
+    wrap(
         name="vllm.engine.arg_utils.v1_oracle.fp32_on_cpu",
         target="vllm.engine.arg_utils:EngineArgs._is_v1_supported_oracle",
-        kind=Kind.WRAP,
         fingerprint="sha256:7fb72e77fbe603d7",
-        replacement=lazy_call("verl_patches.patches.vllm.engine.fp32_on_cpu:wrap_v1_oracle"),
+        by="verl_patches.patches.vllm.engine.fp32_on_cpu:wrap_v1_oracle",
         vendor_item="local",
         reason="the CPU proof's rollout runs vLLM's V1 engine in float32 (rollout/train log-probs agree to "
         "< 1e-3); V1 refuses float32 only because GPU flash attention lacks it, which the CPU emulation's "

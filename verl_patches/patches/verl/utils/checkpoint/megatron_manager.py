@@ -7,7 +7,7 @@ which writes model shards in our converter's layout (exported to HF by ``convert
 --reverse``), the distributed optimizer's DP-gathered state per (tp, pp, ep), and every RNG. Pruning is the
 driver's (`trainer_io`); ``max_ckpt_to_keep`` is ignored here. With ``background=True`` the snapshot is taken
 here and the files are written by a thread (`verl_patches.checkpoint.background_write`) that the worker's fence
-waits for (`background_save`).
+waits for (`verl_patches.driver.checkpoint_fence`).
 """
 
 from __future__ import annotations

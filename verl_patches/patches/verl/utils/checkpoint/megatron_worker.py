@@ -12,7 +12,7 @@ parameters: there is no separate fp32 copy), which offloading frees. Where those
 (a CPU host: the tiny run), a background save's snapshot copies them first (`ActorSnapshot.owned`).
 
 ``background=True`` (the driver's choice, `trainer_io.background_saves`): the snapshot is taken here, the
-files are written by a thread while the next step runs, and `background_save.fence_in_worker` waits for them.
+files are written by a thread while the next step runs, and `driver.checkpoint_fence.fence_in_worker` waits for them.
 A pending write of an earlier save is waited for first, whatever the mode.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from verl_patches.patches.verl.utils.checkpoint.background_save import fence_in_worker
+from verl_patches.driver.checkpoint_fence import fence_in_worker
 
 
 def optimizer_reads_model_params(optimizer: Any) -> bool:

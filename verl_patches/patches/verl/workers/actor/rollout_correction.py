@@ -24,33 +24,18 @@ Config: ``actor_rollout_ref.actor.rollout_correction.tis_cap`` (`CAP_KEY`): C, o
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-CAP_KEY = "actor_rollout_ref.actor.rollout_correction.tis_cap"
-ROLLOUT_LOG_PROBS = "rollout_log_probs"
+from verl_patches.worker_calls.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
+
 WEIGHT_MEAN = "rollout_correction/tis_weight_mean"
 CAPPED_SHARE = "rollout_correction/tis_capped_share"
 
 
 class RolloutLogProbsMissing(KeyError):
     """TIS is on but the batch has no rollout log-probs to weigh against."""
-
-
-def cap_problem(value: Any) -> str | None:
-    """Why `value` is not a valid `CAP_KEY` (None when it is: null, or a finite number >= 1)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{CAP_KEY}={value!r} must be a number >= 1 (the largest importance weight) or null (off)"
-    if not (math.isfinite(value) and value >= 1):
-        return (
-            f"{CAP_KEY}={value!r} must be a finite number >= 1: a cap below 1 would shrink the terms of tokens "
-            "both engines agree on (weight exactly 1)"
-        )
-    return None
 
 
 def tis_cap(actor_config: Any) -> float | None:

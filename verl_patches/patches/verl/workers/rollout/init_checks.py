@@ -8,7 +8,7 @@ verl v0.4.0 refuses, in ``__init__``:
 The A3 job runs exactly both (the vendor removed both checks): TorchAir graph mode takes the KV cache as
 an input every step and our lifecycle rebuilds it with the first init's block count (F3), and vLLM V1
 and vllm-ascend's scheduler run chunked prefill below ``max_model_len``. What those checks protected is
-checked before the job starts instead (``verl_patches.trainer.rollout_settings``: the trainer entry and
+checked before the job starts instead (``verl_patches.driver.rollout_settings``: the trainer entry and
 the preflight refuse a contradiction).
 
 How: the replacement is compiled from upstream's own source of ``__init__`` (the file at the pinned

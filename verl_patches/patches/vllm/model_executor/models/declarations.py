@@ -1,14 +1,13 @@
 """Patches of vLLM's model registry."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import wrap
 
 PATCHES = [
-    Patch(
+    wrap(
         name="cpu.vllm.model_registry.inspect_in_process",
         target="vllm.model_executor.models.registry:_LazyRegisteredModel.inspect_model_cls",
-        kind=Kind.WRAP,
         fingerprint="sha256:9bba2b6b7f17f76f",
-        replacement=lazy_call("verl_patches.patches.vllm.model_executor.models.registry:inspect_in_process"),
+        by="verl_patches.patches.vllm.model_executor.models.registry:inspect_in_process",
         calls_original=False,
         relies_on=(
             ("vllm.model_executor.models.registry:_ModelInfo.from_model_cls", "sha256:ddf6810962f22eaa"),

@@ -1,14 +1,13 @@
 """Patches of vllm.v1.sample.*."""
 
-from verl_patches.patching.declaration import Kind, Patch, lazy_call
+from verl_patches.patching.declaration import wrap
 
 PATCHES = [
-    Patch(
+    wrap(
         name="vllm.v1.sample.sampler.Sampler.forward.tempered_logprobs",
         target="vllm.v1.sample.sampler:Sampler.forward",
-        kind=Kind.WRAP,
         fingerprint="sha256:2e64a948c7d7ed85",
-        replacement=lazy_call("verl_patches.rollout.tempered_logprobs:wrap_sampler_forward"),
+        by="verl_patches.rollout.tempered_logprobs:wrap_sampler_forward",
         vendor_item="local",
         reason="report the sampled tokens' log-probs at the sampling temperature (log_softmax(logits / T)), "
         "the distribution the actor scores (C3); vLLM V1 reports raw log-probs, so at T=0.9 the "
