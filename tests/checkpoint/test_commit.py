@@ -10,30 +10,16 @@ from pathlib import Path
 import pytest
 
 from verl_patches.checkpoint import commit
-from verl_patches.checkpoint.manifest import CheckpointIncomplete, FileRecord, RankRecord, TrainLayout, rank_record_name
-
-LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
+from rank_files import LAYOUT, rng_file, write_rank_record
+from verl_patches.checkpoint.manifest import CheckpointIncomplete, FileRecord, rank_record_name
 
 
 def stage_rank_files(staging: Path, world: int = 2, skip_record: int | None = None) -> None:
     role = staging / "actor"
     for r in range(world):
-        f = role / f"rng/rank_{r:05d}.pt"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_bytes(b"x" * (10 + r))
+        rng_file(role, r).write_bytes(b"x" * (10 + r))
         if r != skip_record:
-            rec = RankRecord(
-                rank=r,
-                layout=LAYOUT,
-                tp_rank=0,
-                pp_rank=0,
-                ep_rank=r,
-                dp_rank=r,
-                files={f"rng/rank_{r:05d}.pt": 10 + r},
-                sha256={f"rng/rank_{r:05d}.pt": hashlib.sha256(b"x" * (10 + r)).hexdigest()},
-            )
-            (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
-            (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
+            write_rank_record(role, r)
     (staging / "data.pt").write_bytes(b"d")
 
 

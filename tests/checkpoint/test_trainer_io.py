@@ -3,7 +3,6 @@ worker groups that write what the Megatron workers write (rank records and files
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,12 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rank_files import rng_file, write_rank_record
 from verl_patches.checkpoint import trainer_io
-from verl_patches.checkpoint.manifest import CheckpointIncomplete, RankRecord, TrainLayout, rank_record_name
+from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint import commit
-from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, load_tensor_file, sha256_file
-
-LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
+from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, load_tensor_file
 
 
 class FakeWorkerGroup:
@@ -30,23 +28,10 @@ class FakeWorkerGroup:
     def save_checkpoint(self, path: str, hdfs: None, step: int, max_ckpt_to_keep=None) -> None:
         role = Path(path)
         for r in range(2):
-            f = role / f"rng/rank_{r:05d}.pt"
-            f.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"step": step, "rank": r}, f)
+            torch.save({"step": step, "rank": r}, rng_file(role, r))
             if r == self.fail_rank:
                 continue  # this rank died before its record
-            rec = RankRecord(
-                rank=r,
-                layout=LAYOUT,
-                tp_rank=0,
-                pp_rank=0,
-                ep_rank=r,
-                dp_rank=r,
-                files={f"rng/rank_{r:05d}.pt": f.stat().st_size},
-                sha256={f"rng/rank_{r:05d}.pt": sha256_file(f)},
-            )
-            (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
-            (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
+            write_rank_record(role, r)
 
     def load_checkpoint(self, path: str, del_local_after_load: bool = False) -> None:
         assert del_local_after_load is False
