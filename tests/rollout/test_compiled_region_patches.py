@@ -168,8 +168,36 @@ def trace_f4_torch_npu(mla, monkeypatch) -> None:
     assert CALLS == [("npu_kv_rmsnorm_rope_cache", {"cache_mode": "PA_NZ"}), ("passthrough", {})]
 
 
+def trace_grouped_topk(_mla, _monkeypatch) -> None:
+    """The router wrap: select_experts' grouped branch (DeepSeek's rule, biased and unbiased) and a branch it
+    leaves to upstream, compiled with fullgraph=True, choosing what the eager call chooses."""
+    import vllm_ascend.ops.fused_moe as fused_moe
+
+    torch.manual_seed(0)
+    hidden, logits, bias = torch.randn(5, 8), torch.randn(5, 16), torch.randn(16) * 0.1
+    for kwargs in (
+        dict(
+            use_grouped_topk=True,
+            topk_group=2,
+            num_expert_group=4,
+            scoring_func="sigmoid",
+            e_score_correction_bias=bias,
+        ),
+        dict(use_grouped_topk=True, topk_group=2, num_expert_group=4, scoring_func="softmax"),
+        dict(use_grouped_topk=False),
+    ):
+
+        def route(h, r, kwargs=kwargs):
+            return fused_moe.select_experts(h, r, 4, renormalize=True, **kwargs)
+
+        (w_eager, ids_eager), (w_graph, ids_graph) = route(hidden, logits), compiled(route)(hidden, logits)
+        assert torch.equal(ids_graph, ids_eager), kwargs
+        torch.testing.assert_close(w_graph, w_eager)
+
+
 TRACE_CASES: dict[str, Callable] = {
     "vllm_ascend.mla_v1.kv_nz.torch_npu": trace_f4_torch_npu,
+    "vllm_ascend.fused_moe.grouped_topk_as_deepseek": trace_grouped_topk,
 }
 
 

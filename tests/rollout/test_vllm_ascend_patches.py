@@ -178,6 +178,10 @@ ON_CPU = {
     "vllm_ascend.model_runner_v1.torchair_unfrozen_parameters": ("npu", "cpu"),
     # the CPU proof's rollout EP2 decodes through MC2 as A3 does at EP 256 (A3 never needs it)
     "vllm_ascend.forward_context.mc2_decode_at_small_ep": ("cpu",),
+    # a routing rule (DeepSeek-V3's, below 256 experts) and a counter of graph-decode tokens: what A3 runs, the
+    # CPU proof runs too
+    "vllm_ascend.fused_moe.grouped_topk_as_deepseek": ("npu", "cpu"),
+    "vllm_ascend.model_runner_v1.graph_decode_counts": ("npu", "cpu"),
 }
 
 

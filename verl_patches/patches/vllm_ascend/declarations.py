@@ -118,6 +118,7 @@ PATCHES.append(
         "and unselected groups filled with 0.0, where DeepSeek-V3's Gate, npu_moe_gating_top_k (the 256-expert "
         "branch) and MindSpeed-LLM's training router sum each group's top 2 (with a bias) and mask with -inf; "
         "the grouped branch routes as they do, every other branch is upstream's",
+        devices=("npu", "cpu"),
     )
 )
 
