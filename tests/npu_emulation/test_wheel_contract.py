@@ -2,7 +2,7 @@
 registers (any difference fails, except the declared alias marks), the wheel's Meta function is its Meta kernel
 and checks every eager call, and torch_npu's attributes answer upstream's hasattr probes as the wheel's do. The
 cached wheel is the pinned file and gives the whole emulation offline. (The fetch and the caches' checks:
-test_wheel_cache.py; the documented limits: test_wheel_limits.py.)"""
+test_torch_npu_wheel_cache.py; the documented limits: test_wheel_limits.py.)"""
 
 from __future__ import annotations
 
