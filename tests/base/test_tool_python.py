@@ -1,6 +1,6 @@
-"""README's tool commands run by a Python without requirements.txt's packages (a bare `python`): one line naming
-the interpreter, the missing module and the Python to use, exit 2, never a traceback; a missing module of our own
-package stays a traceback (a defect, not a wrong interpreter)."""
+"""The documentation's tool commands (README.md, docs/*.md) run by a Python without requirements.txt's packages
+(a bare `python`): one line naming the interpreter, the missing module and the Python to use, exit 2, never a
+traceback; a missing module of our own package stays a traceback (a defect, not a wrong interpreter)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import docs_text
 from verl_patches.base.tool_python import EXIT_WRONG_PYTHON, third_party_imports, wrong_python_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def fake_site(tmp_path: Path, module: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "script, args",
     [
-        # README section 3, step 6 and section 6: the export back to Hugging Face format
+        # the A3 guide's section 3, step 6 and section 6: the export back to Hugging Face format
         ("convert_ckpt_deepseek3.py", ["--reverse", "--load-dir", "/nonexistent", "--save-dir", "/nonexistent/hf"]),
         ("fp8_cast_bf16.py", ["--help"]),
         ("check_logprobs.py", ["--help"]),
@@ -61,14 +62,16 @@ def test_the_weight_tools_name_the_wrong_python(tmp_path: Path, script: str, arg
     assert p.returncode == 2 and line == wrong_python_line(script, "torch"), p.stderr
 
 
-def test_readme_runs_the_tool_scripts_with_a_python_that_has_the_packages() -> None:
-    """README's commands name `.venv/bin/python` (the CPU host) or `python3` (the image), as its "Which Python"
-    paragraph says; a bare `python` is whatever the shell finds first."""
-    readme = (REPO / "README.md").read_text()
-    runs = [
-        (readme.count("\n", 0, m.start()) + 1, m.group(1))
-        for m in re.finditer(r"(\S*python\S*)\s+verl_patches/scripts/\w+\.py", readme)
-    ]
+def test_the_docs_run_the_tool_scripts_with_a_python_that_has_the_packages() -> None:
+    """The documentation's commands name `.venv/bin/python` (the CPU host) or `python3` (the image), as the A3
+    guide's "Which Python" paragraph says; a bare `python` is whatever the shell finds first."""
+    runs = []
+    for page in docs_text.pages():
+        body = page.read_text(encoding="utf-8")
+        runs += [
+            (f"{page.relative_to(REPO)}:{body.count(chr(10), 0, m.start()) + 1}", m.group(1))
+            for m in re.finditer(r"(\S*python\S*)\s+verl_patches/scripts/\w+\.py", body)
+        ]
     assert len(runs) >= 8, runs  # the data, weight, export and check commands
-    bare = [(line, py) for line, py in runs if py.strip("`") not in (".venv/bin/python", "python3")]
-    assert not bare, f"README lines run a tool script with another Python: {bare}"
+    bare = [(where, py) for where, py in runs if py.strip("`") not in (".venv/bin/python", "python3")]
+    assert not bare, f"documentation lines run a tool script with another Python: {bare}"

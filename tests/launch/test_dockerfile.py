@@ -1,9 +1,10 @@
-"""The A3 Dockerfile (vendor item K3) and README's commands for it. No docker engine runs where these tests run,
-so the image is checked statically: hadolint finds no warning; every reference is fixed (the base image by its
-exact tag or digest, apex by a commit the build refuses to go without, every pip requirement at requirements.txt's
-pin); the device stack, jemalloc and apex are installed; the upstream sources come from setup_sources.sh and are
-verified. README's `docker build` / `docker run` are parsed as a shell would: the container gets the devices,
-driver files, network, shared memory and folders the preflight and the first-day runbook use."""
+"""The A3 Dockerfile (vendor item K3) and the A3 guide's commands for it (docs/a3-cluster-guide.md). No docker
+engine runs where these tests run, so the image is checked statically: hadolint finds no warning; every reference
+is fixed (the base image by its exact tag or digest, apex by a commit the build refuses to go without, every pip
+requirement at requirements.txt's pin); the device stack, jemalloc and apex are installed; the upstream sources
+come from setup_sources.sh and are verified. The guide's `docker build` / `docker run` are parsed as a shell
+would: the container gets the devices, driver files, network, shared memory and folders the preflight and the
+first-day runbook use."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+import docs_text
 from verl_patches.base import host_device
 from verl_patches.launch.settings import SETTINGS
 from verl_patches.sources.pins import canonical, read_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
-README = ROOT / "README.md"
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
 BASE_IMAGE = "quay.io/ascend/cann:8.2.rc1-a3-openeuler22.03-py3.11"
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -298,19 +299,10 @@ def test_every_process_sees_the_overlay_and_its_generated_metadata(parsed) -> No
     assert index_of(parsed, r"^WORKDIR /workspace/verl-overlay") < index_of(parsed, r"PYTHONPATH=")
 
 
-# ---- README's docker build and docker run ---------------------------------------------------------------------
+# ---- the guide's docker build and docker run ------------------------------------------------------------------
 
 
-def readme_block(marker: str) -> str:
-    blocks = [
-        re.sub(r"^ {3}", "", b, flags=re.M) for b in re.findall(r"```(?:bash)?\n(.*?)```", README.read_text(), re.S)
-    ]
-    hits = [b for b in blocks if marker in b]
-    assert len(hits) == 1, f"{len(hits)} README code blocks contain {marker!r}"
-    return hits[0]
-
-
-def readme_command(block: str, program: str) -> list[str]:
+def doc_command(block: str, program: str) -> list[str]:
     """The command line of `block` that runs `program`, continuations joined, split and brace-expanded as bash
     would (bash itself expands the braces: the test does not re-implement them)."""
     joined = re.sub(r"\\\n", " ", block)
@@ -339,13 +331,13 @@ def option_values(words: list[str], *names: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def docker_run() -> list[str]:
-    return readme_command(readme_block("docker run"), "docker")
+    return doc_command(docs_text.code_block("docker run"), "docker")
 
 
 @pytest.fixture(scope="module")
 def cluster_env() -> dict[str, str]:
-    """README's cluster.env (the runbook's settings file)."""
-    block = readme_block("# cluster.env")
+    """The runbook's settings file, cluster.env, as the A3 guide gives it."""
+    block = docs_text.code_block("# cluster.env")
     out = {}
     for ln in block.splitlines():
         body = ln.split("#", 1)[0].strip()
@@ -368,17 +360,17 @@ def under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def test_readme_builds_the_image_it_runs_with_the_apex_commit() -> None:
-    block = readme_block("docker build")
-    build = readme_command(block, "docker")
+def test_guide_builds_the_image_it_runs_with_the_apex_commit() -> None:
+    block = docs_text.code_block("docker build")
+    build = doc_command(block, "docker")
     assert build[:2] == ["docker", "build"] and build[-1] == "."
     assert any(re.fullmatch(r"APEX_COMMIT=\S+", a) for a in option_values(build, "--build-arg"))
     tag = option_values(build, "-t", "--tag")[0]
-    run = readme_command(readme_block("docker run"), "docker")
+    run = doc_command(docs_text.code_block("docker run"), "docker")
     assert tag in run, (tag, run)
 
 
-def test_readme_run_passes_every_die_of_the_node_and_the_driver_devices(docker_run, cluster_env) -> None:
+def test_guide_run_passes_every_die_of_the_node_and_the_driver_devices(docker_run, cluster_env) -> None:
     devices = set(option_values(docker_run, "--device"))
     dies = int(cluster_env["NPUS_PER_NODE"])  # the preflight counts /dev/davinci* against it (cluster.npu_count)
     assert {f"/dev/davinci{i}" for i in range(dies)} <= devices
@@ -386,7 +378,7 @@ def test_readme_run_passes_every_die_of_the_node_and_the_driver_devices(docker_r
     assert set(host_device._NPU_FILES) <= devices  # what makes the node an NPU host for setup and preflight
 
 
-def test_readme_run_mounts_the_driver_from_the_host_read_only(docker_run) -> None:
+def test_guide_run_mounts_the_driver_from_the_host_read_only(docker_run) -> None:
     found = {host: (target, mode) for host, target, mode in mounts(docker_run)}
     for path in ("/usr/local/Ascend/driver", "/usr/local/dcmi", "/etc/ascend_install.info"):
         assert found.get(path) == (path, "ro"), path
@@ -399,7 +391,7 @@ def test_readme_run_mounts_the_driver_from_the_host_read_only(docker_run) -> Non
         assert not any(under(p, target) for p in image_paths), target
 
 
-def test_readme_run_shares_the_hosts_network_and_shared_memory(docker_run) -> None:
+def test_guide_run_shares_the_hosts_network_and_shared_memory(docker_run) -> None:
     # Ray and HCCL bind to the SOCKET_IFNAME address and the other nodes dial it: the host's own network
     assert option_values(docker_run, "--network", "--net") == ["host"]
     # Ray's object store and vLLM use /dev/shm: the host's IPC namespace, or a sized one
@@ -408,22 +400,20 @@ def test_readme_run_shares_the_hosts_network_and_shared_memory(docker_run) -> No
     assert option_values(docker_run, "--name")  # the runbook's `docker exec` names it
 
 
-def test_readme_run_mounts_every_folder_the_runbook_settings_name(docker_run, cluster_env) -> None:
+def test_guide_run_mounts_every_folder_the_runbook_settings_name(docker_run, cluster_env) -> None:
     targets = [target for _, target, _ in mounts(docker_run)]
     for key in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR"):
         assert any(under(cluster_env[key], t) for t in targets), f"{key}={cluster_env[key]} is not in a mounted folder"
 
 
-def test_readme_runbook_repo_is_the_images_working_directory(parsed) -> None:
+def test_guide_runbook_repo_is_the_images_working_directory(parsed) -> None:
     workdir = [rest for word, rest in parsed if word == "WORKDIR"][-1]
-    repo = re.search(r"^\s*REPO=(\S+)", README.read_text(), re.M)
+    repo = re.search(r"^\s*REPO=(\S+)", docs_text.text(), re.M)
     assert repo and repo.group(1) == workdir
 
 
-def test_readme_marks_the_images_size_and_build_time_as_estimates() -> None:
-    text = README.read_text()
-    section = text[text.index("#### The container") :]
-    section = section[: section.index("\n#", 1)]
+def test_guide_marks_the_images_size_and_build_time_as_estimates() -> None:
+    section = docs_text.section("The container")
     (paragraph,) = [p for p in section.split("\n\n") if "build time" in p]
     assert "size" in paragraph and "*estimate*" in paragraph and "*measured*" not in paragraph, paragraph
     assert "no docker engine" in paragraph  # why nothing is measured yet

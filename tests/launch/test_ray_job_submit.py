@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import docs_text
 from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
 from verl_patches.launch.ray_cluster import head_command, start_node
@@ -102,9 +103,8 @@ def test_cluster_check_refuses_to_run_without_a_cluster(monkeypatch: pytest.Monk
     assert "RAY_ADDRESS is not set" in capsys.readouterr().err
 
 
-def test_readme_gives_the_submit_stop_and_logs_commands() -> None:
-    readme = (ROOT / "README.md").read_text()
-    lines = [ln.strip() for ln in readme.splitlines()]
+def test_the_docs_give_the_submit_stop_and_logs_commands() -> None:
+    lines = [ln.strip() for ln in docs_text.text().splitlines()]
     submit = next(ln for ln in lines if ln.startswith("ray job submit ") and "main_ppo_npu" in ln)
     argv = shlex.split(submit.replace("\\", ""))
     assert "--address" not in argv or argv[argv.index("--address") + 1].startswith("http://127.0.0.1:")

@@ -1,8 +1,9 @@
-"""README's first-day runbook, run as written where a CPU host can: the smoke run's env file and dry run (data,
-model and checkpoint folder checked, not "not-checked-here"), the cluster.env example (MODEL_PATH is
-make_config.py's output, not the FP8 download; NODES lists NNODES nodes), the data command with the Python that
-has pyarrow and its first output line, and the flags of the load pass, the collective check and the log gathering
-(each command's own parser accepts them). Only the data paths are replaced by this test's folders."""
+"""The first-day runbook (docs/runbook.md, with the A3 guide it refers to), run as written where a CPU host can:
+the smoke run's env file and dry run (data, model and checkpoint folder checked, not "not-checked-here"), the
+cluster.env example (MODEL_PATH is make_config.py's output, not the FP8 download; NODES lists NNODES nodes), the
+data command with the Python that has pyarrow and its first output line, and the flags of the load pass, the
+collective check and the log gathering (each command's own parser accepts them). Only the data paths are replaced
+by this test's folders."""
 
 from __future__ import annotations
 
@@ -15,20 +16,16 @@ from pathlib import Path
 
 import pytest
 
+import docs_text
 from verl_patches.launch.settings import load_settings, node_list, read_env_file
 from verl_patches.weights.config import config_to_json, official_config
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+DOCS = docs_text.text()  # README.md and docs/*.md
 CLUSTER_VARS = ("MASTER_ADDR", "NNODES", "NODE_ROLE", "MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR")
 
 
-def code_block(marker: str) -> str:
-    """The fenced code block of README that contains `marker` (the same block may appear more than once)."""
-    blocks = [re.sub(r"^ {3}", "", b, flags=re.M) for b in re.findall(r"```(?:bash)?\n(.*?)```", README, re.S)]
-    hits = {b for b in blocks if marker in b}  # blocks inside a numbered list are indented: dedented above
-    assert len(hits) == 1, f"{len(hits)} different README code blocks contain {marker!r}"
-    return hits.pop()
+code_block = docs_text.code_block
 
 
 def command(block: str, marker: str) -> list[str]:
@@ -37,7 +34,7 @@ def command(block: str, marker: str) -> list[str]:
 
 
 def env_file_with(block: str, path: Path, **paths: str) -> Path:
-    """README's env file block, written to `path` with the named settings pointed at this test's folders."""
+    """The documentation's env file block, written to `path` with the named settings pointed at this test's folders."""
     lines = []
     for ln in block.splitlines():
         key = ln.split("=", 1)[0].strip()
@@ -69,7 +66,7 @@ def smoke_inputs(tmp_path):
 
 @pytest.fixture
 def data(tmp_path, smoke_inputs):
-    """json_to_parquet's output, made by the converter itself (the README command is run by its own test)."""
+    """json_to_parquet's output, made by the converter itself (the documented command is run by its own test)."""
     from verl_patches.data.convert import convert
 
     convert(smoke_inputs[1], tmp_path / "deepscaler")
@@ -84,7 +81,7 @@ def test_the_data_command_as_written_uses_the_venv_python_and_prints_the_count_f
     out = subprocess.run(convert, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "rows in: 40 = train 36 + test 4 + rejected 0"
-    assert "The first line of its output reads `rows in: N = train T + test E + rejected R`" in README
+    assert "The first line of its output reads `rows in: N = train T + test E + rejected R`" in DOCS
 
 
 def test_the_smoke_dry_run_as_written_checks_data_model_and_checkpoint_folder(tmp_path, smoke_inputs, data):
@@ -114,7 +111,7 @@ def test_the_smoke_dry_run_as_written_checks_data_model_and_checkpoint_folder(tm
 def test_the_cluster_env_example_points_at_make_configs_output_and_lists_every_node(tmp_path):
     block = code_block("# cluster.env")
     values = {k: v for k, (v, _) in read_env_file(env_file_with(block, tmp_path / "cluster.env")).items()}
-    fp8 = re.search(r"Download the FP8 checkpoint to `([^`]+)`", README).group(1)
+    fp8 = re.search(r"Download the FP8 checkpoint to `([^`]+)`", DOCS).group(1)
     make_config = command(code_block("make_config.py --from /data/DeepSeek-V3-bf16 --out /data"), "make_config.py")
     assert values["MODEL_PATH"] != fp8
     assert values["MODEL_PATH"] == make_config[make_config.index("--out") + 1]
@@ -131,7 +128,7 @@ def test_the_load_pass_flags_are_accepted_at_both_layouts():
     req = request_from_args(build_parser().parse_args(args))
     validate_request(req)
     assert (req.layers, req.experts, req.world) == (4, 16, 1)
-    smoke = re.search(r"`\.\.\. (--layers 5 --experts 32 [^`]*) \.\.\.`", README).group(1)
+    smoke = re.search(r"`\.\.\. (--layers 5 --experts 32 [^`]*) \.\.\.`", DOCS).group(1)
     req = request_from_args(build_parser().parse_args(args[:4] + shlex.split(smoke)))
     validate_request(req)
     assert (req.world, req.num_layer_list, req.rollout_tp, req.rollout_ep_size) == (16, (4, 1), 2, 16)
@@ -183,7 +180,7 @@ def run_fanout(tmp_path: Path, nodes: str, command: str, repo: Path) -> subproce
         "FANOUT_COMMAND": command,
         "FANOUT_CALLS": str(tmp_path / "calls"),
     }
-    # NODES, REPO and TOKEN reach the function as README's block sets them, as variables of the shell
+    # NODES, REPO and TOKEN reach the function as the runbook's block sets them, as variables of the shell
     return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
 
 

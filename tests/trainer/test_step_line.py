@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import docs_text
 from verl_patches.rollout.decode_share import SHARE
 from verl_patches.trainer import golden
 from verl_patches.trainer.step_line import (
@@ -59,9 +59,9 @@ def test_an_a3_step_reads_as_documented() -> None:
         "mismatch 2.1e-03 | graph 99.1% | 860s: gen 391 (sync 17.0) ref 144 update 319 test 391 save 960"
     )
     assert len(line) < 200  # verl's console line for the same step is ~1.5 KB
-    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    assert f"`{line}`" in readme  # README's example is this line, word for word
-    assert "grep -F '[step ' LOG_DIR/<run>/trainer.log" in readme and PREFIX == "[step "
+    docs = " ".join(docs_text.text().split())
+    assert f"`{line}`" in docs  # the A3 guide's example is this line, word for word
+    assert "grep -F '[step ' LOG_DIR/<run>/trainer.log" in docs and PREFIX == "[step "
 
 
 def test_a_missing_metric_is_left_out_and_a_bad_one_is_shown() -> None:
