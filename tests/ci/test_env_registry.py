@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+import docs_text
 from ast_scan import dotted, is_environ
 
 from verl_patches.base import env_registry
@@ -62,7 +63,7 @@ MACHINERY = {"verl_patches/base/env_flags.py", "verl_patches/base/env_registry.p
 ALLOWED: dict[tuple[str, str], str] = {
     ("verl_patches/launch/settings.py", "elif environ.get(s.name):"): (
         "the cluster settings (settings.SETTINGS, each with its help and check): a table of their own, "
-        "which README's section 4 and --help list"
+        "which the A3 guide's section 4 and --help list"
     ),
     ("verl_patches/launch/settings.py", "values[s.name], origin[s.name] = environ[s.name], \"environment\""): (
         "the cluster settings, as above"
@@ -449,22 +450,24 @@ def test_every_entry_names_owners_that_mention_it() -> None:
     assert not stale, "\n".join(stale)
 
 
-def test_readmes_table_is_the_registrys() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert env_registry.readme_block() in readme, (
-        "README's table of environment variables is not the registry's: "
-        "python -m verl_patches.base.env_registry --write-readme README.md"
+def test_the_docs_table_is_the_registrys() -> None:
+    """The one table of environment variables is on the page that documents them, generated from the registry."""
+    page = (REPO / env_registry.DOC_PAGE).read_text(encoding="utf-8")
+    assert env_registry.table_block() in page, (
+        f"{env_registry.DOC_PAGE}'s table of environment variables is not the registry's: "
+        f"python -m verl_patches.base.env_registry --write-docs {env_registry.DOC_PAGE}"
     )
-    assert readme.count(env_registry.README_BEGIN) == 1
+    assert page.count(env_registry.TABLE_BEGIN) == 1
+    assert docs_text.text().count(env_registry.TABLE_BEGIN) == 1  # no second copy in README or another page
 
 
-def test_write_readme_replaces_the_table_and_nothing_else(tmp_path: Path, capsys) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{env_registry.README_BEGIN}\n| old |\n{env_registry.README_END}\nrest\n")
-    assert env_registry.main(["--write-readme", str(readme)]) == 0
-    assert readme.read_text() == f"intro\n{env_registry.readme_block()}\nrest\n"
-    readme.write_text("no markers\n")
-    assert env_registry.main(["--write-readme", str(readme)]) == 2
-    assert "no '<!-- env-registry:begin" in capsys.readouterr().err and readme.read_text() == "no markers\n"
+def test_write_docs_replaces_the_table_and_nothing_else(tmp_path: Path, capsys) -> None:
+    page = tmp_path / "environment.md"
+    page.write_text(f"intro\n{env_registry.TABLE_BEGIN}\n| old |\n{env_registry.TABLE_END}\nrest\n")
+    assert env_registry.main(["--write-docs", str(page)]) == 0
+    assert page.read_text() == f"intro\n{env_registry.table_block()}\nrest\n"
+    page.write_text("no markers\n")
+    assert env_registry.main(["--write-docs", str(page)]) == 2
+    assert "no '<!-- env-registry:begin" in capsys.readouterr().err and page.read_text() == "no markers\n"
     assert env_registry.main(["--markdown"]) == 0
     assert capsys.readouterr().out == env_registry.markdown_table()

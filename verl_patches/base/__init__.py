@@ -7,7 +7,7 @@ any package (``sources/`` before dependencies are installed, the checks, the wei
 * `regular_file`: a small input file read with a size bound, never blocking on a FIFO;
 * `env_flags`: one grammar for boolean switches in the environment, and typed getters for numbers and lists;
 * `env_registry`: every environment variable the project reads (parser, default, owners, doc), the getters the
-  code reads them with, and README's table of them;
+  code reads them with, and the documentation's table of them (docs/environment.md);
 * `host_device`: which device this host has (npu | cuda | cpu), with its one override variable;
 * `strict_int`: integers typed by a user or read from a file, ASCII digits only.
 * `node_ip`: this node's addresses, from the kernel (no `ifconfig`, no probe to an outside address).

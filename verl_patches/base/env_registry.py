@@ -9,8 +9,9 @@ One registry serves three readers:
 * the dry run: `problem` parses a value with the same parser the job uses, so a value the job would die on
   (``VERL_PATCHES_QUIET=2``, ``PRINT_MEMORY=enabled``) is refused before anything starts, and `closest` names the
   registered variable nearest to a misspelt ``VERL_PATCHES_*`` one;
-* the reader of README: ``python -m verl_patches.base.env_registry --markdown`` prints the table README holds
-  between its markers (``--write-readme README.md`` puts it there; a test keeps the two equal).
+* the reader of the documentation: ``python -m verl_patches.base.env_registry --markdown`` prints the table
+  `DOC_PAGE` (docs/environment.md) holds between its markers (``--write-docs docs/environment.md`` puts it there;
+  a test keeps the two equal).
 
 A family entry (its name ends in ``*``) covers every variable with that prefix (``VERL_OVERLAY_GIT_MIRROR_*``).
 Standard library only: the sources' setup reads these before anything is installed.
@@ -44,10 +45,12 @@ WHOSE = (OURS, VENDOR, VLLM, HCCL, TORCH, RAY, VERL, SYSTEM)
 
 FAMILY_MARK = "*"
 OUR_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VERL_LAUNCH_")
-README_BEGIN = (
-    "<!-- env-registry:begin (generated: python -m verl_patches.base.env_registry --write-readme README.md) -->"
+# the documentation page whose table of environment variables is generated from this registry
+DOC_PAGE = "docs/environment.md"
+TABLE_BEGIN = (
+    f"<!-- env-registry:begin (generated: python -m verl_patches.base.env_registry --write-docs {DOC_PAGE}) -->"
 )
-README_END = "<!-- env-registry:end -->"
+TABLE_END = "<!-- env-registry:end -->"
 
 
 class UnregisteredVariable(LookupError):
@@ -109,7 +112,7 @@ class Variable:
         return value or ("" if fallback is None else fallback)
 
     def accepted(self) -> str:
-        """What a value may be, for README's table and the refusals."""
+        """What a value may be, for the documentation's table and the refusals."""
         if self.kind == FLAG:
             return "switch"
         if self.kind in (INT, FLOAT):
@@ -734,7 +737,7 @@ def unregistered_ours(names: object) -> list[str]:
     return sorted(n for n in names if isinstance(n, str) and n.startswith(OUR_PREFIXES) and lookup(n) is None)
 
 
-# ---- README's table --------------------------------------------------------------------------------------------
+# ---- the documentation's table ---------------------------------------------------------------------------------
 
 
 def _cell(text: str) -> str:
@@ -742,7 +745,7 @@ def _cell(text: str) -> str:
 
 
 def markdown_table() -> str:
-    """README's table of environment variables: one row per entry, grouped by whose name it is."""
+    """The documentation's table of environment variables: one row per entry, grouped by whose name it is."""
     rows = [
         "| Variable | Whose | Value | Default | Read by | What it does |",
         "|---|---|---|---|---|---|",
@@ -756,26 +759,28 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def readme_block() -> str:
-    return f"{README_BEGIN}\n{markdown_table()}{README_END}"
+def table_block() -> str:
+    return f"{TABLE_BEGIN}\n{markdown_table()}{TABLE_END}"
 
 
-def readme_with_table(readme: str) -> str:
-    """``readme`` with the text between its markers replaced by the generated table; ValueError without markers."""
-    begin, end = readme.find(README_BEGIN), readme.find(README_END)
+def page_with_table(page: str) -> str:
+    """``page`` with the text between its markers replaced by the generated table; ValueError without markers."""
+    begin, end = page.find(TABLE_BEGIN), page.find(TABLE_END)
     if begin < 0 or end < begin:
-        raise ValueError(f"no '{README_BEGIN}' ... '{README_END}' markers in README")
-    return readme[:begin] + readme_block() + readme[end + len(README_END) :]
+        raise ValueError(f"no '{TABLE_BEGIN}' ... '{TABLE_END}' markers in the page")
+    return page[:begin] + table_block() + page[end + len(TABLE_END) :]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m verl_patches.base.env_registry",
-        description="The environment variables the project reads: README's table, generated from the registry.",
+        description=f"The environment variables the project reads: {DOC_PAGE}'s table, generated from the registry.",
     )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--markdown", action="store_true", help="print the table")
-    group.add_argument("--write-readme", type=Path, metavar="README", help="replace the table between its markers")
+    group.add_argument(
+        "--write-docs", type=Path, metavar="PAGE", help=f"replace the table between the markers of PAGE ({DOC_PAGE})"
+    )
     args = p.parse_args(argv)
     if args.markdown:
         sys.stdout.write(markdown_table())
@@ -784,10 +789,10 @@ def main(argv: list[str] | None = None) -> int:
     from verl_patches.base.atomic_write import write_text_atomically
 
     try:
-        text_before = args.write_readme.read_text(encoding="utf-8")
-        write_text_atomically(args.write_readme, readme_with_table(text_before))
+        text_before = args.write_docs.read_text(encoding="utf-8")
+        write_text_atomically(args.write_docs, page_with_table(text_before))
     except (OSError, ValueError) as err:
-        print(f"env_registry: {args.write_readme}: {err}", file=sys.stderr)
+        print(f"env_registry: {args.write_docs}: {err}", file=sys.stderr)
         return 2
     return 0
 
