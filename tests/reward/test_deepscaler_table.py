@@ -14,7 +14,6 @@ import pytest
 
 from verl_patches.reward.deepscaler import clear_caches, grade, grade_batch
 from verl_patches.reward.extract import last_boxed
-from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig
 
 T = "<think>Let me work through this carefully: 3 + 4 = 7, then 2 * 6 = 12.</think> "
 
@@ -226,13 +225,6 @@ RELAXED = {
 
 # Generous: this table checks correctness; time bounds are tested in test_reward_time_bound.py.
 TABLE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = GuardedPool(PoolConfig(max_workers=2))
-    yield pool
-    pool.close()
 
 
 def vendor_rule(response: str, ground_truth: str) -> float:

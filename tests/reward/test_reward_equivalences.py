@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_patches.reward.deepscaler import grade
-from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig
 from verl_patches.reward.normalize import canonical_answer, parse_plain_number
 from verl_patches.reward.numbers import number_from_words
 from verl_patches.reward.solutions import is_equation, solution_values, split_assignment
@@ -20,13 +19,6 @@ from verl_patches.reward.unicode_math import unicode_to_latex
 from verl_patches.reward.units import strip_units
 
 TIMEOUT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = GuardedPool(PoolConfig(max_workers=2))
-    yield pool
-    pool.close()
 
 
 def boxed(answer: str) -> str:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from verl_patches.reward import numbers
 from verl_patches.reward.deepscaler import clear_caches, grade, grade_batch
-from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig
 from verl_patches.reward.normalize import parse_plain_number
 
 # Symbolic checks of sums and integrals take sympy tens of milliseconds; be generous, this is correctness.
@@ -29,13 +28,6 @@ TIMEOUT_S = 10.0
 _settings = settings(
     max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = GuardedPool(PoolConfig(max_workers=2))
-    yield pool
-    pool.close()
 
 
 def boxed(answer: str) -> str:

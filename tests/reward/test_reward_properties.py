@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_patches.reward.deepscaler import grade, prejudge
-from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig
 
 _FRAGMENTS = st.sampled_from(
     ["<think>", "</think>", "\\boxed{", "}", "{", "the answer is ", "\\fbox", "$", "7", "\n", " "]
@@ -21,13 +19,6 @@ integers = st.integers(min_value=-10_000, max_value=10_000)
 _settings = settings(
     max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture(scope="module")
-def pool():
-    pool = GuardedPool(PoolConfig(max_workers=2))
-    yield pool
-    pool.close()
 
 
 def renderings(value: Fraction) -> list[str]:
