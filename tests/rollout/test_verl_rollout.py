@@ -144,13 +144,18 @@ def test_rollout_runs_under_the_real_torch_compile_while_mindspeeds_substitute_i
     monkeypatch.setattr(torch, "compile", torch.jit.script)  # what MindSpeed-LLM's adaptor does
     seen = []
 
+    class Engine:  # an engine without a model runner (as the rollout stand-in): no graph-decode counts
+        def generate(self, prompts, sampling_params=None):
+            return prompts
+
     class Rollout:
         def __init__(self, model_path, config, *args, **kwargs):
             seen.append(("init", torch.compile))
+            self.inference_engine = Engine()
 
         def generate_sequences(self, prompts):
             seen.append(("generate", torch.compile))
-            return prompts
+            return self.inference_engine.generate(prompts)
 
     Rollout.__init__ = wrap_rollout_init(Rollout.__init__)
     Rollout.generate_sequences = wrap_generate_sequences(Rollout.generate_sequences)
