@@ -6,38 +6,14 @@ tests/rollout/test_a3_engine_build.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from verl_patches.sources import dist_info
-
-REPO = Path(__file__).resolve().parents[2]
+from probe_runner import run_probe
 
 
 @pytest.fixture(scope="module")
-def probe(tiny_model_dir, tmp_path_factory) -> dict:
-    dist_path = dist_info.path_entry(REPO)
-    if not Path(dist_path, "vllm_ascend-0.9.1.dist-info").is_dir():  # a checkout set up before this existed
-        from verl_patches.sources.lock import load_lock
-
-        dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_path])
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("platform_probe.py")), str(tiny_model_dir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+def probe(tiny_model_dir) -> dict:
+    return run_probe("platform_probe.py", tiny_model_dir)
 
 
 @pytest.mark.slow

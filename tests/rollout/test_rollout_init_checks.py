@@ -9,15 +9,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from probe_runner import run_probe
 from verl_patches.patches.verl.workers.rollout.init_checks import DROPPED, CheckNotFoundError, without_checks
-from verl_patches.sources import dist_info
 from verl_patches.trainer.config_compose import compose_config, resolved
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,24 +44,9 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict:
-    if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
-        from verl_patches.sources.lock import load_lock
-
-        dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
     spec = tmp_path_factory.mktemp("init-checks") / "spec.json"
     spec.write_text(json.dumps({"rollout": a3_rollout(), "cases": CASES}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("init_checks_probe.py")), str(spec)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_probe("init_checks_probe.py", spec)
 
 
 @pytest.mark.slow
