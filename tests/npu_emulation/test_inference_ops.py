@@ -439,94 +439,36 @@ def test_fia_contiguous_kv_with_mask_gqa_and_lse(layout):
         close(lse[bb, :, :, 0].transpose(0, 1), ref_lse, torch.float32)
 
 
-def test_fia_rejects_bad_layouts_shapes_and_unemulated_features():
-    fia = torch.ops.npu.npu_fused_infer_attention_score
+# what differs from a valid paged MLA decode call, as a function of the case; None leaves the keyword out
+FIA_REFUSALS = {
+    "layout": (ValueError, "input_layout", lambda case: {"input_layout": "SBH"}),
+    "block_table_rows": (ValueError, "block_table", lambda case: {"block_table": case["table"][:1]}),
+    "no_kv_lengths": (ValueError, "actual_seq_lengths_kv", lambda case: {"actual_seq_lengths_kv": None}),
+    "unpaged_cache": (ValueError, "paged cache must be", lambda case: {"kv": case["nope_cache"]}),
+    "nz_cache": (NotImplementedError, "FRACTAL_NZ", lambda case: {"kv": torch.zeros(4, 1, 1, 4, 16)}),
+    "antiquant": (NotImplementedError, "antiquant_scale", lambda case: {"antiquant_scale": torch.ones(2)}),
+    "heads": (ValueError, "heads", lambda case: {"num_heads": 3}),
+}
+
+
+@pytest.mark.parametrize("refusal", FIA_REFUSALS)
+def test_fia_rejects_bad_layouts_shapes_and_unemulated_features(refusal):
+    error, match, change = FIA_REFUSALS[refusal]
     case = paged_mla_case(2, 8, 4, 4, [3, 2], torch.float32, seed=60)
-    cache = case["nope_cache"].view(-1, 1, 4, 8)
-    q = case["q_nope"]
-    with pytest.raises(ValueError, match="input_layout"):
-        fia(
-            q,
-            cache,
-            cache,
-            num_heads=2,
-            input_layout="SBH",
-            block_table=case["table"],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
-        )
-    with pytest.raises(ValueError, match="block_table"):
-        fia(
-            q,
-            cache,
-            cache,
-            num_heads=2,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"][:1],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
-        )
-    with pytest.raises(ValueError, match="actual_seq_lengths_kv"):
-        fia(
-            q,
-            cache,
-            cache,
-            num_heads=2,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"],
-            block_size=4,
-        )
-    with pytest.raises(ValueError, match="paged cache must be"):
-        fia(
-            q,
-            case["nope_cache"],
-            case["nope_cache"],
-            num_heads=2,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
-        )
-    nz = torch.zeros(4, 1, 1, 4, 16)
-    with pytest.raises(NotImplementedError, match="FRACTAL_NZ"):
-        fia(
-            q,
-            nz,
-            nz,
-            num_heads=2,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
-        )
-    with pytest.raises(NotImplementedError, match="antiquant_scale"):
-        fia(
-            q,
-            cache,
-            cache,
-            num_heads=2,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
-            antiquant_scale=torch.ones(2),
-        )
-    with pytest.raises(ValueError, match="heads"):
-        fia(
-            q,
-            cache,
-            cache,
-            num_heads=3,
-            num_key_value_heads=1,
-            input_layout="BNSD",
-            block_table=case["table"],
-            block_size=4,
-            actual_seq_lengths_kv=[3, 2],
+    call = {
+        "kv": case["nope_cache"].view(-1, 1, 4, 8),
+        "num_heads": 2,
+        "num_key_value_heads": 1,
+        "input_layout": "BNSD",
+        "block_table": case["table"],
+        "block_size": 4,
+        "actual_seq_lengths_kv": [3, 2],
+        **change(case),
+    }
+    kv = call.pop("kv")
+    with pytest.raises(error, match=match):
+        torch.ops.npu.npu_fused_infer_attention_score(
+            case["q_nope"], kv, kv, **{k: v for k, v in call.items() if v is not None}
         )
 
 
