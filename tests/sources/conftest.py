@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from sources_testlib import LocalIndex, Upstream, dead_url, make_upstream
+from sources_testlib import LocalIndex, Upstream, alpha_lock, dead_url, make_upstream, run_setup
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +40,13 @@ def index(tmp_path):
     idx = LocalIndex(tmp_path / "index")
     yield idx
     idx.stop()
+
+
+@pytest.fixture
+def installed(tmp_path, upstream):
+    """(lock, root): alpha installed by the git route from a lock with its manifests."""
+    lock = alpha_lock(tmp_path, upstream)
+    root = tmp_path / "root"
+    r = run_setup("--route", "git", lock=lock, root=root)
+    assert r.rc == 0, r.text
+    return lock, root

@@ -441,3 +441,22 @@ def write_alpha_manifests(lock: Path) -> Path:
         save_manifest(lock, "alpha", "git", file_hashes(write_tree(Path(d) / "git", V1_FILES, V1_LINKS)))
         save_manifest(lock, "alpha", "pypi", file_hashes(write_tree(Path(d) / "pypi", V1_FILES)))
     return lock
+
+
+def alpha_lock(tmp_path: Path, upstream: Upstream, name: str = "sources.lock", extra: dict | None = None, **kw) -> Path:
+    """A lock of alpha (`alpha_component(upstream, **kw)`) and the `extra` components, with alpha's per-file
+    manifests beside it."""
+    comps = {"alpha": alpha_component(upstream, **kw), **(extra or {})}
+    return write_alpha_manifests(write_lock(tmp_path / "lock" / name, comps))
+
+
+def pristine_hash(folder: Path, tmp_path: Path) -> str:
+    """Tree hash of an installed folder with the prelude line taken out, by the independent definition."""
+    from verl_patches.sources import prelude_line
+
+    copy = tmp_path / "pristine-copy"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(folder, copy, symlinks=True)
+    mw = copy / "workers/mw.py"
+    mw.write_bytes(prelude_line.strip(mw.read_bytes(), PRELUDE_LINE))
+    return reference_tree_hash(copy)

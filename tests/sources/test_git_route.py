@@ -18,6 +18,7 @@ from sources_testlib import (
     dead_url,
     git,
     make_wheel,
+    pristine_hash,
     pypi_hash_v1,
     reference_tree_hash,
     run_setup,
@@ -32,16 +33,6 @@ def _lock(tmp_path, up, **kw):
     return write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha_component(up, **kw)})
 
 
-def _pristine_hash(folder, tmp_path):
-    """Tree hash of an installed folder with the prelude line taken out, by the independent definition."""
-    copy = tmp_path / "pristine-copy"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(folder, copy, symlinks=True)
-    mw = copy / "workers/mw.py"
-    mw.write_bytes(prelude_line.strip(mw.read_bytes(), PRELUDE_LINE))
-    return reference_tree_hash(copy)
-
-
 @pytest.mark.parametrize("ref", ["refs/tags/v1.0", "refs/tags/v1.0-light"], ids=["annotated", "lightweight"])
 def test_tag_installs_the_exact_commit(tmp_path, upstream, ref):
     root = tmp_path / "root"
@@ -52,7 +43,7 @@ def test_tag_installs_the_exact_commit(tmp_path, upstream, ref):
     # v1 content, although the branch head (v2) changed data/table.txt and added new.py
     assert (folder / "data/table.txt").read_bytes() == V1_FILES["data/table.txt"][0]
     assert not (folder / "new.py").exists()
-    assert _pristine_hash(folder, tmp_path) == upstream.git_hash_v1
+    assert pristine_hash(folder, tmp_path) == upstream.git_hash_v1
     # modes and links exported as git stores them
     assert os.stat(folder / "bin/run.sh").st_mode & 0o777 == 0o755
     assert os.stat(folder / "data/table.txt").st_mode & 0o777 == 0o644
@@ -171,7 +162,7 @@ def test_second_install_comes_from_the_git_cache_without_network(tmp_path, upstr
     r = run_setup("--route", "git", "--offline", lock=lock, root=tmp_path / "r2")
     assert r.rc == 0, r.text
     assert "(git cache)" in r.err
-    assert _pristine_hash(tmp_path / "r2/alpha", tmp_path) == upstream.git_hash_v1
+    assert pristine_hash(tmp_path / "r2/alpha", tmp_path) == upstream.git_hash_v1
 
 
 def test_export_tree_writes_modes_links_and_only_the_subdir(tmp_path, upstream, isolated_env):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import urllib.request
 
 import pytest
@@ -19,6 +18,7 @@ from sources_testlib import (
     dead_url,
     make_sdist,
     make_wheel,
+    pristine_hash,
     pypi_hash_v1,
     reference_tree_hash,
     run_setup,
@@ -36,15 +36,6 @@ def _lock(tmp_path, up, index, **kw):
     return write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha_component(up, index, **kw)})
 
 
-def _pristine_hash(folder, tmp_path):
-    copy = tmp_path / "pristine-copy"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(folder, copy, symlinks=True)
-    mw = copy / "workers/mw.py"
-    mw.write_bytes(prelude_line.strip(mw.read_bytes(), PRELUDE_LINE))
-    return reference_tree_hash(copy)
-
-
 @pytest.mark.parametrize("artifact", [WHEEL_FILE, SDIST_FILE], ids=["wheel", "sdist"])
 def test_correct_artifact_installs(tmp_path, upstream, index, isolated_env, artifact):
     data = make_wheel(V1_FILES) if artifact == WHEEL_FILE else make_sdist(V1_FILES)
@@ -53,7 +44,7 @@ def test_correct_artifact_installs(tmp_path, upstream, index, isolated_env, arti
     root = tmp_path / "root"
     r = run_setup("--route", "pypi", "--index-url", index.simple_url, lock=lock, root=root)
     assert r.rc == 0, r.text
-    assert _pristine_hash(root / "alpha", tmp_path) == pypi_hash_v1()
+    assert pristine_hash(root / "alpha", tmp_path) == pypi_hash_v1()
     assert (root / "alpha/bin/run.sh").stat().st_mode & 0o777 == 0o755
     assert prelude_line.is_in_place((root / "alpha/workers/mw.py").read_bytes(), PRELUDE_LINE)
     assert index.requests == ["/simple/alpha/", f"/files/{artifact}"]
@@ -124,7 +115,7 @@ def test_cached_artifact_is_reused_without_network(tmp_path, upstream, index, is
     assert r.rc == 0, r.text
     assert index.requests == seen  # the server got no request
     assert "(cached)" in r.err
-    assert _pristine_hash(tmp_path / "r2/alpha", tmp_path) == pypi_hash_v1()
+    assert pristine_hash(tmp_path / "r2/alpha", tmp_path) == pypi_hash_v1()
 
     # a corrupt file in the cache is never trusted: it is fetched again
     (isolated_env / "pypi" / WHEEL_FILE).write_bytes(b"garbage")

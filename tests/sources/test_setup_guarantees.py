@@ -9,20 +9,13 @@ import pytest
 
 from sources_testlib import (
     V1_FILES,
-    alpha_component,
+    alpha_lock,
     beta_component,
     run_setup,
     snapshot,
-    write_alpha_manifests,
-    write_lock,
 )
 from verl_patches.sources import install
 from verl_patches.sources.lock import load_lock
-
-
-def _lock(tmp_path, upstream, name="sources.lock", extra=None, **kw):
-    comps = {"alpha": alpha_component(upstream, **kw), **(extra or {})}
-    return write_alpha_manifests(write_lock(tmp_path / "lock" / name, comps))
 
 
 def _unreachable(tmp_path, name, needed_on):
@@ -37,15 +30,6 @@ def _unreachable(tmp_path, name, needed_on):
     }
 
 
-@pytest.fixture
-def installed(tmp_path, upstream):
-    lock = _lock(tmp_path, upstream)
-    root = tmp_path / "root"
-    r = run_setup("--route", "git", lock=lock, root=root)
-    assert r.rc == 0, r.text
-    return lock, root
-
-
 # --------------------------------------------------------------------------- failed or interrupted runs
 
 
@@ -54,7 +38,7 @@ def test_failure_at_the_hash_check_leaves_the_folder_untouched(installed, tmp_pa
     (root / "alpha/data/table.txt").write_bytes(b"local\n")  # so --force is needed to replace it at all
     before = snapshot(root / "alpha")
     # the lock now pins v2, but with a tree hash that v2 does not have
-    bad = _lock(tmp_path, upstream, name="bad.lock", commit=upstream.v2, ref="refs/tags/v2.0")
+    bad = alpha_lock(tmp_path, upstream, name="bad.lock", commit=upstream.v2, ref="refs/tags/v2.0")
     text = bad.read_text().replace(upstream.git_hash_v1, "f" * 64)
     bad.write_text(text)
     r = run_setup("--route", "git", "--force", lock=bad, root=root)
@@ -136,7 +120,7 @@ def test_an_edit_next_to_the_prelude_line_is_a_local_edit(installed):
 
 def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path, upstream, index):
     beta = beta_component(index, tmp_path / "no-such.git")
-    lock = _lock(tmp_path, upstream, extra={"beta": beta})
+    lock = alpha_lock(tmp_path, upstream, extra={"beta": beta})
     root = tmp_path / "root"
     r = run_setup("--index-url", index.simple_url, lock=lock, root=root)
     assert r.rc == 0, r.text
@@ -164,7 +148,7 @@ def test_second_run_on_a_good_tree_touches_nothing_and_needs_no_network(tmp_path
     ],
 )
 def test_unreachable_component_status(tmp_path, upstream, needed_on, device, rc, summary):
-    lock = _lock(tmp_path, upstream, extra={"gamma": _unreachable(tmp_path, "gamma", needed_on)})
+    lock = alpha_lock(tmp_path, upstream, extra={"gamma": _unreachable(tmp_path, "gamma", needed_on)})
     root = tmp_path / "root"
     env = {"VERL_PATCHES_DEVICE": device}
     r = run_setup("--route", "git", lock=lock, root=root, env=env)
@@ -181,7 +165,7 @@ def test_unreachable_component_status(tmp_path, upstream, needed_on, device, rc,
 
 def test_only_restricts_the_work(tmp_path, upstream):
     gamma = _unreachable(tmp_path, "gamma", ["cpu"])
-    lock = _lock(tmp_path, upstream, extra={"gamma": gamma})
+    lock = alpha_lock(tmp_path, upstream, extra={"gamma": gamma})
     root = tmp_path / "root"
     (root / "gamma").mkdir(parents=True)
     (root / "gamma/edited.py").write_text("not ours to touch\n")

@@ -18,21 +18,15 @@ import pytest
 from sources_testlib import (
     V1_FILES,
     alpha_component,
+    alpha_lock,
     make_wheel,
     run_setup,
     sha256_bytes,
-    write_alpha_manifests,
     write_lock,
 )
 from verl_patches.sources import extract
 from verl_patches.sources.errors import IntegrityError
 from verl_patches.sources.lock import LockError, load_lock
-
-
-def _lock(tmp_path, upstream, **kw):
-    return write_alpha_manifests(
-        write_lock(tmp_path / "lock" / "sources.lock", {"alpha": alpha_component(upstream, **kw)})
-    )
 
 
 def _no_traceback(r):
@@ -49,7 +43,7 @@ def _injection(marker):
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_mirror_starting_with_dash_is_not_passed_to_git(tmp_path, upstream, how):
     marker = tmp_path / "pwned"
-    lock = _lock(tmp_path, upstream)
+    lock = alpha_lock(tmp_path, upstream)
     if how == "flag":
         r = run_setup("--route", "git", "--mirror", f"alpha={_injection(marker)}", lock=lock, root=tmp_path / "root")
     else:
@@ -89,7 +83,7 @@ def test_command_running_transports_and_option_hosts_are_refused(tmp_path, upstr
         "git",
         "--mirror",
         "alpha=" + url.format(marker=marker),
-        lock=_lock(tmp_path, upstream),
+        lock=alpha_lock(tmp_path, upstream),
         root=tmp_path / "root",
     )
     assert r.rc == 2, r.text
@@ -101,7 +95,7 @@ def test_command_running_transports_and_option_hosts_are_refused(tmp_path, upstr
 def test_lock_git_url_and_ref_injection_are_refused_naming_the_key(tmp_path, upstream):
     marker = tmp_path / "pwned"
     for key, value in (("git_urls", [_injection(marker)]), ("ref", _injection(marker))):
-        lock = _lock(tmp_path, upstream, **({"git_urls": value} if key == "git_urls" else {"ref": value}))
+        lock = alpha_lock(tmp_path, upstream, **({"git_urls": value} if key == "git_urls" else {"ref": value}))
         r = run_setup("--route", "git", lock=lock, root=tmp_path / "root")
         assert r.rc == 2, r.text
         assert not marker.exists()
@@ -111,7 +105,7 @@ def test_lock_git_url_and_ref_injection_are_refused_naming_the_key(tmp_path, ups
 
 def test_local_path_and_file_url_mirrors_still_work(tmp_path, upstream):
     for i, url in enumerate((str(upstream.bare), upstream.url)):
-        lock = _lock(tmp_path, upstream, git_urls=[str(tmp_path / "no-such.git")])
+        lock = alpha_lock(tmp_path, upstream, git_urls=[str(tmp_path / "no-such.git")])
         r = run_setup(
             "--route",
             "git",
@@ -155,7 +149,7 @@ def test_a_file_where_the_package_folder_goes_is_never_replaced(tmp_path, upstre
     root = tmp_path / "root"
     root.mkdir()
     (root / "alpha").write_text("a file the user keeps\n")
-    r = run_setup("--route", "git", "--force", lock=_lock(tmp_path, upstream), root=root)
+    r = run_setup("--route", "git", "--force", lock=alpha_lock(tmp_path, upstream), root=root)
     assert r.rc == 1, r.text
     assert "exists and is not a folder" in r.text
     assert (root / "alpha").read_text() == "a file the user keeps\n"
@@ -215,7 +209,7 @@ def test_lock_values_outside_the_allow_lists_are_refused_naming_the_key(tmp_path
 
 @pytest.fixture
 def exported(tmp_path, upstream):
-    lock = _lock(tmp_path, upstream)
+    lock = alpha_lock(tmp_path, upstream)
     cache_dir = tmp_path / "export"
     r = run_setup("--export-cache", cache_dir, "--route", "git", lock=lock, root=tmp_path / "unused")
     assert r.rc == 0, r.text
@@ -391,15 +385,6 @@ def _plant_pyc(source_path, code_text: bytes, name: str | None = None):
     pyc = cache / (name or f"{source_path.stem}.{sys.implementation.cache_tag}.pyc")
     pyc.write_bytes(header + marshal.dumps(code))
     return pyc
-
-
-@pytest.fixture
-def installed(tmp_path, upstream):
-    lock = _lock(tmp_path, upstream)
-    root = tmp_path / "root"
-    r = run_setup("--route", "git", lock=lock, root=root)
-    assert r.rc == 0, r.text
-    return lock, root
 
 
 def test_planted_pyc_matching_the_source_header_fails_verify(installed, tmp_path):
