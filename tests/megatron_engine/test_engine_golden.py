@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -205,24 +206,17 @@ def rank_golden(
     return out
 
 
-def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
+def golden_ranks(assets: dict[str, str], ckpt: str, ranks: int, deadline_s: float, **layout: Any) -> list[dict]:
+    """`rank_golden` on `ranks` ranks, from the HF model and its conversion `assets[ckpt]`; printed for the log."""
     results = run_ranks(
-        rank_golden,
-        4,
-        900,
-        overlay=True,
-        kwargs=dict(
-            hf=assets["hf"],
-            ckpt=assets["tp2ep2"],
-            tp=2,
-            pp=1,
-            ep=2,
-            layer_list=None,
-            grads=True,
-            bf16=True,
-        ),
+        rank_golden, ranks, deadline_s, overlay=True, kwargs=dict(hf=assets["hf"], ckpt=assets[ckpt], **layout)
     )
     print(json.dumps(results, indent=1))
+    return results
+
+
+def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
+    results = golden_ranks(assets, "tp2ep2", 4, 900, tp=2, pp=1, ep=2, layer_list=None, grads=True, bf16=True)
     for r in results:
         assert r["dp"] == 2
         assert r["actor"] < FP32_TOL and r["ref"] < FP32_TOL, r
@@ -235,22 +229,6 @@ def test_golden_tp2_ep2(assets: dict[str, str]) -> None:
 
 
 def test_golden_pp2_uneven_layer_list(assets: dict[str, str]) -> None:
-    results = run_ranks(
-        rank_golden,
-        2,
-        600,
-        overlay=True,
-        kwargs=dict(
-            hf=assets["hf"],
-            ckpt=assets["pp2"],
-            tp=1,
-            pp=2,
-            ep=1,
-            layer_list=[1, 2],
-            grads=False,
-            bf16=False,
-        ),
-    )
-    print(json.dumps(results, indent=1))
+    results = golden_ranks(assets, "pp2", 2, 600, tp=1, pp=2, ep=1, layer_list=[1, 2], grads=False, bf16=False)
     for r in results:
         assert r["actor"] < FP32_TOL and r["ref"] < FP32_TOL, r
