@@ -15,26 +15,14 @@ from types import SimpleNamespace
 
 import torch
 
-HF_OVERRIDES = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_hidden_layers=5,
-    first_k_dense_replace=1,
-    n_routed_experts=8,
-    n_group=1,
-    topk_group=1,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=256,
-)
+from tests.megatron_engine.golden_assets import HF_OVERRIDES as GOLDEN_HF_OVERRIDES
+
+HF_OVERRIDES = {**GOLDEN_HF_OVERRIDES, "num_hidden_layers": 5}  # the engine golden test's model, 5 layers
 TP, PP, EP, LAYER_LIST, ROLLOUT_TP, VLLM_DP = 2, 2, 2, [2, 3], 2, 4
 
 
 def build_hf(root: Path) -> Path:
-    """The engine golden test's tiny model, with 8 routed experts and 3 layers."""
+    """The engine golden test's tiny model (8 routed experts) with `HF_OVERRIDES`' five layers."""
     from tests.megatron_engine import golden_assets as ga
 
     saved = dict(ga.HF_OVERRIDES)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from tests.megatron_engine.golden_assets import DictSource  # the in-memory TensorSource
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.sync.generator import SyncGroups
 from verl_patches.sync.param_table import weights_layout
@@ -51,28 +52,6 @@ def rollout_layout(dp_per_instance: int = ROLLOUT_DP) -> RolloutLayout:
 def hf_state(cfg: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """A deterministic HF checkpoint (bf16, score-correction bias in float32)."""
     return {s.name: random_tensor(s, seed) for s in hf_tensor_specs(cfg)}
-
-
-class DictSource:
-    """`verl_patches.weights.tensor_layout.TensorSource` over an in-memory HF state dict."""
-
-    def __init__(self, sd: Mapping[str, torch.Tensor]):
-        self.sd = sd
-
-    def get(self, name: str) -> torch.Tensor:
-        return self.sd[name]
-
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self.sd[name][start:stop]
-
-    def cols(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self.sd[name][:, start:stop]
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.sd[name].shape)
-
-    def dtype(self, name: str) -> torch.dtype:
-        return self.sd[name].dtype
 
 
 def weights_rank(training: MegatronLayout, rank: int) -> Rank:
