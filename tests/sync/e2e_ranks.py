@@ -15,9 +15,22 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.megatron_engine.golden_assets import HF_OVERRIDES as GOLDEN_HF_OVERRIDES
-
-HF_OVERRIDES = {**GOLDEN_HF_OVERRIDES, "num_hidden_layers": 5}  # the engine golden test's model, 5 layers
+# the engine golden test's model (golden_assets.HF_OVERRIDES) with five layers
+HF_OVERRIDES = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=5,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    n_group=1,
+    topk_group=1,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+)
 TP, PP, EP, LAYER_LIST, ROLLOUT_TP, VLLM_DP = 2, 2, 2, [2, 3], 2, 4
 
 
