@@ -23,7 +23,7 @@ REAL_COMPILE = torch.compile
 
 
 def main() -> dict:
-    from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
+    from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, VENDOR_SWITCHES, verl_config
     from verl_patches.npu_emulation import builder_ops
     from verl_patches.train_engine.initialize import initialize_megatron
     from verl_patches.train_engine.model import attach_schedule_hooks, build_model, build_optimizer
@@ -62,22 +62,7 @@ def main() -> dict:
         "dp": mpu.get_data_parallel_world_size(),
         "flags": {
             k: bool(getattr(args, k))
-            for k in (
-                "use_fused_rmsnorm",
-                "use_flash_attn",
-                "use_fused_swiglu",
-                "use_fused_rotary_pos_emb",
-                "moe_grouped_gemm",
-                "moe_tp_extend_ep",
-                "moe_alltoall_overlap_comm",
-                "moe_permutation_async_comm",
-                "gemm_gradient_accumulation_fusion",
-                "use_fused_moe_token_permute_and_unpermute",
-                "moe_router_enable_expert_bias",
-                "multi_head_latent_attention",
-                "use_distributed_optimizer",
-                "sequence_parallel",
-            )
+            for k in (*VENDOR_SWITCHES, "multi_head_latent_attention", "use_distributed_optimizer", "sequence_parallel")
         },
     }
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.train_engine.tiny_dsv3 import TINY_HF_CONFIG, verl_config
+from tests.train_engine.tiny_dsv3 import VENDOR_SWITCHES, verl_config
 from verl_patches import compile_toggle
 from verl_patches.train_engine.argv import parse_args_from_config
 from verl_patches.train_engine.megatron_config import KNOWN_ARGS, MegatronConfig
@@ -17,37 +17,9 @@ from verl_patches.train_engine.translate import (
     TranslationError,
     translate_verl_train_configs_to_megatron,
 )
+from verl_patches.weights.config import make_training_config
 
-DSV3 = {
-    **TINY_HF_CONFIG,
-    "num_hidden_layers": 61,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 3,
-    "n_group": 8,
-    "topk_group": 4,
-    "vocab_size": 129280,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 128,
-    "v_head_dim": 128,
-    "max_position_embeddings": 163840,
-    "rope_scaling": {
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "factor": 40,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096,
-        "type": "yarn",
-    },
-}
+DSV3 = make_training_config()  # DeepSeek-V3's own config.json, as the converter writes it
 
 
 def a3_config(**megatron):
@@ -91,21 +63,7 @@ def test_a3_profile_snapshot():
     assert out["moe_router_load_balancing_type"] == "noaux_tc" and out["moe_router_score_function"] == "sigmoid"
     assert out["num_experts"] == 256 and out["moe_router_topk"] == 8 and out["first_k_dense_replace"] == 3
     assert out["recompute_granularity"] == "full" and out["recompute_num_layers"] == 8
-    for flag in (
-        "use_fused_rmsnorm",
-        "use_flash_attn",
-        "use_fused_swiglu",
-        "use_fused_rotary_pos_emb",
-        "moe_grouped_gemm",
-        "moe_tp_extend_ep",
-        "moe_alltoall_overlap_comm",
-        "moe_permutation_async_comm",
-        "gemm_gradient_accumulation_fusion",
-        "use_fused_moe_token_permute_and_unpermute",
-        "moe_router_enable_expert_bias",
-        "bf16",
-        "variable_seq_lengths",
-    ):
+    for flag in (*VENDOR_SWITCHES, "bf16", "variable_seq_lengths"):
         assert out[flag] is True, flag
     assert out["shape_order"] == "BNSD" and out["spec"][0].endswith("deepseek_spec")
 

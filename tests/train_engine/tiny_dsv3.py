@@ -49,6 +49,21 @@ TINY_HF_CONFIG = {
     "torch_dtype": "float32",
 }
 
+# The vendor's fused-kernel and MoE switches: the Megatron arguments D1 turns on for the A3 job.
+VENDOR_SWITCHES = (
+    "use_fused_rmsnorm",
+    "use_flash_attn",
+    "use_fused_swiglu",
+    "use_fused_rotary_pos_emb",
+    "moe_grouped_gemm",
+    "moe_tp_extend_ep",
+    "moe_alltoall_overlap_comm",
+    "moe_permutation_async_comm",
+    "gemm_gradient_accumulation_fusion",
+    "use_fused_moe_token_permute_and_unpermute",
+    "moe_router_enable_expert_bias",
+)
+
 TINY_VERL_CONFIG = {
     "algorithm": {"adv_estimator": "grpo"},
     "data": {"train_batch_size": 4, "max_prompt_length": 16, "max_response_length": 16},
