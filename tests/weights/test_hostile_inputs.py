@@ -90,25 +90,26 @@ def _another_model(folder: Path) -> dict[str, bytes]:
 # ---- 2. tools delete only what they wrote ----------------------------------------------------------------
 
 
+# the tools that write an HF model folder, each with the fixture of the checkpoint it reads
+HF_WRITERS = {
+    "fp8_cast": ("fp8_dir", lambda src, out, overwrite: run_fp8_cast(src, out, overwrite=overwrite, progress=False)),
+    "export": (
+        "mcore_dir",
+        lambda src, out, overwrite: convert_mcore_to_hf(src, out, overwrite=overwrite, progress=False),
+    ),
+}
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_fp8_cast_refuses_a_folder_of_another_model_with_or_without_overwrite(fp8_dir, tmp_path, overwrite):
+@pytest.mark.parametrize("tool", HF_WRITERS)
+def test_hf_writers_refuse_a_folder_of_another_model_with_or_without_overwrite(request, tmp_path, tool, overwrite):
+    checkpoint, write = HF_WRITERS[tool]
     out = tmp_path / "other"
     before = _another_model(out)
     with pytest.raises(ResumeError) as e:
-        run_fp8_cast(fp8_dir, out, overwrite=overwrite, progress=False)
+        write(request.getfixturevalue(checkpoint), out, overwrite)
     msg = _one_line(e.value)
     assert "did not write" in msg and "--overwrite" not in msg and str(out) in msg
-    assert _tree(out) == before
-
-
-@pytest.mark.parametrize("overwrite", [False, True])
-def test_export_refuses_a_folder_of_another_model_with_or_without_overwrite(mcore_dir, tmp_path, overwrite):
-    out = tmp_path / "other"
-    before = _another_model(out)
-    with pytest.raises(ResumeError) as e:
-        convert_mcore_to_hf(mcore_dir, out, overwrite=overwrite, progress=False)
-    msg = _one_line(e.value)
-    assert "did not write" in msg and "--overwrite" not in msg
     assert _tree(out) == before
 
 
@@ -194,8 +195,7 @@ def test_our_own_leftover_temp_files_do_not_make_a_folder_foreign(fp8_dir, tmp_p
 
 
 def test_a_tensor_outside_the_schema_is_refused_by_name(hf_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(hf_dir, src)
+    src = shutil.copytree(hf_dir, tmp_path / "src")
     _add_tensor(src, "model.layers.0.self_attn.o_proj.bias", torch.zeros(160, dtype=torch.bfloat16))
     with pytest.raises(CheckpointError) as e:
         convert_hf_to_mcore(src, tmp_path / "out", TP2, progress=False)
@@ -213,8 +213,7 @@ def test_an_mtp_layer_left_in_a_bf16_checkpoint_is_refused_with_the_fix(fp8_dir,
 def test_verify_counts_the_input_tensors(hf_dir, mcore_dir, tiny_cfg, tmp_path):
     rep = verify_hf_mcore_pair(hf_dir, mcore_dir, TP2, tiny_cfg, progress=False)
     assert rep.hf_tensors == rep.input_tensors == len(CheckpointIndex.load(hf_dir).weight_map)
-    src = tmp_path / "src"
-    shutil.copytree(hf_dir, src)
+    src = shutil.copytree(hf_dir, tmp_path / "src")
     _add_tensor(src, "model.layers.0.self_attn.o_proj.bias", torch.zeros(160, dtype=torch.bfloat16))
     with pytest.raises(VerifyError, match=r"'model\.layers\.0\.self_attn\.o_proj\.bias'.*no counterpart") as e:
         verify_hf_mcore_pair(src, mcore_dir, TP2, tiny_cfg, progress=False)
@@ -223,8 +222,7 @@ def test_verify_counts_the_input_tensors(hf_dir, mcore_dir, tiny_cfg, tmp_path):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_fp8_scale_is_refused_by_name_without_verify(fp8_dir, tmp_path, value):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     weight = "model.layers.2.self_attn.o_proj.weight"
 
     def poison(s):
@@ -239,8 +237,7 @@ def test_a_non_finite_fp8_scale_is_refused_by_name_without_verify(fp8_dir, tmp_p
 
 
 def test_a_scale_that_would_overflow_bfloat16_is_refused(fp8_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     weight = "model.layers.1.self_attn.kv_b_proj.weight"
     _edit_tensor(src, weight + SCALE_SUFFIX, lambda s: s.fill_(3e38))
     with pytest.raises(CheckpointError, match=r"kv_b_proj\.weight'.*3e\+38 .*outside the plausible range"):
@@ -248,8 +245,7 @@ def test_a_scale_that_would_overflow_bfloat16_is_refused(fp8_dir, tmp_path):
 
 
 def test_a_non_finite_tensor_copied_as_is_is_refused(fp8_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     name = "model.layers.1.input_layernorm.weight"
 
     def poison(t):
@@ -275,8 +271,7 @@ def test_dequantize_refuses_non_finite_scales_and_results():
 
 @pytest.mark.parametrize("content", ["²".encode(), b"1" * 5000, b"\xff\xfe1", b"12 13", b"-1", b"0x10"])
 def test_export_refuses_a_bad_tracker_in_one_line(mcore_dir, tmp_path, content):
-    ck = tmp_path / "ck"
-    shutil.copytree(mcore_dir, ck)
+    ck = shutil.copytree(mcore_dir, tmp_path / "ck")
     (ck / "latest_checkpointed_iteration.txt").write_bytes(content)
     with pytest.raises(CheckpointError) as e:
         convert_mcore_to_hf(ck, tmp_path / "out", progress=False)
@@ -285,8 +280,7 @@ def test_export_refuses_a_bad_tracker_in_one_line(mcore_dir, tmp_path, content):
 
 
 def test_a_symlinked_tracker_is_refused_without_echoing_its_target(mcore_dir, tmp_path):
-    ck = tmp_path / "ck"
-    shutil.copytree(mcore_dir, ck)
+    ck = shutil.copytree(mcore_dir, tmp_path / "ck")
     secret = tmp_path / "secret.txt"
     secret.write_text("hunter2")
     (ck / "latest_checkpointed_iteration.txt").unlink()
@@ -296,14 +290,19 @@ def test_a_symlinked_tracker_is_refused_without_echoing_its_target(mcore_dir, tm
     assert "symbolic link" in _one_line(e.value) and "hunter2" not in str(e.value)
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
+def _run_tool(script: str, *args: str) -> subprocess.CompletedProcess:
+    """A weight tool, verl_patches/scripts/`script`, run from the repo root as a user runs it."""
     return subprocess.run(
-        [sys.executable, "verl_patches/scripts/convert_ckpt_deepseek3.py", *args],
+        [sys.executable, f"verl_patches/scripts/{script}", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return _run_tool("convert_ckpt_deepseek3.py", *args)
 
 
 @pytest.mark.parametrize("it", ["²", "1" * 5000, "-1", " 1", "1_0", "١"])
@@ -342,8 +341,7 @@ def test_cli_integers_and_sizes_are_strict(hf_dir, tmp_path, flag, value):
     ],
 )
 def test_a_tampered_conversion_manifest_is_one_line_naming_the_key(mcore_dir, tmp_path, edit, key):
-    ck = tmp_path / "ck"
-    shutil.copytree(mcore_dir, ck)
+    ck = shutil.copytree(mcore_dir, tmp_path / "ck")
     man = json.loads((ck / "conversion_manifest.json").read_text())
     edit(man)
     (ck / "conversion_manifest.json").write_text(json.dumps(man))
@@ -355,8 +353,7 @@ def test_a_tampered_conversion_manifest_is_one_line_naming_the_key(mcore_dir, tm
 
 
 def test_a_manifest_that_is_a_fifo_or_a_link_is_refused_without_blocking(mcore_dir, tmp_path):
-    ck = tmp_path / "ck"
-    shutil.copytree(mcore_dir, ck)
+    ck = shutil.copytree(mcore_dir, tmp_path / "ck")
     (ck / "conversion_manifest.json").unlink()
     os.mkfifo(ck / "conversion_manifest.json")
     with pytest.raises(ManifestError, match="FIFO"):
@@ -469,34 +466,19 @@ def test_outputs_follow_the_umask(fp8_dir, tmp_path):
     [("9" * 5000, "not a config value"), ("2147483648", "beyond any model"), ("[" * 100000, "not a config value")],
 )
 def test_make_config_set_values_are_one_line(tmp_path, value, words):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "verl_patches/scripts/make_config.py",
-            "--out",
-            str(tmp_path / "o"),
-            "--set",
-            f"hidden_size={value}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _run_tool("make_config.py", "--out", str(tmp_path / "o"), "--set", f"hidden_size={value}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert words in line and "hidden_size" in line
 
 
 def test_other_fp8_formats_and_non_float_scales_are_refused_by_name(fp8_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     name = "model.layers.1.input_layernorm.weight"
     _edit_tensor(src, name, lambda t: t.to(torch.float8_e5m2))
     with pytest.raises(CheckpointError, match=rf"'{name}' is torch.float8_e5m2"):
         run_fp8_cast(src, tmp_path / "out", progress=False)
-    src2 = tmp_path / "src2"
-    shutil.copytree(fp8_dir, src2)
+    src2 = shutil.copytree(fp8_dir, tmp_path / "src2")
     scale = "model.layers.2.self_attn.o_proj.weight" + SCALE_SUFFIX
     _edit_tensor(src2, scale, lambda s: s.to(torch.int32))
     with pytest.raises(CheckpointError, match=rf"scale '{scale}' is torch.int32"):
@@ -505,8 +487,7 @@ def test_other_fp8_formats_and_non_float_scales_are_refused_by_name(fp8_dir, tmp
 
 
 def test_a_non_float_hf_tensor_is_refused_by_name(hf_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(hf_dir, src)
+    src = shutil.copytree(hf_dir, tmp_path / "src")
     name = "model.layers.0.self_attn.o_proj.weight"
     _edit_tensor(src, name, lambda t: t.to(torch.int32))
     with pytest.raises(CheckpointError, match=rf"'{name}' is torch.int32"):
@@ -538,8 +519,7 @@ def _retamper_rank_file(folder: Path) -> Path:
 
 
 def test_export_and_verify_refuse_a_rank_file_changed_after_the_conversion(mcore_dir, hf_dir, tiny_cfg, tmp_path):
-    copy = tmp_path / "mcore"
-    shutil.copytree(mcore_dir, copy)
+    copy = shutil.copytree(mcore_dir, tmp_path / "mcore")
     changed = _retamper_rank_file(copy)
     with pytest.raises(CheckpointError, match=f"^{changed}: sha256 .* differs") as e:
         convert_mcore_to_hf(copy, tmp_path / "hf_out", progress=False)
@@ -551,8 +531,7 @@ def test_export_and_verify_refuse_a_rank_file_changed_after_the_conversion(mcore
 def test_c1_refuses_a_rank_file_changed_after_the_conversion(mcore_dir, tmp_path, monkeypatch):
     from verl_patches.patches.verl.workers import legacy_checkpoint as c1
 
-    copy = tmp_path / "mcore"
-    shutil.copytree(mcore_dir, copy)
+    copy = shutil.copytree(mcore_dir, tmp_path / "mcore")
     monkeypatch.setattr(
         c1, "running_layout", lambda: c1.RunningLayout(tp=2, pp=1, ep=1, tp_rank=0, pp_rank=0, ep_rank=0)
     )
@@ -570,8 +549,7 @@ def test_c1_refuses_a_rank_file_changed_after_the_conversion(mcore_dir, tmp_path
 @pytest.mark.parametrize("verify", [False, True])
 def test_a_zero_or_negative_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, value, verify):
     """DeepSeek's weight_scale_inv is always positive: zero would silently zero a block, a negative one negate it."""
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     weight = "model.layers.2.self_attn.o_proj.weight"
 
     def poison(s):
@@ -597,8 +575,7 @@ def test_a_zero_or_negative_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, valu
 def test_a_positive_finite_but_absurd_fp8_scale_is_refused_by_name(fp8_dir, tmp_path, value, verify):
     """Issue 41: 1e-45 zeroes the block as zero did, 1e30 makes weights of 4.5e32; outside
     dequant.SCALE_INV_RANGE a scale is refused by the weight's name, at conversion and in --verify."""
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     weight = "model.layers.2.self_attn.o_proj.weight"
 
     def poison(s):
@@ -635,8 +612,7 @@ def test_the_plausible_scale_range_keeps_every_scale_a_real_checkpoint_can_hold(
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_hf_to_mcore_refuses_a_non_finite_weight_by_name(hf_dir, tmp_path, value):
-    src = tmp_path / "src"
-    shutil.copytree(hf_dir, src)
+    src = shutil.copytree(hf_dir, tmp_path / "src")
 
     def poison(t):
         t.view(-1)[3] = value
@@ -653,8 +629,7 @@ def test_hf_to_mcore_refuses_a_non_finite_weight_by_name(hf_dir, tmp_path, value
 def test_mcore_to_hf_refuses_a_non_finite_weight_by_name(mcore_dir, tmp_path):
     import hashlib
 
-    copy = tmp_path / "mcore"
-    shutil.copytree(mcore_dir, copy)
+    copy = shutil.copytree(mcore_dir, tmp_path / "mcore")
     path = sorted(copy.rglob("model_optim_rng.pt"))[0]
     obj = torch.load(path, weights_only=False)  # noqa: S614 - our own converter's file, read to alter it
     key = next(k for k, v in obj["model"].items() if v.is_floating_point() and v.dim() == 2)
@@ -677,8 +652,7 @@ def test_mcore_to_hf_refuses_a_non_finite_weight_by_name(mcore_dir, tmp_path):
     [("rms_norm_eps", "NaN"), ("rope_theta", "Infinity"), ("rope_scaling", '{"factor": NaN, "type": "yarn"}')],
 )
 def test_a_non_finite_config_float_is_refused_by_key(hf_dir, tmp_path, key, value):
-    src = tmp_path / "src"
-    shutil.copytree(hf_dir, src)
+    src = shutil.copytree(hf_dir, tmp_path / "src")
     text = (src / "config.json").read_text()
     cfg = json.loads(text)
     cfg[key] = "__X__"
@@ -686,20 +660,7 @@ def test_a_non_finite_config_float_is_refused_by_key(hf_dir, tmp_path, key, valu
     with pytest.raises(Exception) as e:
         convert_hf_to_mcore(src, tmp_path / "mc", TP2, progress=False)
     assert key in _one_line(e.value) and "finite" in str(e.value)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "verl_patches/scripts/make_config.py",
-            "--out",
-            str(tmp_path / "o"),
-            "--set",
-            f"{key}={value}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = _run_tool("make_config.py", "--out", str(tmp_path / "o"), "--set", f"{key}={value}")
     assert r.returncode == 2 and "Traceback" not in r.stderr and key in r.stderr and not (tmp_path / "o").exists()
 
 

@@ -45,8 +45,7 @@ def test_shard_name_with_dotdot_cannot_write_outside_the_output_folder(fp8_dir, 
 
 
 def test_absolute_shard_name_cannot_overwrite_the_input_in_place(fp8_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     victim = elsewhere / "victim.safetensors"
@@ -59,8 +58,7 @@ def test_absolute_shard_name_cannot_overwrite_the_input_in_place(fp8_dir, tmp_pa
 
 
 def test_symlinked_tokenizer_file_pointing_outside_is_refused(fp8_dir, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(fp8_dir, src)
+    src = shutil.copytree(fp8_dir, tmp_path / "src")
     secret = tmp_path / "secret.txt"
     secret.write_text("private key\n")
     os.symlink(secret, src / "tokenizer.json")
