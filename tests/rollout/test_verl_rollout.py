@@ -7,41 +7,17 @@ binding builds vllm-ascend's engine (tests/rollout/test_a3_engine_build.py, and 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from probe_runner import run_probe
 from verl_patches.patches.verl.workers.rollout.declarations import PATCHES
 from verl_patches.patching.fingerprint import fingerprint_target
 from verl_patches.rollout.engine_factory import rollout_llm_kwargs
-from verl_patches.sources import dist_info
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
-    if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
-        from verl_patches.sources.lock import load_lock
-
-        dist_info.generate(REPO, load_lock(REPO / "sources.lock"), ["vllm", "vllm_ascend"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), dist_info.path_entry(REPO)])
-    env["VERL_PATCHES_ROLLOUT_STANDIN"] = "1"
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("verl_rollout_probe.py")), str(tiny_model_dir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_probe("verl_rollout_probe.py", tiny_model_dir, VERL_PATCHES_ROLLOUT_STANDIN="1")
     assert out["llm_class"] == "verl_patches.rollout.standin.engine.StandinLLM"
     assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
     assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
