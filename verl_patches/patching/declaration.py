@@ -12,6 +12,7 @@ from verl_patches.base import env_registry
 
 DEVICES = ("npu", "cuda", "cpu")
 ALL_DEVICES = DEVICES
+CPU_ONLY = ("cpu",)  # the CPU proof's ports of upstream to a host without an accelerator
 ABSENT = "absent"  # fingerprint of a target that must not exist upstream (we add it)
 
 

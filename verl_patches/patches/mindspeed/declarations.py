@@ -1,6 +1,6 @@
 """MindSpeed / MindSpeed-LLM on a CPU host (over the torch_npu emulation) and MindSpeed fixes."""
 
-from verl_patches.patching.declaration import module_alias, replace, wrap
+from verl_patches.patching.declaration import CPU_ONLY, module_alias, replace, wrap
 
 PATCHES = [
     module_alias(
@@ -10,7 +10,7 @@ PATCHES = [
         vendor_item="G2",
         reason="no apex on a CPU host; MindSpeed-LLM and Megatron import FusedAdam and FusedSGD from it "
         "(FusedAdam is MindSpeed's AdamW over the emulated npu_apply_adam_w, as on A3)",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.mindspeed.op_builder.load_emulated_ops",
@@ -20,7 +20,7 @@ PATCHES = [
         vendor_item="local",
         reason="MindSpeed JIT-compiles its fused ops against CANN/ATB; on a CPU host each builder hands out the "
         "plain-torch emulation (verl_patches.npu_emulation.builder_ops), unknown builders fail by name",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.mindspeed.ops.gmm.dispatch_on_host",
@@ -30,7 +30,7 @@ PATCHES = [
         vendor_item="local",
         reason="MindSpeed registers torch.ops.mindspeed.npu_gmm for the NPU dispatch key only; CPU tensors call "
         "the same Python implementation (GMMFunction) directly",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.mindspeed.atb_op_builder.load_emulated_ops",
@@ -40,7 +40,7 @@ PATCHES = [
         vendor_item="local",
         reason="ATB builders (GroupMatmulAdd, MatmulAdd: fp32 main_grad accumulation) need the CANN NNAL package; "
         "on a CPU host they hand out the plain-torch emulation",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     wrap(
         name="mindspeed.moe.async_all_to_all_waitable_handle",

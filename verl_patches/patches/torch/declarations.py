@@ -1,6 +1,6 @@
 """Patches of torch internals that assume an accelerator."""
 
-from verl_patches.patching.declaration import replace
+from verl_patches.patching.declaration import CPU_ONLY, replace
 
 
 PATCHES = [
@@ -12,7 +12,7 @@ PATCHES = [
         vendor_item="local",
         reason="verl builds FSDP with sync_module_states=True, which FSDP refuses for CPU tensors; "
         "gloo broadcasts them",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.torch.fsdp.no_pinned_param_offload",
@@ -22,7 +22,7 @@ PATCHES = [
         vendor_item="local",
         reason="verl forces CPUOffload(offload_params=True) on the ref policy; FSDP then pins memory, which "
         "needs an accelerator, and on a CPU host the parameters are in host memory already",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.torch.fsdp2.no_pinned_offload_policy",
@@ -32,6 +32,6 @@ PATCHES = [
         vendor_item="local",
         reason="verl's FSDP2 path uses CPUOffloadPolicy(pin_memory=True) for the ref policy; "
         "pinning needs an accelerator",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
 ]

@@ -1,6 +1,6 @@
 """Patches of transformers (pinned by requirements, not by sources.lock)."""
 
-from verl_patches.patching.declaration import replace, wrap
+from verl_patches.patching.declaration import CPU_ONLY, replace, wrap
 
 PATCHES = [
     wrap(
@@ -10,7 +10,7 @@ PATCHES = [
         by="verl_patches.patches.transformers.modeling_utils:eager_without_flash_attn",
         vendor_item="local",
         reason='verl forces attn_implementation="flash_attention_2"; flash-attn does not exist on the CPU',
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="transformers.deepseek_v3.router_masks_unselected_groups",

@@ -1,7 +1,7 @@
 """Patches of vllm_ascend.* (v0.9.1)."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import Kind, Patch, lazy_call, wrap
+from verl_patches.patching.declaration import CPU_ONLY, Kind, Patch, lazy_call, wrap
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 
 _KV_NZ_REASON = (
@@ -84,7 +84,7 @@ PATCHES.append(
         reason="CPU proof at rollout EP 2: decode through MC2 dispatch/combine as A3 does at EP 256 (upstream "
         "picks All2All below EP 16, a path A3 never decodes through and one TorchAir cannot trace); prefill and "
         "EP 1 as upstream",
-        devices=("cpu",),
+        devices=CPU_ONLY,
         rebind=False,  # called only inside its own module
     )
 )

@@ -1,6 +1,6 @@
 """Patches of verl.single_controller.*."""
 
-from verl_patches.patching.declaration import replace, wrap
+from verl_patches.patching.declaration import CPU_ONLY, replace, wrap
 
 
 PATCHES = [
@@ -16,7 +16,7 @@ PATCHES = [
         by="verl_patches.patches.verl.single_controller.ray_base:ray_device_for_cpu",
         vendor_item="local",
         reason="verl asks Ray for a 'cpu' resource on CPU hosts, which no cluster offers; use the logical GPU slots",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
 ]
 

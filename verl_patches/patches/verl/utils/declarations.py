@@ -1,6 +1,6 @@
 """Patches of verl.utils.*."""
 
-from verl_patches.patching.declaration import replace
+from verl_patches.patching.declaration import CPU_ONLY, replace
 
 
 PATCHES = [
@@ -11,7 +11,7 @@ PATCHES = [
         by="verl_patches.patches.verl.utils.device:get_torch_device",
         vendor_item="local",
         reason="torch.cpu lacks the memory, RNG and device calls verl makes on its device module",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
     replace(
         name="cpu.verl.utils.fsdp_utils.torch_cuda_is_cpu",
@@ -27,7 +27,7 @@ PATCHES = [
         vendor_item="local",
         reason="verl's FSDP2 helpers call torch.cuda.current_device()/empty_cache() directly; "
         "on CPU they get the CPU device module",
-        devices=("cpu",),
+        devices=CPU_ONLY,
         rebind=False,  # only this module's name `torch` changes; every other module keeps the real torch
     ),
 ]

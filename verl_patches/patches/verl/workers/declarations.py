@@ -1,7 +1,7 @@
 """Patches of verl.workers.*."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import ALL_DEVICES, wrap
+from verl_patches.patching.declaration import ALL_DEVICES, CPU_ONLY, wrap
 
 
 _FSDP_INIT_FINGERPRINTS = {
@@ -52,7 +52,7 @@ PATCHES = _SWITCH_TIMING + [
         by="verl_patches.patches.verl.workers.fsdp_workers:init_process_group_first",
         vendor_item="local",
         reason="verl's FSDP workers pick an hccl process group when CUDA is absent; the CPU needs gloo",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     )
     for cls, fp in _FSDP_INIT_FINGERPRINTS.items()
 ]

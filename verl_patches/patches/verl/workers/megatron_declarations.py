@@ -1,7 +1,7 @@
 """Patches of verl's Megatron worker and actor for DeepSeek-V3 on core_r0.8.0 + MindSpeed (vendor items C1, C3, C6)."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import replace, wrap
+from verl_patches.patching.declaration import CPU_ONLY, replace, wrap
 
 _W = "verl_patches.patches.verl.workers.megatron_workers"
 _D2D = "verl_patches.patches.verl.workers.d2d_cache"
@@ -123,7 +123,7 @@ PATCHES = (
             vendor_item="local",
             reason="verl's Megatron worker calls torch.cuda.current_device()/empty_cache() directly; on CPU they get "
             "the CPU device module",
-            devices=("cpu",),
+            devices=CPU_ONLY,
             rebind=False,
         ),
         wrap(

@@ -1,6 +1,6 @@
 """Patches of vllm.engine.* (v0.9.1)."""
 
-from verl_patches.patching.declaration import wrap
+from verl_patches.patching.declaration import CPU_ONLY, wrap
 
 PATCHES = [
     wrap(
@@ -12,6 +12,6 @@ PATCHES = [
         reason="the CPU proof's rollout runs vLLM's V1 engine in float32 (rollout/train log-probs agree to "
         "< 1e-3); V1 refuses float32 only because GPU flash attention lacks it, which the CPU emulation's "
         "kernels do not: float32 is decided as bf16, every other V1 rule by the original",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
 ]

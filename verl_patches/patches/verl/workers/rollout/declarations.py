@@ -1,7 +1,7 @@
 """Patches of verl.workers.rollout.vllm_rollout (verl v0.4.0's SPMD vLLM rollout)."""
 
 from verl_patches.patches.upstream_fingerprints import pinned
-from verl_patches.patching.declaration import Kind, Patch, lazy_object, replace, wrap
+from verl_patches.patching.declaration import CPU_ONLY, Kind, Patch, lazy_object, replace, wrap
 
 _SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
 _USES_LLM = (f"{_SPMD}:vLLMRollout.__init__", f"{_SPMD}:vLLMRollout.generate_sequences")
@@ -33,7 +33,7 @@ PATCHES = [
         "verl uses backed by transformers' DeepseekV3ForCausalLM, for a test whose claim is verl's side of the "
         "seam, not the engine (tests/rollout/test_verl_rollout.py), and must stay fast on 2 cores; "
         "replaces the real engine binding above on a CPU host when the switch is on",
-        devices=("cpu",),
+        devices=CPU_ONLY,
         env_flag="VERL_PATCHES_ROLLOUT_STANDIN",
         rebind=False,  # only verl's rollout module builds the stand-in
     ),

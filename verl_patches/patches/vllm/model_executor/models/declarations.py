@@ -1,6 +1,6 @@
 """Patches of vLLM's model registry."""
 
-from verl_patches.patching.declaration import wrap
+from verl_patches.patching.declaration import CPU_ONLY, wrap
 
 PATCHES = [
     wrap(
@@ -17,6 +17,6 @@ PATCHES = [
         reason="vLLM inspects a model class registered by name (vllm-ascend's) in a new interpreter, to keep "
         "CUDA out of the caller; on a CPU host that only re-imports vLLM and vllm-ascend (about 10 s of CPU per "
         "rollout process), so the same inspection runs in the process that asks",
-        devices=("cpu",),
+        devices=CPU_ONLY,
     ),
 ]
