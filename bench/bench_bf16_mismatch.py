@@ -388,8 +388,8 @@ def prepare_models(args: argparse.Namespace, cfg: Any) -> tuple[Any, Path]:
     # the builder's supervised base pass routes through transformers' DeepseekV3: with the overlay's router
     # patch, as in the trainer entry that builds the tiny run's assets
     import verl_patches.prelude_patch  # noqa: F401
-    from verl_patches.trainer.tiny_a3 import tiny_spec
-    from verl_patches.trainer.tiny_assets import prepare, prepare_megatron
+    from verl_patches.cpu_proof.tiny_a3 import tiny_spec
+    from verl_patches.cpu_proof.tiny_assets import prepare, prepare_megatron
     from verl_patches.weights.layout import ParallelLayout
 
     assets = prepare(args.work_dir / "assets", tiny_spec(cfg), progress=False)
@@ -562,7 +562,7 @@ def report_lines(results: dict[str, dict[str, float]]) -> list[str]:
 
 def verdict(results: dict[str, dict[str, float]], cfg: Any) -> tuple[bool, str]:
     """PASS/FAIL: the fp32 control within the tiny run's bound, the bf16 pair below the profile's warning."""
-    from verl_patches.trainer.mismatch_gate import OK, decide, thresholds_from_config
+    from verl_patches.driver.mismatch_gate import OK, decide, thresholds_from_config
 
     problems = []
     control = results.get("float32")

@@ -66,7 +66,7 @@ def synthetic_folder() -> Path:
     """The bench's HF folder, built into a temporary sibling and renamed when complete (so it is reused only
     whole)."""
     from verl_patches.base.atomic_write import rename_durably
-    from verl_patches.trainer.tiny_assets import build_tokenizer
+    from verl_patches.cpu_proof.tiny_assets import build_tokenizer
     from verl_patches.weights.synthetic import write_synthetic_checkpoint
 
     out = CACHE / FOLDER

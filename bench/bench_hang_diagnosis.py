@@ -122,7 +122,7 @@ def micro_benchmarks() -> list[tuple[str, float]]:
 
 
 def tiny_step_times(steps: int, timeout_env: str | None, log_dir: Path) -> list[float]:
-    from verl_patches.trainer.golden import parse_console
+    from verl_patches.driver.run_metrics import parse_console
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
     env.pop("RAY_ADDRESS", None)

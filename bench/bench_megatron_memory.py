@@ -10,7 +10,7 @@ distributed optimizer), one update step is taken, and each rank reports:
 - activations: bytes of the tensors autograd saves for backward in one forward of one micro-batch of
   ``--seq-len`` tokens (storages counted once, parameters excluded), at the profile's micro-batch size of 1.
 
-Next to each, the figure ``verl_patches.launch.memory_estimate`` predicts for that rank, and the ratio
+Next to each, the figure ``verl_patches.launch.preflight.memory_estimate`` predicts for that rank, and the ratio
 measured / estimated. Goal: within +-10% for parameters, gradients and optimizer state (PASS/FAIL line);
 activations are reported only.
 
@@ -125,7 +125,7 @@ def measure_rank(rank: int, world: int, hf: str, tp: int, pp: int, ep: int, laye
 
 
 def estimate_rank(cfg: dict, tp: int, pp: int, ep: int, layer_list, world: int, stage: int, seq_len: int) -> dict:
-    from verl_patches.launch import memory_estimate as me
+    from verl_patches.launch.preflight import memory_estimate as me
 
     m = me.ModelShape.from_hf_config(cfg)
     layers = tuple(layer_list) if layer_list else (cfg["num_hidden_layers"] // pp,) * pp

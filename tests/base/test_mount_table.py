@@ -116,7 +116,7 @@ def test_a_real_tmpfs_mounted_at_a_backslashed_path_is_tmpfs(tmp_path: Path) -> 
     probe = (
         "import os, sys\n"
         "from verl_patches.base.mount_table import mount_holding, read_mount_table\n"
-        "from verl_patches.launch.preflight_checkpoint import filesystem_type\n"
+        "from verl_patches.launch.preflight.checkpoint import filesystem_type\n"
         "m = mount_holding(os.path.realpath(sys.argv[1]), read_mount_table())\n"
         "print(repr((filesystem_type(sys.argv[1]), m.point, m.source)))\n"
     )

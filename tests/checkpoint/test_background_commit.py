@@ -22,7 +22,7 @@ from verl_patches.checkpoint import background_write, commit, trainer_io
 from verl_patches.checkpoint.background_write import BackgroundWrite, BackgroundWriteError
 from verl_patches.checkpoint.manifest import RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.safe_load import sha256_file
-from verl_patches.patches.verl.utils.checkpoint import background_save
+from verl_patches.driver import checkpoint_fence
 from verl_patches.patches.verl.utils.checkpoint.trainer import _save_checkpoint
 
 LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
@@ -122,7 +122,7 @@ def test_the_step_commits_only_after_every_write_is_fenced(tmp_path: Path, capsy
     t = trainer(tmp_path)
     t.global_steps = 2
     _save_checkpoint(t)
-    background_save.finish_pending_save(t)
+    checkpoint_fence.finish_pending_save(t)
     assert tracker(tmp_path) == "2"
 
     t.global_steps, t.train_dataloader.position = 4, 12
@@ -136,7 +136,7 @@ def test_the_step_commits_only_after_every_write_is_fenced(tmp_path: Path, capsy
     assert commit.find_resume(tmp_path).step == 2
     assert "step 4: snapshot taken in" in capsys.readouterr().out
 
-    metrics = background_save.finish_pending_save(t)
+    metrics = checkpoint_fence.finish_pending_save(t)
     assert trainer_io.pending_save(t) is None
     assert tracker(tmp_path) == "4" and commit.find_resume(tmp_path).step == 4
     assert commit.read_manifest(tmp_path / "global_step_4").files["data.pt"].size > 0
@@ -144,25 +144,25 @@ def test_the_step_commits_only_after_every_write_is_fenced(tmp_path: Path, capsy
     assert metrics["checkpoint/fence_wait_s"] > 0 and metrics["checkpoint/snapshot_s"] < 0.5
     out = capsys.readouterr().out
     assert f"step 4 saved to {tmp_path / 'global_step_4'} in the background:" in out
-    assert background_save.finish_pending_save(t) == {}  # nothing pending any more
+    assert checkpoint_fence.finish_pending_save(t) == {}  # nothing pending any more
 
 
 def test_a_failed_write_leaves_the_previous_commit_and_the_tracker(tmp_path: Path) -> None:
     t = trainer(tmp_path, BackgroundWorkerGroup(pause_s=0.1, fail_step=4))
     t.global_steps = 2
     _save_checkpoint(t)
-    background_save.finish_pending_save(t)
+    checkpoint_fence.finish_pending_save(t)
     t.global_steps = 4
     _save_checkpoint(t)
     with pytest.raises(BackgroundWriteError, match="checkpoint step 4: rank 0's background write failed: OSError"):
-        background_save.finish_pending_save(t)
+        checkpoint_fence.finish_pending_save(t)
     assert trainer_io.pending_save(t) is None
     assert tracker(tmp_path) == "2" and commit.find_resume(tmp_path).step == 2
     assert not (tmp_path / "global_step_4").exists()
     assert (tmp_path / ".staging-global_step_4").is_dir()  # a leftover: the next commit's prune removes it
     t.global_steps = 6
     _save_checkpoint(t)
-    background_save.finish_pending_save(t)
+    checkpoint_fence.finish_pending_save(t)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_2", "global_step_6"]
 
 
@@ -172,7 +172,7 @@ def test_a_save_commits_the_previous_background_save_first(tmp_path: Path) -> No
         t.global_steps = step
         _save_checkpoint(t)  # step 4's save fences and commits step 2 before it starts
     assert tracker(tmp_path) == "2" and trainer_io.pending_save(t).step == 4
-    background_save.finish_pending_save(t)
+    checkpoint_fence.finish_pending_save(t)
     assert tracker(tmp_path) == "4"
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from verl_patches.checkpoint import background_write
 from verl_patches.checkpoint.background_write import BackgroundWrite, BackgroundWriteError
+from verl_patches.driver import checkpoint_fence
 from verl_patches.patches.verl.utils.checkpoint import background_save
 
 
@@ -131,13 +132,13 @@ def test_a_new_save_waits_for_the_previous_write_first(tmp_path: Path) -> None:
 
 def test_the_worker_fence_without_a_pending_write_returns_at_once() -> None:
     t0 = time.monotonic()
-    assert background_save.fence_in_worker() is None
+    assert checkpoint_fence.fence_in_worker() is None
     assert time.monotonic() - t0 < 0.1
 
 
 def test_the_worker_fence_reports_what_the_driver_needs(tmp_path: Path) -> None:
     background_write.start(BackgroundWrite(6, 2, slow_write([], [tmp_path / "a.pt"], 0.2)))
-    found = background_save.fence_in_worker()
+    found = checkpoint_fence.fence_in_worker()
     assert found is not None and set(found) == {"step", "rank", "write_s", "waited_s", "files", "nbytes"}
     assert (found["step"], found["rank"], found["files"], found["nbytes"]) == (6, 2, 1, 4000)
 

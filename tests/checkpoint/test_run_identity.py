@@ -315,7 +315,7 @@ def test_the_trainers_save_and_resume_apply_the_cluster_rule(ckroot: Path) -> No
 def test_cluster_run_is_the_one_rule_of_a_cluster_profile(device, profile) -> None:
     """An A3 profile is a cluster run whatever this host is; the tiny profile never is. The preflight's
     Context and the trainer's checkpoint-folder check ask `cluster_run` (no copy of the formula to drift)."""
-    from verl_patches.launch.preflight_findings import Context
+    from verl_patches.launch.preflight.findings import Context
     from verl_patches.trainer.checkpoint_folder import folder_problem
 
     cfg = OmegaConf.create(

@@ -47,7 +47,7 @@ VOCAB = 196608
 
 
 def _model(root: Path) -> Path:
-    from verl_patches.trainer.tiny_assets import build_tokenizer
+    from verl_patches.cpu_proof.tiny_assets import build_tokenizer
     from verl_patches.weights.config import make_tiny_config
     from verl_patches.weights.synthetic import write_synthetic_checkpoint
 

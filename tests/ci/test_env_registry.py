@@ -68,13 +68,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("verl_patches/launch/settings.py", "values[s.name], origin[s.name] = environ[s.name], \"environment\""): (
         "the cluster settings, as above"
     ),
-    ("verl_patches/launch/preflight_vendor_env.py", "value = env_int(v.name, 0, environ={v.name: v.value})"): (
+    ("verl_patches/launch/preflight/vendor_env.py", "value = env_int(v.name, 0, environ={v.name: v.value})"): (
         "parses a value handed in (the vendor's variable as the job would see it), not this process's environment"
     ),
-    ("verl_patches/launch/preflight.py", "old = {k: os.environ.get(k) for k in values}"): (
+    ("verl_patches/launch/preflight/report.py", "old = {k: os.environ.get(k) for k in values}"): (
         "saves the path settings the config reads, to restore them after composing it"
     ),
-    ("verl_patches/launch/preflight.py", "os.environ.pop(k, None)"): "restores them",
+    ("verl_patches/launch/preflight/report.py", "os.environ.pop(k, None)"): "restores them",
 }
 
 

@@ -17,8 +17,8 @@ the reports (`audit`, the launcher's preflight) hand it the catalog.
 
 References by name are not imports and are not counted: a declaration's ``lazy_call("module:attr")``, the
 catalog's list of declaration modules, Ray's ``worker_process_setup_hook``. They are data a lower layer holds,
-resolved when upstream code calls them, after the importing is done; that is how `patches` names the
-trainer's fit loop without depending on it.
+resolved when upstream code calls them, after the importing is done. They name modules of `patches` itself
+(its adapters): what a patch installs from a lower unit (the driver's fit loop, the engines) the adapter imports.
 """
 
 from __future__ import annotations
@@ -57,13 +57,18 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("resilience",), "progress marks, heartbeats and bounded waits: used by the engines and the driver alike"),
     (("train_engine", "rollout"), "the two engines: Megatron/MindSpeed training, vLLM/vllm-ascend rollout"),
     (("sync",), "weight sync from the training engine into the rollout engine"),
+    (
+        ("driver",),
+        "the driver's step: the fit loop and its plan, the fused role, per-step lines, memory, curves, config rules",
+    ),
     (("patches",), "declarations and adapters that install everything below into upstream code"),
     (("prelude_patch",), "the activation point: the catalog of patches handed to the machinery"),
     (
         ("multirank",),
         "N ranks of this host over gloo for checks, benchmarks and tests; a rank may activate the overlay",
     ),
-    (("trainer",), "the driver: configs, the fit loop (one step), the trainer entry that activates the patches"),
+    (("cpu_proof",), "the CPU proof: the tiny run's assets and its golden check; no production unit imports it"),
+    (("trainer",), "the job's entry that activates the patches, and its config composed over verl's own"),
     (("launch",), "cluster bring-up, preflight and the job around the trainer entry"),
     (("audit",), "the report of every difference from upstream: reads sources, patches and the rest"),
     (("checks", "scripts"), "command-line tools on top of everything"),

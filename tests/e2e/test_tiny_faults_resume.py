@@ -194,7 +194,7 @@ def assert_same_as_reference(
 def test_one_launch_restarts_itself_through_a_hang_and_a_killed_worker_and_a_killed_job_resumes(
     monkeypatch: pytest.MonkeyPatch, a3_run: TinyRun, tiny_a3_assets: Path, tmp_path: Path
 ) -> None:
-    from verl_patches.trainer.golden import read_tensorboard
+    from verl_patches.driver.run_metrics import read_tensorboard
 
     assert a3_run.returncode == 0, a3_run.output[-6000:]
     assert a3_run.run_dir is not None

@@ -1,5 +1,5 @@
 """The golden baseline is robust to chaos, not to bugs: the stored bands (recorded from three runs,
-`python -m verl_patches.trainer.golden_record`) pass README command 1 (test_tiny_grpo.py checks the full
+`python -m verl_patches.cpu_proof.golden_record`) pass README command 1 (test_tiny_grpo.py checks the full
 60-step run) and fail the same command with a real fault: the learning rate forced to 0, so the policy never
 moves from the reference.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tiny_job import REPO, TinyRun, env_for_run, run_tiny
-from verl_patches.trainer.golden import DRIFT_KEY, REWARD_KEY, VAL_KEY
+from verl_patches.cpu_proof.golden import DRIFT_KEY, REWARD_KEY, VAL_KEY
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
 FAULT_STEPS = 10  # the first window of the baseline (tolerances.reward_window)
@@ -31,7 +31,7 @@ def _golden(run_dir: Path, *extra: str) -> tuple[int, dict]:
         [
             sys.executable,
             "-m",
-            "verl_patches.trainer.golden",
+            "verl_patches.cpu_proof.golden",
             str(run_dir),
             "--check-against",
             str(BASELINE),

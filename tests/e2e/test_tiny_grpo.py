@@ -127,7 +127,7 @@ def test_tiny_a3_path_rollout_and_training_log_probs_agree(a3_run: TinyRun) -> N
 def test_tiny_a3_path_matches_its_golden_baseline(a3_run: TinyRun) -> None:
     _ok(a3_run)
     proc = subprocess.run(
-        [sys.executable, "-m", "verl_patches.trainer.golden", str(a3_run.run_dir), "--check-against", str(BASELINE)],
+        [sys.executable, "-m", "verl_patches.cpu_proof.golden", str(a3_run.run_dir), "--check-against", str(BASELINE)],
         cwd=REPO,
         env=env_for_run(),
         capture_output=True,

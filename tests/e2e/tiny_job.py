@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from verl_patches.trainer.golden import STEP_LINE, parse_console
+from verl_patches.driver.run_metrics import STEP_LINE, parse_console
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "verl_patches/scripts/train_deepseekv3_256die_random_init.sh"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_patches.launch import job, ray_cluster
+from verl_patches.launch import job
+from verl_patches.launch.cluster import ray_cluster
 
 
 def refuse_process_starts(monkeypatch: pytest.MonkeyPatch, *, sourced: dict[str, str] | None = None) -> None:

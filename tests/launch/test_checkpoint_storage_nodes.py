@@ -1,6 +1,6 @@
 """The launch's check of the checkpoint folder on every node (issue 34 item 1), with fake nodes.
 
-Each fake node is a separate process (`python -m verl_patches.launch.storage_probe STEP JSON`) that sees the
+Each fake node is a separate process (`python -m verl_patches.launch.cluster.storage_probe STEP JSON`) that sees the
 checkpoint folder through its own view: the same folder for shared storage, a folder of its own for storage
 local to that node, a missing folder for a node whose mount is missing. The head's side
 (`check_folder_on_nodes`, `checkpoint_nodes.verdict_on_nodes`) must refuse each bad case in one line that names
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import pytest
 
-from verl_patches.launch.storage_probe import (
+from verl_patches.launch.cluster.storage_probe import (
     MARKER_PREFIX,
     check_folder_on_nodes,
     marker_name,
@@ -43,7 +43,7 @@ def node_processes(views: Mapping[int, Path]):
             assert kwargs["folder"] == FOLDER  # the head hands every node the same path
             args = json.dumps({**kwargs, "folder": str(views[i])})
             procs[i] = subprocess.Popen(
-                [sys.executable, "-m", "verl_patches.launch.storage_probe", step, args],
+                [sys.executable, "-m", "verl_patches.launch.cluster.storage_probe", step, args],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -218,8 +218,8 @@ def test_a_marker_that_shows_late_is_waited_for(tmp_path: Path) -> None:
 
 RAY_SCRIPT = """
 import sys, ray
-from verl_patches.launch.ray_node_calls import cluster_nodes
-from verl_patches.launch.storage_probe import check_folder_on_nodes, run_node_step
+from verl_patches.launch.cluster.ray_node_calls import cluster_nodes
+from verl_patches.launch.cluster.storage_probe import check_folder_on_nodes, run_node_step
 ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
 address = ray.get_runtime_context().gcs_address
 with cluster_nodes(address, run_node_step, timeout_s=60) as (nodes, call):

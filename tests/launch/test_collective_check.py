@@ -23,16 +23,16 @@ from hypothesis import strategies as st
 
 from verl_patches.base.finite_float import float_arg
 from verl_patches.base.free_port import free_port
-from verl_patches.launch import collective_check
-from verl_patches.launch.collective_check import (
+from verl_patches.launch.cluster import collective_check
+from verl_patches.launch.cluster.collective_check import (
     collect_reports,
     parse_args,
     read_token,
     registrations,
     serve_store,
 )
-from verl_patches.launch.collective_rank import all_to_all_problems, bus_bandwidth_gbs, expected_all_reduce
-from verl_patches.launch.collective_report import (
+from verl_patches.launch.cluster.collective_rank import all_to_all_problems, bus_bandwidth_gbs, expected_all_reduce
+from verl_patches.launch.cluster.collective_report import (
     Expected,
     NodeInfo,
     NodeOutcome,
@@ -81,7 +81,7 @@ def fake_cluster_env(tmp_path: Path, wait_s: int = 60) -> Path:
 
 
 def start_node(env_file: Path, role: str, port: int, *extra: str, token: bytes = TOKEN) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "verl_patches.launch.collective_check", "--env-file", str(env_file)]
+    cmd = [sys.executable, "-m", "verl_patches.launch.cluster.collective_check", "--env-file", str(env_file)]
     cmd += ["--node-role", role, "--port", str(port), "--mib", "0.25", "--iters", "1", "--timeout-s", "150"]
     cmd += ["--token-stdin", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NNODES", "NODE_ROLE")}
@@ -186,7 +186,10 @@ def test_a_port_held_by_a_check_process_is_told_apart(tmp_path):
     header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
     row = "   0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1\n"
     (proc / "net/tcp").write_text(header + row.format(port=29444, inode=555) + row.format(port=8265, inode=777))
-    for pid, inode, cmd in ((101, 555, b"python3\0-m\0verl_patches.launch.collective_check\0"), (102, 777, b"ray\0")):
+    for pid, inode, cmd in (
+        (101, 555, b"python3\0-m\0verl_patches.launch.cluster.collective_check\0"),
+        (102, 777, b"ray\0"),
+    ):
         (proc / str(pid) / "fd").mkdir(parents=True)
         (proc / str(pid) / "fd/3").symlink_to(f"socket:[{inode}]")
         (proc / str(pid) / "cmdline").write_bytes(cmd)

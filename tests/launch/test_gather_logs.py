@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.launch import node_logs
-from verl_patches.launch.gather_logs import file_mode, member_parts, printable, read_manifest
+from verl_patches.launch.cluster import node_logs
+from verl_patches.launch.cluster.gather_logs import file_mode, member_parts, printable, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_RUN = "a3_256die_true_weight-20250701-134002-head-node-a"
@@ -117,7 +117,11 @@ def cluster(tmp_path):
 
 
 def gather(tmp_path, nodes, ssh, *extra: str, cwd: Path = ROOT, as_file: bool = False) -> subprocess.CompletedProcess:
-    tool = [str(ROOT / "verl_patches/launch/gather_logs.py")] if as_file else ["-m", "verl_patches.launch.gather_logs"]
+    tool = (
+        [str(ROOT / "verl_patches/launch/cluster/gather_logs.py")]
+        if as_file
+        else ["-m", "verl_patches.launch.cluster.gather_logs"]
+    )
     cmd = [sys.executable, *tool, "--run-dir", f"/jobs/logs/{HEAD_RUN}"]
     cmd += ["--out", str(tmp_path / "out"), "--remote-shell", f"{sys.executable} {ssh}"]
     cmd += ["--ray-dir", "/tmp/ray", "--flight-recorder-prefix", "/tmp/hccl_trace_rank_"]
@@ -566,7 +570,7 @@ def test_a_large_file_is_cut_to_its_end_through_the_command(tmp_path):
     big = root / f"jobs/logs/{HEAD_RUN}/trainer.log"
     big.write_bytes(b"a" * (2 << 20) + b"THE END\n")
     r = subprocess.run(
-        [sys.executable, "-m", "verl_patches.launch.node_logs", "--run-dir", f"/jobs/logs/{HEAD_RUN}"]
+        [sys.executable, "-m", "verl_patches.launch.cluster.node_logs", "--run-dir", f"/jobs/logs/{HEAD_RUN}"]
         + ["--node-root", str(root), "--max-file-mib", "1", "--ray-dir", "/tmp/ray"],
         cwd=ROOT,
         capture_output=True,

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_patches.launch import checkpoint_nodes, job, node_roster, preflight, ray_cluster
+from verl_patches.launch import job
+from verl_patches.launch.cluster import node_roster, ray_cluster
+from verl_patches.launch.preflight import checkpoint_nodes, report as preflight
 
 
 @pytest.fixture
@@ -101,8 +103,8 @@ def test_without_nodes_the_wait_gets_none(head_launch, capsys) -> None:
 def test_a_stop_while_the_nodes_join_ends_in_one_line_with_the_head_stopped(
     head_launch, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    """`launch.stop RUN_DIR` (SIGINT) on a head still waiting for NPUs: the Ray node it started is stopped and the
-    launcher ends with one line and status 130, not a KeyboardInterrupt traceback."""
+    """`launch.cluster.stop RUN_DIR` (SIGINT) on a head still waiting for NPUs: the Ray node it started is stopped
+    and the launcher ends with one line and status 130, not a KeyboardInterrupt traceback."""
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
@@ -115,7 +117,7 @@ def test_a_stop_while_the_nodes_join_ends_in_one_line_with_the_head_stopped(
     captured = capsys.readouterr()
     assert rc == 130 and head_launch["stopped"] is True
     assert "stopping the Ray processes this launch started" in captured.out
-    assert captured.err.strip().splitlines()[-1] == "launch: stopped by SIGINT (Ctrl-C or launch.stop)"
+    assert captured.err.strip().splitlines()[-1] == "launch: stopped by SIGINT (Ctrl-C or launch.cluster.stop)"
     assert "Traceback" not in captured.err + captured.out
 
 

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_patches.launch import job, preflight, preflight_files
-from verl_patches.launch.preflight_findings import FAIL, OK, Context, HostFacts
+from verl_patches.launch import job
+from verl_patches.launch.preflight import files as preflight_files, report as preflight
+from verl_patches.launch.preflight.findings import FAIL, OK, Context, HostFacts
 from verl_patches.launch.settings import (
     SettingsError,
     cluster_setting_problems,

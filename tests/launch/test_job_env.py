@@ -174,8 +174,9 @@ def test_graph_mode_is_the_profiles_config_key_not_the_dropped_variable() -> Non
         capture_output=True,
         text=True,
     )
-    # preflight_vendor_env names it only to refuse or map it (issue 42), the registry to document it: it drives nothing
-    skip = ("job_env.py", "preflight_vendor_env.py", "env_registry.py")
+    # the preflight's vendor_env names it only to refuse or map it (issue 42), the registry to document it: it drives
+    # nothing
+    skip = ("job_env.py", "preflight/vendor_env.py", "env_registry.py")
     readers = [p for p in hits.stdout.split() if not p.endswith(skip)]
     assert readers == [], f"read by {readers}"
 

@@ -233,7 +233,7 @@ def test_a_malformed_heartbeat_is_named_by_the_watch_not_a_traceback(raw, needle
 
 
 def test_the_dry_run_refuses_the_log_dir_the_launch_refuses(tmp_path: Path) -> None:
-    from verl_patches.launch.preflight import log_dir_findings
+    from verl_patches.launch.preflight.report import log_dir_findings
 
     root = tmp_path / "logs"
     root.mkdir()

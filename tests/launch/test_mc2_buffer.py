@@ -1,4 +1,4 @@
-"""MC2's HCCL_BUFFSIZE rules (launch/mc2_buffer.py): each documented A3 rule's least admissible value, checked
+"""MC2's HCCL_BUFFSIZE rules (launch/preflight/mc2_buffer.py): each documented A3 rule's least admissible value, checked
 against the rule's own inequality over the whole input space, by hand at the A3 profiles' sizes, and its
 refusal of sizes that are not positive integers."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verl_patches.launch.mc2_buffer import (
+from verl_patches.launch.preflight.mc2_buffer import (
     MB,
     Mc2Sizes,
     align,

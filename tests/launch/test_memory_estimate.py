@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_patches.launch.memory_estimate import (
+from verl_patches.launch.preflight.memory_estimate import (
     ATLAS_A3_DIE,
     GIB,
     MIB,
@@ -220,8 +220,8 @@ def test_rollout_parameter_tensors_by_hand():
 def test_the_lifecycle_finding_states_both_designs_costs():
     from omegaconf import OmegaConf
 
-    from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, Component, PhaseEstimate
-    from verl_patches.launch.preflight_memory import graph_rebuild_finding
+    from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, Component, PhaseEstimate
+    from verl_patches.launch.preflight.memory import graph_rebuild_finding
 
     cfg = OmegaConf.create(
         {
@@ -273,7 +273,11 @@ def _moe_layer(bs: int, rows: int, batch: int) -> int:
     ],
 )
 def test_torchair_graph_feature_map_at_the_a3_profiles_by_hand(layers, dp, seqs, bs, rows, expected):
-    from verl_patches.launch.memory_estimate import graph_feature_map_bytes, rollout_mc2_sizes, torchair_graph_bytes
+    from verl_patches.launch.preflight.memory_estimate import (
+        graph_feature_map_bytes,
+        rollout_mc2_sizes,
+        torchair_graph_bytes,
+    )
 
     cfg = official_config() | {"num_hidden_layers": layers}
     m = ModelShape.from_hf_config(cfg)
@@ -290,7 +294,7 @@ def test_torchair_graph_feature_map_at_the_a3_profiles_by_hand(layers, dp, seqs,
 
 
 def test_torchair_graph_feature_map_tiny_by_hand():
-    from verl_patches.launch.memory_estimate import graph_feature_map_bytes
+    from verl_patches.launch.preflight.memory_estimate import graph_feature_map_bytes
 
     r = RolloutSetup(1, 1, 0.5, 4, 16, 8, (4,))
     attention = 4 * (2 * 64 + 32 + 16 + 8 + 4 * (16 + 8 + 2 * 16 + 16))  # 1888
@@ -301,7 +305,7 @@ def test_torchair_graph_feature_map_tiny_by_hand():
 
 
 def test_the_mc2_communicator_and_the_graph_are_held_in_every_phase():
-    from verl_patches.launch.memory_estimate import estimate_ref, estimate_reshard
+    from verl_patches.launch.preflight.memory_estimate import estimate_ref, estimate_reshard
 
     t = TrainingSetup(
         **A3_TRAINING,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_patches.launch import node_roster, ray_cluster
-from verl_patches.launch.node_roster import (
+from verl_patches.launch.cluster import node_roster, ray_cluster
+from verl_patches.launch.cluster.node_roster import (
     JOINED,
     LEFT,
     NEVER,
@@ -27,7 +27,7 @@ from verl_patches.launch.node_roster import (
     reason,
     rows_from_ray,
 )
-from verl_patches.launch.ray_cluster import RayClusterError, wait_for_resource
+from verl_patches.launch.cluster.ray_cluster import RayClusterError, wait_for_resource
 
 FIXED = lambda t: "T" if t is None else f"t{t:g}"  # noqa: E731  (a clock that needs no time zone)
 

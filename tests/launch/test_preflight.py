@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA
-from verl_patches.launch import preflight_files
-from verl_patches.launch.preflight import (
+from verl_patches.launch.preflight import files as preflight_files
+from verl_patches.launch.preflight.report import (
     PROFILES,
     compose,
     exit_status,
@@ -27,9 +27,9 @@ from verl_patches.launch.preflight import (
     run_preflight,
     sources_findings,
 )
-from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
-from verl_patches.launch.preflight_host import cluster_findings
-from verl_patches.launch.preflight_layout import LAYER_LIST, tp_split_findings
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
+from verl_patches.launch.preflight.host import cluster_findings
+from verl_patches.launch.preflight.layout import LAYER_LIST, tp_split_findings
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import config_to_json, official_config
 
@@ -229,7 +229,7 @@ def test_model_len_beyond_position_embeddings_and_batched_tokens():
     assert f.key.startswith("data.max_response_length") and "163840" in f.message
     f = failed(
         run("a3_256die_true_weight", "actor_rollout_ref.rollout.enable_chunked_prefill=False"), "rollout.engine"
-    )  # the rules of verl_patches.trainer.rollout_settings
+    )  # the rules of verl_patches.driver.rollout_settings
     assert "actor_rollout_ref.rollout.max_num_batched_tokens" in f.key and "enable_chunked_prefill" in f.key
 
 

@@ -18,17 +18,18 @@ from hypothesis import strategies as st
 
 from verl_patches.base import env_registry
 from verl_patches.base.env_flags import EnvError
-from verl_patches.launch import job, preflight
-from verl_patches.launch.preflight import PROFILES, compose, run_preflight
-from verl_patches.launch.preflight_env import (
+from verl_patches.launch import job
+from verl_patches.launch.preflight import report as preflight
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.env import (
     CHECK,
     Seen,
     dp_master_port_findings,
     seen_variables,
     variable_findings,
 )
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, HostFacts
-from verl_patches.launch.preflight_host import local_dp_port_findings, vllm_dp_port_count
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, HostFacts
+from verl_patches.launch.preflight.host import local_dp_port_findings, vllm_dp_port_count
 from verl_patches.launch.settings import load_settings
 from verl_patches.resilience.timeout import configured_timeout
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, port_block

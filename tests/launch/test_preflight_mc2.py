@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from verl_patches.launch.job_env import STATIC_VARS
-from verl_patches.launch.preflight import PROFILES, compose, exit_status, run_preflight
-from verl_patches.launch.preflight_findings import FAIL, OK, Context, HostFacts
-from verl_patches.launch.preflight_mc2 import CHECK, mc2_buffer_findings
+from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
+from verl_patches.launch.preflight.findings import FAIL, OK, Context, HostFacts
+from verl_patches.launch.preflight.mc2 import CHECK, mc2_buffer_findings
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import make_tiny_config, official_config
 

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from verl_patches.launch.preflight_findings import FAIL, OK
-from verl_patches.launch.preflight_layout import layer_list_findings
+from verl_patches.launch.preflight.findings import FAIL, OK
+from verl_patches.launch.preflight.layout import layer_list_findings
 from verl_patches.train_engine.stages import dense_only_message, dense_only_stages, stage_layer_ranges
 
 KEY = "actor_rollout_ref.actor.megatron.pipeline_parallel_num_layer_list"

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verl_patches.launch.preflight import PROFILES, compose, run_preflight
-from verl_patches.launch.preflight_findings import OK, WARN, Context, HostFacts
-from verl_patches.launch.preflight_run_end import (
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.findings import OK, WARN, Context, HostFacts
+from verl_patches.launch.preflight.run_end import (
     CHECK,
     EPOCHS_KEY,
     STEPS_KEY,

@@ -12,9 +12,9 @@ import pytest
 
 from no_process_starts import refuse_process_starts, worker_launch
 from verl_patches.launch import job
-from verl_patches.launch.preflight import PROFILES, compose, run_preflight
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, HostFacts
-from verl_patches.launch.preflight_vendor_env import (
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, HostFacts
+from verl_patches.launch.preflight.vendor_env import (
     CHECK,
     GRAPH_MODE_KEY,
     HANDLERS,

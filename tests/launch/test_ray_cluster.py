@@ -22,7 +22,7 @@ import pytest
 from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
 from verl_patches.process_identity import signal_if_same
-from verl_patches.launch.ray_cluster import (
+from verl_patches.launch.cluster.ray_cluster import (
     RayClusterError,
     RayNode,
     forget_current_cluster,

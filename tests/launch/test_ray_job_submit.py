@@ -23,7 +23,7 @@ import pytest
 import docs_text
 from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
-from verl_patches.launch.ray_cluster import head_command, start_node
+from verl_patches.launch.cluster.ray_cluster import head_command, start_node
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]

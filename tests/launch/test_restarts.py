@@ -242,7 +242,8 @@ def test_the_cluster_head_names_a_lost_node_waits_for_every_node_and_keeps_ray_u
     before the next run, and stops its Ray node once, at the end."""
     from types import SimpleNamespace
 
-    from verl_patches.launch import checkpoint_nodes, preflight, ray_cluster
+    from verl_patches.launch.cluster import ray_cluster
+    from verl_patches.launch.preflight import checkpoint_nodes, report as preflight
     from verl_patches.launch.failure_diagnosis import LostNode
 
     calls: dict[str, int] = {"wait": 0, "stop": 0}
@@ -297,7 +298,7 @@ def test_the_cluster_head_names_a_lost_node_waits_for_every_node_and_keeps_ray_u
 
 
 def test_restarts_and_ray_only_do_not_mix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
-    from verl_patches.launch import preflight
+    from verl_patches.launch.preflight import report as preflight
 
     monkeypatch.setattr(preflight, "path_environment", lambda *_a: {})
     monkeypatch.setattr(job, "become_subreaper", lambda: False)

@@ -1,5 +1,5 @@
 """The launcher hands its run folder to the trainer (`VERL_PATCHES_RUN_DIR`), and the trainer's run-folder
-lookup (`trainer.rank_memory.run_dir`: resolved_config.yaml, curves.png, rank_memory.jsonl) takes it first:
+lookup (`driver.rank_memory.run_dir`: resolved_config.yaml, curves.png, rank_memory.jsonl) takes it first:
 a user's own TENSORBOARD_DIR, or a value left in the shell, does not move those files elsewhere."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from verl_patches.launch import job
-from verl_patches.trainer import rank_memory
+from verl_patches.driver import rank_memory
 
 # a stand-in for the trainer entry: what it was handed and where its run-folder files would go
 TRAINER = textwrap.dedent(
     """
     import json, os, sys
-    from verl_patches.trainer.rank_memory import run_dir
+    from verl_patches.driver.rank_memory import run_dir
     keys = ("VERL_PATCHES_RUN_DIR", "TENSORBOARD_DIR")
     seen = {k: os.environ.get(k) for k in keys}
     seen["run_dir"] = str(run_dir())

@@ -135,13 +135,13 @@ def test_the_load_pass_flags_are_accepted_at_both_layouts():
 
 
 def test_the_collective_check_and_gather_commands_parse(tmp_path):
-    from verl_patches.launch import collective_check, gather_logs
+    from verl_patches.launch.cluster import collective_check, gather_logs
 
     check = command(code_block("collective_check --env-file cluster.env"), "on_every_node python3")
-    assert check[1:4] == ["python3", "-m", "verl_patches.launch.collective_check"]
+    assert check[1:4] == ["python3", "-m", "verl_patches.launch.cluster.collective_check"]
     assert collective_check.parse_args(check[4:]).env_file == Path("cluster.env")
     gather = shlex.split(code_block("gather_logs --env-file").replace("\\\n", " "))
-    assert gather[:3] == ["python3", "-m", "verl_patches.launch.gather_logs"]
+    assert gather[:3] == ["python3", "-m", "verl_patches.launch.cluster.gather_logs"]
     args = gather_logs.parse_args(gather[3:])
     assert args.run_dir.endswith("-head-a3-node-01") and args.env_file == Path("cluster.env")
 
@@ -160,7 +160,7 @@ exec bash -c "$1"
 
 
 def on_every_node_definition() -> str:
-    block = code_block("on_every_node python3 -m verl_patches.launch.collective_check")
+    block = code_block("on_every_node python3 -m verl_patches.launch.cluster.collective_check")
     start = block.index("on_every_node() {")
     return block[start : block.index("\n}\n", start) + 3]
 

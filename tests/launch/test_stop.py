@@ -1,5 +1,5 @@
 """A documented stop (issue 42, item 5): the launcher records itself and what it starts in pids.json, by pid and
-start time, and `python -m verl_patches.launch.stop RUN_DIR` ends exactly those: the launcher first as Ctrl-C
+start time, and `python -m verl_patches.launch.cluster.stop RUN_DIR` ends exactly those: the launcher first as Ctrl-C
 would (its own teardown), then what is left with SIGTERM and SIGKILL; never a process whose pid was reused,
 never one it did not record, never a record of another node or boot."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.launch import stop
+from verl_patches.launch.cluster import stop
 from verl_patches.launch.pid_record import (
     PidRecord,
     PidRecordError,
@@ -149,7 +149,7 @@ def test_a_record_of_another_node_or_boot_is_refused(tmp_path: Path, bystander, 
         tmp_path / "run", {"trainer": {"pid": bystander.pid, "start_ticks": start_ticks(bystander.pid)}}, host, boot
     )
     r = subprocess.run(
-        [sys.executable, "-m", "verl_patches.launch.stop", str(tmp_path / "run")],
+        [sys.executable, "-m", "verl_patches.launch.cluster.stop", str(tmp_path / "run")],
         cwd=ROOT,
         capture_output=True,
         text=True,

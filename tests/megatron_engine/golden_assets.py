@@ -34,7 +34,7 @@ def build_hf_model(root: Path, seed: int = 0) -> Path:
     """HF checkpoint + tokenizer in ``root/hf``; vocabulary padded to a multiple of 4 (TP2 and EP2 divide it)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from verl_patches.trainer.tiny_assets import build_tokenizer
+    from verl_patches.cpu_proof.tiny_assets import build_tokenizer
     from verl_patches.weights.config import make_tiny_config
 
     out = root / "hf"

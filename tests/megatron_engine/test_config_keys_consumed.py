@@ -64,14 +64,14 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
         "",
     ),
     f"{A}.rollout_correction.tis_cap": (
-        "verl_patches/patches/verl/workers/actor/rollout_correction.py",
+        "verl_patches/worker_calls/rollout_correction.py",
         'CAP_KEY = "actor_rollout_ref.actor.rollout_correction.tis_cap"',
         "test_actor_loss::test_tis_in_the_actors_update_is_an_identity_on_agreement_and_the_formula_on_a_perturbed_"
         "rollout, test_rollout_correction.py",
     ),
     **{
         f"overlay.rollout_mismatch_gate.{level}.{metric}": (
-            "verl_patches/trainer/mismatch_gate.py",
+            "verl_patches/driver/mismatch_gate.py",
             'GATE_KEY = "overlay.rollout_mismatch_gate"',
             "tests/trainer/test_mismatch_gate.py",
         )
@@ -81,9 +81,9 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
     "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
     "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),
-    "overlay.fused_actor_rollout_ref": ("verl_patches/trainer/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
+    "overlay.fused_actor_rollout_ref": ("verl_patches/driver/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
     "overlay.d2d_tensor_cache": (
-        "verl_patches/trainer/step_plan.py",
+        "verl_patches/driver/step_plan.py",
         'D2D_KEY = "overlay.d2d_tensor_cache"',
         "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py",
     ),

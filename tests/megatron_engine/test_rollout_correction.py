@@ -24,7 +24,7 @@ from verl_patches.patches.verl.workers.actor.rollout_correction import (
     tis_cap,
     tis_weights,
 )
-from verl_patches.trainer.config_checks import check_config, rollout_correction_problems
+from verl_patches.driver.config_checks import check_config, rollout_correction_problems
 from verl_patches.trainer.config_compose import compose_config, resolved
 
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

@@ -1,7 +1,7 @@
 """Our fit loop re-implements upstream's `RayPPOTrainer.fit`: every upstream helper it calls is pinned.
 
 `trainer.fit_step_plan` pins `fit` itself and, in `relies_on`, each upstream function, method and class
-`verl_patches/trainer/fit_loop.py` calls by name. A change to any of them fails like any other drift:
+`verl_patches/driver/fit_loop.py` calls by name. A change to any of them fails like any other drift:
 the registry raises `PatchDriftError` naming that helper, and the audit reports the patch as drifted.
 """
 
@@ -19,7 +19,7 @@ from verl_patches.patches.verl.trainer.declarations import FIT_LOOP_RELIES_ON
 from verl_patches.patching.declaration import Kind, Patch, PatchDriftError
 from verl_patches.patching.fingerprint import fingerprint_target
 
-FIT_LOOP = REPO / "verl_patches" / "trainer" / "fit_loop.py"
+FIT_LOOP = REPO / "verl_patches" / "driver" / "fit_loop.py"
 FIT_PATCH = "trainer.fit_step_plan"
 HELPER = "verl.trainer.ppo.ray_trainer:compute_advantage"
 WRONG = "sha256:00000000deadbeef"

@@ -88,8 +88,8 @@ def tiny_hf_config(ranks) -> dict:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     from verl_patches.trainer.config_compose import compose_config, resolved
-    from verl_patches.trainer.tiny_a3 import tiny_spec
-    from verl_patches.trainer.tiny_assets import prepare
+    from verl_patches.cpu_proof.tiny_a3 import tiny_spec
+    from verl_patches.cpu_proof.tiny_assets import prepare
 
     if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
         from verl_patches.sources.lock import load_lock
@@ -141,7 +141,7 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks, tiny_hf_config) -> None:
-    from verl_patches.launch.memory_estimate import ModelShape, rollout_parameter_tensors
+    from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_parameter_tensors
 
     parameter_tensors = rollout_parameter_tensors(ModelShape.from_hf_config(tiny_hf_config))
     for rank, out in enumerate(ranks):
@@ -248,7 +248,7 @@ def test_a_wrong_value_is_refused_by_the_code_that_refuses_it_on_a3(ranks, case:
 def test_trainer_entry_refuses_the_same_wrong_values_first() -> None:
     """The same values never reach the cluster: the trainer entry's rules (rollout_settings) name them."""
     from verl_patches.trainer.config_compose import compose_config, resolved
-    from verl_patches.trainer.rollout_settings import rollout_problems
+    from verl_patches.driver.rollout_settings import rollout_problems
 
     saved = {k: os.environ.pop(k) for k in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") if k in os.environ}
     try:

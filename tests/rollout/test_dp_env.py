@@ -187,7 +187,7 @@ def test_the_preflights_port_count_is_the_number_of_ports_the_job_uses(
 ) -> None:
     from omegaconf import OmegaConf
 
-    from verl_patches.launch.preflight_host import vllm_dp_port_count
+    from verl_patches.launch.preflight.host import vllm_dp_port_count
 
     world = tp * dp * instances
     if world % per_node:

@@ -33,7 +33,7 @@ def test_kv_nz_needs_graph_mode_and_the_nz_cache(enabled, nz, want) -> None:
 
 @pytest.mark.parametrize("profile", ["a3_256die_true_weight", "a3_256die_random_init", "a3_16die_smoke"])
 def test_the_a3_profiles_run_without_f4_and_the_launcher_says_so(profile) -> None:
-    from verl_patches.launch import preflight
+    from verl_patches.launch.preflight import report as preflight
     from verl_patches.launch.settings import load_settings
 
     cfg = preflight.compose("ppo_mindspeed_trainer", [f"profile={profile}"], load_settings({}, None, environ={}), ROOT)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from verl_patches.multirank import run_ranks
 from verl_patches.npu_emulation.ops.moe_routing import npu_moe_gating_top_k
 from verl_patches.patches.transformers.deepseek_v3_router import group_limited_top_k
-from verl_patches.trainer.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD
+from verl_patches.cpu_proof.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD
 
 EXPERTS, GROUPS, TOPK_GROUPS, TOPK, SCALE = 256, 8, 4, 8, 2.5  # DeepSeek-V3's router (the tiny run's)
 HIDDEN, TOKENS = 64, 12
@@ -273,7 +273,7 @@ def rank_unpatched_base_pass_is_refused(rank: int, world: int) -> dict:
     from verl_patches.patches.catalog import all_patches
     from verl_patches.patches.transformers.deepseek_v3_router import hf_routes_as_deepseek
     from verl_patches.patching.registry import Registry
-    from verl_patches.trainer.tiny_assets import TinySpec, require_deepseek_routing
+    from verl_patches.cpu_proof.tiny_assets import TinySpec, require_deepseek_routing
 
     out = {"plain_hf": hf_routes_as_deepseek()}
     require_deepseek_routing(TinySpec())  # no bias: nothing to refuse

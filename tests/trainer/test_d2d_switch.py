@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.trainer.config_checks import d2d_problems
-from verl_patches.trainer.step_plan import D2D_KEY, d2d_setting, plan_steps
+from verl_patches.driver.config_checks import d2d_problems
+from verl_patches.driver.step_plan import D2D_KEY, d2d_setting, plan_steps
 
 GOOD = {
     "overlay": {"d2d_tensor_cache": True, "fused_actor_rollout_ref": True},
@@ -69,7 +69,7 @@ def test_problems_name_the_switch_and_the_key() -> None:
     ],
 )
 def test_the_a3_profiles_and_the_tiny_run_use_the_cache(name: str, overrides: list[str], on: bool) -> None:
-    from verl_patches.trainer.config_checks import check_config
+    from verl_patches.driver.config_checks import check_config
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     c = resolved(compose_config(name, overrides))

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from fit_fakes import STEPS, B, Call, FakeWorkerGroup, N, P, R, Recorder, fit_config, make_trainer
-from verl_patches.trainer import fit_loop
+from verl_patches.driver import fit_loop
+from verl_patches.patches.verl.trainer.ray_trainer import with_overlay_fit
 from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.worker_calls.step_payloads import NEVER_SHIPPED_WITH_D2D
-from verl_patches.trainer.step_plan import StepPlan
+from verl_patches.driver.step_plan import StepPlan
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +90,21 @@ def test_remax_keeps_upstreams_fit(base_cfg: Any, monkeypatch: pytest.MonkeyPatc
         },
     )
     seen = []
-    fit_loop.with_overlay_fit(lambda self: seen.append(self))(t)
+    with_overlay_fit(lambda self: seen.append(self))(t)
     assert seen == [t]
 
 
 def test_inconsistent_config_stops_fit_before_any_worker_call(base_cfg: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from verl_patches.trainer.config_checks import OverlayConfigError
+    from verl_patches.driver.config_checks import OverlayConfigError
 
     plan = StepPlan(skip_old_log_prob=True, d2d=False, fused_role=False)
     t, wg = make_trainer(base_cfg, monkeypatch, plan, **{"actor_rollout_ref.actor.ppo_epochs": 2})
     with pytest.raises(OverlayConfigError, match="ppo_epochs"):
-        fit_loop.with_overlay_fit(lambda self: None)(t)
+        with_overlay_fit(lambda self: None)(t)
     monkeypatch.setenv("D2D_DATA_TRANSFER", "1")
     t, wg = make_trainer(base_cfg, monkeypatch, plan)
     with pytest.raises(OverlayConfigError, match="trainer.balance_batch"):  # the base config balances batches
-        fit_loop.with_overlay_fit(lambda self: None)(t)
+        with_overlay_fit(lambda self: None)(t)
     assert wg.calls == []
 
 

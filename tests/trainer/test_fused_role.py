@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.trainer import fused_role
+from verl_patches.driver import fused_role
+from verl_patches.patches.verl.trainer.ray_trainer import with_fused_role
 
 
 class FakeWG:
@@ -81,7 +82,7 @@ def test_one_group_plays_actor_rollout_and_ref(monkeypatch: pytest.MonkeyPatch) 
 
     t = make_trainer(monkeypatch, fused=True)
     upstream = []
-    fused_role.with_fused_role(lambda self: upstream.append(self))(t)
+    with_fused_role(lambda self: upstream.append(self))(t)
     assert upstream == []
     assert len(FakeGroupCls.built) == 1
     classes = FakeGroupCls.built[0]["classes"]
@@ -107,7 +108,7 @@ def test_critic_is_initialised_before_the_fused_group(monkeypatch: pytest.Monkey
 def test_without_the_switch_upstream_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     t = make_trainer(monkeypatch, fused=False)
     upstream = []
-    fused_role.with_fused_role(lambda self: upstream.append(self))(t)
+    with_fused_role(lambda self: upstream.append(self))(t)
     assert upstream == [t] and FakeGroupCls.built == []
 
 

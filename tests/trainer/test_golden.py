@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.trainer import golden, rank_memory
+from verl_patches.cpu_proof import golden
+from verl_patches.driver import rank_memory, run_metrics
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
 STEPS = 30
@@ -262,7 +263,7 @@ def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
             # a verl worker has torch and our modules loaded long before its first step ends; a bare actor
             # loads them here, untimed, so the hook's time limit measures the probe (on a loaded 2-core CI
             # host the first import alone took past that limit)
-            from verl_patches.trainer import rank_memory as _loaded  # noqa: F401
+            from verl_patches.driver import rank_memory as _loaded  # noqa: F401
 
             return os.getpid()
 
@@ -284,13 +285,13 @@ def test_step_memory_probes_every_ray_worker(tmp_path: Path) -> None:
         rows = [json.loads(x) for x in (tmp_path / rank_memory.FILE_NAME).read_text().splitlines()]
         assert [r["rank"] for r in rows[0]["ranks"]] == [0, 1] and {r["pid"] for r in rows[0]["ranks"]} == set(pids)
         assert metrics["memory/peak_gib_max"] > 0 and metrics["memory/peak_rank"] in (0.0, 1.0)
-        assert golden.read_rank_memory(tmp_path / rank_memory.FILE_NAME).keys() == {0, 1}
+        assert run_metrics.read_rank_memory(tmp_path / rank_memory.FILE_NAME).keys() == {0, 1}
     finally:
         ray.shutdown()
 
 
 def test_golden_record_changes_only_the_seeds_and_needs_three_runs(capsys) -> None:
-    from verl_patches.trainer import golden_record
+    from verl_patches.cpu_proof import golden_record
 
     assert golden_record.seed_overrides(0) == []  # README's command as is
     assert golden_record.seed_overrides(2) == ["data.seed=3", "+actor_rollout_ref.rollout.seed=2"]
@@ -453,7 +454,7 @@ def test_a_non_finite_share_is_a_regression(tmp_path: Path, baseline: Path) -> N
 
 def test_golden_record_host_variants_plan_spread_and_identity(tmp_path: Path) -> None:
     from verl_patches.base import cpu_numerics
-    from verl_patches.trainer import golden_record
+    from verl_patches.cpu_proof import golden_record
 
     plan = golden_record.host_variant_runs(tmp_path)
     assert [env for _, env, _ in plan[:2]] == [{}, {}] and [o for _, _, o in plan[:2]] == [[], []]  # as is, twice

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_golden import RECORDED, write_run  # noqa: F401  (the synthetic runs of the golden tests)
-from verl_patches.trainer import golden, rank_memory
+from verl_patches.cpu_proof import golden
+from verl_patches.driver import rank_memory
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 

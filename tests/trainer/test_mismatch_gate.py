@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from verl_patches.trainer import fit_loop, mismatch_gate
-from verl_patches.trainer.config_checks import check_config
+from verl_patches.driver import fit_loop, mismatch_gate
+from verl_patches.driver.config_checks import check_config
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.mismatch_gate import (
+from verl_patches.driver.mismatch_gate import (
     GATE_KEY,
     GATED,
     OK,
@@ -32,7 +32,7 @@ from verl_patches.trainer.mismatch_gate import (
     enforce,
     thresholds_from_config,
 )
-from verl_patches.trainer.step_plan import StepPlan
+from verl_patches.driver.step_plan import StepPlan
 from verl_patches.worker_calls import logprob_mismatch
 from fit_fakes import STEPS, Recorder, fit_config, make_trainer  # the fit loop's fake workers
 
@@ -122,8 +122,8 @@ def test_the_a3_profiles_gate_both_levels_and_the_tiny_run_inherits_it(a3_cfgs: 
 
 
 def test_config_checks_and_the_preflight_refuse_a_bad_threshold_with_the_same_words(a3_cfgs: dict[str, Any]) -> None:
-    from verl_patches.launch.preflight_findings import FAIL
-    from verl_patches.launch.preflight_layout import semantic_findings
+    from verl_patches.launch.preflight.findings import FAIL
+    from verl_patches.launch.preflight.layout import semantic_findings
 
     cfg = OmegaConf.create(OmegaConf.to_container(a3_cfgs["a3_256die_true_weight"]))
     assert not [p for p in check_config(cfg) if GATE_KEY in p]

@@ -1,4 +1,4 @@
-"""The run's curves as a PNG (`verl_patches.trainer.plot`), drawn from run folders written as a real run writes
+"""The run's curves as a PNG (`verl_patches.driver.plot`), drawn from run folders written as a real run writes
 them (TensorBoard scalars through torch's SummaryWriter, verl's console lines), and its pure axis arithmetic."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from verl_patches.trainer import plot
-from verl_patches.trainer.golden import DRIFT_KEY, REWARD_KEY, VAL_KEY
+from verl_patches.driver import plot
+from verl_patches.driver.run_metrics import DRIFT_KEY, REWARD_KEY, VAL_KEY
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -147,7 +147,7 @@ def test_an_unwritable_target_is_one_line_and_exit_2(tmp_path: Path, capsys: pyt
 def test_the_end_of_a_run_never_raises(tmp_path: Path) -> None:
     assert "no run folder" in plot.end_of_run(None)
     line = plot.end_of_run(tmp_path / "missing")
-    assert line.startswith("curves: not drawn (GoldenInputError") and "python -m verl_patches.trainer.plot" in line
+    assert line.startswith("curves: not drawn (RunInputError") and "python -m verl_patches.driver.plot" in line
     run = write_events(tmp_path / "run", healthy_rows(3))
     assert plot.end_of_run(run) == f"curves of this run: {run / plot.FILE_NAME}"
     assert (run / plot.FILE_NAME).read_bytes().startswith(PNG_SIGNATURE)

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from verl_patches.launch.preflight_findings import FAIL, OK
-from verl_patches.launch.preflight_layout import engine_findings, semantic_findings
-from verl_patches.trainer.config_checks import check_config
+from verl_patches.launch.preflight.findings import FAIL, OK
+from verl_patches.launch.preflight.layout import engine_findings, semantic_findings
+from verl_patches.driver.config_checks import check_config
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.rollout_settings import (
+from verl_patches.driver.rollout_settings import (
     ENGINE,
     GRAPH,
     SCHEDULER,
@@ -221,7 +221,7 @@ def test_the_length_limit_is_the_one_vllm_enforces(name: str) -> None:
     from transformers import PretrainedConfig
     from vllm.config import _get_and_verify_max_len
 
-    from verl_patches.trainer.rollout_settings import model_length_limit
+    from verl_patches.driver.rollout_settings import model_length_limit
 
     model = LENGTH_CONFIGS[name]
     hf = PretrainedConfig(**json.loads(json.dumps(model)))
@@ -240,7 +240,7 @@ def test_the_length_limit_is_the_one_vllm_enforces(name: str) -> None:
 
 
 def test_a_config_without_a_length_key_has_no_limit() -> None:
-    from verl_patches.trainer.rollout_settings import model_length_limit
+    from verl_patches.driver.rollout_settings import model_length_limit
 
     assert model_length_limit({"hidden_size": 8})[0] is None
 
@@ -257,7 +257,7 @@ def test_a_config_without_a_length_key_has_no_limit() -> None:
     ],
 )
 def test_a_length_vllm_could_not_use_is_named(model: dict, key: str) -> None:
-    from verl_patches.trainer.rollout_settings import model_length_limit
+    from verl_patches.driver.rollout_settings import model_length_limit
 
     with pytest.raises(ValueError, match=key):
         model_length_limit(model)

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from fit_fakes import STEPS, fit_config, make_trainer  # the fit loop's fake workers
-from verl_patches.trainer import fit_loop, golden, plot
-from verl_patches.trainer.step_plan import StepPlan
+from verl_patches.driver import fit_loop, plot, run_metrics
+from verl_patches.driver.step_plan import StepPlan
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_each_step_prints_one_line_and_the_end_draws_the_curves(
         assert "s: gen " in line and " ref " in line and " update " in line
     assert lines[-1].split("] ")[1].startswith("ETA 0s")
     # verl's full metrics are in TensorBoard at full precision, read by the golden check's reader
-    steps = golden.read_run(run).steps
+    steps = run_metrics.read_run(run).steps
     assert sorted(steps) == list(range(1, STEPS + 1))
     assert steps[1]["critic/score/mean"] == 0.5 and "timing_s/step" in steps[1] and "perf/throughput" in steps[1]
     assert f"curves of this run: {run / plot.FILE_NAME}" in out.splitlines()

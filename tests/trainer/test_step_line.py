@@ -1,5 +1,5 @@
 """The compact step line (`step_line`): what it shows for a step's metrics, the ETA, and that it stays one short
-line that verl's console parsers (`golden.parse_console`, the end-to-end tests) never read as a step."""
+line that verl's console parsers (`run_metrics.parse_console`, the end-to-end tests) never read as a step."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import docs_text
 from verl_patches.rollout.decode_share import SHARE
-from verl_patches.trainer import golden
-from verl_patches.trainer.step_line import (
+from verl_patches.driver import run_metrics
+from verl_patches.driver.step_line import (
     CARD_THROUGHPUT_KEY,
     MAX_LENGTH,
     PHASES,
@@ -207,7 +207,7 @@ def test_any_metrics_give_one_short_line_that_no_console_parser_reads(
 ) -> None:
     line = step_line(metrics, step, total, times, elapsed)
     assert line.startswith(f"{PREFIX}{step}") and "\n" not in line and "\r" not in line
-    assert golden.STEP_LINE.search(line) is None and golden.parse_console(line) == {}
+    assert run_metrics.STEP_LINE.search(line) is None and run_metrics.parse_console(line) == {}
     assert len(line) <= MAX_LENGTH
     for key, word in (("critic/score/mean", "reward "), ("response_length/mean", "resp "), (SHARE, "graph ")):
         value = metrics.get(key)
@@ -223,7 +223,7 @@ def test_any_metrics_give_one_short_line_that_no_console_parser_reads(
 def test_a_data_source_name_cannot_forge_a_console_step(source: str, value: float) -> None:
     metrics = {f"val-core/{source}/reward/mean@1": value, "val-core/a/reward/mean@1": value}
     line = step_line(metrics, 1, 2, [1.0], 1.0)
-    assert golden.STEP_LINE.search(line) is None
+    assert run_metrics.STEP_LINE.search(line) is None
     assert re.search(r"val \S+ \d\.\d{3} \S+ \d\.\d{3}$|val \d\.\d{3}$", line), line
 
 

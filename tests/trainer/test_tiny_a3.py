@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from verl_patches.trainer.config_compose import compose_config, resolved
-from verl_patches.trainer.tiny_a3 import (
+from verl_patches.cpu_proof.tiny_a3 import (
     MEGATRON_MODEL_OVERRIDES,
     ROPE_FACTOR,
     ROPE_ORIGINAL_MAX_POSITIONS,
@@ -72,8 +72,8 @@ def test_the_a3_paths_model_routes_as_deepseek_v3_through_the_256_expert_kernel(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl_patches.trainer.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD, ROUTER_KEYS
-    from verl_patches.trainer.tiny_assets import build_model, build_tokenizer
+    from verl_patches.cpu_proof.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD, ROUTER_KEYS
+    from verl_patches.cpu_proof.tiny_assets import build_model, build_tokenizer
     from verl_patches.weights.config import official_config
 
     spec = tiny_spec(cfg())

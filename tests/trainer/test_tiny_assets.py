@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_patches.data.rl_rows import DATA_SOURCE, VERL_RL_SCHEMA
-from verl_patches.trainer import tiny_assets
-from verl_patches.trainer.tiny_assets import STAMP, TinyAssets, TinySpec, answer_tokens, prepare
+from verl_patches.cpu_proof import tiny_assets
+from verl_patches.cpu_proof.tiny_assets import STAMP, TinyAssets, TinySpec, answer_tokens, prepare
 
 SPEC = TinySpec(seed=3, max_operand=4, num_problems=120, train_ratio=0.75)
 
@@ -58,7 +58,7 @@ def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_ph
     """Validation can rise: no held-out text was trained on, yet each held-out sum is trained in another
     phrasing and each held-out phrasing with other sums (the tiny run's own spec)."""
     from verl_patches.trainer.config_compose import compose_config, resolved
-    from verl_patches.trainer.tiny_a3 import tiny_spec
+    from verl_patches.cpu_proof.tiny_a3 import tiny_spec
 
     # the split does not depend on the base model: no supervised pass (it needs the overlay's HF router)
     spec = replace(tiny_spec(resolved(compose_config("ppo_tiny_local", []))), base_steps=0)
@@ -230,7 +230,7 @@ def _greedy_accuracy(model_dir: Path, parquet: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_patches.trainer.tiny_base import supervised_rows
+    from verl_patches.cpu_proof.tiny_base import supervised_rows
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
@@ -251,7 +251,7 @@ def test_a_base_spec_trains_the_random_model_on_the_training_split_only(tmp_path
     read: list[str] = []
     real_read = pd.read_parquet
     monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **k: read.append(str(path)) or real_read(path, *a, **k))
-    from verl_patches.trainer import tiny_base
+    from verl_patches.cpu_proof import tiny_base
 
     monkeypatch.setattr(tiny_base, "train_base", _recording(tiny_base.train_base, read))
     base = prepare(tmp_path / "base", TinySpec(**{**spec.__dict__, "base_steps": 40}), progress=False)
@@ -278,8 +278,8 @@ def test_a_worked_answer_shows_the_sum_in_think_tags_then_the_boxed_answer(tmp_p
     """The strict R1-Zero format (tiny profile): every token of the worked answer is one token of the tokenizer,
     the base model's targets are exactly those tokens and EOS, and the reward grades them as correct."""
     from verl_patches.reward.deepscaler import compute_score
-    from verl_patches.trainer.tiny_assets import parse_problem, response_tokens
-    from verl_patches.trainer.tiny_base import supervised_rows
+    from verl_patches.cpu_proof.tiny_assets import parse_problem, response_tokens
+    from verl_patches.cpu_proof.tiny_base import supervised_rows
 
     spec = TinySpec(seed=2, max_operand=2, num_problems=30, worked_answer=True)
     assets = prepare(tmp_path / "a", spec, progress=False)

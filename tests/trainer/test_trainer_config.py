@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from verl_patches.trainer.config_checks import OverlayConfigError, check_config, raise_on_problems
+from verl_patches.driver.config_checks import OverlayConfigError, check_config, raise_on_problems
 from verl_patches.trainer.config_compose import (
     CONFIG_DIR,
     REPO_ROOT,
@@ -525,7 +525,7 @@ def test_d2d_refuses_a_critic_estimator() -> None:
 
 @pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), ("off", False), ("true", True)])
 def test_d2d_flag_reading(value: str, on: bool) -> None:
-    from verl_patches.trainer.step_plan import d2d_enabled, plan_steps
+    from verl_patches.driver.step_plan import d2d_enabled, plan_steps
 
     assert d2d_enabled({"D2D_DATA_TRANSFER": value}) is on
     assert d2d_enabled({}) is False

@@ -20,8 +20,9 @@ import verl.protocol as protocol
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 # WRAP patches keep the original's name and module (functools.wraps): look at the code that runs
-assert RayPPOTrainer.fit.__code__.co_filename.endswith("verl_patches/trainer/fit_loop.py"), RayPPOTrainer.fit.__code__
-assert RayPPOTrainer.init_workers.__code__.co_filename.endswith("verl_patches/trainer/fused_role.py")
+ADAPTER = "verl_patches/patches/verl/trainer/ray_trainer.py"  # hands both to verl_patches.driver
+assert RayPPOTrainer.fit.__code__.co_filename.endswith(ADAPTER), RayPPOTrainer.fit.__code__
+assert RayPPOTrainer.init_workers.__code__.co_filename.endswith(ADAPTER)
 assert RayPPOTrainer.fit.__wrapped__.__code__.co_filename.endswith("verl/trainer/ppo/ray_trainer.py")
 assert protocol.union_tensor_dict.__module__ == "verl_patches.patches.verl.protocol"
 out = DataProto(batch=TensorDict({}, batch_size=[2]).lock_()).union(DataProto.from_dict({"x": torch.ones(2)}))

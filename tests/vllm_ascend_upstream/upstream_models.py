@@ -83,10 +83,10 @@ def qwen2_model(out_dir: Path) -> None:
 
 
 def deepseek_model(out_dir: Path) -> None:
-    """The project's tiny DeepSeek-V3-shaped model (MLA + MoE; verl_patches.trainer.tiny_assets, the model of the tiny
+    """The project's tiny DeepSeek-V3-shaped model (MLA + MoE; verl_patches.cpu_proof.tiny_assets, the model of the tiny
     run): the A3 model's architecture, and the closest to DeepSeek-V2-Lite's that transformers ships without remote
     code."""
-    from verl_patches.trainer.tiny_assets import build_model
+    from verl_patches.cpu_proof.tiny_assets import build_model
 
     tok = byte_tokenizer(out_dir)
     build_model(out_dir, vocab_size=len(tok), seed=SEED, tokenizer=tok)

@@ -283,7 +283,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "VERL_PATCHES_RUN_DIR",
         TEXT,
         "",
-        P + "trainer/rank_memory.py " + P + "resilience/fault_injection.py",
+        P + "driver/rank_memory.py " + P + "resilience/fault_injection.py",
         "the run's log folder (the launcher sets it, tiny and cluster alike): where the trainer writes "
         "resolved_config.yaml, curves.png and rank_memory.jsonl (else the parent of TENSORBOARD_DIR), and the fault "
         "injections' once-only markers",
@@ -316,7 +316,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "VERL_PATCHES_CHECK_TOKEN",
         TEXT,
         "",
-        P + "launch/collective_report.py " + P + "launch/collective_check.py",
+        P + "launch/cluster/collective_report.py " + P + "launch/cluster/collective_check.py",
         "collective_check's per-run token (or give it on stdin with --token-stdin)",
     ),
     _v(
@@ -399,7 +399,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "D2D_DATA_TRANSFER",
         FLAG,
         False,
-        P + "trainer/step_plan.py",
+        P + "driver/step_plan.py",
         "the D2D tensor cache; when set it overrides `overlay.d2d_tensor_cache`",
         VENDOR,
     ),
@@ -415,7 +415,7 @@ _VARIABLES: tuple[Variable, ...] = (
     ),
     # read by nothing but the dry run's env.vendor check, which maps or refuses each
     *(
-        _v(name, kind, default, P + "launch/preflight_vendor_env.py", doc, VENDOR, judged_by="env.vendor")
+        _v(name, kind, default, P + "launch/preflight/vendor_env.py", doc, VENDOR, judged_by="env.vendor")
         for name, kind, default, doc in (
             (
                 "VLLM_ENABLE_GRAPH_MODE",
@@ -469,7 +469,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "VLLM_DP_MASTER_PORT",
         INT,
         None,
-        P + "rollout/verl_hooks.py " + P + "launch/preflight_env.py",
+        P + "rollout/verl_hooks.py " + P + "launch/preflight/env.py",
         "vLLM's DP master port; set by hand, no rank exports its own VLLM_DP_* (F2 is off): refused with DP > 1",
         VLLM,
         minimum=1,
@@ -488,7 +488,12 @@ _VARIABLES: tuple[Variable, ...] = (
     _v("ASCEND_HOME_PATH", TEXT, "", P + "rollout/kernels.py", "the CANN toolkit (set by its set_env.sh)", HCCL),
     _v("ASCEND_TOOLKIT_HOME", TEXT, "", P + "rollout/kernels.py", "the CANN toolkit, older name", HCCL),
     _v(
-        "ASCEND_PROCESS_LOG_PATH", TEXT, "", P + "launch/node_logs.py", "CANN's log folder (default ~/ascend/log)", HCCL
+        "ASCEND_PROCESS_LOG_PATH",
+        TEXT,
+        "",
+        P + "launch/cluster/node_logs.py",
+        "CANN's log folder (default ~/ascend/log)",
+        HCCL,
     ),
     _v(
         "ASCEND_RT_VISIBLE_DEVICES",
@@ -528,7 +533,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "RANK",
         INT,
         None,
-        P + "tools.py " + P + "rollout/engine_factory.py " + P + "launch/collective_rank.py",
+        P + "tools.py " + P + "rollout/engine_factory.py " + P + "launch/cluster/collective_rank.py",
         "this process's global rank (torch.distributed)",
         TORCH,
         minimum=0,
@@ -537,7 +542,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "WORLD_SIZE",
         INT,
         None,
-        P + "patches/verl/workers/fsdp_workers.py " + P + "launch/collective_rank.py",
+        P + "patches/verl/workers/fsdp_workers.py " + P + "launch/cluster/collective_rank.py",
         "the number of ranks (torch.distributed; the cluster launch sets it)",
         TORCH,
         minimum=1,
@@ -601,7 +606,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "the runtime env of a `ray job submit` (set by Ray's job supervisor)",
         RAY,
     ),
-    _v("RAY_TMPDIR", TEXT, "/tmp", P + "launch/node_logs.py", "parent of Ray's session folders", RAY),
+    _v("RAY_TMPDIR", TEXT, "/tmp", P + "launch/cluster/node_logs.py", "parent of Ray's session folders", RAY),
     _v(
         "RAY_LOCAL_RANK",
         INT,
@@ -615,7 +620,7 @@ _VARIABLES: tuple[Variable, ...] = (
         "TENSORBOARD_DIR",
         TEXT,
         "",
-        P + "trainer/rank_memory.py",
+        P + "driver/rank_memory.py",
         "verl's TensorBoard folder (the launcher sets it)",
         VERL,
     ),

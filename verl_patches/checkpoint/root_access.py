@@ -11,7 +11,7 @@ proof) it is one warning line per process. A root anyone can write into without 
 everywhere, accepted risk or not.
 
 The save (`commit.begin_step`), the resume (`commit.find_resume_and_why`), the dry run
-(`launch.preflight_checkpoint`) and the launch's check on every node (`launch.storage_probe`) call
+(`launch.preflight.checkpoint`) and the launch's check on every node (`launch.cluster.storage_probe`) call
 `root_verdict` with the same inputs, so they cannot disagree.
 """
 

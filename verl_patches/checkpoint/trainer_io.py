@@ -55,7 +55,7 @@ class PendingSave:
 
 def fence_before_updates(trainer: Any) -> None:
     """Called by a fit loop that waits for a pending save's writes before every ``update_actor`` and at its end
-    (`verl_patches.trainer.fit_loop`): only then may `save_step` leave the files to the background."""
+    (`verl_patches.driver.fit_loop`): only then may `save_step` leave the files to the background."""
     setattr(trainer, _FENCED_ATTR, True)
 
 

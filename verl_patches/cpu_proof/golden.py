@@ -1,13 +1,13 @@
 """Golden-metrics check of a finished run against a stored baseline (issue 15 item 4).
 
-    python -m verl_patches.trainer.golden RUN_DIR --check-against BASELINE.json [--gate-step-time]
+    python -m verl_patches.cpu_proof.golden RUN_DIR --check-against BASELINE.json [--gate-step-time]
         [--up-to-step N] [--json]
-    python -m verl_patches.trainer.golden RUN_DIR RUN_DIR RUN_DIR [...] --write-baseline BASELINE.json
+    python -m verl_patches.cpu_proof.golden RUN_DIR RUN_DIR RUN_DIR [...] --write-baseline BASELINE.json
 
 RUN_DIR is a launch log folder (``logs/<profile>-<time>-<role>-<host>/``). Metrics come from what the run
 wrote there: TensorBoard scalars under ``tensorboard/`` (full precision), else the console step lines of
 ``trainer.log`` (``step:N - key:value``, three decimals); per-rank memory from ``rank_memory.jsonl``
-(`rank_memory`).
+(`rank_memory`), all read by the driver's `run_metrics`.
 
 A baseline is recorded from at least `MIN_RUNS` runs of the same command (different seeds, or reruns), and
 keeps bands that hold over all of them: the run-to-run spread of a healthy run is inside the band, a bug
@@ -54,10 +54,9 @@ import argparse
 import json
 import math
 import re
-import stat
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,15 +64,20 @@ from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
 from verl_patches.rollout.decode_share import SHARE as GRAPH_SHARE_KEY
-from verl_patches.trainer.rank_memory import FILE_NAME
+from verl_patches.driver.run_metrics import (
+    DRIFT_KEY,
+    MAX_STEP,
+    REWARD_KEY,
+    STEP_TIME_KEY,
+    VAL_KEY,
+    RunInputError,
+    RunMetrics,
+    read_run,
+)
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
 SCHEMA = 2
 MIN_RUNS = 3
-REWARD_KEY = "critic/score/mean"
-VAL_KEY = "val-core/deepscaler/reward/mean@1"
-STEP_TIME_KEY = "timing_s/step"
-DRIFT_KEY = "actor/kl_loss"
 MISMATCH_KEYS = (ABS_DIFF, RATIO_DEV)
 DEFAULT_TOLERANCES = {
     "reward_window": 10,
@@ -89,7 +93,6 @@ DEFAULT_TOLERANCES = {
 }
 # keys added after schema 2's first baselines: defaulted when absent
 ADDED_TOLERANCES = ("val_abs", "drift_factor", "graph_share_abs")
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 COMPARED_KEYS = (REWARD_KEY, DRIFT_KEY, VAL_KEY, STEP_TIME_KEY, GRAPH_SHARE_KEY, *MISMATCH_KEYS)
 # What a tolerance may be: outside these a baseline could pass anything (a reward slack of 10, a factor of 1e9)
@@ -105,23 +108,9 @@ TOLERANCE_RANGES = {
     "drift_factor": (0.0, 1.0),
     "graph_share_abs": (0.0, 1.0),
 }
-MAX_LOG_BYTES = 1 << 30  # trainer.log, rank_memory.jsonl
 MAX_BASELINE_BYTES = 64 << 20
-MAX_STEP = 10**9
-
-
-class GoldenInputError(ValueError):
-    """A run folder or baseline that cannot be read; the message names the file and key."""
-
-
-@dataclass
-class RunMetrics:
-    steps: dict[int, dict[str, float]]
-    rank_peak_gib: dict[int, float] = field(default_factory=dict)  # each rank's largest peak over the run
-    source: str = ""
-
-    def series(self, key: str) -> list[tuple[int, float]]:
-        return [(s, m[key]) for s, m in sorted(self.steps.items()) if key in m]
+# one error for a run folder or a baseline that cannot be read; the message names the file and key
+GoldenInputError = RunInputError
 
 
 @dataclass(frozen=True)
@@ -133,108 +122,6 @@ class Check:
 
     def line(self) -> str:
         return f"{self.status.upper():<10} {self.metric} [{self.where}]: {self.message}"
-
-
-# ---- reading a run -------------------------------------------------------------------------------
-
-
-def _regular(path: Path) -> None:
-    """Run files are read only when they are regular files (a FIFO would block the reader for ever)."""
-    try:
-        mode = path.lstat().st_mode
-    except OSError as e:
-        raise GoldenInputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        raise GoldenInputError(f"{path}: not a regular file")
-
-
-def read_tensorboard(folder: Path) -> dict[int, dict[str, float]]:
-    # lazy: tensorboard is heavy and only this path needs it; importing this module stays light
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps: dict[int, dict[str, float]] = {}
-    files = sorted(folder.rglob("events.out.tfevents.*"), key=lambda p: p.lstat().st_mtime)
-    for events in files:
-        _regular(events)
-        try:
-            acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-            acc.Reload()
-            scalars = [(tag, acc.Scalars(tag)) for tag in acc.Tags().get("scalars", [])]
-        except Exception as e:  # noqa: BLE001 - a damaged event file raises many types; one line names it
-            raise GoldenInputError(f"{events}: not a readable TensorBoard event file ({type(e).__name__})") from None
-        for tag, events_of_tag in scalars:
-            for ev in events_of_tag:
-                if not 0 <= int(ev.step) <= MAX_STEP:
-                    raise GoldenInputError(f"{events}: {tag} has step {ev.step}, outside 0..{MAX_STEP}")
-                steps.setdefault(int(ev.step), {})[tag] = float(ev.value)
-    return steps
-
-
-def parse_console(text: str) -> dict[int, dict[str, float]]:
-    steps: dict[int, dict[str, float]] = {}
-    for m in STEP_LINE.finditer(text):
-        if len(m.group(1)) > 10:
-            continue
-        row = steps.setdefault(int(m.group(1)), {})
-        for item in m.group(2).split(" - "):
-            key, _, value = item.strip().partition(":")
-            try:
-                row[key] = float(value)
-            except ValueError:
-                continue
-    return steps
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return read_regular_file(path, max_bytes=MAX_LOG_BYTES, follow_symlinks=False).decode("utf-8", "replace")
-    except FileRefused as e:
-        raise GoldenInputError(str(e)) from None
-
-
-def read_rank_memory(path: Path) -> dict[int, float]:
-    peaks: dict[int, float] = {}
-    for n, line in enumerate(_read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            for row in json.loads(line)["ranks"]:
-                r, v = int(row["rank"]), float(row["peak_gib"])
-                peaks[r] = max(peaks.get(r, 0.0), v) if math.isfinite(v) else v  # a NaN peak is kept, and flagged
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            raise GoldenInputError(
-                f"{path}:{n}: not a rank-memory record ({type(e).__name__}: {str(e)[:80]})"
-            ) from None
-    return peaks
-
-
-def read_steps(run_dir: Path) -> tuple[dict[int, dict[str, float]], str]:
-    """A run folder's metrics by step, and where they were read: TensorBoard's scalars, else trainer.log's
-    console lines (also the curves' reader, `verl_patches.trainer.plot`)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise GoldenInputError(f"{run_dir}: not a run folder")
-    tb = run_dir / "tensorboard"
-    steps, source = {}, ""
-    if tb.is_dir() and any(tb.rglob("events.out.tfevents.*")):
-        steps, source = read_tensorboard(tb), str(tb)
-    log = run_dir / "trainer.log"
-    if not steps and (log.exists() or log.is_symlink()):
-        steps, source = parse_console(_read_text(log)), str(log)
-    if not steps:
-        raise GoldenInputError(
-            f"{run_dir}: no step metrics (neither tensorboard/ events nor step lines in trainer.log)"
-        )
-    return steps, source
-
-
-def read_run(run_dir: Path) -> RunMetrics:
-    run_dir = Path(run_dir)
-    steps, source = read_steps(run_dir)
-    mem = run_dir / FILE_NAME
-    return RunMetrics(
-        steps=steps, rank_peak_gib=read_rank_memory(mem) if mem.exists() or mem.is_symlink() else {}, source=source
-    )
 
 
 def non_finite(run: RunMetrics) -> list[Check]:
@@ -742,7 +629,7 @@ def compare(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m verl_patches.trainer.golden",
+        prog="python -m verl_patches.cpu_proof.golden",
         description="Compare a finished run with a stored baseline, or write one.",
     )
     p.add_argument(

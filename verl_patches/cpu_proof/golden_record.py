@@ -1,7 +1,7 @@
 """Re-record the tiny run's golden baseline: README command 1 run several times with different seeds, then
 one baseline whose bands hold over all of them (`golden.make_baseline`).
 
-    python -m verl_patches.trainer.golden_record [--runs 3] [--log-root logs/golden-record] \
+    python -m verl_patches.cpu_proof.golden_record [--runs 3] [--log-root logs/golden-record] \
         [--out verl_patches/trainer/config/ppo_tiny_local.baseline.json] [-- extra overrides]
 
 Run i > 0 changes only where randomness enters (the data order and the rollout's sampling stream), never
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_patches.trainer.golden import (
+from verl_patches.cpu_proof.golden import (
     COMPARED_KEYS,
     DEFAULT_TOLERANCES,
     MIN_RUNS,
@@ -103,7 +103,7 @@ def _run_dir(log_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m verl_patches.trainer.golden_record", description=__doc__.split("\n\n")[0]
+        prog="python -m verl_patches.cpu_proof.golden_record", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--runs", type=int, default=MIN_RUNS, help=f"how many runs (at least {MIN_RUNS})")
     p.add_argument("--log-root", type=Path, default=REPO_ROOT / "logs" / "golden-record")

@@ -28,7 +28,7 @@ from typing import Any
 
 from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.base import cpu_numerics
-from verl_patches.trainer import tiny_base
+from verl_patches.cpu_proof import tiny_base
 from verl_patches.weights.config import make_tiny_config
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>"]

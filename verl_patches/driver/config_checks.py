@@ -9,10 +9,11 @@ from omegaconf import DictConfig
 from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
 from verl_patches.base.env_flags import EnvError
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
-from verl_patches.trainer.logger_backends import logger_backend_problems
-from verl_patches.trainer.mismatch_gate import GateConfigError, thresholds_from_config
-from verl_patches.trainer.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
-from verl_patches.trainer.step_plan import FUSED_ROLE_KEY, d2d_setting
+from verl_patches.driver.logger_backends import logger_backend_problems
+from verl_patches.driver.mismatch_gate import GateConfigError, thresholds_from_config
+from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
+from verl_patches.driver.step_plan import FUSED_ROLE_KEY, d2d_setting
+from verl_patches.worker_calls.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
 
 
 class OverlayConfigError(ValueError):
@@ -165,9 +166,6 @@ ROLLOUTS_WITH_LOG_PROBS = ("vllm",)
 def rollout_correction_problems(cfg: DictConfig) -> list[str]:
     """TIS (actor.rollout_correction.tis_cap) weighs each token against the rollout's log-probs: only our
     Megatron actor applies it, and only a rollout that returns those log-probs in the batch can feed it."""
-    # lazy: that module loads torch; importing this one must not
-    from verl_patches.patches.verl.workers.actor.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
-
     cap = get(cfg, CAP_KEY)
     problem = cap_problem(cap)
     if problem:

@@ -24,7 +24,7 @@ Differences from upstream, all decided by `step_plan.plan_steps` before the firs
 * every step prints one compact line for a person watching the run (`step_line`: progress, ETA, throughput,
   reward, validation, mismatch, phase times); the last one draws the run's curves (`plot`, ``curves.png``);
 * a checkpoint written in the background (``overlay.async_checkpoint``, `trainer_io.background_saves`) is
-  fenced and committed before the next ``update_actor`` and at the end of the run (`background_save`); each step
+  fenced and committed before the next ``update_actor`` and at the end of the run (`checkpoint_fence`); each step
   that saves or fences logs the time it blocked for it (``timing_s/save_checkpoint_blocking``).
 
 Every other line of behaviour (validation, checkpoints, critic, reward model, async rollout, metrics)
@@ -34,24 +34,23 @@ apply. REMAX (a second greedy generation per step) is left to upstream's own fit
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from verl_patches.checkpoint import trainer_io
-from verl_patches.patches.verl.utils.checkpoint.background_save import finish_pending_save
+from verl_patches.driver.checkpoint_fence import finish_pending_save
 from verl_patches.resilience import worker_deadline
 from verl_patches.rollout import decode_share
 from verl_patches.sync.path import describe_sync_path
-from verl_patches.trainer import mismatch_gate
-from verl_patches.trainer.rank_memory import StepMemory, run_dir
-from verl_patches.trainer.step_line import step_line
-from verl_patches.trainer.step_plan import StepPlan, plan_steps
+from verl_patches.driver import mismatch_gate
+from verl_patches.driver.rank_memory import StepMemory, run_dir
+from verl_patches.driver.step_line import step_line
+from verl_patches.driver.step_plan import StepPlan
 from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
 
@@ -60,21 +59,6 @@ logger = logging.getLogger("verl_patches")
 GEN_BATCH_KEYS = ("input_ids", "attention_mask", "position_ids")
 GEN_NON_TENSOR_KEYS = ("raw_prompt_ids",)
 GEN_NON_TENSOR_OPTIONAL = ("multi_modal_data", "raw_prompt", "tools_kwargs")
-
-
-def with_overlay_fit(fit: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    @functools.wraps(fit)
-    def overlay_fit(self: Any) -> Any:
-        # lazy: that module loads omegaconf; importing this one must not
-        from verl_patches.trainer.config_checks import raise_on_problems
-
-        # Again here, in the process that drives the workers: verl's own entry points skip our entry's check.
-        raise_on_problems(self.config)
-        if str(self.config.algorithm.adv_estimator) in ("remax", "AdvantageEstimator.REMAX"):
-            return fit(self)
-        return run_fit(self, plan_steps(self.config))
-
-    return overlay_fit
 
 
 def _say(line: str) -> None:
@@ -103,7 +87,7 @@ def worker_summary(trainer: Any, plan: StepPlan) -> str:
 def sync_summary(cfg: Any) -> str:
     """The train -> rollout weight path: ours (verl_patches.sync) on the Megatron path, else verl's own."""
     # lazy: that module loads omegaconf; importing this one must not
-    from verl_patches.trainer.config_checks import get
+    from verl_patches.driver.config_checks import get
 
     strategy, rollout = get(cfg, "actor_rollout_ref.actor.strategy"), get(cfg, "actor_rollout_ref.rollout.name")
     if strategy != "megatron":
@@ -380,7 +364,7 @@ def _draw_curves(tracker: Any) -> None:
     """The run's curves into its folder, from the TensorBoard events verl's tracker wrote (flushed first: its
     writer flushes only every two minutes)."""
     # lazy: drawing loads Pillow and TensorBoard's reader, once, at the end of the run
-    from verl_patches.trainer import plot
+    from verl_patches.driver import plot
 
     writer = getattr(getattr(tracker, "logger", {}).get("tensorboard"), "writer", None)
     if writer is not None:

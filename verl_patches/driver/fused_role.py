@@ -14,10 +14,8 @@ contract) and ``role="actor_rollout_ref"``.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
-from verl_patches.trainer.step_plan import FUSED_ROLE_KEY
 
 FUSED_PREFIX = "actor_rollout_ref"
 
@@ -44,19 +42,6 @@ def register_fused_role(role_worker_mapping: dict[Any, Any], pool_mapping: dict[
 def planned_groups(use_critic: bool, use_rm: bool) -> list[str]:
     """Worker-group prefixes the fused init builds, in init_model order (pure)."""
     return (["critic"] if use_critic else []) + (["rm"] if use_rm else []) + [FUSED_PREFIX]
-
-
-def with_fused_role(init_workers: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    @functools.wraps(init_workers)
-    def overlay_init_workers(self: Any) -> Any:
-        # lazy: that module loads omegaconf; importing this one must not
-        from verl_patches.trainer.config_checks import get
-
-        if not get(self.config, FUSED_ROLE_KEY, False):
-            return init_workers(self)
-        return init_fused_workers(self)
-
-    return overlay_init_workers
 
 
 def init_fused_workers(trainer: Any) -> None:

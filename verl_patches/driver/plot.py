@@ -1,11 +1,11 @@
-"""The curves of a run as one PNG: ``python -m verl_patches.trainer.plot RUN_DIR [--out FILE]``.
+"""The curves of a run as one PNG: ``python -m verl_patches.driver.plot RUN_DIR [--out FILE]``.
 
 Six panels, by training step: the reward (``critic/score/mean``), validation (``val-core/<source>/.../mean@N``,
 one curve per data source), the response length (``response_length/mean``), the policy's KL to the reference
 (``actor/kl_loss``), the rollout/training log-prob mismatch (``rollout_mismatch/logprob_abs_diff_mean``) and the
 graph-decode share (``rollout/graph_decode_token_share``). One compares the shapes with a healthy run's, not the
 numbers (those are in TensorBoard at full precision). The metrics are read the way the golden check reads them
-(`golden.read_steps`: TensorBoard's events, else trainer.log's console lines); a metric the run did not log gets
+(`run_metrics.read_steps`: TensorBoard's events, else trainer.log's console lines); a metric the run did not log gets
 a panel that says so, and values that are not finite are counted on their panel, not drawn.
 
 Written as ``RUN_DIR/curves.png`` (`FILE_NAME`) at the end of a run by the fit loop, and by this command at any
@@ -29,8 +29,8 @@ from typing import Any
 
 from verl_patches.base.atomic_write import write_bytes_atomically
 from verl_patches.rollout.decode_share import SHARE
-from verl_patches.trainer.golden import DRIFT_KEY, REWARD_KEY, GoldenInputError, read_steps
-from verl_patches.trainer.step_line import RESPONSE_KEY, VAL_PATTERN
+from verl_patches.driver.run_metrics import DRIFT_KEY, REWARD_KEY, RunInputError, read_steps
+from verl_patches.driver.step_line import RESPONSE_KEY, VAL_PATTERN
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 FILE_NAME = "curves.png"
@@ -224,7 +224,7 @@ def png_bytes(image: Any) -> bytes:
 
 
 def write_curves(run_dir: Path, out: Path | None = None) -> Path:
-    """Draw RUN_DIR's curves into `out` (default RUN_DIR/curves.png); GoldenInputError for a folder without
+    """Draw RUN_DIR's curves into `out` (default RUN_DIR/curves.png); RunInputError for a folder without
     step metrics."""
     run_dir = Path(run_dir)
     steps, source = read_steps(run_dir)
@@ -243,12 +243,12 @@ def end_of_run(run_dir: Path | None) -> str:
     try:
         return f"curves of this run: {write_curves(run_dir)}"
     except Exception as e:  # noqa: BLE001 - a picture must never turn a finished run into a failed one
-        return f"curves: not drawn ({type(e).__name__}: {e}); later: python -m verl_patches.trainer.plot {run_dir}"
+        return f"curves: not drawn ({type(e).__name__}: {e}); later: python -m verl_patches.driver.plot {run_dir}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m verl_patches.trainer.plot",
+        prog="python -m verl_patches.driver.plot",
         description="Draw a run's reward, validation, response length, KL, mismatch and graph-decode curves as a "
         "PNG (read from its TensorBoard events).",
     )
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         print(f"plot: wrote {write_curves(args.run_dir, args.out)}")
-    except GoldenInputError as e:
+    except RunInputError as e:
         print(f"plot: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:

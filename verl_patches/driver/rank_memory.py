@@ -6,7 +6,7 @@ there is an accelerator (peak allocated by the caching allocator), the process's
 on the CPU. Each step adds ``memory/peak_gib_max`` / ``_min`` / ``_mean`` and ``memory/peak_rank`` to the
 step metrics, and appends one JSON line with every rank to ``<run dir>/rank_memory.jsonl`` (the run dir is
 ``VERL_PATCHES_RUN_DIR``, else the parent of ``TENSORBOARD_DIR``, which our launcher sets to
-``logs/<run>/tensorboard``), where `verl_patches.trainer.golden` reads it.
+``logs/<run>/tensorboard``), where `verl_patches.driver.run_metrics` reads it.
 """
 
 from __future__ import annotations

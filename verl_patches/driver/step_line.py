@@ -10,7 +10,7 @@ ends, in about 200 characters:
 (one line in the log). A metric the step did not log is left out; one that is not finite is shown as ``nan``
 or ``inf``, never hidden. The ETA is the median step time so far times the steps left, so one slow step (a
 checkpoint save, a validation) does not swing it. The line never matches verl's console format
-(``step:N - key:value``), which `golden.parse_console` and the end-to-end tests read.
+(``step:N - key:value``), which `run_metrics.parse_console` and the end-to-end tests read.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def running_step(text: str) -> int | None:
     from; None before either (a failure while starting)."""
     # lazy: the trainer's log formats live with their readers, which load torch; only a failed run needs them
     from verl_patches.checkpoint.trainer_io import RESUME_PREFIX
-    from verl_patches.trainer.golden import STEP_LINE
+    from verl_patches.driver.run_metrics import STEP_LINE
 
     logged = [int(m.group(1)) for m in STEP_LINE.finditer(text) if len(m.group(1)) <= 12]
     if logged:
@@ -169,13 +169,13 @@ def diagnose(
 ) -> Cause:
     """Why this run of the trainer ended (``returncode`` != 0). ``text``: its output; ``node``/``pid``: where the
     trainer (the driver) ran; ``lost_nodes``: nodes Ray marked dead during the run; ``stopped``: the launcher
-    was asked to stop (Ctrl-C, `launch.stop`) and passed it on."""
+    was asked to stop (Ctrl-C, `launch.cluster.stop`) and passed it on."""
     step = running_step(text)
     if stopped:
         return Cause(
             f"a stop request (the trainer on node {node}, pid {pid}, ended with status {returncode} {_at_step(step)})",
             step,
-            "the run was stopped on purpose (Ctrl-C or `python -m verl_patches.launch.stop`)",
+            "the run was stopped on purpose (Ctrl-C or `python -m verl_patches.launch.cluster.stop`)",
         )
     report = last_report(text)
     if lost_nodes:

@@ -7,7 +7,7 @@ folder is one storage they can all write, with room (`checkpoint_nodes`), runs t
 processes it started when the trainer ends (or fails, or is interrupted). A worker joins with
 retries and exits when the head goes away. Nothing else on the node is touched: no `pkill`, no
 `ray stop`. Logs and recorded process ids (the launcher's own among them, by pid and start time: `pid_record`)
-go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/; `python -m verl_patches.launch.stop RUN_DIR` stops them.
+go to LOG_DIR/<profile>-<timestamp>-<role>-<host>/; `python -m verl_patches.launch.cluster.stop RUN_DIR` stops them.
 With --ray-only the head holds the cluster for `ray job submit` instead of running the trainer.
 """
 
@@ -183,9 +183,10 @@ class Launch:
         self.log_dir = self.run.path
         self.owned: dict[str, int] = {}
         self.keep: list[int] = []  # processes (and their subtrees) ended by their own code, not as leftovers
-        self.stopped = False  # a stop request (Ctrl-C, launch.stop) was passed on to the trainer: never restarted
+        # a stop request (Ctrl-C, launch.cluster.stop) was passed on to the trainer: never restarted
+        self.stopped = False
         self._log = self.run.open_new("launcher.log", "a")
-        self.record("launcher", os.getpid())  # `launch.stop RUN_DIR` asks it to stop, as Ctrl-C would
+        self.record("launcher", os.getpid())  # `launch.cluster.stop RUN_DIR` asks it to stop, as Ctrl-C would
         self.subreaper = become_subreaper()  # orphans of the job stay findable (session_leftovers)
         if warning:
             self.say(warning)
@@ -310,7 +311,7 @@ def no_compile_pool(environ: dict[str, str]) -> dict[str, str]:
 
 def tiny_dp_ports(count: int, host: str) -> int:
     """The first of ``count`` ports free on ``host``, outside its ephemeral range and Ray's own ports."""
-    from verl_patches.launch.ray_cluster import RAY_OWN_PORTS  # lazy, as the cluster path loads it
+    from verl_patches.launch.cluster.ray_cluster import RAY_OWN_PORTS  # lazy, as the cluster path loads it
 
     return free_port_block(count, host, avoid=list(RAY_OWN_PORTS.values()))
 
@@ -332,8 +333,8 @@ def tiny_rollout_env(
     from omegaconf import OmegaConf
 
     # lazy: these load Hydra and omegaconf; importing this module must not
-    from verl_patches.launch.preflight_env import DP_MASTER_PORT, dp_master_port_findings, seen_variables
-    from verl_patches.launch.preflight_host import vllm_dp_port_count
+    from verl_patches.launch.preflight.env import DP_MASTER_PORT, dp_master_port_findings, seen_variables
+    from verl_patches.launch.preflight.host import vllm_dp_port_count
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     cfg = resolved(compose_config(config_name, overrides))
@@ -547,7 +548,7 @@ def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
     """The dry run, and the launch's own preflight: the settings are judged by the check the launch uses
     (`settings.cluster_setting_problems`, reported by the preflight), the config as the job composes it."""
     # lazy: that module loads omegaconf; importing this one must not
-    from verl_patches.launch import preflight
+    from verl_patches.launch.preflight import report as preflight
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
     config_name = TINY_CONFIGS[args.tiny_engine] if args.tiny else PROFILES[args.profile][0]
@@ -599,8 +600,13 @@ def use_ray_auth_here(auth: dict[str, str]) -> None:
 def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
     from verl_patches.checkpoint.root_access import cluster_run
-    from verl_patches.launch import checkpoint_nodes, node_roster, preflight, preflight_env, preflight_vendor_env
-    from verl_patches.launch import ray_cluster
+    from verl_patches.launch.cluster import node_roster, ray_cluster
+    from verl_patches.launch.preflight import (
+        checkpoint_nodes,
+        env as preflight_env,
+        report as preflight,
+        vendor_env as preflight_vendor_env,
+    )
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(
@@ -779,11 +785,11 @@ def hold_for_ray_jobs(
     launch: Launch, head: Any, settings: ClusterSettings, config_name: str, overrides: list[str]
 ) -> int:
     """--ray-only: keep the cluster up for `ray job submit` until the head exits or this launcher is stopped
-    (Ctrl-C or `launch.stop`); the caller then stops the Ray node it started."""
+    (Ctrl-C or `launch.cluster.stop`); the caller then stops the Ray node it started."""
     dashboard = f"http://{settings.get('RAY_DASHBOARD_HOST') or '127.0.0.1'}:{settings.int('RAY_DASHBOARD_PORT')}"
     submit = shlex.join(submit_command(dashboard, config_name, overrides))
     launch.say(f"cluster ready; submit the trainer from this node: {submit}")
-    launch.say(f"stop the cluster with: python3 -m verl_patches.launch.stop {shlex.quote(str(launch.log_dir))}")
+    launch.say(f"stop the cluster with: python3 -m verl_patches.launch.cluster.stop {shlex.quote(str(launch.log_dir))}")
     try:
         rc = head.process.wait()
     except KeyboardInterrupt:
@@ -801,9 +807,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Ctrl-C or `launch.stop` outside the trainer's run (while the nodes join, say): the paths it went through
-        # have stopped what they started; this is the last line, not a traceback
-        print("launch: stopped by SIGINT (Ctrl-C or launch.stop)", file=sys.stderr)
+        # Ctrl-C or `launch.cluster.stop` outside the trainer's run (while the nodes join, say): the paths it went
+        # through have stopped what they started; this is the last line, not a traceback
+        print("launch: stopped by SIGINT (Ctrl-C or launch.cluster.stop)", file=sys.stderr)
         return 130
 
 
@@ -812,7 +818,7 @@ def environment_refused(settings: ClusterSettings, cluster: bool) -> bool:
     (`preflight_env`), before anything starts: a value the job would die on is refused, one line each; a typo
     of ours, or a variable the launch replaces, is a note. True when something was refused."""
     # lazy: that module loads omegaconf; importing this one must not
-    from verl_patches.launch import preflight_env
+    from verl_patches.launch.preflight import env as preflight_env
 
     found = preflight_env.variable_findings(preflight_env.seen_variables(settings, os.environ), cluster=cluster)
     for f in found:

@@ -6,7 +6,7 @@ them at the pinned versions: VLLM_ENABLE_MC2, VLLM_ENABLE_FIX_ROUTE, VLLM_ASCEND
 ``actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled``, which
 reaches vllm-ascend through the engine arguments; nothing reads the variable). Not exported by the job because
 they are opt-in overrides, forwarded to the workers only when the user sets them (patching.ray_runtime):
-D2D_DATA_TRANSFER (read by the driver's step plan, verl_patches.trainer.step_plan; it overrides the config key
+D2D_DATA_TRANSFER (read by the driver's step plan, verl_patches.driver.step_plan; it overrides the config key
 ``overlay.d2d_tensor_cache``, which turns the D2D tensor cache on for the A3 profiles), PRINT_MEMORY
 (verl_patches.tools) and PROFILE_UPDATE (verl_patches.profiler). HCCL_IF_BASE_PORT is set once (the vendor
 set it twice).

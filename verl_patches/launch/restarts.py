@@ -30,7 +30,7 @@ class Run:
     returncode: int
     output: str  # what this run wrote (its part of trainer.log)
     pid: int
-    stopped: bool = False  # the launcher passed on a stop request (Ctrl-C, launch.stop)
+    stopped: bool = False  # the launcher passed on a stop request (Ctrl-C, launch.cluster.stop)
 
 
 def wait(seconds: float) -> None:
@@ -65,7 +65,7 @@ def dead_nodes(address: str, resource: str) -> list[LostNode]:
     """The nodes Ray's node table lists as dead (each with Ray's reason); [] when the table cannot be read."""
     # lazy: Ray (and the Ray node helpers) are imported only where this talks to Ray; the tiny run never does
     import ray
-    from verl_patches.launch.ray_cluster import node_rows
+    from verl_patches.launch.cluster.ray_cluster import node_rows
 
     try:
         rows = node_rows(address, resource)

@@ -35,7 +35,7 @@ FORWARDED_PREFIXES = ("VERL_PATCHES_", "VERL_OVERLAY_", "VLLM_", "HCCL_", "ASCEN
 )
 FORWARDED_NAMES = frozenset(
     {
-        "D2D_DATA_TRANSFER",  # verl_patches.trainer.step_plan / reshard.tensor_cache (A2/C2)
+        "D2D_DATA_TRANSFER",  # verl_patches.driver.step_plan / reshard.tensor_cache (A2/C2)
         "PRINT_MEMORY",  # verl_patches.tools (C8)
         "PROFILE_UPDATE",  # verl_patches.profiler (C9)
         "NO_ALL_TO_ALL_RESHARD",  # verl_patches.sync.path (E2/E3 vs the all-gather path)

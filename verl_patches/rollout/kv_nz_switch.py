@@ -4,7 +4,7 @@ F4 (patches/vllm_ascend/attention/kv_nz.py) applies only where the rollout's Tor
 `enable_kv_nz` are both on. Patches are applied when a process starts, before the trainer config reaches
 it, so the launcher exports `VERL_PATCHES_KV_NZ` from the composed config (`kv_nz_env`) and the engine
 build refuses a config that disagrees with the flag (`engine_factory.check_kv_nz_patch`). F4 is refused
-together with chunked prefill, which every A3 profile runs (`trainer.config_checks.kv_nz_problems`, run by the
+together with chunked prefill, which every A3 profile runs (`driver.config_checks.kv_nz_problems`, run by the
 preflight and at the job's start): in steps that mix prefill chunks with decodes it drops the decode tokens'
 only KV write.
 """

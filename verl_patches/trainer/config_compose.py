@@ -10,7 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from verl_patches.device import device_kind
 from verl_patches.trainer.override_suggest import nearest_key, unknown_key_message, unknown_override_key
-from verl_patches.trainer.rollout_settings import seqs_per_rollout_engine
+from verl_patches.driver.rollout_settings import seqs_per_rollout_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "config"

@@ -5,7 +5,7 @@
   logprob_mismatch  the rollout/training log-prob mismatch metric: the driver computes it from its batch, the
                     actor worker from its micro-batches when the old-log-prob pass is skipped
 
-The driver (`verl_patches.trainer.fit_loop`), the worker-side patches (`verl_patches.patches.verl.workers`) and
+The driver (`verl_patches.driver.fit_loop`), the worker-side patches (`verl_patches.patches.verl.workers`) and
 the driver's bounded wait (`verl_patches.resilience.worker_deadline`) all read these names; none of them owns
 them. Importing this package has no side effects.
 """

@@ -1,6 +1,6 @@
-"""`python -m verl_patches.launch.collective_check --env-file cluster.env --token-stdin`: before the long run, every
-NPU of every node in one all-reduce and one all-to-all, with the job's own HCCL settings, in minutes instead of a
-job's start.
+"""`python -m verl_patches.launch.cluster.collective_check --env-file cluster.env --token-stdin`: before the long
+run, every NPU of every node in one all-reduce and one all-to-all, with the job's own HCCL settings, in minutes
+instead of a job's start.
 
 Run the same command on every node, as the launch (the head is the node that owns MASTER_ADDR, or NODE_ROLE=head;
 two check processes on one host, as a CPU test runs them, need ``--node-role worker`` for the second). Every node
@@ -10,7 +10,7 @@ sealed with it (`collective_report`), so a process that ran no rank cannot be re
 a rendezvous store on MASTER_ADDR:--port (MASTER_PORT by default: free before the job starts), bound to that
 address only; each node joins it, and once all NNODES have joined with the head's NNODES, NPUS_PER_NODE and
 backend, the head's signed start message gives every node the size, repetitions and deadline of the check, and
-each starts NPUS_PER_NODE ranks (`verl_patches.launch.collective_rank`) in the environment the job's processes
+each starts NPUS_PER_NODE ranks (`verl_patches.launch.cluster.collective_rank`) in the environment the job's processes
 get (CANN scripts, HCCL_*, the flight recorder: `job_env`). The head prints one line per node (its ranks, set-up
 time, bus bandwidth of both collectives, computed from verified times; a node much slower than the others is
 marked) and a verdict; a node that never joins, a rank that fails, hangs or receives a wrong value, and a report
@@ -36,8 +36,8 @@ from verl_patches.base.finite_float import float_arg
 from verl_patches.base.node_ip import NetworkError, interface_ipv4, resolve_ipv4
 from verl_patches.base.strict_int import int_arg
 from verl_patches.launch import job_env
-from verl_patches.launch.collective_rank import rank_check, timed_elements
-from verl_patches.launch.collective_report import (
+from verl_patches.launch.cluster.collective_rank import rank_check, timed_elements
+from verl_patches.launch.cluster.collective_report import (
     MAX_TOKEN_CHARS,
     TOKEN_ENV,
     Expected,
@@ -77,8 +77,8 @@ _ROLE_HELP = "; two check processes on one host (a CPU test) both own MASTER_ADD
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m verl_patches.launch.collective_check",
-        usage="python -m verl_patches.launch.collective_check --env-file FILE [--token-stdin] [options]",
+        prog="python -m verl_patches.launch.cluster.collective_check",
+        usage="python -m verl_patches.launch.cluster.collective_check --env-file FILE [--token-stdin] [options]",
         description="All-reduce and all-to-all over every NPU of every node with the job's HCCL settings; run "
         "the same command on every node before the long run, each given the same new token.",
     )
@@ -161,7 +161,7 @@ def held_by_a_check(port: int, proc: Path = Path("/proc")) -> bool:
     for pid in (p for p in proc.iterdir() if p.name.isdigit()) if wanted else ():
         try:
             if wanted & {os.readlink(fd) for fd in (pid / "fd").iterdir()}:
-                return b"verl_patches.launch.collective_check" in (pid / "cmdline").read_bytes()
+                return b"verl_patches.launch.cluster.collective_check" in (pid / "cmdline").read_bytes()
         except OSError:  # another account's process, or gone
             continue
     return False

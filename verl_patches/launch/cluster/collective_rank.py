@@ -1,4 +1,4 @@
-"""One rank of the cross-node collective check (`verl_patches.launch.collective_check`).
+"""One rank of the cross-node collective check (`verl_patches.launch.cluster.collective_check`).
 
 The rank joins the job-wide group through the head's rendezvous store with the device's backend (HCCL on A3,
 gloo on a CPU host), then runs the two collectives the job's traffic is made of: an all-reduce (gradients,

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from verl_patches.launch.collective_rank import bus_bandwidth_gbs
+from verl_patches.launch.cluster.collective_rank import bus_bandwidth_gbs
 
 PROTOCOL = "verl_patches collective_check 1"
 TOKEN_ENV = "VERL_PATCHES_CHECK_TOKEN"

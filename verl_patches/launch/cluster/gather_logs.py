@@ -1,9 +1,9 @@
-"""`python -m verl_patches.launch.gather_logs --env-file cluster.env --run-dir <head run folder> --out DIR`: every
-node's logs of one run in one new folder, after a hang or a dead node. From any folder:
-`python3 <repo>/verl_patches/launch/gather_logs.py ...`.
+"""`python -m verl_patches.launch.cluster.gather_logs --env-file cluster.env --run-dir <head run folder> --out DIR`:
+every node's logs of one run in one new folder, after a hang or a dead node. From any folder:
+`python3 <repo>/verl_patches/launch/cluster/gather_logs.py ...`.
 
 For each node of NODES (the env file; or --nodes), in parallel, the remote shell (ssh by default) runs
-`verl_patches.launch.node_logs` in the repo on that node, which streams the run's files there as a tar: the
+`verl_patches.launch.cluster.node_logs` in the repo on that node, which streams the run's files there as a tar: the
 launcher's run folders (hang report, trainer.log), Ray's worker logs, the HCCL flight-recorder dumps and CANN's
 logs (node_logs says what belongs to a run, and what it refuses to send). They land in ``DIR/<node>/``;
 ``DIR/gather.json`` says, per node, what came, what was skipped and why. A node that cannot be reached (the
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__" and not __package__:  # run as a file from any folder: the repo on the path, not this folder
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
+    sys.path[0] = str(Path(__file__).resolve().parents[3])
 
 import argparse  # noqa: E402
 import io  # noqa: E402
@@ -46,10 +46,10 @@ from typing import IO, Any  # noqa: E402
 from verl_patches.base.atomic_write import write_json_atomically  # noqa: E402
 from verl_patches.base.finite_float import float_arg  # noqa: E402
 from verl_patches.base.strict_int import int_arg  # noqa: E402
-from verl_patches.launch.node_logs import MANIFEST  # noqa: E402
+from verl_patches.launch.cluster.node_logs import MANIFEST  # noqa: E402
 from verl_patches.launch.settings import SettingsError, load_settings, node_list, validate_address  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_REMOTE_SHELL = "ssh -o BatchMode=yes -o ConnectTimeout=10"
 SUMMARY = "gather.json"
 MAX_NAME_PARTS = 32
@@ -316,7 +316,7 @@ def finish(proc: subprocess.Popen, pipes: NodePipes, stopped: str) -> tuple[bool
 
 def node_command(node: str, args: argparse.Namespace, deadline_s: float) -> list[str]:
     """The remote shell's command line that runs node_logs in the repo on `node` (every word quoted there)."""
-    collector = [args.remote_python, "-m", "verl_patches.launch.node_logs", "--run-dir", args.run_dir]
+    collector = [args.remote_python, "-m", "verl_patches.launch.cluster.node_logs", "--run-dir", args.run_dir]
     collector += ["--window-s", repr(args.window_s), "--max-file-mib", repr(args.max_file_mib)]
     collector += ["--max-node-gib", repr(args.max_node_gib), "--deadline-s", repr(deadline_s)]
     for flag in ("ray_dir", "flight_recorder_prefix", "ascend_log_dir"):
@@ -399,7 +399,9 @@ def describe(r: NodeResult) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m verl_patches.launch.gather_logs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verl_patches.launch.cluster.gather_logs", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--run-dir", required=True, help="the head's run folder, as the launcher printed it")
     p.add_argument("--out", required=True, type=Path, help="a new folder for DIR/<node>/ (an existing one is refused)")
     p.add_argument("--env-file", type=Path, help="cluster.env: NODES, NNODES and WAIT_TIMEOUT_S")

@@ -20,7 +20,7 @@ of another account or filesystem) is listed as skipped with a one-line reason, n
 over --max-file-mib is cut to its end (what explains a failure); --max-node-gib and --deadline-s bound the
 whole. ``gather_manifest.json``, the last member, lists what was sent and skipped.
 
-    python -m verl_patches.launch.node_logs --run-dir LOG_DIR/<head run folder> [--window-s S] > node.tar
+    python -m verl_patches.launch.cluster.node_logs --run-dir LOG_DIR/<head run folder> [--window-s S] > node.tar
 """
 
 from __future__ import annotations
@@ -526,7 +526,9 @@ def write_stream(out: IO[bytes], args: argparse.Namespace) -> Sent:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_patches.launch.node_logs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m verl_patches.launch.cluster.node_logs", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--run-dir", required=True, help="the head's run folder, LOG_DIR/<profile>-<time>-head-<host>")
     p.add_argument(
         "--window-s", type=float_arg(0, 10**7), default=1800.0, help="how far from the head's start a node's run began"

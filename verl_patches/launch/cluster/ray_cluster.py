@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from verl_patches.launch.node_roster import ExpectedNode, RayNodeRow, Sighting, missing_text, observe, rows_from_ray
+from verl_patches.launch.cluster.node_roster import (
+    ExpectedNode,
+    RayNodeRow,
+    Sighting,
+    missing_text,
+    observe,
+    rows_from_ray,
+)
 from verl_patches.launch.run_dir import open_new
 from verl_patches.process_identity import (
     ProcessId,

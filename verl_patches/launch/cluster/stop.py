@@ -1,4 +1,4 @@
-"""`python -m verl_patches.launch.stop RUN_DIR`: stop a launch, and nothing but what it recorded as its own.
+"""`python -m verl_patches.launch.cluster.stop RUN_DIR`: stop a launch, and nothing but what it recorded as its own.
 
 RUN_DIR is a launch's run folder (``LOG_DIR/<profile>-<time>-<role>-<host>``) on this node. Its `pids.json`
 names the launcher and the processes it started, each by pid and start time (`pid_record`). The stop
@@ -94,7 +94,7 @@ def stop_run(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m verl_patches.launch.stop",
+        prog="python -m verl_patches.launch.cluster.stop",
         description="Stop a launch on this node: the launcher and the processes it recorded in RUN_DIR/pids.json, "
         "each only while it is still the process recorded (pid and start time); nothing else.",
     )

@@ -16,7 +16,7 @@ nodes see of each other's writes tells. So, in three rounds driven by the head:
 A node that misses a marker does not see that node's writes: the folder is not the same storage on both.
 The per-node steps are plain functions of JSON-able arguments (`run_node_step`), so the head can run them
 on every node through Ray (`ray_node_calls`) and a test can run them as separate processes on folders of
-its own (`python -m verl_patches.launch.storage_probe STEP JSON`). Standard library only: the step runs in
+its own (`python -m verl_patches.launch.cluster.storage_probe STEP JSON`). Standard library only: the step runs in
 a bare Ray worker process on every node.
 """
 
@@ -273,10 +273,11 @@ def _visibility_problem(rnd: _Round, label: str, wait_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_patches.launch.storage_probe STEP JSON``: run one node step, print its result as JSON."""
+    """``python -m verl_patches.launch.cluster.storage_probe STEP JSON``: run one node step, print its result as
+    JSON."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m verl_patches.launch.storage_probe write|read|clean JSON", file=sys.stderr)
+        print("usage: python -m verl_patches.launch.cluster.storage_probe write|read|clean JSON", file=sys.stderr)
         return 2
     print(json.dumps(run_node_step(args[0], json.loads(args[1]))))
     return 0

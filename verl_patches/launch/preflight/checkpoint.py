@@ -40,10 +40,10 @@ from verl_patches.checkpoint.root_access import (
 )
 from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
 from verl_patches.checkpoint.trainer_io import resume_dir
-from verl_patches.launch.memory_estimate import ModelShape, rank_params
-from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
-from verl_patches.launch.preflight_memory import training_setup
-from verl_patches.launch.run_costs import (
+from verl_patches.launch.preflight.memory_estimate import ModelShape, rank_params
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.memory import training_setup
+from verl_patches.launch.preflight.run_costs import (
     CHECKPOINT_BYTES_NOTE,
     GATHER_BYTES_PER_S,
     STORAGE_WRITE_BYTES_PER_S,

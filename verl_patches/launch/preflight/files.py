@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
-from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, Context, Finding, get
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, Context, Finding, get
 from verl_patches.weights.config import make_tiny_config, official_config, read_config_json, validate_config
 from verl_patches.weights.errors import ConfigError, ManifestError
 from verl_patches.weights.layout import ParallelLayout, all_ranks, rank_dir_name

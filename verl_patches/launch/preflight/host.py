@@ -17,8 +17,8 @@ from typing import Any
 
 from verl_patches.base.free_port import ephemeral_range, port_is_free
 from verl_patches.base.host_device import detect_host_device
-from verl_patches.launch.ray_cluster import RAY_OWN_PORTS
-from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
+from verl_patches.launch.cluster.ray_cluster import RAY_OWN_PORTS
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
 from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, port_block

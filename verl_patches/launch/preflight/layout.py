@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import SettingsError
 from verl_patches.patches.catalog import all_patches
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.train_engine.stages import dense_only_message, dense_only_stages
-from verl_patches.trainer.config_checks import check_config
-from verl_patches.trainer.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
+from verl_patches.driver.config_checks import check_config
+from verl_patches.driver.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
@@ -334,7 +334,7 @@ KV_LIFECYCLE_PATCHES = (
 
 
 def engine_findings(cfg: Any) -> list[Finding]:
-    """The vLLM engine's settings (verl_patches.trainer.rollout_settings): one FAIL per contradiction, else
+    """The vLLM engine's settings (verl_patches.driver.rollout_settings): one FAIL per contradiction, else
     what the engine gets (graph mode and graph batch size, max_num_seqs, chunked prefill), and whether the
     patches that free and rebuild the KV cache every step are declared for the NPU."""
 
@@ -444,7 +444,7 @@ def fsdp_findings(ctx: Context) -> list[Finding]:
 
 
 def semantic_findings(cfg: Any) -> list[Finding]:
-    """Our trainer's own config rules (verl_patches.trainer.config_checks), one finding each."""
+    """Our trainer's own config rules (verl_patches.driver.config_checks), one finding each."""
 
     out = []
     engine = set(rollout_problems(cfg))  # reported by engine_findings as rollout.engine

@@ -1,4 +1,4 @@
-"""Preflight: HCCL_BUFFSIZE against what MC2 needs on A3 at the profile's sizes (the rules: launch/mc2_buffer.py).
+"""Preflight: HCCL_BUFFSIZE against what MC2 needs on A3 at the profile's sizes (the rules: `mc2_buffer`).
 
 vllm-ascend 0.9.1 decodes through MC2 (`npu_moe_distribute_dispatch_v2` / `combine_v2`) when the instance's
 expert parallelism is 16 or more and no rank holds a prefill (ascend_forward_context.get_fused_moe_state): the
@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from verl_patches.base.strict_int import IntError, parse_int
-from verl_patches.launch.mc2_buffer import A3_MAX_BS, required_buffsize_mb
-from verl_patches.launch.memory_estimate import ModelShape, rollout_mc2_sizes
-from verl_patches.launch.preflight_findings import FAIL, OK, Context, Finding, get
-from verl_patches.launch.preflight_layout import R
-from verl_patches.launch.preflight_memory import hccl_buffsize_setting, rollout_setup
+from verl_patches.launch.preflight.mc2_buffer import A3_MAX_BS, required_buffsize_mb
+from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_mc2_sizes
+from verl_patches.launch.preflight.findings import FAIL, OK, Context, Finding, get
+from verl_patches.launch.preflight.layout import R
+from verl_patches.launch.preflight.memory import hccl_buffsize_setting, rollout_setup
 
 CHECK = "rollout.mc2_hccl_buffsize"
 MC2_MIN_EP = 16  # ascend_forward_context.get_fused_moe_state: below it vllm-ascend routes through All2All

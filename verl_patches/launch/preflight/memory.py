@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.launch.job_env import STATIC_VARS
-from verl_patches.launch.memory_estimate import (
+from verl_patches.launch.preflight.memory_estimate import (
     DieSpec,
     ModelShape,
     PhaseEstimate,
@@ -21,10 +21,10 @@ from verl_patches.launch.memory_estimate import (
     rollout_parameter_tensors,
     rollout_weight_bytes,
 )
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
-from verl_patches.launch.preflight_layout import A, M, R, config_world, megatron_sizes
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.layout import A, M, R, config_world, megatron_sizes
 from verl_patches.launch.settings import ClusterSettings
-from verl_patches.trainer.rollout_settings import GRAPH
+from verl_patches.driver.rollout_settings import GRAPH
 
 
 def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
@@ -124,7 +124,7 @@ def hccl_buffsize_setting(settings: ClusterSettings) -> tuple[str, str]:
 
 def hccl_buffsize(ctx: Context) -> int:
     """HCCL_BUFFSIZE in MB for the estimate. A value that is not a positive integer is the MC2 check's failure
-    (preflight_mc2.mc2_buffer_findings); the estimate then uses the job's own."""
+    (`mc2.mc2_buffer_findings`); the estimate then uses the job's own."""
     raw, _ = hccl_buffsize_setting(ctx.settings)
     try:
         value = parse_int(raw, "HCCL_BUFFSIZE")

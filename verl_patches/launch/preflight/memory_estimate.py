@@ -90,7 +90,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from verl_patches.launch.mc2_buffer import Mc2Sizes
+from verl_patches.launch.preflight.mc2_buffer import Mc2Sizes
 
 GIB = 1024**3
 MIB = 1024**2

@@ -209,8 +209,8 @@ def render_rank_tables(
 def rank_tables_for_config(cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
     """{'training': (rows, layout) or None, 'rollout': (rows, layout, experts) or None, 'problems': [...]}."""
     # lazy: that module loads omegaconf; importing this one must not
-    from verl_patches.launch.preflight_findings import get
-    from verl_patches.launch.preflight_layout import LAYER_LIST, config_world, megatron_sizes
+    from verl_patches.launch.preflight.findings import get
+    from verl_patches.launch.preflight.layout import LAYER_LIST, config_world, megatron_sizes
 
     out: dict[str, Any] = {"training": None, "rollout": None, "problems": []}
     world = config_world(cfg)

@@ -27,19 +27,19 @@ from omegaconf import DictConfig
 
 from verl_patches.base.env_flags import EnvError
 from verl_patches.base.finite_float import float_arg
-from verl_patches.launch.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
-from verl_patches.launch.preflight_checkpoint import checkpoint_folder_findings
-from verl_patches.launch.preflight_env import env_variable_findings
-from verl_patches.launch.preflight_files import checkpoint_findings, data_findings, model_findings
-from verl_patches.launch.preflight_findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
-from verl_patches.launch.preflight_host import cluster_findings, probe_host
-from verl_patches.launch.preflight_layout import layout_findings
-from verl_patches.launch.preflight_mc2 import mc2_buffer_findings
-from verl_patches.launch.preflight_memory import memory_findings
-from verl_patches.launch.preflight_rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
-from verl_patches.launch.preflight_run_end import run_end_findings
-from verl_patches.launch.preflight_validation import validation_findings
-from verl_patches.launch.preflight_vendor_env import vendor_env_findings
+from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
+from verl_patches.launch.preflight.checkpoint import checkpoint_folder_findings
+from verl_patches.launch.preflight.env import env_variable_findings
+from verl_patches.launch.preflight.files import checkpoint_findings, data_findings, model_findings
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, STATUSES, WARN, Context, Finding, HostFacts
+from verl_patches.launch.preflight.host import cluster_findings, probe_host
+from verl_patches.launch.preflight.layout import layout_findings
+from verl_patches.launch.preflight.mc2 import mc2_buffer_findings
+from verl_patches.launch.preflight.memory import memory_findings
+from verl_patches.launch.preflight.rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
+from verl_patches.launch.preflight.run_end import run_end_findings
+from verl_patches.launch.preflight.validation import validation_findings
+from verl_patches.launch.preflight.vendor_env import vendor_env_findings
 from verl_patches.launch.run_dir import LogDirError, check_log_root
 from verl_patches.launch.settings import (
     ALLOW_REMOTE_DASHBOARD_FLAG,
@@ -65,7 +65,7 @@ from verl_patches.trainer.config_compose import (
     resolved,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PROFILES = {
     "a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_weight"),
     "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
@@ -479,7 +479,7 @@ def report(
 
 
 def rank_tables(cfg: DictConfig, settings: ClusterSettings, root: Path, host: HostFacts) -> dict[str, Any]:
-    """The per-rank training and rollout layout of the checked config (verl_patches.launch.preflight_rank_table)."""
+    """The per-rank training and rollout layout of the checked config (verl_patches.launch.preflight.rank_table)."""
 
     _, model = model_findings(Context(cfg=cfg, settings=settings, root=Path(root), host=host))
     return rank_tables_for_config(cfg, model)

@@ -30,7 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from verl_patches.launch.memory_estimate import ADAM_BYTES_PER_PARAM, BF16, ModelShape, ParamCount, total_params
+from verl_patches.launch.preflight.memory_estimate import (
+    ADAM_BYTES_PER_PARAM,
+    BF16,
+    ModelShape,
+    ParamCount,
+    total_params,
+)
 
 CHECKPOINT_BYTES_PER_PARAM = BF16 + ADAM_BYTES_PER_PARAM  # bf16 weights 2 + fp32 master 4 + Adam m 4 + v 4
 CHECKPOINT_BYTES_NOTE = (

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_patches.launch.preflight_files import parquet_rows
-from verl_patches.launch.preflight_findings import OK, WARN, Context, Finding, get
-from verl_patches.launch.run_costs import VENDOR_SOURCE, human_seconds, vendor_step
+from verl_patches.launch.preflight.files import parquet_rows
+from verl_patches.launch.preflight.findings import OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.run_costs import VENDOR_SOURCE, human_seconds, vendor_step
 
 CHECK = "run.end"
 STEPS_KEY, EPOCHS_KEY = "trainer.total_training_steps", "trainer.total_epochs"

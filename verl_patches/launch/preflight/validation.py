@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY, val_max_prompts
-from verl_patches.launch.preflight_files import parquet_rows
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
-from verl_patches.launch.run_costs import VENDOR_SOURCE, vendor_step
+from verl_patches.launch.preflight.files import parquet_rows
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.run_costs import VENDOR_SOURCE, vendor_step
 
 TEST_FREQ_KEY = "trainer.test_freq"
 

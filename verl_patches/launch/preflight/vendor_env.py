@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from verl_patches.base.env_flags import EnvError, env_int, parse_flag
-from verl_patches.launch.preflight_env import Seen, seen_by_the_job
-from verl_patches.launch.preflight_findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.env import Seen, seen_by_the_job
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import ClusterSettings
 
 CHECK = "env.vendor"
