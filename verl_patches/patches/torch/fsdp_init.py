@@ -17,20 +17,26 @@ def allow_cpu_module_states(module_states: list[torch.Tensor]) -> None:
     return None
 
 
+def _with_field_off(base: type, field: str) -> type:
+    """A dataclass under `base`'s name whose boolean `field` is always False, whatever the caller passes."""
+
+    @dataclass
+    class OnCpuHost(base):  # type: ignore[valid-type,misc]
+        def __post_init__(self) -> None:
+            setattr(self, field, False)
+
+    OnCpuHost.__qualname__ = OnCpuHost.__name__ = base.__name__
+    OnCpuHost.__module__ = __name__
+    return OnCpuHost
+
+
 def cpu_host_cpu_offload() -> type:
     """A CPUOffload whose parameter offloading is off: on a CPU host the parameters already live in
     host memory, and FSDP's offload path pins memory, which needs an accelerator."""
     # deferred: this runs while the patch on this very module applies; a module-level import would recurse
     from torch.distributed.fsdp.api import CPUOffload
 
-    @dataclass
-    class CPUOffloadOnCpuHost(CPUOffload):
-        def __post_init__(self) -> None:
-            self.offload_params = False
-
-    CPUOffloadOnCpuHost.__qualname__ = CPUOffloadOnCpuHost.__name__ = "CPUOffload"
-    CPUOffloadOnCpuHost.__module__ = __name__
-    return CPUOffloadOnCpuHost
+    return _with_field_off(CPUOffload, "offload_params")
 
 
 def cpu_host_cpu_offload_policy() -> type:
@@ -39,11 +45,4 @@ def cpu_host_cpu_offload_policy() -> type:
     # deferred: this runs while the patch on this very module applies; a module-level import would recurse
     from torch.distributed._composable.fsdp._fsdp_api import CPUOffloadPolicy
 
-    @dataclass
-    class CPUOffloadPolicyOnCpuHost(CPUOffloadPolicy):
-        def __post_init__(self) -> None:
-            self.pin_memory = False
-
-    CPUOffloadPolicyOnCpuHost.__qualname__ = CPUOffloadPolicyOnCpuHost.__name__ = "CPUOffloadPolicy"
-    CPUOffloadPolicyOnCpuHost.__module__ = __name__
-    return CPUOffloadPolicyOnCpuHost
+    return _with_field_off(CPUOffloadPolicy, "pin_memory")
