@@ -41,11 +41,8 @@ class WheelMismatch(WheelError):
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _open_cache(cache: Path | None) -> tuple[int, Path]:
