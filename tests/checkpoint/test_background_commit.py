@@ -9,7 +9,6 @@ and the actor is the Megatron worker without a critic.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,14 +17,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rank_files import rng_file, write_rank_record
 from verl_patches.checkpoint import background_write, commit, trainer_io
 from verl_patches.checkpoint.background_write import BackgroundWrite, BackgroundWriteError
-from verl_patches.checkpoint.manifest import RankRecord, TrainLayout, rank_record_name
-from verl_patches.checkpoint.safe_load import sha256_file
 from verl_patches.driver import checkpoint_fence
 from verl_patches.patches.verl.utils.checkpoint.trainer import _save_checkpoint
-
-LAYOUT = TrainLayout(tp=1, pp=1, ep=2, dp=2)
 
 
 @pytest.fixture(autouse=True)
@@ -39,24 +35,12 @@ def _no_pending_write():
 
 def write_rank_files(role: Path, step: int, ranks: tuple[int, ...], pause_s: float = 0.0, fail: bool = False):
     for r in ranks:
-        f = role / f"rng/rank_{r:05d}.pt"
-        f.parent.mkdir(parents=True, exist_ok=True)
+        f = rng_file(role, r)
         time.sleep(pause_s)
         torch.save({"step": step, "rank": r}, f)
         if fail:
             raise OSError(5, "Input/output error")
-        rec = RankRecord(
-            rank=r,
-            layout=LAYOUT,
-            tp_rank=0,
-            pp_rank=0,
-            ep_rank=r,
-            dp_rank=r,
-            files={f"rng/rank_{r:05d}.pt": f.stat().st_size},
-            sha256={f"rng/rank_{r:05d}.pt": sha256_file(f)},
-        )
-        (role / rank_record_name(r)).parent.mkdir(parents=True, exist_ok=True)
-        (role / rank_record_name(r)).write_text(json.dumps(rec.to_json()))
+        write_rank_record(role, r)
     return "record"
 
 
