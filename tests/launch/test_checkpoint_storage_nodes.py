@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import pytest
 
+from fresh_python import fresh_python
 from verl_patches.launch.cluster.storage_probe import (
     MARKER_PREFIX,
     check_folder_on_nodes,
@@ -236,14 +237,7 @@ def test_the_steps_run_on_every_node_of_a_real_ray_cluster(tmp_path: Path) -> No
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run(
-        [sys.executable, "-c", RAY_SCRIPT, str(shared), str(tmp_path / "absent")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    p = fresh_python("-c", RAY_SCRIPT, str(shared), str(tmp_path / "absent"), env=env, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     ok, missing = p.stdout.strip().splitlines()[-2:]
     assert f"{shared}: writable from all 1 node(s)" in ok

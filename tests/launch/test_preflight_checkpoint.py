@@ -8,13 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
+from fresh_python import fresh_python
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.manifest import RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.root_access import ALLOW_SHARED_ROOT_ENV, CheckpointRootError, root_verdict
@@ -408,14 +407,7 @@ def test_the_tiny_profile_does_not_change() -> None:
 def test_the_trainer_entry_refuses_a_missing_folder_before_anything_starts() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH", "CKPT_DIR")}
     env["PYTHONPATH"] = str(ROOT)
-    p = subprocess.run(
-        [sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "profile=a3_256die_true_weight"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = fresh_python("-m", "verl_patches.trainer.main_ppo_npu", "profile=a3_256die_true_weight", env=env, timeout=180)
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("main_ppo_npu:")]
     assert lines == [f"main_ppo_npu: {folder_problem(composed('a3_256die_true_weight'))}"]
@@ -468,13 +460,13 @@ def test_the_dry_run_names_a_damaged_tracker(tmp_path: Path) -> None:
     """The command of README section 5 on a folder whose tracker was damaged: one warning naming the file."""
     ck = folder(tmp_path)
     tracker = damage_tracker(ck, "word")
-    p = subprocess.run(
-        [sys.executable, "-m", "verl_patches.launch.preflight", "--profile", "a3_256die_true_weight", "--json"],
-        cwd=ROOT,
+    p = fresh_python(
+        "-m",
+        "verl_patches.launch.preflight",
+        "--profile",
+        "a3_256die_true_weight",
+        "--json",
         env={**os.environ, "CKPT_DIR": str(ck)},
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     report = json.loads(p.stdout)
     (f,) = [f for f in report["findings"] if f["check"] == "checkpoint.resume"]

@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
+from fresh_python import fresh_python
 from verl_patches.npu_emulation.catalog import CPU_LIMITS, OPS, limits_table, ops_table
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "verl_patches.npu_emulation.catalog", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return fresh_python("-m", "verl_patches.npu_emulation.catalog", *args, timeout=120)
 
 
 def test_the_command_prints_every_op_and_every_cpu_limit() -> None:
@@ -59,5 +50,5 @@ def test_loading_the_package_loads_nothing_of_the_report() -> None:
         "import sys, verl_patches.npu_emulation; "
         "print(sorted(m for m in sys.modules if m.startswith('verl_patches.npu_emulation.')))"
     )
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = fresh_python("-c", code, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[]", (p.stdout, p.stderr)

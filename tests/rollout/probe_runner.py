@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from fresh_python import fresh_python
 from verl_patches.sources import dist_info
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,13 +29,6 @@ def run_probe(script: str, arg: str | Path, **env: str) -> dict:
     """The JSON object that `script` (a file beside these tests), run on `arg` with `env` added, prints last."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     environ.update(PYTHONPATH=os.pathsep.join([str(REPO), vllm_dist_path()]), **env)
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name(script)), str(arg)],
-        cwd=REPO,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = fresh_python(str(Path(__file__).with_name(script)), str(arg), env=environ, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -3,12 +3,10 @@ run-time line that says which installed versions differ."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
-from sources_testlib import REPO_ROOT
+from fresh_python import fresh_python
 from verl_patches.sources import pins
 from verl_patches.sources.pins import (
     Difference,
@@ -97,17 +95,11 @@ def test_this_environment_has_every_pin_of_requirements_txt():
 
 
 def test_cli_prints_the_cpu_requirements_and_the_version_line():
-    out = subprocess.run(
-        [sys.executable, "-m", "verl_patches.sources.pins", "cpu-requirements"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    printed = fresh_python("-m", "verl_patches.sources.pins", "cpu-requirements")
+    assert printed.returncode == 0, printed.stderr
+    out = printed.stdout.splitlines()
     assert out == cpu_requirements(read_pins()) and not any(req.startswith("torch-npu") for req in out)
-    proc = subprocess.run(
-        [sys.executable, "-m", "verl_patches.sources.pins", "check"], cwd=REPO_ROOT, capture_output=True, text=True
-    )
+    proc = fresh_python("-m", "verl_patches.sources.pins", "check")
     assert proc.stdout.startswith("package versions: all "), proc.stdout + proc.stderr
     # and whether the packages are the hash-checked install's (tests/sources/test_wheel_cache.py plants and
     # installs tampered ones): one line each on stderr, exit 1 (an environment set up before it has no receipt)
@@ -126,26 +118,14 @@ def test_difference_text_names_emulation():
 def test_the_audit_and_the_launcher_say_the_version_line():
     import json
 
-    audit = subprocess.run(
-        [sys.executable, "-m", "verl_patches.audit", "--json"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    audit = fresh_python("-m", "verl_patches.audit", "--json")
     versions = json.loads(audit.stdout)["package_versions"]
     assert versions["line"] == pins.check()[0] and versions["differences"] == []
     # the launcher says it first, before its settings are even read (here an env file that is not there)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from verl_patches.launch import job; "
-            "sys.exit(job.main(['--profile', 'a3_256die_random_init', '--env-file', '/nonexistent']))",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
+    proc = fresh_python(
+        "-c",
+        "import sys; from verl_patches.launch import job; "
+        "sys.exit(job.main(['--profile', 'a3_256die_random_init', '--env-file', '/nonexistent']))",
         timeout=120,
     )
     assert proc.stdout.splitlines()[0] == "launch: " + pins.check()[0], proc.stdout + proc.stderr

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-from sources_testlib import REPO_ROOT
+from fresh_python import fresh_python
 from verl_patches.base.host_device import DEVICE_ENV, STALE_DEVICE_ENV
 from verl_patches.sources import pins
 
@@ -20,14 +19,7 @@ def run_check(*env_pairs: tuple[str, str]) -> subprocess.CompletedProcess:
     # no PYTHONPATH (it could lead back to site-packages), no device override unless the test sets one
     drop = {"PYTHONPATH", DEVICE_ENV, STALE_DEVICE_ENV}
     env = {**{k: v for k, v in os.environ.items() if k not in drop}, **dict(env_pairs)}
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "verl_patches.sources.pins", "check"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return fresh_python("-S", "-m", "verl_patches.sources.pins", "check", env=env, timeout=120)
 
 
 def test_check_without_any_package_reports_each_in_one_line_and_exits_1() -> None:
