@@ -1,7 +1,8 @@
 """The R1-Zero format rule (issue 17): by default, as DeepScaleR's own reward and the R1-Zero recipe
 grade, a response without `</think>` scores 0 and so does one without a `\\boxed{}` after the last
 `</think>`. `format_rule: relaxed` (a reward kwarg in the trainer config) grades other templates; the
-A3 profiles are strict and the tiny local profile, whose model answers in one token, is relaxed."""
+A3 profiles and the tiny local profile (its model answers `<think> a + b = N </think> \\boxed{N}`, the R1-Zero
+format) are strict; the FSDP option of the tiny run, whose model answers `\\boxed{N}` alone, is relaxed."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def test_the_rule_is_not_passed_to_verls_own_scorers():
         ("ppo_mindspeed_trainer", [], "strict"),
         ("ppo_mindspeed_trainer", ["profile=a3_256die_true_weight"], "strict"),
         ("ppo_mindspeed_trainer", ["profile=a3_256die_random_init"], "strict"),
-        ("ppo_tiny_local", [], "relaxed"),
+        ("ppo_tiny_local", [], "strict"),
         ("ppo_tiny_local_fsdp", [], "relaxed"),
     ],
 )
@@ -134,9 +135,14 @@ def test_profiles_set_the_rule(monkeypatch, config_name, overrides, rule):
 
 
 def test_tiny_model_answers_score_under_the_tiny_rule_only():
-    """The tiny model emits `\\boxed{N}` and EOS, with no think tags: relaxed grades it, strict cannot."""
+    """The tiny A3-path model answers in the R1-Zero format, which its strict rule grades; the FSDP option's model
+    emits `\\boxed{N}` and EOS with no think tags: its relaxed rule grades it, strict cannot."""
     cfg = resolved(compose_config("ppo_tiny_local", []))
     tiny = _reward_fn(**OmegaConf.to_container(cfg.custom_reward_function.reward_kwargs))
-    assert tiny("deepscaler", "\\boxed{7}", "7") == 1.0
-    assert tiny("deepscaler", "\\boxed{6}", "7") == 0.0
-    assert _reward_fn(format_rule="strict")("deepscaler", "\\boxed{7}", "7") == 0.0
+    assert tiny("deepscaler", "<think> 3 + 4 = 7 </think> \\boxed{7}", "7") == 1.0
+    assert tiny("deepscaler", "<think> 3 + 4 = 6 </think> \\boxed{6}", "7") == 0.0
+    assert tiny("deepscaler", "\\boxed{7}", "7") == 0.0  # no think block: strict
+    cfg = resolved(compose_config("ppo_tiny_local_fsdp", []))
+    fsdp = _reward_fn(**OmegaConf.to_container(cfg.custom_reward_function.reward_kwargs))
+    assert fsdp("deepscaler", "\\boxed{7}", "7") == 1.0
+    assert fsdp("deepscaler", "\\boxed{6}", "7") == 0.0
