@@ -152,7 +152,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def write_bytes_at(
-    dir_fd: int, name: str, data: bytes, *, mode: int | None = None, folder: str | os.PathLike = "<folder>"
+    dir_fd: int, name: str, data: bytes, *, mode: int | None = None, folder: str | os.PathLike[str] = "<folder>"
 ) -> None:
     """``data`` put in place as ``name`` in the folder open as ``dir_fd`` (``folder`` is its name in messages),
     through the descriptor of its exclusively created temp (`_temp_at`): a link or file put where the temp or
@@ -162,14 +162,14 @@ def write_bytes_at(
 
 
 def write_text_at(
-    dir_fd: int, name: str, text: str, *, mode: int | None = None, folder: str | os.PathLike = "<folder>"
+    dir_fd: int, name: str, text: str, *, mode: int | None = None, folder: str | os.PathLike[str] = "<folder>"
 ) -> None:
     """`write_bytes_at` of ``text`` as UTF-8."""
     write_bytes_at(dir_fd, name, text.encode("utf-8"), mode=mode, folder=folder)
 
 
 def create_bytes_at(
-    dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, folder: str | os.PathLike = "<folder>"
+    dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, folder: str | os.PathLike[str] = "<folder>"
 ) -> None:
     """``data`` as the new file ``name`` in the folder open as ``dir_fd``, whole or not at all, and only if
     nothing has that name yet (`FileExistsError` otherwise: an existing file, or one another writer created
@@ -191,7 +191,7 @@ def create_bytes_at(
     _fsync_folder_fd(dir_fd)
 
 
-def temp_path_for(target: str | os.PathLike, *, owned: bool = False) -> Path:
+def temp_path_for(target: str | os.PathLike[str], *, owned: bool = False) -> Path:
     """A fresh, empty temp file beside ``target`` (its folder is created), mode 0666 minus the umask;
     ``owned`` puts this process's pid and host in its name (`remove_abandoned_temps`).
 
@@ -207,7 +207,7 @@ def temp_path_for(target: str | os.PathLike, *, owned: bool = False) -> Path:
     return target.parent / name
 
 
-def temp_dir_for(target: str | os.PathLike) -> Path:
+def temp_dir_for(target: str | os.PathLike[str]) -> Path:
     """A fresh, empty folder beside ``target`` to build it in before `swap_folder_in`, mode 0777 minus the
     umask (``tempfile.mkdtemp``'s 0700 would become the final folder's mode: unreadable to other accounts)."""
     target = Path(target)
@@ -221,7 +221,7 @@ def temp_dir_for(target: str | os.PathLike) -> Path:
             continue
 
 
-def fsync_dir(folder: str | os.PathLike) -> None:
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
     """Flush ``folder``'s entries (a rename or a new file in it) to disk; a no-op where the filesystem
     cannot flush a folder."""
     fd = os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
@@ -236,7 +236,7 @@ def _check_regular(fd: int, shown: Path) -> None:
         raise TempReplaced(f"{shown}: not a regular file any more; not put in place")
 
 
-def commit(tmp: str | os.PathLike, target: str | os.PathLike, *, mode: int | None = None) -> None:
+def commit(tmp: str | os.PathLike[str], target: str | os.PathLike[str], *, mode: int | None = None) -> None:
     """Put the written temp file ``tmp`` (`temp_path_for`) in place of ``target``, durably: flush it, rename it
     over ``target``, flush the folder. ``mode`` (e.g. the replaced file's) is set first when given. A temp
     that has become a link is refused (`TempReplaced`), never followed."""
@@ -258,13 +258,13 @@ def commit(tmp: str | os.PathLike, target: str | os.PathLike, *, mode: int | Non
     fsync_dir(target.parent)
 
 
-def discard(tmp: str | os.PathLike) -> None:
+def discard(tmp: str | os.PathLike[str]) -> None:
     """Remove a temp file that will not be committed (missing already is fine)."""
     Path(tmp).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None) -> Iterator[Path]:
     """``with atomic_path(target) as tmp:`` write ``tmp`` by path; on a clean exit it replaces ``target``,
     on an exception it is removed and ``target`` is untouched.
 
@@ -283,7 +283,7 @@ def atomic_path(target: str | os.PathLike, *, mode: int | None = None) -> Iterat
 
 @contextlib.contextmanager
 def atomic_open(
-    target: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None, file_mode: int | None = None
+    target: str | os.PathLike[str], mode: str = "wb", *, encoding: str | None = None, file_mode: int | None = None
 ) -> Iterator[IO[Any]]:
     """``with atomic_open(target, "w") as f:`` write ``f``; it replaces ``target`` on a clean exit only.
     ``mode`` is a write mode of `open` ("w", "wb"); text defaults to UTF-8. ``f`` writes to the descriptor of
@@ -302,14 +302,16 @@ def atomic_open(
         os.close(dir_fd)
 
 
-def write_atomically(target: str | os.PathLike, writer: Callable[[Path], object], *, mode: int | None = None) -> None:
+def write_atomically(
+    target: str | os.PathLike[str], writer: Callable[[Path], object], *, mode: int | None = None
+) -> None:
     """Call ``writer(tmp_path)`` and put the result in place of ``target``; the temp file goes on failure
     (`atomic_path`: for writers that only take a path)."""
     with atomic_path(target, mode=mode) as tmp:
         writer(tmp)
 
 
-def write_bytes_atomically(target: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+def write_bytes_atomically(target: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
     """``data`` in place of ``target``, written through the temp's descriptor (`write_bytes_at`)."""
     target = Path(target)
     dir_fd = _open_folder(target.parent)
@@ -319,22 +321,22 @@ def write_bytes_atomically(target: str | os.PathLike, data: bytes, *, mode: int 
         os.close(dir_fd)
 
 
-def write_text_atomically(target: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
+def write_text_atomically(target: str | os.PathLike[str], text: str, *, mode: int | None = None) -> None:
     write_bytes_atomically(target, text.encode("utf-8"), mode=mode)
 
 
 def write_json_atomically(
-    target: str | os.PathLike, data: Any, *, indent: int | None = 2, sort_keys: bool = False
+    target: str | os.PathLike[str], data: Any, *, indent: int | None = 2, sort_keys: bool = False
 ) -> None:
     """``data`` as JSON text and a final newline."""
     write_text_atomically(target, json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
 
 
-def copy_file_atomically(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def copy_file_atomically(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     write_atomically(dst, lambda p: shutil.copyfile(src, p))
 
 
-def remove_stale_temps(directory: str | os.PathLike) -> int:
+def remove_stale_temps(directory: str | os.PathLike[str]) -> int:
     """Delete temp files left by an interrupted run in ``directory`` (not recursive); returns the count.
 
     Only for a folder one writer owns (an output folder of a conversion): a concurrent writer's temp file
@@ -368,7 +370,7 @@ def is_abandoned_temp(name: str) -> bool:
     return pid != os.getpid() and not _pid_alive(pid)
 
 
-def remove_abandoned_temps(directory: str | os.PathLike) -> list[str]:
+def remove_abandoned_temps(directory: str | os.PathLike[str]) -> list[str]:
     """Delete the owned temp files of dead processes of this host in ``directory`` (not recursive), for a
     folder several writers may share; returns the names removed, sorted."""
     removed = []
@@ -380,7 +382,7 @@ def remove_abandoned_temps(directory: str | os.PathLike) -> list[str]:
     return sorted(removed)
 
 
-def rename_durably(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def rename_durably(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """Rename ``src`` (a file or a folder) to ``dst`` and flush the folders involved, so the move survives a
     crash. For publishing a folder built beside its final name, or moving one aside to delete it."""
     src, dst = Path(src), Path(dst)
@@ -390,7 +392,9 @@ def rename_durably(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         fsync_dir(src.parent)
 
 
-def swap_folder_in(new_dir: str | os.PathLike, target: str | os.PathLike, old: str | os.PathLike) -> None:
+def swap_folder_in(
+    new_dir: str | os.PathLike[str], target: str | os.PathLike[str], old: str | os.PathLike[str]
+) -> None:
     """Put the finished folder ``new_dir`` at ``target``: an existing ``target`` is first renamed to ``old``
     (on the same filesystem) and deleted after, so a reader sees the old folder or the new one, never half;
     a run killed between the two renames leaves the old folder at ``old`` for the caller to restore."""

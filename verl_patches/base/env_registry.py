@@ -23,7 +23,7 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,10 +94,10 @@ class Variable:
         if self.kind == FLAG:
             return env_flag(name, default=bool(fallback), environ=env)
         if self.kind == INT:
-            value = env_int(name, -1, environ=env, minimum=_int_or_none(self.minimum), maximum=self.maximum)
+            number = env_int(name, -1, environ=env, minimum=_int_or_none(self.minimum), maximum=self.maximum)
             if raw is None or not raw.strip():
                 return _required(name, fallback)
-            return value
+            return number
         if self.kind == FLOAT:
             if raw is None or not raw.strip():
                 return _required(name, fallback)
@@ -736,7 +736,7 @@ def closest(name: str) -> str | None:
     return near[0] if near else None
 
 
-def unregistered_ours(names: object) -> list[str]:
+def unregistered_ours(names: Iterable[object]) -> list[str]:
     """The names among ``names`` that look like ours (VERL_PATCHES_*, VERL_OVERLAY_*, VERL_LAUNCH_*) and are not
     registered: a typo, or a variable nothing reads."""
     return sorted(n for n in names if isinstance(n, str) and n.startswith(OUR_PREFIXES) and lookup(n) is None)

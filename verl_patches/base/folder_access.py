@@ -102,7 +102,7 @@ def _level_problem(folder: Path, name: str, uid: int) -> str | None:
     return None
 
 
-def access_problem(path: str | os.PathLike, *, private: bool, uid: int | None = None) -> str | None:
+def access_problem(path: str | os.PathLike[str], *, private: bool, uid: int | None = None) -> str | None:
     """None when only this account (and root) can change what lies at ``path`` (an existing folder), else
     one line naming the level at fault and why; ``private``: the folder itself must be ours and writable by
     no one else (see the module). OSError when a level cannot be read (the caller names the folder)."""

@@ -34,7 +34,8 @@ def free_port() -> int:
     """A port number the kernel just handed to a socket on 127.0.0.1, which is closed again."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def port_is_free(host: str, port: int) -> bool:

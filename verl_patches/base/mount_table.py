@@ -72,7 +72,7 @@ def read_mount_table(table: str = MOUNTINFO) -> list[Mount] | None:
         return None
 
 
-def filesystem_type(path: str | os.PathLike, table: str = MOUNTINFO) -> str | None:
+def filesystem_type(path: str | os.PathLike[str], table: str = MOUNTINFO) -> str | None:
     """The type of the filesystem ``path`` is on, or None when it cannot be told."""
     mounts = read_mount_table(table)
     if mounts is None:

@@ -61,7 +61,7 @@ def _fix(path: Path, why: str, root_hint: str) -> str:
     return root_hint
 
 
-def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root_hint: str) -> tuple[int, Path]:
+def open_private_dir(root: str | os.PathLike[str], below: Sequence[str] = (), *, root_hint: str) -> tuple[int, Path]:
     """A descriptor of ``root/below[0]/below[1]/...`` and that folder's path, every level checked as the module
     says; missing levels from the root down are created 0700. ``below`` are single names (no ``/``, ``..``).
     ``root_hint`` is the way out the message offers (e.g. "set XDG_CACHE_HOME to a folder only you can write").
@@ -114,7 +114,9 @@ def open_private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root
 
 
 @contextlib.contextmanager
-def private_dir(root: str | os.PathLike, below: Sequence[str] = (), *, root_hint: str) -> Iterator[tuple[int, Path]]:
+def private_dir(
+    root: str | os.PathLike[str], below: Sequence[str] = (), *, root_hint: str
+) -> Iterator[tuple[int, Path]]:
     """`open_private_dir` as a context: the descriptor is closed when the block ends."""
     fd, path = open_private_dir(root, below, root_hint=root_hint)
     try:

@@ -35,7 +35,7 @@ class FileMissing(FileRefused):
     """The path does not exist."""
 
 
-def open_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = True) -> BinaryIO:
+def open_regular_file(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> BinaryIO:
     """``path`` opened for binary reading (blocking), after checking it is a regular file before and after the
     open (`FileRefused`, or `FileMissing` when it does not exist). The caller closes it.
 
@@ -68,7 +68,7 @@ def open_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = True) 
         raise
 
 
-def read_regular_file(path: str | os.PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
+def read_regular_file(path: str | os.PathLike[str], *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes`` (`FileRefused` otherwise).
 
     With ``follow_symlinks=False`` a symbolic link is refused without reading what it points at.

@@ -29,7 +29,7 @@ class CommittedRole:
     layout: TrainLayout | None
 
     @classmethod
-    def open(cls, role_dir: str | os.PathLike) -> "CommittedRole":
+    def open(cls, role_dir: str | os.PathLike[str]) -> "CommittedRole":
         """The role folder ``role_dir`` of a committed step (``<step>/checkpoint.json`` lists its files);
         CheckpointIncomplete, one line naming the file, for a link, an uncommitted or damaged folder."""
         role = Path(role_dir)

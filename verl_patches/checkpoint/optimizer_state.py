@@ -54,7 +54,7 @@ def _dp_rank(optimizer: Any) -> int:
     return torch.distributed.get_rank(optimizer.data_parallel_group)
 
 
-def load_parameter_state(optimizer: Any, path: str | os.PathLike, expected_sha256: str) -> None:
+def load_parameter_state(optimizer: Any, path: str | os.PathLike[str], expected_sha256: str) -> None:
     """Restore a (chained) distributed optimizer's parameter state from ``path``; a collective over DP."""
     chained = getattr(optimizer, "chained_optimizers", None)
     if chained is None:
@@ -80,7 +80,7 @@ def load_parameter_state(optimizer: Any, path: str | os.PathLike, expected_sha25
         inner.load_parameter_state_from_dp_zero(coalesced(states[idx], path) if states else None)
 
 
-def coalesced(state: Any, path: str | os.PathLike) -> Any:
+def coalesced(state: Any, path: str | os.PathLike[str]) -> Any:
     """``state`` with every world tensor saved as pieces (`parameter_state_for_save`) concatenated into the one
     tensor Megatron's scatter reads; a piece list that does not add up to ``numel_unpadded`` is refused naming
     ``path``."""
@@ -115,14 +115,14 @@ def coalesced(state: Any, path: str | os.PathLike) -> Any:
     return out
 
 
-def _swap_host_states(inner: Any) -> dict | None:
+def _swap_host_states(inner: Any) -> dict[Any, Any] | None:
     """MindSpeed's swap optimizer keeps each main parameter's state in host buffers (a class-level map):
     main param -> {"param", "exp_avg", "exp_avg_sq", ...}; None for any other optimizer."""
     found = getattr(type(inner), "param_to_cpu_states_map", None)
     return found if isinstance(found, dict) else None
 
 
-def _local_pieces(inner: Any) -> dict | None:
+def _local_pieces(inner: Any) -> dict[Any, Any] | None:
     """The world state of an optimizer whose data-parallel group is this rank alone, as pieces (module docstring),
     or None when its buffers are not laid out as expected (the caller then lets Megatron gather)."""
     # lazy: torch is heavy and only this path needs it; importing this module stays light
@@ -143,7 +143,7 @@ def _local_pieces(inner: Any) -> dict | None:
         dtype_state = {}
         for dtype, ranges_for_all_buckets in gbuf_range_maps.items():
             buffer = inner.buffers[gbuf_idx]
-            pieces: dict[str, list] = {key: [] for key in STATE_KEYS}
+            pieces: dict[str, list[torch.Tensor]] = {key: [] for key in STATE_KEYS}
             total = 0
             for bucket_idx, gbuf_range_map in enumerate(ranges_for_all_buckets):
                 unpadded = buffer.buckets[bucket_idx].numel_unpadded

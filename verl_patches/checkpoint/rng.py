@@ -53,13 +53,18 @@ def _tracker() -> Any:
     return tensor_parallel.get_cuda_rng_tracker()
 
 
-def _numpy_state() -> tuple:
+NumpyState = tuple[str, torch.Tensor, int, int, float]
+
+
+def _numpy_state() -> NumpyState:
     # plain types and a tensor only, so the file loads with torch.load(weights_only=True)
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # legacy=True: the MT19937 tuple (a dict only for other bit generators)
+    name, keys, pos, has_gauss, gauss = legacy
     return (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
 
 
-def _set_numpy_state(state: tuple) -> None:
+def _set_numpy_state(state: NumpyState) -> None:
     name, keys, pos, has_gauss, gauss = state
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
 

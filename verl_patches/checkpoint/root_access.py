@@ -48,7 +48,7 @@ def cluster_run(cfg: Any) -> bool:
     host's device and never is, even on an NPU machine). The one rule of "cluster profile": the preflight's
     ``Context.cluster_profile``, the trainer's checkpoint-folder check (``trainer.checkpoint_folder``), its
     save and resume and the launch call this, on the composed config."""
-    return get(cfg, "trainer.device") == "npu" and get(cfg, "overlay.profile") != "tiny"
+    return bool(get(cfg, "trainer.device") == "npu" and get(cfg, "overlay.profile") != "tiny")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class RootVerdict:
     warning: str = ""  # one line: used, and the risk named
 
 
-def root_verdict(root: str | os.PathLike, *, cluster: bool, allow_shared: bool) -> RootVerdict:
+def root_verdict(root: str | os.PathLike[str], *, cluster: bool, allow_shared: bool) -> RootVerdict:
     """The rule of the module for an existing root (a missing one: nothing to judge yet, no line)."""
     root = Path(root)
     try:
@@ -96,7 +96,7 @@ _SAID: set[str] = set()
 
 
 def check_root_access(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     *,
     cluster: bool,
     environ: Mapping[str, str] | None = None,

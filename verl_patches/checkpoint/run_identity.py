@@ -46,7 +46,7 @@ class RunSecretError(Exception):
     unreadable); one line naming it and the fix."""
 
 
-def secret_path(root: str | os.PathLike) -> Path:
+def secret_path(root: str | os.PathLike[str]) -> Path:
     return Path(root) / SECRET_FILE
 
 
@@ -95,7 +95,7 @@ def _read_at(root_fd: int, path: Path) -> bytes | None:
     return bytes.fromhex(m.group(1).decode("ascii"))
 
 
-def read_run_secret(root: str | os.PathLike) -> bytes | None:
+def read_run_secret(root: str | os.PathLike[str]) -> bytes | None:
     """The run secret of checkpoint root ``root``; None when it has none (or there is no such folder);
     `RunSecretError` when its file cannot be used."""
     root = Path(root)
@@ -108,7 +108,7 @@ def read_run_secret(root: str | os.PathLike) -> bytes | None:
         os.close(root_fd)
 
 
-def ensure_run_secret(root: str | os.PathLike) -> bytes:
+def ensure_run_secret(root: str | os.PathLike[str]) -> bytes:
     """The run secret of ``root`` (an existing folder), created by this call when it has none: a fresh
     random secret, written 0600 from its first byte and put in place only if no file has its name."""
     root = Path(root)

@@ -30,7 +30,7 @@ import hashlib
 import os
 import pickle
 import re
-from typing import IO, Any, Sequence
+from typing import Any, BinaryIO, Sequence
 
 from verl_patches.base.regular_file import FileMissing, FileRefused, open_regular_file
 
@@ -67,14 +67,14 @@ def _weights_only_reason(err: BaseException) -> str:
     return _first_line(err)
 
 
-def _hash_stream(f: IO[bytes]) -> str:
+def _hash_stream(f: BinaryIO) -> str:
     h = hashlib.sha256()
     while chunk := f.read(_CHUNK):
         h.update(chunk)
     return h.hexdigest()
 
 
-def _open_regular(path: str | os.PathLike) -> IO[bytes]:
+def _open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for reading, after checking it is a regular file (a FIFO would block the reader)."""
     try:
         return open_regular_file(path)
@@ -84,13 +84,13 @@ def _open_regular(path: str | os.PathLike) -> IO[bytes]:
         raise CheckpointFileError(str(err)) from None
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """The sha256 (hex) of a regular file, read in chunks."""
     with _open_regular(path) as f:
         return _hash_stream(f)
 
 
-def check_digest(path: str | os.PathLike, actual: str, expected: str) -> None:
+def check_digest(path: str | os.PathLike[str], actual: str, expected: str) -> None:
     if actual != expected:
         raise UnsafeCheckpointError(
             f"{path}: sha256 {actual[:16]}... differs from the {expected[:16]}... recorded "
@@ -137,7 +137,7 @@ def _file_state(fd: int) -> tuple[int, ...]:
 
 
 def _load_archive(
-    f: IO[bytes], path: str | os.PathLike, mmap: bool, map_location: str, safe_globals: Sequence[Any]
+    f: BinaryIO, path: str | os.PathLike[str], mmap: bool, map_location: str, safe_globals: Sequence[Any]
 ) -> Any:
     """Parse the open file ``f`` once with torch's reader, check its records, load from that parse."""
     # lazy: torch is heavy and only this path needs it; importing this module stays light
@@ -155,7 +155,7 @@ def _load_archive(
     except Exception as err:  # noqa: BLE001 - the C++ reader raises RuntimeError and more; one line names the file
         raise CheckpointFileError(f"{path}: not a readable torch file (zip: {_first_line(err)})") from None
     try:
-        records = reader.get_all_records()
+        records = reader.get_all_records()  # type: ignore[attr-defined]  # torch 2.5 has it; its stub does not
     except Exception as err:  # noqa: BLE001 - a record outside the archive folder of the first one
         raise UnsafeCheckpointError(
             f"{path}: zip entries are not under one archive folder ({_first_line(err)}); refused unread"
@@ -170,7 +170,7 @@ def _load_archive(
             overall = torch.UntypedStorage.from_file(f"/proc/self/fd/{f.fileno()}", False, size)
         with torch.serialization.safe_globals(list(safe_globals)):
             # what torch.load(weights_only=True) runs for a zip that is not TorchScript, on our parse
-            return torch.serialization._load(
+            return torch.serialization._load(  # type: ignore[no-untyped-call]  # torch's private loader is unannotated
                 reader, map_location, _weights_only_unpickler, overall_storage=overall, encoding="utf-8"
             )
     except pickle.UnpicklingError as err:
@@ -186,7 +186,7 @@ def _load_archive(
 
 
 def load_tensor_file(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     mmap: bool = False,
     expected_sha256: str | None = None,

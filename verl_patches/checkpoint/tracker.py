@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.base.strict_int import MAX_STEP_DIGITS, StepNumberError
@@ -20,14 +20,14 @@ from verl_patches.base.strict_int import is_step_digits as _is_step_digits
 from verl_patches.base.strict_int import shown as _shown
 
 MAX_TRACKER_BYTES = 64  # a tracker holds one short line; anything longer is not one
-RELEASE = "release"  # Megatron's tracker word for a checkpoint without an iteration number
+RELEASE: Final = "release"  # Megatron's tracker word for a checkpoint without an iteration number
 
 
 class TrackerError(StepNumberError):
     """A tracker file that is missing, not a regular file, or not one line of a step number; names the file."""
 
 
-def _tracker_text(path: str | os.PathLike) -> str:
+def _tracker_text(path: str | os.PathLike[str]) -> str:
     try:
         data = read_regular_file(Path(path), max_bytes=MAX_TRACKER_BYTES, follow_symlinks=False)
     except FileRefused as err:
@@ -45,7 +45,7 @@ def _tracker_text(path: str | os.PathLike) -> str:
     return text.strip(" \t")
 
 
-def read_tracker(path: str | os.PathLike) -> int:
+def read_tracker(path: str | os.PathLike[str]) -> int:
     """The step number a tracker file holds: one line of 1 to 12 ASCII digits (a trailing newline and
     surrounding spaces are tolerated). TrackerError, one line naming ``path``, for anything else."""
     text = _tracker_text(path)
@@ -54,7 +54,7 @@ def read_tracker(path: str | os.PathLike) -> int:
     return int(text)
 
 
-def read_megatron_tracker(path: str | os.PathLike) -> int | Literal["release"]:
+def read_megatron_tracker(path: str | os.PathLike[str]) -> int | Literal["release"]:
     """As `read_tracker`, also accepting Megatron's word ``release``."""
     text = _tracker_text(path)
     if text == RELEASE:

@@ -111,9 +111,10 @@ def save_step(trainer: Any) -> Path | None:
     t0 = time.monotonic()
     cfg = trainer.config.trainer
     root, step = checkpoint_root(cfg), int(trainer.global_steps)
-    if pending_save(trainer) is not None:
+    pending = pending_save(trainer)
+    if pending is not None:
         raise RuntimeError(
-            f"checkpoint step {step}: step {pending_save(trainer).step}'s background save was never fenced and "
+            f"checkpoint step {step}: step {pending.step}'s background save was never fenced and "
             "committed (the fit loop fences before every update_actor)"
         )
     background = background_saves(trainer)

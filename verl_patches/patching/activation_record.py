@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from verl_patches.base.atomic_write import is_temp_name, write_json_atomically
 from verl_patches.base import env_registry
@@ -47,7 +48,7 @@ def write_record(summary: str, patches: dict[str, str]) -> Path | None:
         return None
 
 
-def read_records(folder: Path) -> list[dict]:
+def read_records(folder: Path) -> list[dict[str, Any]]:
     """Every record in the folder (for the tests and whoever checks a run); a record still being written
     (its temp file) is not one yet."""
     paths = sorted(p for p in Path(folder).glob("*.json") if not is_temp_name(p.name))

@@ -37,9 +37,9 @@ def module_file(module: str, root: Path | None = None) -> Path | None:
     bases = [Path(root)] if root else []
     if not root:
         bases += [Path(p) for p in sys.path if p and Path(p).is_dir()]
-        loaded = sys.modules.get(module)
-        if loaded is not None and getattr(loaded, "__file__", None):
-            return Path(loaded.__file__)
+        loaded_file = getattr(sys.modules.get(module), "__file__", None)
+        if loaded_file:
+            return Path(loaded_file)
     for base in bases:
         for cand in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")):
             if cand.is_file():
@@ -112,7 +112,7 @@ if hasattr(ast, "TryStar"):  # Python 3.11+
 def _nested_defs(node: ast.stmt, name: str) -> list[ast.AST]:
     """Definitions of `name` inside a compound statement, preceded by what selects them."""
     found: list[ast.AST] = []
-    guards: list[ast.AST] = []
+    guards: list[ast.expr | list[ast.withitem]] = []  # a block's test or iterable, or a with's items
     kind = _BLOCKS.get(type(node))
     if kind is not None:
         blocks, guard_fields = kind
@@ -120,7 +120,8 @@ def _nested_defs(node: ast.stmt, name: str) -> list[ast.AST]:
             found += _defs_in(getattr(node, block, []), name)
         guards = [getattr(node, f) for f in guard_fields if getattr(node, f, None) is not None]
         if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
-            for h in node.handlers:
+            handlers: list[ast.ExceptHandler] = node.handlers  # type: ignore[attr-defined]  # ast.TryStar: 3.11+
+            for h in handlers:
                 sub = _defs_in(h.body, name)
                 if sub:
                     found += ([h.type] if h.type is not None else []) + sub
@@ -256,7 +257,7 @@ def fingerprint_target(*targets: str, root: Path | None = None) -> str:
     for t in targets:
         nodes += target_nodes(t, root)
     found = fingerprint_nodes(nodes)
-    if key is not None:
+    if cache is not None and key is not None:
         _store(cache / key, found)
     return found
 

@@ -10,7 +10,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 # Loaders made per file: wrapping one instance's exec_module affects only that module.
@@ -23,7 +23,9 @@ class PostImportHook(importlib.abc.MetaPathFinder):
         self.callback = callback
         self._local = threading.local()
 
-    def find_spec(self, fullname, path, target=None):  # noqa: D401 (importlib protocol)
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:  # importlib's MetaPathFinder protocol
         if not self.watched(fullname):
             return None
         busy = getattr(self._local, "busy", None)
@@ -46,7 +48,7 @@ class PostImportHook(importlib.abc.MetaPathFinder):
             original = spec.loader.exec_module
             callback = self.callback
 
-            def exec_module(module: ModuleType, _original=original) -> None:
+            def exec_module(module: ModuleType, _original: Callable[[ModuleType], None] = original) -> None:
                 _original(module)
                 callback(module)
 

@@ -50,10 +50,10 @@ class Record:
     new: Any = _MISSING
     owner: Any = None  # the module, class or mapping whose slot we set
     slot: Any = None  # attribute name or mapping key
-    rebound: list[tuple[dict, str]] = field(default_factory=list)
+    rebound: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (namespace, name)
     created_modules: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         p = self.patch
         return {
             "name": p.name,
@@ -285,6 +285,7 @@ class Registry:
                     raise PatchError(f"patch {p.name}: {p.target} does not exist, nothing to wrap")
                 new = _rewrap(current, p.replacement)
             else:
+                assert p.replacement is not None  # Patch.__post_init__: every kind but MODULE_ALIAS has one
                 new = p.replacement()
         except ImportError as e:  # the replacement's own dependency is missing on this host: record it, never crash
             rec.status = "unavailable"
@@ -431,7 +432,7 @@ class Registry:
             self._pending_modules.clear()
             self.active = False
 
-    def manifest(self) -> list[dict]:
+    def manifest(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.records]
 
     def summary_line(self) -> str:

@@ -42,7 +42,7 @@ def recompile(original: Callable[..., Any], edit: Callable[[ast.FunctionDef], No
     namespace: dict[str, Any] = {}
     exec(compile(module, inspect.getsourcefile(original) or "<upstream>", "exec"), original.__globals__, namespace)
     owner = original.__globals__.get(original.__qualname__.split(".")[0]) if "." in original.__qualname__ else None
-    new = namespace["_factory"](owner)
+    new: Callable[..., Any] = namespace["_factory"](owner)
     new.__defaults__, new.__kwdefaults__ = original.__defaults__, original.__kwdefaults__
     functools.update_wrapper(new, original)
     return new

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from verl_patches.patching.declaration import DEVICES, Kind, Patch
 
@@ -82,7 +83,7 @@ def patch_stacks(patches: Iterable[Patch]) -> list[Stack]:
         if len(group) < 2:
             continue
         flags = sorted({p.env_flag for p in group if p.env_flag})
-        for turned in [frozenset()] + [frozenset([f]) for f in flags]:
+        for turned in [frozenset[str]()] + [frozenset([f]) for f in flags]:
             switches = tuple(_switch(f, group) for f in sorted(turned))
             layerings: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
             found: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[Patch, ...], tuple[Patch, ...]]] = {}
@@ -97,7 +98,7 @@ def patch_stacks(patches: Iterable[Patch]) -> list[Stack]:
     return out
 
 
-def stack_entries(stacks: Iterable[Stack]) -> list[dict]:
+def stack_entries(stacks: Iterable[Stack]) -> list[dict[str, Any]]:
     """The audit's JSON form: {"target", "devices", "layers": [{"name", "kind", "vendor_item",
     "calls_original"}] outermost first, "calls_upstream", "hidden": [name]}."""
     return [
@@ -121,7 +122,7 @@ def stack_entries(stacks: Iterable[Stack]) -> list[dict]:
     ]
 
 
-def render_stacks(entries: Sequence[dict]) -> list[str]:
+def render_stacks(entries: Sequence[dict[str, Any]]) -> list[str]:
     """Text lines: per target, per group of devices, the layers outermost first (the order a call passes them)."""
     out: list[str] = []
     previous = ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from verl_patches.device import device_kind
 from verl_patches.patching.declaration import ABSENT, Kind, Patch
@@ -51,11 +52,12 @@ def _status(patch: Patch, root: Path, device: str) -> tuple[str, str, str]:
     if module.partition(".")[0] not in UPSTREAM_ROOTS:
         return _status_outside_lock(patch, targets, module, device)
     pin = lock_pin(module)
-    if module_file(module, root) is None:
+    source = module_file(module, root)
+    if source is None:
         return "target-missing", "", f"{module} not found under {root} (component not set up here?) — {pin}"
     if patch.fingerprint == ABSENT and not patch.fingerprint_of:
         try:
-            source_nodes(module_file(module, root), patch.qualname)
+            source_nodes(source, patch.qualname)
         except FingerprintError:
             return "ok", ABSENT, f"adds {patch.qualname}, absent at {pin} as expected"
         return "drift", "present", f"adds {patch.qualname}, but {pin} defines it"
@@ -68,7 +70,7 @@ def _status(patch: Patch, root: Path, device: str) -> tuple[str, str, str]:
     return "ok", found, f"matches {pin}"
 
 
-def _relied_on_status(target: str, declared: str, root: Path) -> dict:
+def _relied_on_status(target: str, declared: str, root: Path) -> dict[str, Any]:
     """One upstream object a replacement calls by name, checked like a target (vendored tree, else installed)."""
     module = target.partition(":")[0]
     in_lock = module.partition(".")[0] in UPSTREAM_ROOTS
@@ -84,7 +86,7 @@ def _relied_on_status(target: str, declared: str, root: Path) -> dict:
     return {**entry, "pin_fingerprint": found, "status": "ok", "detail": f"matches {where}"}
 
 
-def _with_relied_on(status: tuple[str, str, str], relied: list[dict]) -> tuple[str, str, str]:
+def _with_relied_on(status: tuple[str, str, str], relied: list[dict[str, Any]]) -> tuple[str, str, str]:
     """The patch's status, made worse by any object it relies on that drifted or is missing (named in the detail)."""
     bad = [r for r in relied if r["status"] != "ok"]
     if not bad:
@@ -95,7 +97,7 @@ def _with_relied_on(status: tuple[str, str, str], relied: list[dict]) -> tuple[s
     return state, found, "; ".join([detail, *(r["detail"] for r in bad)])
 
 
-def static_patch_report(root: Path, patches: Sequence[Patch], device: str | None = None) -> list[dict]:
+def static_patch_report(root: Path, patches: Sequence[Patch], device: str | None = None) -> list[dict[str, Any]]:
     """Each of ``patches`` (the catalog, handed in by the audit or the preflight) against the pinned sources
     under ``root``, without importing them."""
     if device is None:

@@ -179,7 +179,7 @@ def ep_lower_bound(
     holders = range(training.world_size) if holder_stage is None else training.stage_ranks(holder_stage)
     holders_per_block = Counter(training.expert_block(h) for h in holders)
     held = {h: set(training.experts_of_rank(h, num_experts)) for h in holders}
-    moved_per_block: Counter = Counter()
+    moved_per_block: Counter[int] = Counter()
     per_rank = []
     for g in range(rollout.world_size):
         missing = [e for e in rollout.owned_experts(g, num_experts) if e not in held.get(g, ())]

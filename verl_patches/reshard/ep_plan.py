@@ -121,7 +121,7 @@ class ExpertReshardPlan:
 
     @cached_property
     def _by_round_rank(self) -> dict[tuple[int, int], tuple[list[ExpertTransfer], list[ExpertTransfer]]]:
-        index: dict[tuple[int, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+        index: dict[tuple[int, int], tuple[list[ExpertTransfer], list[ExpertTransfer]]] = defaultdict(lambda: ([], []))
         for t in self.transfers:
             index[(t.round, t.src)][0].append(t)
             index[(t.round, t.dst)][1].append(t)

@@ -64,11 +64,23 @@ class RankExchange:
                 raise ValueError(f"rank {self.rank}: slots must have distinct peers, sorted, self excluded")
             if any(s.count <= 0 for s in slots):
                 raise ValueError(f"rank {self.rank}: empty slots are implicit, not listed")
+        if self.has_self and (self.self_src_offset is None or self.self_dst_offset is None):
+            raise ValueError(
+                f"rank {self.rank}: self_count={self.self_count} needs self_src_offset and self_dst_offset"
+            )
         object.__setattr__(self, "staging", self._choose_staging())
 
     @property
     def has_self(self) -> bool:
         return self.self_count > 0
+
+    def own_slots(self) -> tuple[Slot, Slot]:
+        """The rank's own contribution as (send slot into the source, receive slot into the destination);
+        only for an exchange that `has_self` (its offsets are then set: `__post_init__`)."""
+        src, dst = self.self_src_offset, self.self_dst_offset
+        if src is None or dst is None:
+            raise ValueError(f"rank {self.rank}: no self slot (self_count={self.self_count})")
+        return Slot(self.rank, src, self.self_count), Slot(self.rank, dst, self.self_count)
 
     def _choose_staging(self) -> SendStaging:
         if self.always_route_self and self.has_self:
@@ -86,7 +98,7 @@ class RankExchange:
     def _sends_with_self(self) -> tuple[Slot, ...]:
         if not self.has_self:
             return self.sends
-        own = Slot(self.rank, self.self_src_offset, self.self_count)
+        own, _ = self.own_slots()
         return tuple(sorted(self.sends + (own,), key=lambda s: s.peer))
 
     def collective_sends(self) -> tuple[Slot, ...]:
@@ -96,7 +108,7 @@ class RankExchange:
     def collective_recvs(self) -> tuple[Slot, ...]:
         if not self.self_in_collective:
             return self.recvs
-        own = Slot(self.rank, self.self_dst_offset, self.self_count)
+        _, own = self.own_slots()
         return tuple(sorted(self.recvs + (own,), key=lambda s: s.peer))
 
     @property

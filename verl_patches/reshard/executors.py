@@ -173,8 +173,9 @@ def collect_experts(
             into[need.start + s.offset + i] = received[cursor + i]
         cursor += s.count
     if ex.has_self and not ex.self_in_collective:
+        own_send, own_recv = ex.own_slots()
         for i in range(ex.self_count):
-            into[need.start + ex.self_dst_offset + i] = units[ex.self_src_offset + i]
+            into[need.start + own_recv.offset + i] = units[own_send.offset + i]
 
 
 def reshard_expert_weight(
@@ -204,11 +205,11 @@ def reshard_expert_weight(
             )
         units = weight.view(len(held), *shape)
     else:
-        if dtype is None and weight is None:
-            raise PlanMismatchError(f"rank {rank} holds no expert of this layer: pass dtype")
-        units = torch.empty(
-            (0, *shape), dtype=dtype or weight.dtype, device=weight.device if weight is not None else "cpu"
-        )
+        if dtype is None:
+            if weight is None:
+                raise PlanMismatchError(f"rank {rank} holds no expert of this layer: pass dtype")
+            dtype = weight.dtype
+        units = torch.empty((0, *shape), dtype=dtype, device=weight.device if weight is not None else "cpu")
     _check_group_holds_plan(plan, rank, group)
     experts: dict[int, torch.Tensor] = {}
     buffers = []

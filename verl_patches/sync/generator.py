@@ -73,8 +73,6 @@ class SyncMeter:
         plus ``extra`` bytes a callee allocated internally."""
         seen: dict[int, int] = {}
         for t in tensors:
-            if t is None:
-                continue
             st = t.untyped_storage()
             ptr = st.data_ptr()
             if ptr not in held and st.nbytes():
@@ -133,6 +131,13 @@ def _tp_merge(
     return full, parts + [full]
 
 
+def _owned(tensor: torch.Tensor | None, rank: int, owner_stage: int) -> torch.Tensor:
+    """``tensor``, which this rank must have: it is on the owning stage, or received it from there."""
+    if tensor is None:
+        raise PlanMismatchError(f"rank {rank}: no tensor of owning stage {owner_stage} (neither its own nor received)")
+    return tensor
+
+
 def _broadcast(
     p_shape: tuple[int, ...],
     dtype: torch.dtype,
@@ -145,10 +150,11 @@ def _broadcast(
     """The owning stage's tensor on every stage of the pipeline group (a new buffer off the owner)."""
     ranks = group_ranks(group)
     if len(ranks) == 1:
-        return tensor
+        return _owned(tensor, rank, owner_stage)
     src = ranks[owner_stage]
     n = torch.Size(p_shape).numel() * dtype.itemsize
     if rank == src:
+        tensor = _owned(tensor, rank, owner_stage)
         _record(meter, "broadcast", rank, ranks, [n] * len(ranks), [0] * len(ranks))
         dist.broadcast(tensor.contiguous(), src=src, group=group)
         return tensor
@@ -195,22 +201,24 @@ def _piece_steps(
     split = p.is_tp_split and tp > 1
     cols = p.kind == "tp_cols" and split
     for hf_name, first, rows in _row_pieces(plan, p):
-        piece = shard.narrow(0, first, rows) if owner else None
+        # this rank's rows of the HF tensor: the owner's own, else received below (None until then)
+        piece = shard.narrow(0, first, rows) if shard is not None else None
+        shape: tuple[int, ...]
         if cols:
-            piece = piece.t().contiguous() if owner else None  # the shard as rows of the transposed tensor
+            piece = piece.t().contiguous() if piece is not None else None  # the shard as rows of the transpose
             shape = (p.local_shape[1], rows)
         else:
             shape = (rows, *p.local_shape[1:])
         n = torch.Size(shape).numel() * p.dtype.itemsize
-        allocated = []
+        allocated: list[torch.Tensor] = []
+        full: torch.Tensor | None = None  # set exactly when split
+        slot: torch.Tensor | None = None
         if split:
             full = torch.empty((tp * shape[0], *shape[1:]), dtype=p.dtype)
             slot = full.narrow(0, t * shape[0], shape[0])
             allocated.append(full)
-        else:
-            slot = None
         if len(pp_ranks) > 1:
-            if owner:
+            if piece is not None:  # the owner
                 if cols:
                     allocated.append(piece)
                 send = piece.contiguous()
@@ -225,11 +233,13 @@ def _piece_steps(
                 )
                 dist.broadcast(slot, src=src, group=groups.pp)
                 piece = slot
-        elif cols and owner:
+        elif cols and piece is not None:
             allocated.append(piece)
-        if split:
+        # a rank off the owning stage only exists in a pipeline group, where it received its piece above
+        piece = _owned(piece, rank, p.stage)
+        if full is not None:
             _record(meter, "all_gather", rank, tp_ranks, [n] * tp, [n] * tp)
-            dist.all_gather_into_tensor(full, piece if owner else slot, group=groups.tp)
+            dist.all_gather_into_tensor(full, piece, group=groups.tp)  # off the owner, piece is the slot
             tensor = full.t() if cols else full
         else:
             tensor = piece.t() if cols else piece
@@ -260,6 +270,8 @@ def _lockstep_steps(
     meter: SyncMeter | None,
 ) -> Iterator[tuple[Named, list[torch.Tensor], int]]:
     pp_plan = plan.pp_plan
+    if pp_plan is None:  # the all-gather path has no lockstep parameters
+        return
     by_global = {p.global_name: p for params in plan.stages for p in params}
     mine = plan.lockstep_params(stage)
     for b, (start, stop) in enumerate(pp_plan.buckets):

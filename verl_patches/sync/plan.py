@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from verl_patches.reshard.ep_plan import ExpertDims, ExpertReshardPlan, plan_expert_reshard
+from verl_patches.reshard.ep_plan import ExpertDims, ExpertReshardPlan, ExpertWeight, plan_expert_reshard
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.reshard.pp_plan import ParamSpec, PpGatherPlan, plan_pp_gather, validate_layer_list
@@ -148,11 +148,11 @@ def lower_bound(plan: SyncPlan, rank: int) -> LowerBound:
                 peak = max(peak, hf_bytes)
             # replicated on the owning stage: a view of what the rank holds, nothing to move
     item = plan.dtype.itemsize
-    per_expert = sum(plan.dims.expert_numel(kind) for kind in ("weight1", "weight2")) * item
+    per_expert = sum(plan.dims.expert_numel(kind) for kind in ExpertWeight) * item
     for _layer, layer_stage, _local in plan.moe:
         ep = plan.expert_plans[layer_stage]
-        held, need = ep.held(rank), ep.needed(rank)
-        missing = [e for e in need if e not in held]
+        held_experts, need = ep.held(rank), ep.needed(rank)
+        missing = [e for e in need if e not in held_experts]
         received += len(missing) * per_expert
         if missing:
             # one projection of one expert (gate, up or down) is the smallest tensor vLLM loads

@@ -46,13 +46,14 @@ def _engine_model(inference_engine: Any) -> Any:
 def _default_weights(manager: "MegatronRolloutShardingManager") -> Weights:
     from verl.utils.megatron_utils import per_tensor_generator  # our patched generator once patches apply
 
-    return per_tensor_generator(
+    weights: Weights = per_tensor_generator(
         manager.actor_module,
         manager.model_config,
         manager.weight_converter,
         manager.transformer_config,
         manager.layer_name_mapping,
     )
+    return weights
 
 
 def _default_prepare(model: Any) -> None:
@@ -85,7 +86,7 @@ class MegatronRolloutShardingManager:
     ) -> None:
         self.actor_module = actor_module
         self.rollout = rollout
-        self.inference_engine = (
+        self.inference_engine: Any = (
             inference_engine if inference_engine is not None else getattr(rollout, "inference_engine", None)
         )
         self.model_config = model_config
@@ -105,7 +106,7 @@ class MegatronRolloutShardingManager:
         model = getattr(self.rollout, "model", None) if self.rollout is not None else None
         return model if model is not None else _engine_model(self.inference_engine)
 
-    def _lifecycle(self, name: str) -> Callable[[], Any] | None:
+    def _lifecycle(self, name: str) -> Callable[..., Any] | None:
         return getattr(self.rollout, name, None) if self.rollout is not None else None
 
     def _onload(self) -> None:
