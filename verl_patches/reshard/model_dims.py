@@ -1,5 +1,7 @@
-"""DeepSeek-V3 dimensions read from a Hugging Face ``config.json`` dict, and the per-stage parameter list
-the reshard cost model and tests use.
+"""DeepSeek-V3's dimensions, read from a Hugging Face ``config.json`` dict: `ModelDims`, the one description
+of the model that the reshard planners and cost model, the launch's memory, MC2 and checkpoint estimates and
+the MLA config shim (`patches/verl/models/mla_config.py`) all use; and the per-stage parameter list the reshard
+cost model and tests use.
 
 The parameter list is the MindSpeed-LLM/Megatron layout of a DeepSeek-V3 decoder as this package sees it
 *after* each stage's TP gather (full shapes), grouped-GEMM routed experts excepted (they stay as each
@@ -10,17 +12,40 @@ on a name beyond its ``decoder.layers.<i>.`` prefix and its shape.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.pp_plan import ParamSpec, dtype_bytes, validate_layer_list
 
-_REQUIRED = ("hidden_size", "moe_intermediate_size", "n_routed_experts", "num_hidden_layers", "first_k_dense_replace")
+# config.json key -> ModelDims field; `from_hf_config` needs every key but the optional ones
+HF_KEYS: dict[str, str] = {
+    "hidden_size": "hidden",
+    "moe_intermediate_size": "moe_ffn",
+    "n_routed_experts": "num_experts",
+    "num_hidden_layers": "num_layers",
+    "first_k_dense_replace": "first_k_dense",
+    "intermediate_size": "dense_ffn",
+    "num_attention_heads": "num_heads",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "n_shared_experts": "n_shared_experts",
+    "vocab_size": "vocab_size",
+    "num_experts_per_tok": "topk",
+}
+OPTIONAL_HF_KEYS = ("q_lora_rank", "n_shared_experts")  # absent or null: no query LoRA, no shared expert
+KV_CACHE_DTYPE_BYTES = 2  # the rollout's MLA latent cache is BF16 (vLLM's kv_cache_dtype "auto" on a BF16 model)
 
 
 @dataclass(frozen=True)
 class ModelDims:
+    """The dimensions of a DeepSeek-V3-shaped model (MLA attention, ``first_k_dense`` dense layers, then MoE
+    layers of ``num_experts`` routed experts, top-``topk``, and ``n_shared_experts`` shared ones)."""
+
     hidden: int
     moe_ffn: int
     num_experts: int
@@ -36,32 +61,19 @@ class ModelDims:
     v_head_dim: int = 0
     n_shared_experts: int = 0
     vocab_size: int = 0
+    topk: int = 0
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelDims":
-        """Read the dimensions from a ``config.json`` dict; a missing key is named in the error."""
-        missing = [k for k in _REQUIRED if k not in config]
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelDims:
+        """Read the dimensions from a ``config.json`` dict; the missing keys are named in the error."""
+        missing = [k for k in HF_KEYS if k not in config and k not in OPTIONAL_HF_KEYS]
         if missing:
             raise InvalidLayoutError("config_keys", f"config.json lacks {missing}")
         dtype = str(config.get("torch_dtype", "bfloat16"))
         dtype_bytes(dtype)
-        return cls(
-            hidden=int(config["hidden_size"]),
-            moe_ffn=int(config["moe_intermediate_size"]),
-            num_experts=int(config["n_routed_experts"]),
-            num_layers=int(config["num_hidden_layers"]),
-            first_k_dense=int(config["first_k_dense_replace"]),
-            dtype=dtype,
-            dense_ffn=int(config.get("intermediate_size", 0)),
-            num_heads=int(config.get("num_attention_heads", 0)),
-            q_lora_rank=config.get("q_lora_rank"),
-            kv_lora_rank=int(config.get("kv_lora_rank", 0)),
-            qk_nope_head_dim=int(config.get("qk_nope_head_dim", 0)),
-            qk_rope_head_dim=int(config.get("qk_rope_head_dim", 0)),
-            v_head_dim=int(config.get("v_head_dim", 0)),
-            n_shared_experts=int(config.get("n_shared_experts", 0) or 0),
-            vocab_size=int(config.get("vocab_size", 0)),
-        )
+        sizes = {field: int(config.get(key) or 0) for key, field in HF_KEYS.items()}
+        q_lora_rank = sizes.pop("q_lora_rank") or None  # 0 or absent: queries projected without a LoRA
+        return cls(dtype=dtype, q_lora_rank=q_lora_rank, **sizes)
 
     @property
     def dtype_bytes(self) -> int:
@@ -73,6 +85,19 @@ class ModelDims:
 
     def is_dense(self, layer: int) -> bool:
         return layer < self.first_k_dense
+
+    def is_moe(self, layer: int) -> bool:
+        return not self.is_dense(layer)
+
+    @property
+    def shared_ffn(self) -> int:
+        """The shared experts' FFN width, as one dense MLP (Megatron's moe_shared_expert_intermediate_size)."""
+        return self.n_shared_experts * self.moe_ffn
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        """The rollout's MLA latent cache per token: (kv_lora_rank + qk_rope_head_dim) x layers, BF16."""
+        return (self.kv_lora_rank + self.qk_rope_head_dim) * self.num_layers * KV_CACHE_DTYPE_BYTES
 
 
 def deepseek_v3_stage_params(dims: ModelDims, num_layer_list: list[int], stage: int) -> list[ParamSpec]:
@@ -134,7 +159,7 @@ def deepseek_v3_stage_params(dims: ModelDims, num_layer_list: list[int], stage: 
 
 
 DEEPSEEK_V3_CONFIG: dict[str, Any] = {
-    # The keys of DeepSeek-V3's published config.json that the reshard cost model reads.
+    # The dimension keys (`HF_KEYS`) of DeepSeek-V3's published config.json, and its dtype.
     "hidden_size": 7168,
     "intermediate_size": 18432,
     "moe_intermediate_size": 2048,
@@ -149,6 +174,7 @@ DEEPSEEK_V3_CONFIG: dict[str, Any] = {
     "qk_rope_head_dim": 64,
     "v_head_dim": 128,
     "vocab_size": 129280,
+    "num_experts_per_tok": 8,
     "torch_dtype": "bfloat16",
 }
 PRODUCTION_LAYER_LIST = [7, 7, 8, 8, 8, 8, 8, 7]
