@@ -67,3 +67,25 @@ def test_the_validation_before_training_has_its_line(
     run_watched(watch_cfg, monkeypatch, tmp_path, val_reward_fn=object())
     out = capsys.readouterr().out.splitlines()
     assert out.index(f"[step 0/{STEPS}] | val 0.125") < out.index(next(x for x in out if x.startswith("[step 1/")))
+
+
+def test_each_step_reaches_the_tensorboard_file_when_it_is_logged(
+    watch_cfg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What TensorBoard (or a reader after a kill) sees at each step line: every metric of every step logged so far,
+    not what verl's writer would flush on its two-minute timer or a full queue."""
+    seen: list[dict[int, set[str]]] = []
+    real_line = fit_loop._print_step_line
+    run = tmp_path / "tiny-20260101-000000-local-host"
+
+    def step_line_and_look(trainer: Any, metrics: dict[str, Any], *args: Any) -> None:
+        steps = run_metrics.read_run(run).steps if (run / "tensorboard").is_dir() else {}
+        seen.append({step: set(values) for step, values in steps.items()})
+        real_line(trainer, metrics, *args)
+
+    monkeypatch.setattr(fit_loop, "_print_step_line", step_line_and_look)
+    run_watched(watch_cfg, monkeypatch, tmp_path)
+    final = {step: set(values) for step, values in run_metrics.read_run(run).steps.items()}
+    assert [sorted(s) for s in seen] == [list(range(1, n + 1)) for n in range(1, STEPS + 1)], seen
+    for n, at_line in enumerate(seen, start=1):
+        assert at_line[n] == final[n], (n, sorted(final[n] - at_line[n]))

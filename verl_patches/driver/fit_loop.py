@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 
 from verl_patches.checkpoint import trainer_io
-from verl_patches.driver.checkpoint_fence import finish_pending_save
-from verl_patches.resilience import worker_deadline
-from verl_patches.rollout import decode_share
-from verl_patches.sync.path import describe_sync_path
 from verl_patches.driver import mismatch_gate
+from verl_patches.driver.checkpoint_fence import finish_pending_save
 from verl_patches.driver.rank_memory import StepMemory, run_dir
 from verl_patches.driver.step_line import step_line
 from verl_patches.driver.step_plan import StepPlan
+from verl_patches.resilience import worker_deadline
+from verl_patches.rollout import decode_share
+from verl_patches.sync.path import describe_sync_path
 from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
 
@@ -341,6 +341,7 @@ def run_fit(trainer: Any, plan: StepPlan) -> None:
                 )
             )
             tracker.log(data=metrics, step=trainer.global_steps)
+            _flush_tensorboard(tracker)
             step_times.append(float(timing_raw.get("step", math.nan)))
             _print_step_line(trainer, metrics, step_times, started)
             mismatch_gate.enforce(mismatch_gate.decide(metrics, gate), trainer.global_steps, _say)
@@ -360,13 +361,17 @@ def _print_step_line(trainer: Any, metrics: dict[str, Any], step_times: list[flo
     print(line, flush=True)
 
 
-def _draw_curves(tracker: Any) -> None:
-    """The run's curves into its folder, from the TensorBoard events verl's tracker wrote (flushed first: its
-    writer flushes only every two minutes)."""
-    # lazy: drawing loads Pillow and TensorBoard's reader, once, at the end of the run
-    from verl_patches.driver import plot
-
+def _flush_tensorboard(tracker: Any) -> None:
+    """verl's TensorBoard writer flushes only every two minutes: a step's scalars reach the file when it is logged,
+    so TensorBoard shows each step at once and a run killed mid-step keeps every step it logged."""
     writer = getattr(getattr(tracker, "logger", {}).get("tensorboard"), "writer", None)
     if writer is not None:
         writer.flush()
+
+
+def _draw_curves(tracker: Any) -> None:
+    """The run's curves into its folder, from the TensorBoard events verl's tracker wrote (flushed at each step)."""
+    # lazy: drawing loads Pillow and TensorBoard's reader, once, at the end of the run
+    from verl_patches.driver import plot
+
     print(plot.end_of_run(run_dir()), flush=True)
