@@ -6,7 +6,7 @@ bf16 does to that gap, with both engines on this host's torch_npu emulation, sid
 
   * the rollout: verl's own vLLMRollout with the tiny profile's resolved rollout config (A3's settings with
     small numbers: TorchAir graph mode, chunked prefill, MC2 at EP > 1, sampling at temperature 0.9 with
-    top-k 50 / top-p 0.9), `LLM` bound to our `engine_factory.build_llm` as the NPU patch binds it, so
+    top-k 50 / top-p 0.9), `LLM` bound to our `emulated_npu.build_llm` as the CPU lifecycle patch binds it, so
     vllm-ascend's NPUWorker / NPUModelRunner / CustomDeepseekV3ForCausalLM run for real (rollout DP x TP
     ranks, one instance, EP over all of them); the tiny model's weights loaded through the lifecycle as the
     weight sync does; responses forced to full length (``ignore_eos``, A3's random-init benchmark mode) so
@@ -239,7 +239,7 @@ def rollout_rank(spec_file: str, rank: int, world: int, port: int, out_file: str
     from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd
 
     from verl_patches.npu_emulation.wheel_contract.cpu_proof import SCALED_MODEL, declare
-    from verl_patches.rollout import engine_factory
+    from verl_patches.patches.verl.workers.rollout import emulated_npu
     from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
 
     # the tiny model is below the MLA kernels' documented sizes: the CPU proof's declared exception, which a bf16
@@ -247,7 +247,7 @@ def rollout_rank(spec_file: str, rank: int, world: int, port: int, out_file: str
     declare(SCALED_MODEL)
     spec = json.loads(Path(spec_file).read_text())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    vllm_rollout_spmd.LLM = engine_factory.build_llm  # the binding of the NPU patch (lifecycle), not the stand-in
+    vllm_rollout_spmd.LLM = emulated_npu.build_llm  # the lifecycle patch's CPU binding, not the stand-in
     install_route_taps()
     model_dir = spec["model_dir"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         score_rank,
         1,
         args.timeout,
-        overlay=True,
+        preload=("verl_patches.prelude_patch",),
         kwargs=dict(
             hf_dir=str(assets.model_dir),
             mcore_dir=str(mcore),

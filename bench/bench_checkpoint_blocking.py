@@ -183,7 +183,7 @@ def main() -> int:
             measure_rank,
             2,
             1500,
-            overlay=True,
+            preload=("verl_patches.prelude_patch",),
             kwargs=dict(out_dir=tmp, hidden=a.hidden, experts=a.experts, work_s=a.work_s, repeats=a.repeats),
         )
     print(

@@ -171,7 +171,7 @@ def main() -> int:
                 measure_rank,
                 lay["world"],
                 900,
-                overlay=True,
+                preload=("verl_patches.prelude_patch",),
                 kwargs=dict(
                     hf=str(hf),
                     tp=lay["tp"],

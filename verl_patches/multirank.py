@@ -30,6 +30,7 @@ first and ends it by the teardown rule once the script returns, and its report i
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import json
 import os
 import pickle
@@ -95,7 +96,7 @@ def run_ranks(
     kwargs: Mapping[str, Any] | None = None,
     backend: str | None = "gloo",
     group_timeout_s: float | None = None,
-    overlay: bool = False,
+    preload: Sequence[str] = (),
     setup: Callable[[int, int], None] | None = None,
     rank_env: Sequence[Mapping[str, str | None]] | None = None,
 ) -> list[Any]:
@@ -103,15 +104,16 @@ def run_ranks(
 
     `target`, `setup` and `kwargs` cross to the ranks by pickling (module-level functions, ``functools.partial``).
     Each rank, in order: its environment (`rank_env[rank]` last: a value of None unsets the variable), one torch
-    thread (the ranks share this host's cores), the overlay if `overlay` (``verl_patches.prelude_patch``, as a
-    Ray worker of the job has it), ``setup(rank, world)`` (e.g. its device, before the group binds it), the
+    thread (the ranks share this host's cores), the modules named in `preload` imported in order (the caller's:
+    ``verl_patches.prelude_patch`` for the overlay, as a Ray worker of the job has it; this harness knows none of
+    them), ``setup(rank, world)`` (e.g. its device, before the group binds it), the
     process group over ``tcp://127.0.0.1`` with `backend` (None: the target makes its own, if any) and a
     collective time-out of `group_timeout_s` (default 0.8 x `timeout_s`), then the target.
     Raises `RankFailure` naming each failed rank, after every rank it started has ended.
     """
     _check_world(world, rank_env)
-    # Pickled here and unpickled in the rank only after its environment (and the overlay) is in place: the
-    # target's module may read either at import. Bytes this process made, never read from a file.
+    # Pickled here and unpickled in the rank only after its environment is in place: the target's module may read
+    # it at import. Bytes this process made, never read from a file.
     payload = pickle.dumps((target, setup, dict(kwargs or {})))
     group_timeout = group_timeout_s if group_timeout_s is not None else 0.8 * timeout_s
     ctx = get_context("spawn")
@@ -120,7 +122,7 @@ def run_ranks(
 
         def start(r: int) -> _FunctionRank:
             env = dict(rank_env[r]) if rank_env is not None else {}
-            args = (r, world, port, run_dir, env, backend, group_timeout, overlay, payload)
+            args = (r, world, port, run_dir, env, backend, group_timeout, tuple(preload), payload)
             proc = ctx.Process(target=_rank_main, args=args, name=f"rank{r}")
             proc.start()
             return _FunctionRank(proc, run_dir, r)
@@ -473,7 +475,7 @@ def _rank_main(
     env: dict[str, str | None],
     backend: str | None,
     group_timeout_s: float,
-    overlay: bool,
+    preload: tuple[str, ...],
     payload: bytes,
 ) -> None:
     """One rank. The stack dump is set up first, before the target's modules are imported (an import can
@@ -494,8 +496,8 @@ def _rank_main(
         import torch
 
         torch.set_num_threads(1)
-        if overlay:
-            import verl_patches.prelude_patch  # noqa: F401  (the overlay, as every worker process of the job has it)
+        for name in preload:  # the caller's modules (the overlay, say), each imported as its own rank's would be
+            importlib.import_module(name)
         if setup is not None:
             setup(rank, world)
         if backend is not None:

@@ -143,7 +143,7 @@ def test_save_export_and_resume(assets: dict[str, str], tmp_path: Path, case) ->
         rank_save_resume,
         2,
         900,
-        overlay=True,
+        preload=("verl_patches.prelude_patch",),
         kwargs=dict(
             hf=assets["hf"],
             ckpt=assets[name],

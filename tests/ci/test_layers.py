@@ -9,7 +9,12 @@ absolute or relative (``from . import x``, ``from ..y import z``), under ``if TY
 * every import inside a function has its reason beside it: a comment on its line, or a comment line right
   above it (one comment line above a run of consecutive imports covers the run). A deferred import is an
   edge that runs only sometimes; the reason says when and why, so a reader need not guess whether it is
-  hiding a cycle. Imports under ``if TYPE_CHECKING:`` never run and need none.
+  hiding a cycle. Imports under ``if TYPE_CHECKING:`` never run and need none;
+* no production module imports the CPU proof or the torch_npu emulation (`NOT_PRODUCTION`): the emulation is
+  installed by the one switch (`prelude_patch`) and by declared CPU-only patches, each importer named with its
+  reason in `EMULATION_IMPORTERS`, and a patches module there is named by CPU-only declarations alone;
+* the generic multi-rank harness (`multirank`) imports nothing of the overlay (`MULTIRANK_IMPORTS`): its caller
+  names what a rank imports.
 
 `patches` and `patching` are the one pair that used to need each other: the patches import the machinery (their
 `Patch` declarations), and the machinery never imports the patches; the activation point (`prelude_patch`) and
@@ -44,8 +49,9 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("device",), "npu | cuda | cpu: the one place that asks which accelerator this process drives"),
     (("sources",), "setup time (lock, routes, tree hashes, pins): runs before torch or any upstream exists"),
     (
-        ("process_identity", "compile_toggle", "tools", "profiler"),
-        "small runtime helpers that know nothing of verl: processes, torch.compile, memory logs, profiling",
+        ("process_identity", "compile_toggle", "tools", "profiler", "multirank"),
+        "small runtime helpers that know nothing of verl: processes, torch.compile, memory logs, profiling, "
+        "N ranks of this host over gloo (the checks', benchmarks' and tests' harness)",
     ),
     (("patching",), "the patch machinery (declare, fingerprint, apply, activate in every process): knows no patch"),
     (
@@ -63,16 +69,35 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("patches",), "declarations and adapters that install everything below into upstream code"),
     (("prelude_patch",), "the activation point: the catalog of patches handed to the machinery"),
-    (
-        ("multirank",),
-        "N ranks of this host over gloo for checks, benchmarks and tests; a rank may activate the overlay",
-    ),
-    (("cpu_proof",), "the CPU proof: the tiny run's assets and its golden check; no production unit imports it"),
     (("trainer",), "the job's entry that activates the patches, and its config composed over verl's own"),
+    (
+        ("cpu_proof",),
+        "the CPU proof: its entry (the trainer's, the tiny assets built first), the assets, the golden check",
+    ),
     (("launch",), "cluster bring-up, preflight and the job around the trainer entry"),
     (("audit",), "the report of every difference from upstream: reads sources, patches and the rest"),
     (("checks", "scripts"), "command-line tools on top of everything"),
 )
+
+
+# Units that are not production code; no production module imports them (test_production_never_imports_...)
+NOT_PRODUCTION: dict[str, str] = {
+    "cpu_proof": "the CPU proof: the tiny run on one CPU machine and the check that it learned",
+    "npu_emulation": "torch_npu, torchair and acl in plain torch on a CPU host: the CPU proof's device",
+}
+# The production modules that may import the emulation, each with its reason (never the CPU proof: none may)
+EMULATION_IMPORTERS: dict[str, str] = {
+    "verl_patches.prelude_patch": "the one switch: installs the emulation in every process it activates, on a CPU "
+    "host only (a no-op where a real torch_npu is installed)",
+    "verl_patches.device": "tells our stand-in torch_npu from a real one: a CPU host with the stand-in is no NPU host",
+    "verl_patches.audit": "lists every emulated op and what a CPU cannot run (the audit's contract); installs nothing",
+    "verl_patches.patches.mindspeed.op_builder": "CPU-only patches: MindSpeed's op builders hand out the emulated ops",
+    "verl_patches.patches.vllm.engine.fp32_on_cpu": "CPU-only patch: the CPU proof's fp32 rollout declares its model",
+    "verl_patches.patches.verl.workers.rollout.emulated_npu": "CPU-only patch: the A3 rollout engine on the emulated "
+    "npu device",
+}
+# What the generic multi-rank harness may import: nothing of the overlay (its caller names what a rank imports)
+MULTIRANK_IMPORTS: dict[str, str] = {"base": "free ports and the rank-exit rule, standard library only"}
 
 
 @dataclass(frozen=True)
@@ -356,6 +381,48 @@ def test_imports_inside_functions_say_why() -> None:
     assert not problems, f"{len(problems)} import(s) inside functions without a reason:\n" + "\n".join(problems)
 
 
+def production_imports(
+    edges: list[Edge], allowed: dict[str, dict[str, str]], root: Path = REPO, package: str = PACKAGE
+) -> list[str]:
+    """`file:line` of every import of a `NOT_PRODUCTION` unit by a production module not in `allowed`."""
+    out = []
+    for e in edges:
+        a, b = unit_of(e.importer, package), unit_of(e.imported, package)
+        if b in NOT_PRODUCTION and a not in NOT_PRODUCTION and a != b and e.importer not in allowed.get(b, {}):
+            out.append(f"{e.where(root)}: {e.importer} imports {e.imported} ({b}: {NOT_PRODUCTION[b]})")
+    return list(dict.fromkeys(out))
+
+
+def test_production_never_imports_the_cpu_proof_or_the_emulation(edges) -> None:
+    problems = production_imports(edges, {"npu_emulation": EMULATION_IMPORTERS})
+    assert not problems, "\n".join(problems)
+    importers = {e.importer for e in edges if unit_of(e.imported) == "npu_emulation"} - {
+        m for m in package_files(REPO) if unit_of(m) == "npu_emulation"
+    }
+    assert not set(EMULATION_IMPORTERS) - importers, "EMULATION_IMPORTERS names modules that import no emulation"
+
+
+def test_the_emulations_patch_importers_are_named_by_cpu_only_declarations_alone() -> None:
+    from verl_patches.patches.catalog import all_patches
+    from verl_patches.patching.declaration import CPU_ONLY
+
+    modules = {m for m in EMULATION_IMPORTERS if unit_of(m) == "patches"}
+    named = {m: [] for m in modules}
+    for p in all_patches():
+        path = re.search(r"\('([\w.]+):", getattr(p.replacement, "__qualname__", "")) if p.replacement else None
+        if path and path.group(1) in named:
+            named[path.group(1)].append((p.name, p.devices))
+    assert all(named.values()), f"no declaration names {[m for m, ps in named.items() if not ps]}"
+    wider = {m: [(n, d) for n, d in ps if d != CPU_ONLY] for m, ps in named.items()}
+    assert not any(wider.values()), f"declared beyond the CPU: {wider}"
+
+
+def test_the_multirank_harness_imports_no_overlay(edges) -> None:
+    found = {unit_of(e.imported) for e in edges if unit_of(e.importer) == "multirank"} - {None, "multirank"}
+    extra = sorted(found - set(MULTIRANK_IMPORTS))
+    assert not extra, f"verl_patches/multirank.py imports {extra}: its caller names what a rank imports (preload)"
+
+
 def test_the_package_root_imports_nothing(edges) -> None:
     assert [e.where(REPO) for e in edges if e.importer == PACKAGE] == []
 
@@ -444,4 +511,28 @@ def test_an_import_inside_a_function_needs_a_reason_beside_it(tmp_path) -> None:
         "pkg/m.py:5: `import torch` inside a function, no reason",
         "pkg/m.py:6: `import numpy` inside a function, no reason",
         "pkg/m.py:11: `import torch.fx` inside a function, no reason",
+    ]
+
+
+def test_an_import_of_the_cpu_proof_or_the_emulation_is_named_unless_allowed(tmp_path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "cpu_proof/__init__.py": "",
+            "cpu_proof/entry.py": "from pkg.npu_emulation import ops\nfrom pkg import engine\n",
+            "npu_emulation/__init__.py": "",
+            "npu_emulation/ops.py": "",
+            "engine.py": "def f():\n    from pkg.npu_emulation import ops  # deferred: a test of the finder\n",
+            "switch.py": "from pkg.npu_emulation import ops\n",
+            "report.py": "from pkg.cpu_proof import entry\n",
+        },
+    )
+    edges = import_edges(root, "pkg")
+    allowed = {"npu_emulation": {"pkg.switch": "the one switch"}}
+    assert production_imports(edges, allowed, root, "pkg") == [
+        "pkg/engine.py:2: pkg.engine imports pkg.npu_emulation.ops (npu_emulation: "
+        + NOT_PRODUCTION["npu_emulation"]
+        + ")",
+        "pkg/report.py:1: pkg.report imports pkg.cpu_proof.entry (cpu_proof: " + NOT_PRODUCTION["cpu_proof"] + ")",
     ]

@@ -277,6 +277,14 @@ def test_job_overrides_put_the_user_last() -> None:
         "ppo_mindspeed_trainer",
         "a=1",
     ]
+    # a tiny config runs the CPU proof's entry: the trainer entry with the tiny assets built first
+    for name in job.TINY_CONFIGS.values():
+        assert job.trainer_command(name, ["a=1"])[1:5] == [
+            "-m",
+            "verl_patches.cpu_proof.main_tiny",
+            "--config-name",
+            name,
+        ]
 
 
 # ---- --help of every entry point, and the profile a script runs --------------------------------------------

@@ -313,7 +313,7 @@ def scenario_packed_refused(rank: int, world: int) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
-    (res,) = run_ranks(scenario_tempered_log_probs, 1, 120, overlay=True)
+    (res,) = run_ranks(scenario_tempered_log_probs, 1, 120, preload=("verl_patches.prelude_patch",))
     for t in ("1.0", "0.7"):
         assert res[t][0] < 1e-6 and res[t][1] < 1e-6, res
     assert res["0.7-vs-T1"] > 1e-2  # a temperature that is silently ignored would pass the T=1 case only
@@ -323,7 +323,7 @@ def test_log_probs_and_entropy_use_the_sampling_temperature() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
-    (res,) = run_ranks(scenario_skip_old_log_prob, 1, 120, overlay=True)
+    (res,) = run_ranks(scenario_skip_old_log_prob, 1, 120, preload=("verl_patches.prelude_patch",))
     assert res["skipped"]
     assert "old_log_probs" not in res["keys"]
     assert res["clipfrac"] == 0.0 and res["ppo_kl"] == 0.0
@@ -335,7 +335,7 @@ def test_recompute_old_log_prob_false_is_reinforce_with_ratio_one() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tis_in_the_actors_update_is_an_identity_on_agreement_and_the_formula_on_a_perturbed_rollout() -> None:
-    (res,) = run_ranks(scenario_tis_through_the_actor, 1, 120, overlay=True)
+    (res,) = run_ranks(scenario_tis_through_the_actor, 1, 120, preload=("verl_patches.prelude_patch",))
     assert res["identity"], res
     assert "tis_cap=2 needs the rollout's log-probs" in res["missing"]
     assert res["identity_metrics"] == [[1.0, 0.0], [1.0, 0.0]]
@@ -351,7 +351,11 @@ def test_tis_in_the_actors_update_is_an_identity_on_agreement_and_the_formula_on
 @pytest.mark.timeout(300)
 def test_update_policy_counts_steps_and_profiles_the_second_one(tmp_path) -> None:
     (res,) = run_ranks(
-        scenario_update_policy_profiles_the_second_step, 1, 120, overlay=True, kwargs={"out_dir": str(tmp_path)}
+        scenario_update_policy_profiles_the_second_step,
+        1,
+        120,
+        preload=("verl_patches.prelude_patch",),
+        kwargs={"out_dir": str(tmp_path)},
     )
     assert res["iterations"] == [1, 2, 3]
     assert res["traced"] == [str(tmp_path / "update_actor")]
@@ -361,5 +365,5 @@ def test_update_policy_counts_steps_and_profiles_the_second_one(tmp_path) -> Non
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_packed_sequences_are_refused_with_the_key_to_change() -> None:
-    (msg,) = run_ranks(scenario_packed_refused, 1, 120, overlay=True)
+    (msg,) = run_ranks(scenario_packed_refused, 1, 120, preload=("verl_patches.prelude_patch",))
     assert "use_packed_seq" in msg and "set it to False" in msg

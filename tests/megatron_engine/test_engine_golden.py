@@ -209,7 +209,11 @@ def rank_golden(
 def golden_ranks(assets: dict[str, str], ckpt: str, ranks: int, deadline_s: float, **layout: Any) -> list[dict]:
     """`rank_golden` on `ranks` ranks, from the HF model and its conversion `assets[ckpt]`; printed for the log."""
     results = run_ranks(
-        rank_golden, ranks, deadline_s, overlay=True, kwargs=dict(hf=assets["hf"], ckpt=assets[ckpt], **layout)
+        rank_golden,
+        ranks,
+        deadline_s,
+        preload=("verl_patches.prelude_patch",),
+        kwargs=dict(hf=assets["hf"], ckpt=assets[ckpt], **layout),
     )
     print(json.dumps(results, indent=1))
     return results

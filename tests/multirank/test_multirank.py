@@ -63,7 +63,11 @@ def test_rank_env_sets_and_unsets_per_rank_and_backend_none_makes_no_group() -> 
 def _record_setup(rank: int, world: int) -> None:
     import torch.distributed as dist
 
-    seen = {"overlay": "verl_patches.prelude_patch" in sys.modules, "group": dist.is_initialized()}
+    seen = {
+        "preloaded": "colorsys" in sys.modules,
+        "overlay": "verl_patches.prelude_patch" in sys.modules,
+        "group": dist.is_initialized(),
+    }
     os.environ["MULTIRANK_TEST_SETUP"] = json.dumps(seen)
 
 
@@ -73,9 +77,10 @@ def _what_setup_saw(rank: int, world: int) -> dict:
     return {"setup saw": json.loads(os.environ["MULTIRANK_TEST_SETUP"]), "group": dist.is_initialized()}
 
 
-def test_setup_runs_with_the_overlay_active_and_before_the_group() -> None:
-    out = run_ranks(_what_setup_saw, 1, 90, overlay=True, setup=_record_setup)
-    assert out == [{"setup saw": {"overlay": True, "group": False}, "group": True}]
+def test_setup_runs_after_the_callers_preloads_and_before_the_group() -> None:
+    """The harness imports what its caller names (the overlay, for a rank of the job), nothing of its own."""
+    out = run_ranks(_what_setup_saw, 1, 90, preload=("colorsys",), setup=_record_setup)
+    assert out == [{"setup saw": {"preloaded": True, "overlay": False, "group": False}, "group": True}]
 
 
 def _unreportable_or_dead(rank: int, world: int) -> object:

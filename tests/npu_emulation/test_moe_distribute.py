@@ -204,6 +204,6 @@ def _vllm_ascend_functions(rank: int, world: int) -> dict:
 
 @pytest.mark.slow
 def test_vllm_ascend_fused_experts_with_mc2_and_fused_experts_run_on_these_ops():
-    for res in run_ranks(_vllm_ascend_functions, 2, timeout_s=280, overlay=True):
+    for res in run_ranks(_vllm_ascend_functions, 2, timeout_s=280, preload=("verl_patches.prelude_patch",)):
         assert res["err_mc2"] < 1e-5 and res["err_ep1"] < 1e-5, res
         assert res["token_nums"] == res["expected_nums"] and res["list_type"] == 1, res

@@ -37,7 +37,8 @@ STACKS = {
         ],
     },
     f"{_SPMD}:LLM": {
-        ("npu", "cpu"): ["verl.vllm_rollout_spmd.LLM.lifecycle"],  # vllm-ascend's engine, the tiny run's too
+        ("npu",): ["verl.vllm_rollout_spmd.LLM.lifecycle"],  # vllm-ascend's engine
+        ("cpu",): ["cpu.verl.vllm_rollout_spmd.LLM.lifecycle"],  # the same on the emulated npu: the tiny run's
         ("cpu", "VERL_PATCHES_ROLLOUT_STANDIN=1"): ["cpu.verl.vllm_rollout_spmd.LLM.standin"],  # tests only
     },
     f"{_SPMD}:vLLMRollout.__init__": {

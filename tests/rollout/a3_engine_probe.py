@@ -1,8 +1,8 @@
-"""One rank (argv: spec JSON, rank, world size, rendezvous port, result JSON) of verl's vLLMRollout built with
-the A3 engine on a CPU host: our prelude, then verl's `LLM` name bound to `engine_factory.build_llm` exactly as
-the NPU patch binds it (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's NPUPlatform
-.check_and_update_config and ascend_config, the V1 engine core and vllm-ascend's worker run for real on the
-torch_npu emulation. For each case of the spec it records where construction stopped and what the engine
+"""One rank (argv: spec JSON, rank, world size, rendezvous port, result JSON) of verl's vLLMRollout built with the A3
+engine on a CPU host: our prelude, then verl's `LLM` name bound to `emulated_npu.build_llm` exactly as the lifecycle
+patch binds it on a CPU host (not the CPU stand-in), so vLLM's EngineArgs -> create_engine_config, vllm-ascend's
+NPUPlatform.check_and_update_config and ascend_config, the V1 engine core and vllm-ascend's worker run for real on
+the torch_npu emulation. For each case of the spec it records where construction stopped and what the engine
 received. The last case ("a3") builds the whole engine; the probe then names the classes that run (model runner,
 model, attention and MoE implementations, sampler, graph mode), loads the model directory's weights through the
 lifecycle as the weight sync does, decodes greedily with log-probs and scores the same tokens with transformers'
@@ -26,12 +26,12 @@ from transformers import AutoConfig, AutoTokenizer  # noqa: E402
 from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
-from verl_patches.rollout import engine_factory  # noqa: E402
+from verl_patches.patches.verl.workers.rollout import emulated_npu  # noqa: E402
 from verl_patches.rollout.dp_env import BASE_PORT_ENV  # noqa: E402
 from verl_patches.rollout.engine_report import describe  # noqa: E402
 
 out = {"cpu_binding": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__qualname__}", "cases": {}}
-vllm_rollout_spmd.LLM = engine_factory.build_llm  # the binding of the NPU patch verl.vllm_rollout_spmd.LLM.lifecycle
+vllm_rollout_spmd.LLM = emulated_npu.build_llm  # the binding of cpu.verl.vllm_rollout_spmd.LLM.lifecycle
 
 seen: dict = {}
 _create = EngineArgs.create_engine_config

@@ -2,8 +2,8 @@
 
 verl's own vLLMRollout, with the resolved a3_256die_true_weight rollout config (sizes scaled down through the
 same Hydra composition: 2 ranks, rollout TP1 x VLLM_DP_SIZE 2, so expert parallelism at DP > 1), and verl's
-`LLM` bound to our `engine_factory.build_llm` as the lifecycle patch binds it: our F1 __init__, F2's VLLM_DP_*
-export, `OverlayLLM` -> vLLM's EngineArgs -> create_engine_config with vllm-ascend's
+`LLM` bound to our `emulated_npu.build_llm` as the lifecycle patch binds it on a CPU host: our F1 __init__, F2's
+VLLM_DP_* export, `OverlayLLM` -> vLLM's EngineArgs -> create_engine_config with vllm-ascend's
 NPUPlatform.check_and_update_config and its parsing of additional_config, the V1 engine core, vllm-ascend's
 NPUWorker and NPUModelRunner (distributed groups over an `hccl` backend carried by gloo, "npu" tensors from the
 emulated device) with CustomDeepseekV3ForCausalLM compiled in TorchAir graph mode, all run for real. Before
@@ -145,7 +145,8 @@ def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks, tiny
 
     parameter_tensors = rollout_parameter_tensors(ModelShape.from_hf_config(tiny_hf_config))
     for rank, out in enumerate(ranks):
-        assert out["cpu_binding"] == "verl_patches.rollout.engine_factory.build_llm"  # the lifecycle patch, on CPU too
+        # the A3 engine on the emulated npu device: the lifecycle patch's CPU twin
+        assert out["cpu_binding"] == "verl_patches.patches.verl.workers.rollout.emulated_npu.build_llm"
         a3 = out["cases"]["a3"]
         assert a3["stopped_at"] is None, a3["stopped_at"]
         assert a3["built"] == {

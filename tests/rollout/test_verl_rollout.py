@@ -22,8 +22,8 @@ def test_verl_vllm_rollout_runs_on_the_cpu_standin(tiny_model_dir) -> None:
     assert out["LLM_name_in_verl"] == "verl_patches.rollout.engine_factory.build_standin_llm"
     assert out["engine_sleep_mode"] is False  # the A3 engine arguments (rollout_llm_kwargs) reach the stand-in
     assert out["applied"] == [
+        "cpu.verl.vllm_rollout_spmd.LLM.lifecycle",
         "cpu.verl.vllm_rollout_spmd.LLM.standin",  # the switch's layer, over the lifecycle binding
-        "verl.vllm_rollout_spmd.LLM.lifecycle",
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.a3_checks",
         "verl.vllm_rollout_spmd.vLLMRollout.__init__.dp_env_and_compile",
         "verl.vllm_rollout_spmd.vLLMRollout.generate_sequences.real_compile",
@@ -101,7 +101,8 @@ def test_declarations_are_pinned_and_the_standin_is_cpu_only() -> None:
     by_name = {p.name: p for p in PATCHES}
     assert by_name["cpu.verl.vllm_rollout_spmd.LLM.standin"].devices == ("cpu",)
     assert by_name["cpu.verl.vllm_rollout_spmd.LLM.standin"].env_flag == "VERL_PATCHES_ROLLOUT_STANDIN"  # opt-in
-    assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu", "cpu")
+    assert by_name["verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("npu",)
+    assert by_name["cpu.verl.vllm_rollout_spmd.LLM.lifecycle"].devices == ("cpu",)  # on the emulated npu device
     for p in PATCHES:
         assert fingerprint_target(*p.fingerprint_targets) == p.fingerprint, p.name
         if p.kind.value == "wrap" and not p.name.endswith(".a3_checks"):  # that one needs upstream's source:

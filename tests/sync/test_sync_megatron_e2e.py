@@ -30,7 +30,9 @@ def test_megatron_actor_to_rollout_standin(tmp_path):
 
     hf = build_hf(tmp_path)
     ckpt = convert(hf, tmp_path / "mcore", tp=2, pp=2, ep=2, num_layer_list=(2, 3))
-    results = run_ranks(rank_e2e, 8, 1100, overlay=True, kwargs={"hf": str(hf), "ckpt": str(ckpt)})
+    results = run_ranks(
+        rank_e2e, 8, 1100, preload=("verl_patches.prelude_patch",), kwargs={"hf": str(hf), "ckpt": str(ckpt)}
+    )
     print(json.dumps(results, indent=1))
     for rank, r in enumerate(results):  # the harness raises on any rank's error
         assert r["per_tensor_generator"].startswith("verl_patches."), r

@@ -250,7 +250,7 @@ def fused_moe_apply(fused_moe, case: dict, experts: int) -> dict:
 @pytest.mark.multiproc
 @pytest.mark.needs_components("mindspeed", "mindspeed_llm", "vllm", "vllm_ascend")
 def test_training_rollout_and_reference_route_as_deepseeks_gate() -> None:
-    (out,) = run_ranks(rank_every_router, 1, 600, overlay=True, backend=None)
+    (out,) = run_ranks(rank_every_router, 1, 600, preload=("verl_patches.prelude_patch",), backend=None)
     want_ids, want_w = by_expert(*map(torch.tensor, out["deepseek"]))
     for name in ("hf", "mindspeed", "kernel", "vllm_ascend_native"):
         ids, w = by_expert(*map(torch.tensor, out[name]))
@@ -290,6 +290,6 @@ def rank_unpatched_base_pass_is_refused(rank: int, world: int) -> dict:
 
 @pytest.mark.multiproc
 def test_a_base_pass_with_a_bias_needs_deepseeks_mask_in_hf() -> None:
-    (out,) = run_ranks(rank_unpatched_base_pass_is_refused, 1, 300, overlay=False, backend=None)
+    (out,) = run_ranks(rank_unpatched_base_pass_is_refused, 1, 300, backend=None)
     assert out["plain_hf"] is False and out["patched_hf"] is True
     assert "0.0 group mask" in out["refused"] and "verl_patches.prelude_patch" in out["refused"]

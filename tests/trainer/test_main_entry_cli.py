@@ -86,3 +86,48 @@ def test_a_shared_checkpoint_root_is_refused_before_anything_starts(tmp_path: Pa
     assert line.startswith(f"main_ppo_npu: {root}: others can change what is saved there")
     assert "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT=1" in line
     assert "resolved config" not in p.stdout  # nothing written to the run folder, nothing started
+
+
+# The entry with verl's run_ppo replaced by a stub, and a `prepare` that says what it was handed: the CPU proof's
+# caller passes one (verl_patches.cpu_proof.main_tiny); the trainer entry never builds the tiny assets itself.
+PREPARED_ENTRY = """
+import sys
+import verl_patches.prelude_patch  # noqa: F401  (the patches, as the entry applies them)
+import verl.trainer.main_ppo as upstream
+upstream.run_ppo = lambda cfg: print("RUN_PPO", cfg.overlay.profile)
+from verl_patches.trainer import main_ppo_npu
+
+def prepare(cfg):
+    print("PREPARE", cfg.overlay.profile, cfg.overlay.tiny_assets_dir)
+    if sys.argv[1] == "refuse":
+        raise ValueError("tiny profile: the assets folder is wrong")
+
+sys.exit(main_ppo_npu.main(sys.argv[3:], prepare=None if sys.argv[2] == "none" else prepare))
+"""
+
+
+def run_prepared(tmp_path: Path, how: str, hook: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERL_PATCHES_RUN_DIR", "TENSORBOARD_DIR")}
+    env["PYTHONPATH"] = str(REPO)
+    args = [how, hook, "--config-name", "ppo_tiny_local", f"overlay.tiny_assets_dir={tmp_path / 'assets'}"]
+    return subprocess.run(
+        [sys.executable, "-c", PREPARED_ENTRY, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_the_tiny_profile_runs_only_with_the_cpu_proofs_prepare(tmp_path: Path) -> None:
+    p = run_prepared(tmp_path, "ok", "none")
+    assert p.returncode == 2 and "RUN_PPO" not in p.stdout and "PREPARE" not in p.stdout, (p.stdout, p.stderr)
+    (line,) = entry_lines(p.stderr)
+    assert "python -m verl_patches.cpu_proof.main_tiny" in line and "--tiny" in line
+    assert not (tmp_path / "assets").exists()
+
+    p = run_prepared(tmp_path, "ok", "prepare")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines.index(f"PREPARE tiny {tmp_path / 'assets'}") < lines.index("RUN_PPO tiny")  # resolved, then run
+
+    p = run_prepared(tmp_path, "refuse", "prepare")
+    assert p.returncode == 2 and "RUN_PPO" not in p.stdout and "Traceback" not in p.stderr
+    assert entry_lines(p.stderr) == ["main_ppo_npu: tiny profile: the assets folder is wrong"]

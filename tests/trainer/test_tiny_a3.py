@@ -93,3 +93,13 @@ def test_the_a3_paths_model_routes_as_deepseek_v3_through_the_256_expert_kernel(
     for bias in biases:
         assert bias.shape == (256,) and float(bias.max()) < -0.5 and float(bias.std()) > 0.5 * ROUTER_BIAS_STD
     assert not torch.equal(biases[0], biases[-1])  # each layer its own draw
+
+
+def test_the_cpu_proofs_entry_is_the_trainer_entry_with_the_tiny_assets_built_first(monkeypatch) -> None:
+    from verl_patches.cpu_proof import main_tiny
+    from verl_patches.trainer import main_ppo_npu
+
+    seen = []
+    monkeypatch.setattr(main_ppo_npu, "main", lambda argv=None, prepare=None: seen.append((argv, prepare)) or 7)
+    assert main_tiny.main(["--config-name", "ppo_tiny_local"]) == 7
+    assert seen == [(["--config-name", "ppo_tiny_local"], prepare_for)]

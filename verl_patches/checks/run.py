@@ -290,7 +290,7 @@ def run_check(req: CheckRequest, log: Callable[[str], None] = print, work_dir: P
             req.world,
             req.timeout_s,
             backend=dist_backend(),
-            overlay=True,
+            preload=("verl_patches.prelude_patch",),
             setup=prepare_rank,
             kwargs=dict(
                 hf_dir=str(hf),

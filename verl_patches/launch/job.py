@@ -55,6 +55,7 @@ from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address, port_block
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
+from verl_patches.trainer.entries import CPU_PROOF_ENTRY, TRAINER_ENTRY
 from verl_patches.base.cpu_numerics import pinned
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -269,7 +270,9 @@ def run_logged(
 
 
 def trainer_command(config_name: str, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", config_name, *overrides]
+    """The trainer's command line: the CPU proof's entry for a tiny config, else the trainer entry."""
+    entry = CPU_PROOF_ENTRY if config_name in TINY_CONFIGS.values() else TRAINER_ENTRY
+    return [sys.executable, "-m", entry, "--config-name", config_name, *overrides]
 
 
 def base_env() -> dict[str, str]:
@@ -777,7 +780,7 @@ def submit_command(dashboard: str, config_name: str, overrides: list[str]) -> li
     """`ray job submit` of the trainer entry with the launch's own overrides, against this head's dashboard."""
     return [
         "ray", "job", "submit", "--address", dashboard, "--no-wait", "--",
-        "python3", "-m", "verl_patches.trainer.main_ppo_npu", "--config-name", config_name, *overrides,
+        "python3", "-m", TRAINER_ENTRY, "--config-name", config_name, *overrides,
     ]  # fmt: skip
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.compile_toggle import real_torch_compile
-from verl_patches.npu_emulation.transfer import native_devices
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 
 
@@ -113,37 +112,34 @@ def overlay_llm_class() -> type:
         from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
 
         class OverlayLLM(LLM):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                with native_devices():
-                    super().__init__(*args, **kwargs)
-
-            def generate(self, *args: Any, **kwargs: Any) -> Any:
-                with native_devices():
-                    return super().generate(*args, **kwargs)
-
             def sleep(self, level: int = 1) -> None:
-                with native_devices():
-                    life = RolloutLifecycle(self)
-                    life.free_cache_engine()
-                    life.offload_model_weights()
+                life = RolloutLifecycle(self)
+                life.free_cache_engine()
+                life.offload_model_weights()
 
             def wake_up(self, tags: list[str] | None = None) -> None:
-                with native_devices():
-                    # the model runner's own device (npu:LOCAL_RANK): where its graphs and KV cache are
-                    life = RolloutLifecycle(self, device=model_runner_of(self).device)
-                    if tags is None or "weights" in tags:
-                        life.onload_model_weights()
-                    if tags is None or "kv_cache" in tags:
-                        life.init_cache_engine()
+                # the model runner's own device (npu:LOCAL_RANK): where its graphs and KV cache are
+                life = RolloutLifecycle(self, device=model_runner_of(self).device)
+                if tags is None or "weights" in tags:
+                    life.onload_model_weights()
+                if tags is None or "kv_cache" in tags:
+                    life.init_cache_engine()
 
         _OVERLAY_CLASS = OverlayLLM
     return _OVERLAY_CLASS
 
 
 def build_llm(*args: Any, **kwargs: Any) -> Any:
+    """verl's `LLM(...)` on A3: our `OverlayLLM` with the engine arguments adjusted."""
+    return build_engine(overlay_llm_class(), *args, **kwargs)
+
+
+def build_engine(llm_class: type, *args: Any, **kwargs: Any) -> Any:
+    """`llm_class` (`OverlayLLM` or a subclass of it) built with the engine arguments adjusted
+    (`rollout_llm_kwargs`) under the real torch.compile; the first rank of each instance names the engine."""
     engine_kwargs = rollout_llm_kwargs(kwargs)
     with real_torch_compile():
-        llm = overlay_llm_class()(*args, **engine_kwargs)
+        llm = llm_class(*args, **engine_kwargs)
     if first_rank_of_instance(int(engine_kwargs.get("tensor_parallel_size") or 1), os.environ):
         # lazy: that module loads torch; importing this one must not
         from verl_patches.rollout.engine_report import describe, report_line

@@ -1,7 +1,8 @@
 """Trainer entry: `python -m verl_patches.trainer.main_ppo_npu [--config-name NAME] [key=value ...]`.
 
-Imports the prelude (our patches), composes our config on top of verl's own, checks it, builds the tiny
-profile's local assets when that profile is chosen, saves the resolved config in the run folder
+Imports the prelude (our patches), composes our config on top of verl's own, checks it, runs the caller's
+`prepare` on it (the CPU proof's entry, `verl_patches.cpu_proof.main_tiny`, builds the tiny profile's local
+assets there: this entry refuses that profile without it), saves the resolved config in the run folder
 (`resolved_config`), then runs verl v0.4.0's own `run_ppo` with the worker classes for the configured strategy.
 Nothing is copied into the vendored verl tree.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -20,8 +22,8 @@ from verl_patches.trainer.checkpoint_folder import folder_problem, root_problem
 from verl_patches.driver.config_checks import OverlayConfigError, raise_on_problems
 from verl_patches.trainer.config_compose import CONFIG_NAMES, ConfigCompositionError, compose_config, resolved
 from verl_patches.driver.rank_memory import run_dir
+from verl_patches.trainer.entries import CPU_PROOF_ENTRY
 from verl_patches.trainer.resolved_config import save_resolved_config
-from verl_patches.cpu_proof.tiny_a3 import prepare_for
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -35,7 +37,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prepare: Callable[[Any], object] | None = None) -> int:
+    """The trainer entry; `prepare(cfg)` (the CPU proof's caller) builds what the resolved config reads before the
+    run starts, a ValueError naming what is wrong."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
@@ -64,9 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"main_ppo_npu: {check_package_versions()[0]}", flush=True)
 
     os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
-    if cfg.get("overlay", {}).get("profile") == "tiny":
+    if cfg.get("overlay", {}).get("profile") == "tiny" and prepare is None:
+        print(
+            f"main_ppo_npu: the tiny profile's assets are built by the CPU proof's entry: python -m {CPU_PROOF_ENTRY} "
+            "(the launcher's --tiny starts it)",
+            file=sys.stderr,
+        )
+        return 2
+    if prepare is not None:
         try:
-            prepare_for(cfg)
+            prepare(cfg)
         except ValueError as e:
             print(f"main_ppo_npu: {e}", file=sys.stderr)
             return 2

@@ -16,9 +16,21 @@ PATCHES = [
         vendor_item="E1,F1",
         reason="vLLM's LLM without sleep mode (camem) or prefix caching: sleep/wake_up become KV free/init and "
         "weight offload/onload; EP on with VLLM_DP_SIZE>1; TorchAir/scheduler additional_config; built "
-        "under the real torch.compile. On a CPU host the same engine (vllm-ascend's NPUWorker, model runner, "
-        "DeepSeek model, TorchAir compile) runs on the npu device emulation",
-        devices=("npu", "cpu"),
+        "under the real torch.compile",
+        devices=("npu",),
+        rebind=False,
+    ),
+    replace(
+        name="cpu.verl.vllm_rollout_spmd.LLM.lifecycle",
+        target=f"{_SPMD}:LLM",
+        fingerprint=pinned(*_USES_LLM),
+        fingerprint_of=_USES_LLM,
+        by="verl_patches.patches.verl.workers.rollout.emulated_npu:build_llm",
+        vendor_item="E1,F1",
+        reason="the same engine as verl.vllm_rollout_spmd.LLM.lifecycle on a CPU host (vllm-ascend's NPUWorker, "
+        "model runner, DeepSeek model, TorchAir compile), on the npu device emulation: its build, generate, sleep "
+        "and wake-up run where npu means the emulated device, not the CPU that Megatron's remapping gives",
+        devices=CPU_ONLY,
         rebind=False,
     ),
     Patch(
