@@ -2,7 +2,7 @@
 # jemalloc, apex for Ascend at one commit, the upstream sources exactly as sources.lock pins them,
 # requirements.txt, vllm-ascend's kernels built from the pinned sdist.
 # UNTESTED ON HARDWARE: neither an NPU nor a docker engine was available where this was written; it is
-# checked statically (tests/launch/test_dockerfile.py). Build and run it as README's "The container" says:
+# checked statically (tests/launch/test_dockerfile.py). Build and run it as docs/a3-cluster-guide.md, "The container", says:
 #   docker build -t verl-overlay-a3 --build-arg APEX_COMMIT=<40-hex commit of gitcode.com/Ascend/apex> .
 # Air-gapped: on a connected machine run `bash setup_sources.sh --export-cache sources-cache`, put that
 # folder next to this file and build with --build-arg SOURCES_CACHE=sources-cache.
@@ -25,7 +25,7 @@ ARG APEX_GIT_URL=https://gitcode.com/Ascend/apex.git
 # The commit to build, required: the vendor builds gitcode's master branch as it was on its release, a commit
 # that could not be read where this file was written (no route to gitcode.com; the GitHub mirror
 # github.com/Ascend/apex ends at 49a7994e of 2023-11-23, whose scripts/build.sh accepts Python 3.7-3.10, not
-# this image's 3.11). Resolve it once and keep it with the image tag (README, "The container").
+# this image's 3.11). Resolve it once and keep it with the image tag (docs/a3-cluster-guide.md, "The container").
 ARG APEX_COMMIT
 ENV PIP_INDEX_URL=${PIP_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
@@ -39,7 +39,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Refuse an unpinned apex before anything is downloaded.
 RUN [[ "${APEX_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]] \
- || { echo "Dockerfile: APEX_COMMIT='${APEX_COMMIT:-}': give --build-arg APEX_COMMIT=<the 40-hex commit of ${APEX_GIT_URL} to build> (README, The container)" >&2; exit 2; }
+ || { echo "Dockerfile: APEX_COMMIT='${APEX_COMMIT:-}': give --build-arg APEX_COMMIT=<the 40-hex commit of ${APEX_GIT_URL} to build> (docs/a3-cluster-guide.md, The container)" >&2; exit 2; }
 
 # The CANN image's openEuler repositories move versions under one name; pinning them would break builds.
 # hadolint ignore=DL3033

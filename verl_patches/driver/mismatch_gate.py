@@ -2,8 +2,8 @@
 
 The rollout engine samples with its own numerics (A3: vllm-ascend in bf16) and the update trains on those
 samples; `logprob_mismatch` measures the gap every step. Its size in a healthy bf16 run is known
-(bench/bench_bf16_mismatch.py, README "is my run healthy"); a gap well beyond it means the two engines no
-longer compute the same model (a weight sync that loaded the wrong tensors, a kernel or routing
+(bench/bench_bf16_mismatch.py, docs/a3-cluster-guide.md "is my run healthy"); a gap well beyond it means the
+two engines no longer compute the same model (a weight sync that loaded the wrong tensors, a kernel or routing
 regression, a dtype mix-up), and every update from then on trains on samples of another policy.
 
 Config (``overlay.rollout_mismatch_gate``; absent or null: no gate)::

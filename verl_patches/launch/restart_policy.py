@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DEFAULT_A3_RESTARTS = 3  # the cluster launch's default: see README, "Restarts without a person"
+DEFAULT_A3_RESTARTS = 3  # the cluster launch's default: see docs/a3-cluster-guide.md, "Restarts without a person"
 FIRST_DELAY_S = 10.0
 MAX_DELAY_S = 300.0
 STOPPED_PREFIX = "stopped restarting:"

@@ -14,8 +14,8 @@ still freeze parameters (the patch off, or a runner class it does not reach), th
 built with are recorded on the runner (`record`), and before the rollout generates again (`init_cache_engine`)
 `forget_graphs_if_moved` compares them with the parameters' current storage; if any moved, dynamo's caches
 and the runner's compiled models are dropped, so vllm-ascend compiles the graphs again on the new addresses.
-Costs of both on A3 (README, the preflight's `memory.rollout_weight_lifecycle`): unfrozen, a refresh of the
-weights' addresses at every graph run; frozen, one TorchAir compile per step.
+Costs of both on A3 (docs/a3-cluster-guide.md, the preflight's `memory.rollout_weight_lifecycle`): unfrozen, a
+refresh of the weights' addresses at every graph run; frozen, one TorchAir compile per step.
 
 On a CPU host the emulated TorchAir backend (npu_emulation/site/torchair) raises `FrozenParameterMoved`,
 naming the parameter, if a frozen graph ever runs on moved weights: the contract is checked, not assumed.

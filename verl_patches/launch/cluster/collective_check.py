@@ -119,7 +119,7 @@ def read_token(token_stdin: bool, nnodes: int, stdin: IO[str], environ: dict[str
     else:
         raise SettingsError(
             f"NNODES={nnodes} and no token: the head accepts other nodes' joins and reports only when sealed with "
-            f"this check's secret; give every node the same new one on stdin with --token-stdin (README, runbook "
+            f"this check's secret; give every node the same new one on stdin with --token-stdin (docs/runbook.md, "
             f"step 4) or in {TOKEN_ENV}"
         )
     try:
