@@ -115,14 +115,14 @@ def test_transformers_loads_the_bf16_output(fp8_dir, bf16_dir):
 def test_rerun_skips_verified_shards_and_redoes_a_damaged_one(fp8_dir, tmp_path):
     out = tmp_path / "out"
     first = run_fp8_cast(fp8_dir, out, progress=False)
-    assert len(first.shards_converted) == 4
+    assert len(first.written) == 4
     again = run_fp8_cast(fp8_dir, out, progress=False)
-    assert again.shards_converted == [] and len(again.shards_skipped) == 4
+    assert again.written == [] and len(again.skipped) == 4
     victim = sorted(p for p in out.glob("*.safetensors"))[1]
     good = victim.read_bytes()
     victim.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, different checksum
     third = run_fp8_cast(fp8_dir, out, progress=False)
-    assert third.shards_converted == [victim.name] and victim.read_bytes() == good
+    assert third.written == [victim.name] and victim.read_bytes() == good
 
 
 def test_interrupted_run_leaves_no_index_and_resumes(fp8_dir, tmp_path, monkeypatch):
@@ -147,7 +147,7 @@ def test_interrupted_run_leaves_no_index_and_resumes(fp8_dir, tmp_path, monkeypa
 
     crash.armed = False
     rep = run_fp8_cast(fp8_dir, out, progress=False)
-    assert sorted(rep.shards_skipped) == sorted(done) and len(rep.shards_converted) == 4 - len(done)
+    assert sorted(rep.skipped) == sorted(done) and len(rep.written) == 4 - len(done)
     assert victim in CheckpointIndex.load(out).weight_map
     verify_fp8_cast(fp8_dir, out, progress=False)
 

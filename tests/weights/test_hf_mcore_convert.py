@@ -46,7 +46,7 @@ def test_layout_matches_mindspeed_and_round_trips_bit_for_bit(name, hf_dir, tiny
     layout = LAYOUTS[name]
     save = tmp_path / "mcore"
     rep = convert_hf_to_mcore(hf_dir, save, layout, progress=False)
-    assert len(rep.ranks_written) == layout.tp * layout.pp * layout.ep
+    assert len(rep.written) == layout.tp * layout.pp * layout.ep
 
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"
     dirs = sorted(p.name for p in (save / "iter_0000001").iterdir())
@@ -149,10 +149,10 @@ def test_interrupted_conversion_resumes_per_rank(hf_dir, tmp_path, monkeypatch):
     assert not list(save.rglob(".verl_patches-tmp-*"))
     monkeypatch.setattr(h2m.torch, "save", real)
     rep = convert_hf_to_mcore(hf_dir, save, layout, progress=False)
-    assert len(rep.ranks_skipped) == 3 and len(rep.ranks_written) == 5
+    assert len(rep.skipped) == 3 and len(rep.written) == 5
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "1"
     again = convert_hf_to_mcore(hf_dir, save, layout, progress=False)
-    assert again.ranks_written == [] and len(again.ranks_skipped) == 8
+    assert again.written == [] and len(again.skipped) == 8
 
 
 def test_resuming_into_a_different_conversion_is_refused(hf_dir, tmp_path):

@@ -128,17 +128,17 @@ def test_hf_to_mcore_refuses_foreign_rank_folders_with_or_without_overwrite(hf_d
 def test_overwrite_removes_only_the_files_our_earlier_export_manifest_lists(mcore_dir, tmp_path):
     out = tmp_path / "export"
     first = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=200_000, progress=False)
-    old_shards = set(first.shards_written)
+    old_shards = set(first.written)
     assert len(old_shards) > 2
     (out / "notes.txt").write_text("the user's notes")
     (out / "zzz-mine.safetensors").write_bytes(b"not listed in the manifest")
     second = convert_mcore_to_hf(mcore_dir, out, max_shard_bytes=10**9, overwrite=True, progress=False)
-    assert len(second.shards_written) == 1
+    assert len(second.written) == 1
     names = {p.name for p in out.iterdir()}
     assert (out / "notes.txt").read_text() == "the user's notes"
     assert (out / "zzz-mine.safetensors").read_bytes() == b"not listed in the manifest"
-    assert not (old_shards - set(second.shards_written)) & names  # our earlier shards are gone
-    assert set(CheckpointIndex.load(out).files()) == set(second.shards_written)
+    assert not (old_shards - set(second.written)) & names  # our earlier shards are gone
+    assert set(CheckpointIndex.load(out).files()) == set(second.written)
 
 
 def test_overwrite_of_another_layout_removes_only_listed_rank_files(hf_dir, tmp_path):
@@ -188,7 +188,7 @@ def test_our_own_leftover_temp_files_do_not_make_a_folder_foreign(fp8_dir, tmp_p
         "{"
     )  # a run killed before its first manifest
     rep = run_fp8_cast(fp8_dir, out, progress=False)
-    assert len(rep.shards_converted) == 4 and not list(out.glob(".verl_patches-tmp-*"))
+    assert len(rep.written) == 4 and not list(out.glob(".verl_patches-tmp-*"))
 
 
 # ---- 3. no silently wrong weights --------------------------------------------------------------------------

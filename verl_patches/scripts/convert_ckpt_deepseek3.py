@@ -184,10 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                     overwrite=args.overwrite,
                     progress=progress,
                 )
-                print(
-                    f"mcore->hf: {len(r.shards_written)} shard(s) written, {len(r.shards_skipped)} already done; "
-                    f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)"
-                )
+                print(f"mcore->hf: {r.summary(args.save_dir, time.perf_counter() - t0)}")
             hf_dir, mcore_dir = args.save_dir, args.load_dir
         else:
             cfg = load_config(args.load_dir)
@@ -208,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     workers=args.workers,
                     progress=progress,
                 )
-                print(
-                    f"hf->mcore: {len(r.ranks_written)} rank(s) written, {len(r.ranks_skipped)} already done; "
-                    f"{r.out_bytes / 1e9:.2f} GB in {args.save_dir} ({time.perf_counter() - t0:.1f} s)"
-                )
+                print(f"hf->mcore: {r.summary(args.save_dir, time.perf_counter() - t0)}")
             hf_dir, mcore_dir = args.load_dir, args.save_dir
         if args.verify or args.verify_only:
             if args.reverse:

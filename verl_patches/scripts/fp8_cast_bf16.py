@@ -73,12 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 overwrite=args.overwrite,
                 progress=progress,
             )
-            dt = time.perf_counter() - t0
-            print(
-                f"fp8->bf16: {len(r.shards_converted)} shard(s) written, {len(r.shards_skipped)} already done, "
-                f"{r.tensors_dequantized} tensor(s) dequantised, {r.tensors_dropped} dropped; "
-                f"{r.out_bytes / 1e9:.2f} GB in {args.output_bf16_hf_path} ({dt:.1f} s)"
-            )
+            dequantised = f"{r.tensors_dequantized} tensor(s) dequantised, {r.tensors_dropped} dropped"
+            print(f"fp8->bf16: {r.summary(args.output_bf16_hf_path, time.perf_counter() - t0, dequantised)}")
         if args.verify or args.verify_only:
             v = verify_fp8_cast(
                 args.input_fp8_hf_path, args.output_bf16_hf_path, workers=args.workers, progress=progress

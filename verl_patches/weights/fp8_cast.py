@@ -13,7 +13,7 @@ complete checkpoint. Peak memory per worker is about one tensor (the embedding, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +21,6 @@ import torch
 
 from verl_patches.base.atomic_write import (
     atomic_path,
-    copy_file_atomically,
     remove_stale_temps,
     write_json_atomically,
 )
@@ -42,6 +41,8 @@ from verl_patches.weights.st_reader import INDEX_FILE, CheckpointIndex, LazyChec
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 from verl_patches.weights.manifest_file import is_shard_file_name
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
+from verl_patches.weights.hf_output import finish_hf_folder
+from verl_patches.weights.write_report import WriteReport
 
 SCALE_SUFFIX = "_scale_inv"
 MANIFEST_FILE = FP8_CAST_MANIFEST
@@ -72,13 +73,10 @@ class ShardTask:
 
 
 @dataclass
-class CastReport:
-    shards_total: int = 0
-    shards_converted: list[str] = field(default_factory=list)
-    shards_skipped: list[str] = field(default_factory=list)
+class CastReport(WriteReport):
+    unit: str = "shard"
     tensors_dequantized: int = 0
     tensors_dropped: int = 0
-    out_bytes: int = 0
 
 
 def block_size_from_config(cfg: Mapping[str, Any], where: str = CONFIG_FILE) -> tuple[int, int]:
@@ -273,14 +271,14 @@ def run_fp8_cast(
     manifest[FILES_KEY] = sorted(set(manifest.get(FILES_KEY, [])) | set(extra_files))
     write_json_atomically(out / MANIFEST_FILE, manifest)
 
-    report = CastReport(shards_total=len(tasks))
+    report = CastReport(total=len(tasks))
     report.tensors_dropped = sum(1 for n in index.weight_map if not n.endswith(SCALE_SUFFIX)) - sum(
         len(t.items) for t in tasks
     )
     todo = []
     for t in tasks:
         if _shard_is_done(out, t.file, manifest["shards"].get(t.file)):
-            report.shards_skipped.append(t.file)
+            report.skipped.append(t.file)
         else:
             manifest["shards"].pop(t.file, None)
             todo.append(t)
@@ -288,7 +286,7 @@ def run_fp8_cast(
     def record(job: tuple, result: dict[str, Any]) -> None:
         manifest["shards"][result["file"]] = {k: result[k] for k in ("size", "sha256", "tensors")}
         write_json_atomically(out / MANIFEST_FILE, manifest)
-        report.shards_converted.append(result["file"])
+        report.written.append(result["file"])
         report.tensors_dequantized += result["dequantized"]
 
     if todo:  # not loadable while shards are missing
@@ -308,14 +306,5 @@ def run_fp8_cast(
     weight_map = {it.name: t.file for t in tasks for it in t.items}
     total = sum(TensorSpec(it.name, it.dtype, it.shape).nbytes for t in tasks for it in t.items)
     report.out_bytes = total
-    write_json_atomically(out / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
-    new_cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
-    new_cfg["torch_dtype"] = "bfloat16"
-    if drop_mtp:
-        new_cfg["num_nextn_predict_layers"] = 0
-    write_json_atomically(out / CONFIG_FILE, new_cfg)
-    for p in carried:
-        copy_file_atomically(p, out / p.name)
-    manifest["complete"] = True
-    write_json_atomically(out / MANIFEST_FILE, manifest)
+    finish_hf_folder(out, weight_map, total, cfg, carried, manifest, MANIFEST_FILE, drop_mtp=drop_mtp)
     return report

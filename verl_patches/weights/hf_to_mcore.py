@@ -14,7 +14,6 @@ loadable. The manifest also records the layout and the HF config, which the reve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,6 +49,7 @@ from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES, CheckpointIndex,
 from verl_patches.weights.tensor_layout import MetaSource, TensorSource
 from verl_patches.weights.manifest_file import is_rank_dir_name, read_conversion_manifest
 from verl_patches.weights.resume import plan_output, remove_listed
+from verl_patches.weights.write_report import WriteReport
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 ITERATION = 1
@@ -214,14 +214,6 @@ def check_source(index: CheckpointIndex, cfg: Mapping[str, Any]) -> dict[str, tu
     return found
 
 
-@dataclass
-class ConvertReport:
-    ranks_total: int = 0
-    ranks_written: list[str] = field(default_factory=list)
-    ranks_skipped: list[str] = field(default_factory=list)
-    out_bytes: int = 0
-
-
 def _manifest_key(index: CheckpointIndex, cfg: Mapping[str, Any], layout: ParallelLayout) -> dict[str, Any]:
     return {
         "tool": "verl_patches.weights.hf_to_mcore",
@@ -276,7 +268,7 @@ def convert_hf_to_mcore(
     workers: int = 1,
     progress: bool = True,
     remap_bytes: int = DEFAULT_REMAP_BYTES,
-) -> ConvertReport:
+) -> WriteReport:
     """Convert; every flag and the source are checked before the first rank is written."""
     load, save = Path(load_dir), Path(save_dir)
     cfg = load_config(load)
@@ -302,17 +294,17 @@ def convert_hf_to_mcore(
     manifest["complete"] = False
     manifest["files"] = [TRACKER_FILE]
     write_json_atomically(save / MANIFEST_FILE, manifest)
-    report = ConvertReport()
+    report = WriteReport("rank")
     todo: list[Rank] = []
     for rank in all_ranks(layout):
-        report.ranks_total += 1
+        report.total += 1
         name = rank_dir_name(layout, rank)
         path = rank_file(save, layout, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(path.parent)
         entry = manifest["ranks"].get(name)
         if entry and path.is_file() and path.stat().st_size == entry["size"] and file_sha256(path) == entry["sha256"]:
-            report.ranks_skipped.append(name)
+            report.skipped.append(name)
         else:
             manifest["ranks"].pop(name, None)
             todo.append(rank)
@@ -320,7 +312,7 @@ def convert_hf_to_mcore(
     def record(job: tuple, result: dict[str, Any]) -> None:
         manifest["ranks"][result["rank"]] = {"size": result["size"], "sha256": result["sha256"]}
         write_json_atomically(save / MANIFEST_FILE, manifest)
-        report.ranks_written.append(result["rank"])
+        report.written.append(result["rank"])
 
     jobs = [(str(load), str(save), cfg, layout.to_json(), r, remap_bytes) for r in todo]
     sizes = rank_sizes(cfg, layout)

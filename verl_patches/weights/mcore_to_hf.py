@@ -14,7 +14,6 @@ resumable; index, config and tokenizer files come last.
 from __future__ import annotations
 
 from argparse import Namespace
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -22,7 +21,6 @@ import torch
 
 from verl_patches.base.atomic_write import (
     atomic_path,
-    copy_file_atomically,
     remove_stale_temps,
     write_json_atomically,
 )
@@ -67,6 +65,8 @@ from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
+from verl_patches.weights.hf_output import finish_hf_folder
+from verl_patches.weights.write_report import WriteReport
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
 DEFAULT_SHARD_BYTES = 5 * 1024**3
@@ -354,14 +354,6 @@ def resolve_layout_and_config(
     return layout, cfg
 
 
-@dataclass
-class ExportReport:
-    shards_total: int = 0
-    shards_written: list[str] = field(default_factory=list)
-    shards_skipped: list[str] = field(default_factory=list)
-    out_bytes: int = 0
-
-
 def _source_fingerprint(store: RankStore) -> list[list[Any]]:
     out = []
     for rank in all_ranks(store.layout):
@@ -381,7 +373,7 @@ def convert_mcore_to_hf(
     tokenizer_dir: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = True,
-) -> ExportReport:
+) -> WriteReport:
     load, save = Path(load_dir), Path(save_dir)
     layout, cfg = resolve_layout_and_config(load, layout, config)
     it = read_tracker(load) if iteration is None else iteration
@@ -424,13 +416,13 @@ def convert_mcore_to_hf(
     manifest["complete"] = False
     manifest[FILES_KEY] = sorted(set(manifest.get(FILES_KEY, [])) | set(extra_files))
     write_json_atomically(save / MANIFEST_FILE, manifest)
-    report = ExportReport(shards_total=len(shards))
+    report = WriteReport("shard", total=len(shards))
     todo = []
     for fname, group in zip(files, shards):
         e = manifest["shards"].get(fname)
         p = save / fname
         if e and p.is_file() and p.stat().st_size == e["size"] and file_sha256(p) == e["sha256"]:
-            report.shards_skipped.append(fname)
+            report.skipped.append(fname)
         else:
             manifest["shards"].pop(fname, None)
             todo.append((fname, group))
@@ -454,17 +446,10 @@ def convert_mcore_to_hf(
                 store.clear()
             manifest["shards"][fname] = {"size": size, "sha256": sha, "tensors": len(group)}
             write_json_atomically(save / MANIFEST_FILE, manifest)
-            report.shards_written.append(fname)
+            report.written.append(fname)
 
     weight_map = {s.name: f for f, g in zip(files, shards) for s in g}
     report.out_bytes = sum(s.nbytes for s in specs)
-    write_json_atomically(save / INDEX_FILE, {"metadata": {"total_size": report.out_bytes}, "weight_map": weight_map})
-    out_cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
-    out_cfg["num_nextn_predict_layers"] = 0  # the Megatron checkpoint has no MTP layer
-    out_cfg["torch_dtype"] = "bfloat16"
-    write_json_atomically(save / CONFIG_FILE, out_cfg)
-    for p in tokenizer_files:
-        copy_file_atomically(p, save / p.name)
-    manifest["complete"] = True
-    write_json_atomically(save / MANIFEST_FILE, manifest)
+    # drop_mtp: the Megatron checkpoint has no MTP layer
+    finish_hf_folder(save, weight_map, report.out_bytes, cfg, tokenizer_files, manifest, MANIFEST_FILE, drop_mtp=True)
     return report
