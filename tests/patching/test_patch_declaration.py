@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from verl_patches.patching.declaration import ABSENT, ALL_DEVICES, Kind, Patch, PatchDriftError
+from verl_patches.patching.declaration import (
+    ABSENT,
+    ALL_DEVICES,
+    CPU_ONLY,
+    Kind,
+    Patch,
+    PatchDriftError,
+    module_alias,
+    replace,
+    wrap,
+)
 
 
 def _ok(**overrides) -> Patch:
@@ -115,3 +127,19 @@ def test_drift_error_names_patch_target_fingerprints_pin_and_override():
         assert part in msg
     assert (err.patch, err.found) == (p, "sha256:bbbb")
     assert ABSENT == "absent"
+
+
+def test_the_kind_constructors_fix_the_kind_and_find_the_replacement_by_its_path():
+    common = dict(name="p", target="os.path:join", fingerprint="", vendor_item="local", reason="test")
+    replaced = replace(by="os.path:join", **common)
+    assert replaced.kind is Kind.REPLACE and replaced.replacement() is os.path.join
+    built = replace(built_by="os:getcwd", **common)
+    assert built.kind is Kind.REPLACE and built.replacement() == os.getcwd()
+    wrapped = wrap(by="os.path:basename", rebind=False, **common)
+    assert wrapped.kind is Kind.WRAP and wrapped.replacement("/a/b") == "b" and not wrapped.rebind
+    alias = module_alias(name="a", target="x.y", provides="ours.y", vendor_item="G1", reason="r", devices=CPU_ONLY)
+    assert (alias.kind, alias.fingerprint, alias.provides, alias.devices) == (Kind.MODULE_ALIAS, "", "ours.y", ("cpu",))
+    with pytest.raises(ValueError, match=r"patch p: replace\(\) takes exactly one of by= and built_by="):
+        replace(**common)
+    with pytest.raises(ValueError, match=r"exactly one of by= and built_by="):
+        replace(by="os:sep", built_by="os:getcwd", **common)
