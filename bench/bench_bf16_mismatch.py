@@ -43,8 +43,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: repo root imports
 
@@ -228,8 +229,6 @@ def rollout_rank(spec_file: str, rank: int, world: int, port: int, out_file: str
     """Build the A3 rollout, load the model's weights, sample this rank's prompts; write tokens, log-probs and
     the recorded engine steps to `out_file` (JSON)."""
     # first, as in every job process: the overlay's patches
-    import verl_patches.prelude_patch  # noqa: F401
-
     # deferred: after the prelude, as a job process imports them
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -238,6 +237,7 @@ def rollout_rank(spec_file: str, rank: int, world: int, port: int, out_file: str
     from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
     from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd
 
+    import verl_patches.prelude_patch  # noqa: F401
     from verl_patches.npu_emulation.wheel_contract.cpu_proof import SCALED_MODEL, declare
     from verl_patches.patches.verl.workers.rollout import emulated_npu
     from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
@@ -604,10 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     # the tiny run's CPU kernels (its launcher pins them before torch loads; the ranks inherit them), so the
     # pairs compute as the tiny run does and its model, built under the same pins, is the one measured
     os.environ.update(cpu_numerics.pinned(os.environ))
+    import torch
+
     from verl_patches.checkpoint.safe_load import load_tensor_file  # noqa: F401  (the score rank reads with it)
     from verl_patches.multirank import run_ranks
-
-    import torch
 
     t0 = time.monotonic()
     cfgs = {d: bench_config(args, d) for d in dtypes}

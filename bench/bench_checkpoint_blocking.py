@@ -73,8 +73,8 @@ def _build(cfg: dict):
     import torch
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.training.training import get_model
-    from tiny_dsv3 import verl_config
 
+    from tiny_dsv3 import verl_config
     from verl_patches.train_engine.initialize import initialize_megatron
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 

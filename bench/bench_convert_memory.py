@@ -64,8 +64,8 @@ def child(mode: str, src: str, dst: str, layout_json: str, remap: str) -> None:
     import psutil
     import torch
 
-    from verl_patches.weights.hf_to_mcore import build_rank_state_dict, convert_hf_to_mcore, rank_file, rank_sizes
     from verl_patches.weights.config import load_config
+    from verl_patches.weights.hf_to_mcore import build_rank_state_dict, convert_hf_to_mcore, rank_file, rank_sizes
     from verl_patches.weights.layout import ParallelLayout, all_ranks
     from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint
 

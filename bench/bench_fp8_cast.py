@@ -33,9 +33,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from verl_patches.weights.config import make_tiny_config  # noqa: E402
 from verl_patches.weights.dequant import Workspace, dequantize_fp8_blockwise, dequantize_fp8_reference  # noqa: E402
 from verl_patches.weights.fp8_cast import SCALE_SUFFIX, run_fp8_cast  # noqa: E402
-from verl_patches.weights.st_reader import CheckpointIndex  # noqa: E402
 from verl_patches.weights.hf_schema import hf_tensor_specs  # noqa: E402
 from verl_patches.weights.parallel import run_tasks  # noqa: E402
+from verl_patches.weights.st_reader import CheckpointIndex  # noqa: E402
 from verl_patches.weights.synthetic import quantize_fp8_blockwise, write_synthetic_checkpoint  # noqa: E402
 
 GOAL = 5.0

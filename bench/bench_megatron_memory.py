@@ -158,7 +158,6 @@ def main() -> int:
     ap.add_argument("--layouts", default="tp2ep2,pp2")
     a = ap.parse_args()
     from golden_assets import build_hf_model
-
     from verl_patches.multirank import run_ranks
 
     ok = True

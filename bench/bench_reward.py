@@ -44,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verl_patches.reward.deepscaler import clear_caches, grade, grade_batch  # noqa: E402
 from verl_patches.reward.guarded_pool import GuardedPool, PoolConfig  # noqa: E402
 
-
 # Our cold wall time over all items, as a fraction of math-verify's in the same run (issue 17).
 TIME_RATIO_GOAL = 0.2
 

@@ -38,6 +38,8 @@ def vllm_job_process() -> None:
     prelude active (it puts the generated vllm/vllm_ascend metadata on the path), so vllm-ascend's general
     plugin (its torch 2.5.1 custom-op fix) is loaded at `import vllm`."""
     import verl_patches.prelude_patch  # noqa: F401
+
+    # isort: split
     import vllm  # noqa: F401  (the declared patch vllm.general_plugins_at_import runs here)
     import vllm.utils
 

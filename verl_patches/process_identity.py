@@ -39,7 +39,7 @@ class ProcessId:
     started: int
 
     @classmethod
-    def of(cls, pid: int) -> "ProcessId | None":
+    def of(cls, pid: int) -> ProcessId | None:
         started = start_ticks(pid)
         return None if started is None else cls(pid, started)
 

@@ -9,8 +9,9 @@ in `ranks`, or with PROFILE_UPDATE unset or off (`verl_patches.base.env_flags`),
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from verl_patches import device
 from verl_patches.base import env_registry
@@ -68,7 +69,7 @@ class NPUProfiler:
             prof, self._prof = self._prof, None
             prof.stop()
 
-    def __enter__(self) -> "NPUProfiler":
+    def __enter__(self) -> NPUProfiler:
         self.start()
         return self
 

@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from verl_patches import device
 from verl_patches.base import env_registry

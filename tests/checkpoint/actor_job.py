@@ -71,8 +71,8 @@ def provider(pre_process: bool = True, post_process: bool = True):
 def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.training.training import get_model
-    from tiny_dsv3 import TINY_HF_CONFIG, verl_config
 
+    from tiny_dsv3 import TINY_HF_CONFIG, verl_config
     from verl_patches.train_engine.initialize import initialize_megatron
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
@@ -159,9 +159,9 @@ def main() -> None:
 
     import verl_patches.prelude_patch  # noqa: F401  (as in every worker process)
     from verl_patches.checkpoint import background_write, commit
-    from verl_patches.train_engine import actor_state
     from verl_patches.checkpoint.manifest import LayoutChangeError, rank_record_name
     from verl_patches.checkpoint.plan import is_save_step
+    from verl_patches.train_engine import actor_state
 
     rank = int(os.environ["RANK"])
     torch.distributed.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))

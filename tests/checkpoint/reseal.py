@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.manifest import SIGNATURE_KEY

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.checkpoint import commit
 from rank_files import LAYOUT, rng_file, write_rank_record
+from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.manifest import CheckpointIncomplete, FileRecord, rank_record_name
 
 

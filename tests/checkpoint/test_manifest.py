@@ -19,8 +19,8 @@ from verl_patches.checkpoint.manifest import (
     manifest_content,
     manifest_json,
     parse_manifest,
-    with_signature,
     parse_rank_record,
+    with_signature,
 )
 
 TP2EP2 = TrainLayout(tp=2, pp=1, ep=2, dp=2)

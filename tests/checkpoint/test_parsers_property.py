@@ -12,6 +12,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from verl_patches.base.strict_int import MAX_STEP_DIGITS, StepNumberError, parse_step_int
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, check_relpath
 from verl_patches.checkpoint.manifest import (
@@ -22,7 +23,6 @@ from verl_patches.checkpoint.manifest import (
     parse_manifest,
     parse_rank_record,
 )
-from verl_patches.base.strict_int import MAX_STEP_DIGITS, StepNumberError, parse_step_int
 from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker, read_tracker
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -12,9 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rank_files import rng_file, write_rank_record
-from verl_patches.checkpoint import trainer_io
+from verl_patches.checkpoint import commit, trainer_io
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
-from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.safe_load import UnsafeCheckpointError, load_tensor_file
 
 

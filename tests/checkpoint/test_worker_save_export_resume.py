@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_patches.multirank import run_ranks
 from golden_assets import RESPONSE, TEMPERATURE, build_hf_model, convert, hf_log_probs, make_batch, worker_config
+from verl_patches.multirank import run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.needs_components("mindspeed", "mindspeed_llm")]
 EXPORT_TOL = 1e-4

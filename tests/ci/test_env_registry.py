@@ -36,7 +36,6 @@ import pytest
 
 import docs_text
 from ast_scan import dotted, is_environ
-
 from verl_patches.base import env_registry
 from verl_patches.base.env_registry import FAMILY_MARK, REGISTRY, lookup
 

@@ -10,8 +10,8 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
 from verl_patches.data.convert import convert
 from verl_patches.data.templates import TEMPLATES
 

@@ -26,8 +26,8 @@ import sys
 import pytest
 
 from tiny_job import REPO, TinyRun, env_for_run
-from verl_patches.patching.activation_record import read_records
 from verl_patches.base import cpu_numerics
+from verl_patches.patching.activation_record import read_records
 
 BASELINE = REPO / "verl_patches" / "trainer" / "config" / "ppo_tiny_local.baseline.json"
 WALL_LINE = re.compile(r"trainer exited with status (\d+) after (\d+) s wall time")

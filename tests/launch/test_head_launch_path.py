@@ -15,7 +15,8 @@ import pytest
 
 from verl_patches.launch import job
 from verl_patches.launch.cluster import node_roster, ray_cluster
-from verl_patches.launch.preflight import checkpoint_nodes, report as preflight
+from verl_patches.launch.preflight import checkpoint_nodes
+from verl_patches.launch.preflight import report as preflight
 
 
 @pytest.fixture

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_patches.base.strict_int import IntError, int_arg, parse_int
 from verl_patches.launch import job
-from verl_patches.launch.preflight import files as preflight_files, report as preflight
+from verl_patches.launch.preflight import files as preflight_files
+from verl_patches.launch.preflight import report as preflight
 from verl_patches.launch.preflight.findings import FAIL, OK, Context, HostFacts
 from verl_patches.launch.settings import (
     SettingsError,
@@ -24,7 +26,6 @@ from verl_patches.launch.settings import (
     read_env_file,
     validate_for_cluster,
 )
-from verl_patches.base.strict_int import IntError, int_arg, parse_int
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"MASTER_ADDR": "10.0.0.1", "SOCKET_IFNAME": "eth0", "NNODES": "16", "NPUS_PER_NODE": "16"}

@@ -16,7 +16,6 @@ import pytest
 
 from no_process_starts import refuse_process_starts, worker_launch
 from suite_components import missing_components, require_components
-
 from verl_patches.launch import job
 from verl_patches.launch.settings import SETTINGS
 

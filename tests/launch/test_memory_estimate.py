@@ -220,8 +220,8 @@ def test_rollout_parameter_tensors_by_hand():
 def test_the_lifecycle_finding_states_both_designs_costs():
     from omegaconf import OmegaConf
 
-    from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, Component, PhaseEstimate
     from verl_patches.launch.preflight.memory import graph_rebuild_finding
+    from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, Component, PhaseEstimate
 
     cfg = OmegaConf.create(
         {

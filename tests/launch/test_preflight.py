@@ -8,7 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +17,9 @@ import pytest
 
 from verl_patches.data.rl_rows import VERL_RL_SCHEMA
 from verl_patches.launch.preflight import files as preflight_files
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
+from verl_patches.launch.preflight.host import cluster_findings
+from verl_patches.launch.preflight.layout import LAYER_LIST, tp_split_findings
 from verl_patches.launch.preflight.report import (
     PROFILES,
     compose,
@@ -27,9 +30,6 @@ from verl_patches.launch.preflight.report import (
     run_preflight,
     sources_findings,
 )
-from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
-from verl_patches.launch.preflight.host import cluster_findings
-from verl_patches.launch.preflight.layout import LAYER_LIST, tp_split_findings
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import config_to_json, official_config
 
@@ -53,7 +53,7 @@ def settings(**values: str) -> ClusterSettings:
     return load_settings({k: v for k, v in values.items()}, None, environ={})
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, *overrides: str):
     name, prof = PROFILES[profile]
     return compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), settings(), ROOT)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -18,11 +18,12 @@ from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.manifest import RankRecord, TrainLayout, rank_record_name
 from verl_patches.checkpoint.root_access import ALLOW_SHARED_ROOT_ENV, CheckpointRootError, root_verdict
 from verl_patches.launch import job
-from verl_patches.launch.preflight import checkpoint as preflight_checkpoint, report as preflight
+from verl_patches.launch.preflight import checkpoint as preflight_checkpoint
+from verl_patches.launch.preflight import report as preflight
 from verl_patches.launch.preflight.checkpoint import checkpoint_folder_findings
 from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts
-from verl_patches.launch.preflight.validation import validation_findings
 from verl_patches.launch.preflight.run_costs import checkpoint_step, room_needed, saves_in_run
+from verl_patches.launch.preflight.validation import validation_findings
 from verl_patches.launch.settings import load_settings
 from verl_patches.trainer.checkpoint_folder import folder_problem
 from verl_patches.weights.config import make_tiny_config, official_config
@@ -40,7 +41,7 @@ def _no_path_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, ckpt: str | None = None, *overrides: str):
     flags = {"CKPT_DIR": ckpt} if ckpt is not None else {}
     settings = load_settings(flags, None, environ={})

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from test_preflight_checkpoint import A3, NPU, cfg_for, findings, folder, only
 from verl_patches.launch.preflight import checkpoint as preflight_checkpoint
-from verl_patches.launch.preflight.memory_estimate import ParamCount
 from verl_patches.launch.preflight.findings import FAIL, OK
+from verl_patches.launch.preflight.memory_estimate import ParamCount
 from verl_patches.launch.preflight.run_costs import (
     VENDOR_STEPS,
     RankLayout,

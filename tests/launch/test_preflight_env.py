@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,6 @@ from verl_patches.base import env_registry
 from verl_patches.base.env_flags import EnvError
 from verl_patches.launch import job
 from verl_patches.launch.preflight import report as preflight
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight.env import (
     CHECK,
     Seen,
@@ -30,10 +29,11 @@ from verl_patches.launch.preflight.env import (
 )
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, HostFacts
 from verl_patches.launch.preflight.host import local_dp_port_findings, vllm_dp_port_count
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.settings import load_settings
+from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.resilience.timeout import configured_timeout
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, port_block
-from verl_patches.reshard.layout import RolloutLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = HostFacts(device="cpu")
@@ -61,7 +61,7 @@ def _no_path_env(monkeypatch):
     monkeypatch.setenv("CKPT_DIR", "/shared/ckpt/dsv3")
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, *overrides: str):
     name, prof = PROFILES[profile]
     return compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), load_settings({}, None, {}), ROOT)

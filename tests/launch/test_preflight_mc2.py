@@ -5,15 +5,15 @@ what to change, the MB needed and the sizes it follows from."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from verl_patches.launch.job_env import STATIC_VARS
-from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
 from verl_patches.launch.preflight.findings import FAIL, OK, Context, HostFacts
 from verl_patches.launch.preflight.mc2 import CHECK, mc2_buffer_findings
+from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import make_tiny_config, official_config
 
@@ -36,7 +36,7 @@ def env_file(tmp_path: Path, text: str) -> ClusterSettings:
     return load_settings({}, path, environ={})
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, *overrides: str):
     name, prof = PROFILES[profile]
     return compose(

@@ -12,7 +12,6 @@ import warnings
 
 import pytest
 
-from verl_patches.launch.preflight.report import main
 from verl_patches.launch.preflight.findings import HostFacts
 from verl_patches.launch.preflight.rank_table import (
     render_rank_tables,
@@ -21,6 +20,7 @@ from verl_patches.launch.preflight.rank_table import (
     stage_layers,
     training_rank_table,
 )
+from verl_patches.launch.preflight.report import main
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import (
     MegatronLayout,
@@ -197,9 +197,9 @@ def test_smoke_profile_passes_preflight_on_one_node(tmp_path, capsys) -> None:
 
 
 def test_smoke_profile_keeps_the_cluster_jobs_features() -> None:
+    from verl_patches.driver.config_checks import check_config, get
     from verl_patches.launch.preflight.report import PROFILES, compose
     from verl_patches.launch.settings import load_settings
-    from verl_patches.driver.config_checks import check_config, get
     from verl_patches.trainer.config_compose import REPO_ROOT
 
     name, prof = PROFILES["a3_16die_smoke"]

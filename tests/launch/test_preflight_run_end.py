@@ -6,15 +6,15 @@ DeepScaleR) and a step count the epochs never reach."""
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight.findings import OK, WARN, Context, HostFacts
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight.run_end import (
     CHECK,
     EPOCHS_KEY,
@@ -81,7 +81,7 @@ def test_without_the_data_the_line_says_what_it_depends_on() -> None:
     assert "no measured step time for this layout" in f.message
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, data_dir: str, *overrides: str):
     name, prof = PROFILES[profile]
     settings = load_settings({"DATA_DIR": data_dir}, None, environ={})  # as --data-dir: the profiles read it

@@ -5,15 +5,15 @@ and the launch refuses the same ones before it starts anything."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from no_process_starts import refuse_process_starts, worker_launch
 from verl_patches.launch import job
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, HostFacts
+from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
 from verl_patches.launch.preflight.vendor_env import (
     CHECK,
     GRAPH_MODE_KEY,
@@ -35,7 +35,7 @@ def _no_path_env(monkeypatch):
     monkeypatch.setenv("CKPT_DIR", "/shared/ckpt/dsv3")
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg_for(profile: str, *overrides: str):
     name, prof = PROFILES[profile]
     return compose(name, [f"profile={prof}", *overrides], load_settings({}, None, environ={}), ROOT)

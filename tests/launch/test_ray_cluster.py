@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +21,6 @@ import pytest
 
 from verl_patches.base.free_port import free_port
 from verl_patches.launch import job
-from verl_patches.process_identity import signal_if_same
 from verl_patches.launch.cluster.ray_cluster import (
     RayClusterError,
     RayNode,
@@ -32,6 +31,7 @@ from verl_patches.launch.cluster.ray_cluster import (
     wait_for_resource,
     worker_command,
 )
+from verl_patches.process_identity import signal_if_same
 
 
 def group_gone(pgid: int) -> bool:

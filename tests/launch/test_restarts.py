@@ -243,8 +243,9 @@ def test_the_cluster_head_names_a_lost_node_waits_for_every_node_and_keeps_ray_u
     from types import SimpleNamespace
 
     from verl_patches.launch.cluster import ray_cluster
-    from verl_patches.launch.preflight import checkpoint_nodes, report as preflight
     from verl_patches.launch.failure_diagnosis import LostNode
+    from verl_patches.launch.preflight import checkpoint_nodes
+    from verl_patches.launch.preflight import report as preflight
 
     calls: dict[str, int] = {"wait": 0, "stop": 0}
 

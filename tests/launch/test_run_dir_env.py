@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.launch import job
 from verl_patches.driver import rank_memory
+from verl_patches.launch import job
 
 # a stand-in for the trainer entry: what it was handed and where its run-folder files would go
 TRAINER = textwrap.dedent(

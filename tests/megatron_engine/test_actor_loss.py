@@ -60,7 +60,7 @@ class StubOptimizer:
         return True, 0.0, None
 
 
-def make_batch() -> "object":
+def make_batch() -> object:
     from verl import DataProto
 
     g = torch.Generator().manual_seed(1)

@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 import torch
 
-from verl_patches.multirank import run_ranks
 from golden_assets import (
     BATCH,
     RESPONSE,
@@ -43,6 +42,7 @@ from golden_assets import (
     make_batch,
     worker_config,
 )
+from verl_patches.multirank import run_ranks
 
 FP32_TOL = 1e-4
 # bf16 weights and activations against HF's fp32 log-probs. bf16 keeps 8 significant bits (relative rounding

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from verl_patches.driver.config_checks import check_config, rollout_correction_problems
 from verl_patches.patches.verl.workers.actor.rollout_correction import (
     CAP_KEY,
     CAPPED_SHARE,
@@ -24,7 +25,6 @@ from verl_patches.patches.verl.workers.actor.rollout_correction import (
     tis_cap,
     tis_weights,
 )
-from verl_patches.driver.config_checks import check_config, rollout_correction_problems
 from verl_patches.trainer.config_compose import compose_config, resolved
 
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

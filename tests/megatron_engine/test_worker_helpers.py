@@ -31,8 +31,8 @@ def test_view_mirrors_data_keys_through_verls_interpolations() -> None:
 
 
 def test_the_view_translates_like_the_full_config() -> None:
-    from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
     from golden_assets import HF_OVERRIDES
+    from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
     from verl_patches.weights.config import make_tiny_config
 
     hf = make_tiny_config(64, **HF_OVERRIDES)

@@ -19,7 +19,6 @@ def torch_npu():
         if not npu_emulation.install_on_cpu_host():
             pytest.skip("the torch_npu stand-in installs only on a CPU host without a real torch_npu")
         import torch_npu as module
-
         from torch_npu.op_plugin.atb import _atb_ops  # noqa: F401
     finally:
         sys.path[:] = saved_path

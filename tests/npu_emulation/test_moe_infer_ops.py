@@ -74,7 +74,7 @@ def test_deepseek_v3_gating_at_256_experts_matches_per_token_reference():
         renorm=0,
         norm_type=1,
         routed_scaling_factor=1,
-        eps=float(1e-20),
+        eps=1e-20,
     )
     ref_ids, ref_w = gating_reference(logits, 8, bias, 4, 8, 1, 1, 1.0)
     assert ids.dtype == torch.int32 and torch.equal(ids, ref_ids)

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_patches.patching.activation_record import ACTIVATION_DIR_ENV, read_records
 from verl_patches.base import cpu_numerics
+from verl_patches.patching.activation_record import ACTIVATION_DIR_ENV, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 

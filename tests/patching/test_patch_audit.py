@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from suite_components import require_components
 from patching_testlib import PIN, REPO, run_python
+from suite_components import require_components
 from verl_patches.patches.catalog import all_patches
 from verl_patches.patching.registry import UPSTREAM_ROOTS
 from verl_patches.sources.lock import load_lock

@@ -8,7 +8,7 @@ is recorded and the rest still run, which is why each collective is bounded by a
 from __future__ import annotations
 
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from verl_patches.multirank import run_ranks
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from tests.reshard.dist_harness import run_scenarios
 from verl_patches.reshard.cost_model import dp_plan_cost, ep_plan_cost, pp_plan_cost
 from verl_patches.reshard.dp_plan import plan_dp_relayout
 from verl_patches.reshard.ep_plan import ExpertDims, ExpertWeight, plan_expert_reshard
@@ -25,8 +26,6 @@ from verl_patches.reshard.model_dims import ModelDims, deepseek_v3_stage_params
 from verl_patches.reshard.pp_plan import global_name, layer_offsets, plan_pp_gather
 from verl_patches.reshard.rollout_experts import rollout_expert_tensors
 from verl_patches.reshard.tensor_cache import TensorCache
-
-from tests.reshard.dist_harness import run_scenarios
 
 
 def gather_uneven(t: torch.Tensor, sizes: list[int], group=None) -> list[torch.Tensor]:

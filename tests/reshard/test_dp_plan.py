@@ -7,12 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.reshard.sim import simulate_all_to_all
 from verl_patches.reshard.cost_model import dp_allgather_cost, dp_lower_bound, dp_plan_cost
 from verl_patches.reshard.dp_plan import equal_chunk_rows, plan_dp_relayout
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, production_training_layout
-
-from tests.reshard.sim import simulate_all_to_all
 
 ORDERS = ["tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp", "ep-dp-tp-pp-cp", "cp-tp-dp-ep-pp"]
 

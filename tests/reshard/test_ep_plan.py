@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.reshard.sim import simulate_all_to_all
 from verl_patches.reshard.cost_model import ep_lower_bound, ep_plan_cost
 from verl_patches.reshard.ep_plan import (
     ExpertDims,
@@ -29,8 +30,6 @@ from verl_patches.reshard.rollout_experts import (
     rollout_expert_slots,
     rollout_expert_tensors,
 )
-
-from tests.reshard.sim import simulate_all_to_all
 
 ORDERS = ["tp-cp-ep-dp-pp", "ep-dp-tp-pp-cp", "cp-tp-dp-ep-pp", "pp-tp-ep-dp-cp"]
 DIMS = ExpertDims(hidden=3, ffn=2)

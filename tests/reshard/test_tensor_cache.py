@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.reshard.sim import simulate_all_to_all
 from verl_patches.reshard.errors import (
     PlanMismatchError,
     TensorCacheKeyExistsError,
@@ -20,8 +21,6 @@ from verl_patches.reshard.errors import (
 )
 from verl_patches.reshard.layout import MegatronLayout
 from verl_patches.reshard.tensor_cache import TensorCache, check_tensor_cache_preconditions, global_rollout_rows
-
-from tests.reshard.sim import simulate_all_to_all
 
 DataProto = pytest.importorskip("verl.protocol", reason="vendored verl needed").DataProto
 

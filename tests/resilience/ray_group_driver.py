@@ -18,6 +18,7 @@ import time
 
 import verl_patches.prelude_patch  # noqa: F401  (our patches in this driver, as in the trainer's)
 
+# isort: split
 import ray
 from ray.util.placement_group import remove_placement_group
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-
 from verl import DataProto
 from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
 from verl.utils.reward_score import default_compute_score

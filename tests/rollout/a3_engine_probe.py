@@ -13,10 +13,10 @@ import os
 import sys
 import traceback
 
-import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
-
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+
+import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
 
 spec = json.load(open(sys.argv[1]))
 rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -105,11 +105,10 @@ def decode_against_hf(llm, rank: int) -> dict:
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+    from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
     from vllm import SamplingParams
 
     from verl_patches.rollout.lifecycle import RolloutLifecycle, model_runner_of
-
-    from verl.utils.vllm_utils import patch_vllm_moe_model_weight_loader
 
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
     llm.wake_up(tags=["weights"])

@@ -8,8 +8,10 @@ import traceback
 
 import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
 
+# isort: split
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+
 from verl_patches.base.free_port import free_port  # noqa: E402
 
 port = free_port()

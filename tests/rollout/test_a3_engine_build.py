@@ -87,9 +87,9 @@ def tiny_hf_config(ranks) -> dict:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    from verl_patches.trainer.config_compose import compose_config, resolved
     from verl_patches.cpu_proof.tiny_a3 import tiny_spec
     from verl_patches.cpu_proof.tiny_assets import prepare
+    from verl_patches.trainer.config_compose import compose_config, resolved
 
     if not Path(dist_info.path_entry(REPO), "vllm-0.9.1.dist-info").is_dir():
         from verl_patches.sources.lock import load_lock
@@ -248,8 +248,8 @@ def test_a_wrong_value_is_refused_by_the_code_that_refuses_it_on_a3(ranks, case:
 
 def test_trainer_entry_refuses_the_same_wrong_values_first() -> None:
     """The same values never reach the cluster: the trainer entry's rules (rollout_settings) name them."""
-    from verl_patches.trainer.config_compose import compose_config, resolved
     from verl_patches.driver.rollout_settings import rollout_problems
+    from verl_patches.trainer.config_compose import compose_config, resolved
 
     saved = {k: os.environ.pop(k) for k in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH") if k in os.environ}
     try:

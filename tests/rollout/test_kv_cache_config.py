@@ -113,6 +113,7 @@ def test_declaration_targets_the_pinned_upstream_method() -> None:
 
 def test_registry_applies_it_on_the_real_engine_core() -> None:
     from vllm.v1.engine import core
+
     from verl_patches.patching.registry import Registry
 
     original = core.EngineCore._initialize_kv_caches

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
+from verl_patches.driver.config_checks import OverlayConfigError, check_config, kv_nz_problems, raise_on_problems
+from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, R, chunked_prefill_reason
 from verl_patches.launch.preflight.findings import FAIL, HostFacts
 from verl_patches.launch.preflight.layout import semantic_findings
+from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
 from verl_patches.launch.settings import load_settings
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
-from verl_patches.driver.config_checks import OverlayConfigError, check_config, kv_nz_problems, raise_on_problems
-from verl_patches.driver.rollout_settings import GRAPH, R, SCHEDULER, chunked_prefill_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTH = 4096  # max_prompt_length 1024 + max_response_length 3072

@@ -105,6 +105,7 @@ def test_sampler_reports_log_probs_at_the_sampling_temperature_before_truncation
 
 def test_generate_n_max_tokens_stop_and_logprobs(tiny_model_dir) -> None:
     from vllm import SamplingParams
+
     from verl_patches.rollout.standin.engine import StandinLLM
 
     llm = StandinLLM(model=str(tiny_model_dir), max_model_len=24, max_num_seqs=4, seed=3)

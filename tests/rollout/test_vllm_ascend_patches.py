@@ -8,7 +8,7 @@ import ast
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -67,14 +67,14 @@ def test_exec_kv_prefill_writes_the_nz_cache_with_pa_nz(nz: bool, want_upstream:
     fake = RecordingNpu()
     args = (torch.randn(3, 8), torch.zeros(1), torch.zeros(1), (torch.zeros(1), torch.zeros(1)), torch.arange(3))
     upstream = upstream_method(
-        MLA, "AscendMLAImpl", "exec_kv_prefill", {"torch": torch, "torch_npu": fake, "Tuple": Tuple}
+        MLA, "AscendMLAImpl", "exec_kv_prefill", {"torch": torch, "torch_npu": fake, "Tuple": tuple}
     )
     upstream(mla_self(nz), *args)
     patched = upstream_method(
         MLA,
         "AscendMLAImpl",
         "exec_kv_prefill",
-        {"torch": torch, "torch_npu": kv_nz.proxied_torch_npu(fake), "Tuple": Tuple},
+        {"torch": torch, "torch_npu": kv_nz.proxied_torch_npu(fake), "Tuple": tuple},
     )
     patched(mla_self(nz), *args)
     assert [c[1]["cache_mode"] for c in fake.calls] == [want_upstream, want_patched]

@@ -8,16 +8,18 @@ import sys
 
 import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
 
+# isort: split
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+
 from verl_patches.base.free_port import free_port  # noqa: E402
 
 port = free_port()
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 from verl import DataProto  # noqa: E402
-from verl.workers.rollout.vllm_rollout import vLLMRollout, vllm_rollout_spmd  # noqa: E402
+from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd, vLLMRollout  # noqa: E402
 
 from verl_patches.rollout.lifecycle import RolloutLifecycle  # noqa: E402
 

@@ -23,7 +23,6 @@ from sources_testlib import (
     write_lock,
     write_tree,
 )
-
 from verl_patches.sources.lock import LockError, load_lock
 
 WHEEL_FILES = {k: v for k, v in V1_FILES.items() if not k.startswith("data/")}  # the wheel lacks data/

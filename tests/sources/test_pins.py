@@ -3,7 +3,6 @@ run-time line that says which installed versions differ."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from fresh_python import fresh_python

@@ -17,9 +17,9 @@ from sources_testlib import REPO_ROOT
 from verl_patches.sources import wheel_lock
 from verl_patches.sources.pins import parse_pins
 from verl_patches.sources.wheel_lock import (
-    LockError,
     LockedFile,
     LockedPackage,
+    LockError,
     WheelLock,
     check_fresh,
     expected_pins,

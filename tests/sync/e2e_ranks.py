@@ -79,8 +79,8 @@ def rank_e2e(rank: int, world: int, hf: str, ckpt: str) -> dict:
 
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
-    from vllm.distributed import parallel_state as vllm_ps
     from verl.workers.megatron_workers import ActorRolloutRefWorker
+    from vllm.distributed import parallel_state as vllm_ps
 
     from tests.megatron_engine import golden_assets as ga
     from verl_patches.patches.verl.workers.megatron_workers import trainer_config_view

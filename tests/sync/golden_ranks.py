@@ -18,7 +18,7 @@ import os
 import torch
 
 from tests.sync import sync_testlib as L
-from verl_patches.reshard.pp_plan import stage_of_layer, layer_offsets
+from verl_patches.reshard.pp_plan import layer_offsets, stage_of_layer
 from verl_patches.sync.generator import SyncMeter, iter_rollout_weights
 from verl_patches.sync.plan import SyncPath, build_sync_plan
 

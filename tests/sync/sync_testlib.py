@@ -8,7 +8,8 @@ one vLLM instance whose EP spans every rank) scaled down to 8 ranks: EP8, one ex
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -23,11 +23,11 @@ from tests.reshard.dist_harness import assert_scenario, run_scenario_ranks
 from tests.sync import golden_ranks as G
 from tests.sync import sync_testlib as L
 from tests.sync.vllm_receiver import VllmDeepseekReceiver
+from verl_patches.sync.param_table import weights_layout
 from verl_patches.sync.plan import SyncPath, build_sync_plan, lower_bound
 from verl_patches.weights.hf_schema import hf_tensor_specs
 from verl_patches.weights.layout import Rank
 from verl_patches.weights.mcore_to_hf import hf_tensor_from_ranks
-from verl_patches.sync.param_table import weights_layout
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -42,7 +42,7 @@ def runs(tmp_path_factory) -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(out: Path, tag: str, rank: int) -> dict:
     return torch.load(out / f"{tag}_r{rank}.pt")
 
@@ -51,7 +51,7 @@ def _meter(out: Path, tag: str, rank: int) -> dict:
     return json.loads((out / f"{tag}_r{rank}.json").read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf(seed: int) -> dict:
     return L.hf_state(L.tiny_cfg(), seed)
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from verl_patches.multirank import run_ranks
 from tests.sync.e2e_ranks import build_hf, rank_e2e
+from verl_patches.multirank import run_ranks
 
 pytestmark = [
     pytest.mark.multiproc,

@@ -13,8 +13,9 @@ send one). Parameters are zero-size: the receiver keeps a copy of each loaded te
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -14,6 +14,8 @@ OUT = sys.argv[-1]
 ORIGINAL_ARGV = list(sys.argv)
 
 import verl_patches.prelude_patch  # noqa: E402,F401  (as every Ray worker of ours does first)
+
+# isort: split
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 

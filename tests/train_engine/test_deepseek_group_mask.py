@@ -23,10 +23,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_patches.cpu_proof.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD
 from verl_patches.multirank import run_ranks
 from verl_patches.npu_emulation.ops.moe_routing import npu_moe_gating_top_k
 from verl_patches.patches.transformers.deepseek_v3_router import group_limited_top_k
-from verl_patches.cpu_proof.tiny_a3 import ROUTER_BIAS_MEAN, ROUTER_BIAS_STD
 
 EXPERTS, GROUPS, TOPK_GROUPS, TOPK, SCALE = 256, 8, 4, 8, 2.5  # DeepSeek-V3's router (the tiny run's)
 HIDDEN, TOKENS = 64, 12
@@ -154,11 +154,10 @@ def _original(name: str):
 
 def rank_every_router(rank: int, world: int) -> dict:
     import torch_npu
+    from mindspeed_llm.core.transformer.moe.moe_utils import topk_softmax_with_capacity
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
     from vllm_ascend.ops import fused_moe  # before MindSpeed, which swaps torch.compile for torch.jit.script
-
-    from mindspeed_llm.core.transformer.moe.moe_utils import topk_softmax_with_capacity
 
     from verl_patches.weights.config import make_tiny_config
 
@@ -192,7 +191,7 @@ def rank_every_router(rank: int, world: int) -> dict:
     # vllm-ascend 0.9.1's 256-expert branch (AscendUnquantizedFusedMoEMethod.apply), its arguments as written
     y, ids, _ = torch_npu.npu_moe_gating_top_k(
         logits, k=TOPK, bias=bias, k_group=TOPK_GROUPS, group_count=GROUPS, group_select_mode=1, renorm=0,
-        norm_type=1, routed_scaling_factor=1, eps=float(1e-20),
+        norm_type=1, routed_scaling_factor=1, eps=1e-20,
     )  # fmt: skip
     out["kernel"] = ((y * SCALE).tolist(), ids.tolist())  # CustomDeepseekV2MoE scales the routed output
 
@@ -270,10 +269,10 @@ def test_training_rollout_and_reference_route_as_deepseeks_gate() -> None:
 
 
 def rank_unpatched_base_pass_is_refused(rank: int, world: int) -> dict:
+    from verl_patches.cpu_proof.tiny_assets import TinySpec, require_deepseek_routing
     from verl_patches.patches.catalog import all_patches
     from verl_patches.patches.transformers.deepseek_v3_router import hf_routes_as_deepseek
     from verl_patches.patching.registry import Registry
-    from verl_patches.cpu_proof.tiny_assets import TinySpec, require_deepseek_routing
 
     out = {"plain_hf": hf_routes_as_deepseek()}
     require_deepseek_routing(TinySpec())  # no bias: nothing to refuse

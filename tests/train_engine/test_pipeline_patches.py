@@ -81,6 +81,8 @@ def test_wraps_defer_to_megatron_without_a_list_and_refuse_vpp(fake_pp):
 # ---- D3 over gloo ----------------------------------------------------------------------------------
 def _shapes_scenario(rank: int, world: int) -> dict[str, str]:
     import verl_patches.prelude_patch  # noqa: F401  (our patch must replace Megatron's function)
+
+    # isort: split
     import torch
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import p2p_communication as p2p

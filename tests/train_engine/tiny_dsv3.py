@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-
 TINY_HF_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",

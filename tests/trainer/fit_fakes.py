@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.driver.step_plan import StepPlan
+from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.worker_calls import logprob_mismatch
 
 B, N, P, R, STEPS = 4, 2, 5, 3, 3  # prompts per step, samples per prompt, prompt and response length

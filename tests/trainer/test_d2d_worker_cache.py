@@ -12,6 +12,7 @@ import logging
 import pytest
 import torch
 
+from d2d_fake_worker import FakeWorker, ref_log_prob_of, rollout_chunk, worker_config
 from verl_patches.patches.verl.workers.d2d_cache import CACHE_ATTR, D2DFlowError, cache_of
 from verl_patches.reshard.errors import TensorCachePreconditionError
 from verl_patches.worker_calls.step_payloads import (
@@ -22,8 +23,6 @@ from verl_patches.worker_calls.step_payloads import (
     stamp,
     update_payload,
 )
-
-from d2d_fake_worker import FakeWorker, ref_log_prob_of, rollout_chunk, worker_config
 
 DataProto = pytest.importorskip("verl.protocol", reason="vendored verl needed").DataProto
 

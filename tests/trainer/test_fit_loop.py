@@ -12,10 +12,10 @@ import pytest
 
 from fit_fakes import STEPS, B, Call, FakeWorkerGroup, N, P, R, Recorder, fit_config, make_trainer
 from verl_patches.driver import fit_loop
+from verl_patches.driver.step_plan import StepPlan
 from verl_patches.patches.verl.trainer.ray_trainer import with_overlay_fit
 from verl_patches.worker_calls import logprob_mismatch
 from verl_patches.worker_calls.step_payloads import NEVER_SHIPPED_WITH_D2D
-from verl_patches.driver.step_plan import StepPlan
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from verl_patches.launch.preflight.report import compose, main as preflight_main, run_preflight
-from verl_patches.launch.preflight.findings import FAIL, HostFacts
-from verl_patches.launch.settings import load_settings
-from verl_patches.patching.ray_runtime import forwarded_env
 from verl_patches.driver import logger_backends
 from verl_patches.driver.config_checks import OverlayConfigError, check_config, raise_on_problems
 from verl_patches.driver.logger_backends import BACKENDS, KEY, installed, logger_backend_problems
+from verl_patches.launch.preflight.findings import FAIL, HostFacts
+from verl_patches.launch.preflight.report import compose, run_preflight
+from verl_patches.launch.preflight.report import main as preflight_main
+from verl_patches.launch.settings import load_settings
+from verl_patches.patching.ray_runtime import forwarded_env
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = HostFacts(device="cpu")

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from fit_fakes import STEPS, Recorder, fit_config, make_trainer  # the fit loop's fake workers
 from verl_patches.driver import fit_loop, mismatch_gate
 from verl_patches.driver.config_checks import check_config
-from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.driver.mismatch_gate import (
     GATE_KEY,
     GATED,
@@ -33,8 +33,8 @@ from verl_patches.driver.mismatch_gate import (
     thresholds_from_config,
 )
 from verl_patches.driver.step_plan import StepPlan
+from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.worker_calls import logprob_mismatch
-from fit_fakes import STEPS, Recorder, fit_config, make_trainer  # the fit loop's fake workers
 
 MEAN, RATIO, MAX = logprob_mismatch.ABS_DIFF, logprob_mismatch.RATIO_DEV, logprob_mismatch.ABS_DIFF_MAX
 A3_PROFILES = ("a3_256die_true_weight", "a3_256die_random_init", "a3_16die_smoke")

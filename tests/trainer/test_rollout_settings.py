@@ -6,17 +6,14 @@ dropped __init__ checks protected is checked instead."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from verl_patches.launch.preflight.findings import FAIL, OK
-from verl_patches.launch.preflight.layout import engine_findings, semantic_findings
 from verl_patches.driver.config_checks import check_config
-from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.driver.rollout_settings import (
     ENGINE,
     GRAPH,
@@ -25,6 +22,9 @@ from verl_patches.driver.rollout_settings import (
     rollout_problems,
     seqs_per_rollout_engine,
 )
+from verl_patches.launch.preflight.findings import FAIL, OK
+from verl_patches.launch.preflight.layout import engine_findings, semantic_findings
+from verl_patches.trainer.config_compose import compose_config, resolved
 
 R = "actor_rollout_ref.rollout"
 
@@ -35,7 +35,7 @@ def _no_path_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def a3(*overrides: str, profile: str = "a3_256die_true_weight") -> DictConfig:
     return resolved(compose_config("ppo_mindspeed_trainer", [f"profile={profile}", *overrides]))
 

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import docs_text
-from verl_patches.rollout.decode_share import SHARE
 from verl_patches.driver import run_metrics
 from verl_patches.driver.step_line import (
     CARD_THROUGHPUT_KEY,
@@ -25,6 +24,7 @@ from verl_patches.driver.step_line import (
     fmt_duration,
     step_line,
 )
+from verl_patches.rollout.decode_share import SHARE
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 # an A3 step as the vendor's step table reports it (true weight, step 2), with our extra metrics

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from verl_patches.trainer.config_compose import compose_config, resolved
 from verl_patches.cpu_proof.tiny_a3 import (
     MEGATRON_MODEL_OVERRIDES,
     ROPE_FACTOR,
@@ -17,6 +16,7 @@ from verl_patches.cpu_proof.tiny_a3 import (
     prepare_for,
     tiny_spec,
 )
+from verl_patches.trainer.config_compose import compose_config, resolved
 
 
 def cfg(name: str = "ppo_tiny_local", *overrides: str, assets: Path = Path("/tmp/none")):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from verl_patches.data.rl_rows import DATA_SOURCE, VERL_RL_SCHEMA
 from verl_patches.cpu_proof import tiny_assets
 from verl_patches.cpu_proof.tiny_assets import STAMP, TinyAssets, TinySpec, answer_tokens, prepare
+from verl_patches.data.rl_rows import DATA_SOURCE, VERL_RL_SCHEMA
 
 SPEC = TinySpec(seed=3, max_operand=4, num_problems=120, train_ratio=0.75)
 
@@ -57,8 +57,8 @@ def test_parquet_rows_come_from_our_converter(built: TinyAssets) -> None:
 def test_the_tiny_runs_held_out_problems_are_unseen_texts_of_trained_sums_and_phrasings(tmp_path: Path) -> None:
     """Validation can rise: no held-out text was trained on, yet each held-out sum is trained in another
     phrasing and each held-out phrasing with other sums (the tiny run's own spec)."""
-    from verl_patches.trainer.config_compose import compose_config, resolved
     from verl_patches.cpu_proof.tiny_a3 import tiny_spec
+    from verl_patches.trainer.config_compose import compose_config, resolved
 
     # the split does not depend on the base model: no supervised pass (it needs the overlay's HF router)
     spec = replace(tiny_spec(resolved(compose_config("ppo_tiny_local", []))), base_steps=0)
@@ -277,9 +277,9 @@ def _recording(fn, log: list[str]):
 def test_a_worked_answer_shows_the_sum_in_think_tags_then_the_boxed_answer(tmp_path: Path) -> None:
     """The strict R1-Zero format (tiny profile): every token of the worked answer is one token of the tokenizer,
     the base model's targets are exactly those tokens and EOS, and the reward grades them as correct."""
-    from verl_patches.reward.deepscaler import compute_score
     from verl_patches.cpu_proof.tiny_assets import parse_problem, response_tokens
     from verl_patches.cpu_proof.tiny_base import supervised_rows
+    from verl_patches.reward.deepscaler import compute_score
 
     spec = TinySpec(seed=2, max_operand=2, num_problems=30, worked_answer=True)
     assets = prepare(tmp_path / "a", spec, progress=False)

@@ -4,7 +4,7 @@ is an error naming the key, and the semantic checks name the key to change."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ def _no_path_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def composed(profile: str, *overrides: str) -> DictConfig:
     """Resolved config of a profile ('tiny', 'base' = no profile, or a profile yaml name)."""
     if profile == "tiny":

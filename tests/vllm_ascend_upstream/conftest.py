@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from upstream_models import build_hub_cache
 from suite_components import under_ci
+from upstream_models import build_hub_cache
 from verl_patches.sources import upstream_tests
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable
 from verl_patches.sources.lock import load_lock

@@ -7,8 +7,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upstream_runner import SELECTION
-from upstream_selection import EXCLUDED, RUN, UNACCOUNTED, Rule, SelectionError, covers, decide, file_excluded
-from upstream_selection import load_rules, parse_rules
+from upstream_selection import (
+    EXCLUDED,
+    RUN,
+    UNACCOUNTED,
+    Rule,
+    SelectionError,
+    covers,
+    decide,
+    file_excluded,
+    load_rules,
+    parse_rules,
+)
 
 NAME = st.text("abc_", min_size=1, max_size=4)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.errors import CheckpointError, MissingTensorError
+from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.st_reader import CheckpointIndex, LazyCheckpoint
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 

@@ -96,7 +96,7 @@ class BackgroundWrite:
         finally:
             self._ended = time.monotonic()
 
-    def start(self) -> "BackgroundWrite":
+    def start(self) -> BackgroundWrite:
         self._thread.start()
         return self
 

@@ -25,9 +25,9 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.base.atomic_write import fsync_dir, rename_durably, write_text_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file

@@ -9,9 +9,10 @@ training layout the role was saved at, as its rank records and the step manifest
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.checkpoint.commit import read_manifest, read_rank_records
 from verl_patches.checkpoint.confine import ConfinementError, confined_path, is_real_dir
@@ -29,7 +30,7 @@ class CommittedRole:
     layout: TrainLayout | None
 
     @classmethod
-    def open(cls, role_dir: str | os.PathLike[str]) -> "CommittedRole":
+    def open(cls, role_dir: str | os.PathLike[str]) -> CommittedRole:
         """The role folder ``role_dir`` of a committed step (``<step>/checkpoint.json`` lists its files);
         CheckpointIncomplete, one line naming the file, for a link, an uncommitted or damaged folder."""
         role = Path(role_dir)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from verl_patches.checkpoint.confine import ConfinementError, check_name, check_relpath
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
@@ -85,7 +86,7 @@ class FileRecord:
         return {"bytes": self.size, "sha256": self.sha256}
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> "FileRecord":
+    def from_json(cls, d: Any, where: str) -> FileRecord:
         d = _dict(d, where)
         if set(d) != {"bytes", "sha256"}:
             raise CheckpointIncomplete(f"{where}: expected keys 'bytes' and 'sha256', got {sorted(d)[:4]}")
@@ -126,7 +127,7 @@ class TrainLayout:
         return d
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "layout") -> "TrainLayout":
+    def from_json(cls, d: Any, where: str = "layout") -> TrainLayout:
         d = _dict(d, where)
         unknown = sorted(set(d) - {f for f in cls.__dataclass_fields__})
         if unknown:
@@ -181,7 +182,7 @@ class RankRecord:
         }
 
     @classmethod
-    def from_json(cls, d: Any, where: str = "rank record") -> "RankRecord":
+    def from_json(cls, d: Any, where: str = "rank record") -> RankRecord:
         d = _dict(d, where)
         files = _dict(d.get("files"), f"{where}: key 'files'")
         digests = _dict(d.get("sha256", {}), f"{where}: key 'sha256'")

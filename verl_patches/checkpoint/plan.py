@@ -8,8 +8,8 @@ step (or why it could not be read), and act on the returned plan.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 STEP_PREFIX = "global_step_"
 STAGING_PREFIX = ".staging-"  # + step folder name: a save in progress (or interrupted)

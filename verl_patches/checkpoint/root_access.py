@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_patches.base.config_access import get
 from verl_patches.base import env_registry
+from verl_patches.base.config_access import get
 from verl_patches.base.folder_access import access_problem
 
 ALLOW_SHARED_ROOT_ENV = "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT"

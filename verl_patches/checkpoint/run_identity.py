@@ -151,7 +151,7 @@ class FolderTags:
     trash: str
 
     @classmethod
-    def of(cls, secret: bytes) -> "FolderTags":
+    def of(cls, secret: bytes) -> FolderTags:
         return cls(owner=_derive(secret, _OWNER_LABEL)[:32], trash=_derive(secret, _TRASH_LABEL)[:16])
 
 

@@ -30,7 +30,8 @@ import hashlib
 import os
 import pickle
 import re
-from typing import Any, BinaryIO, Sequence
+from collections.abc import Sequence
+from typing import Any, BinaryIO
 
 from verl_patches.base.regular_file import FileMissing, FileRefused, open_regular_file
 

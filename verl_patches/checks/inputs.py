@@ -10,8 +10,9 @@ Every refusal is a `CheckRequestError` (or a `WeightsError`) of one line naming 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.weights.config import load_config
 from verl_patches.weights.manifest_file import read_conversion_manifest

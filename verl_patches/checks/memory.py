@@ -27,9 +27,10 @@ measured on this project's CPU host (`bench/bench_check_logprobs_memory.py`, `te
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -14,17 +14,18 @@ import ctypes
 import gc
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl_patches.checkpoint.safe_load import load_tensor_file
+from verl_patches.checks import memory  # its available_bytes is read at call time (tests replace it)
 from verl_patches.checks.compare import EngineDiff, compare, verdict
 from verl_patches.checks.engine_ranks import prepare_rank, rank_check
 from verl_patches.checks.inputs import CheckRequestError, check_inputs
-from verl_patches.checks import memory  # its available_bytes is read at call time (tests replace it)
 from verl_patches.checks.memory import DTYPES, GIB, checkpoint_dtype, estimate_memory, fit_problem
 from verl_patches.checks.reference import hf_log_probs
 from verl_patches.checks.sequences import make_sequences, sequence_shape
@@ -140,7 +141,7 @@ def engine_dtype(req: CheckRequest, stored: torch.dtype) -> str:
     return names[stored]
 
 
-def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) -> "MemoryEstimate":
+def estimate_check_memory(req: CheckRequest, stored: torch.dtype | None = None) -> MemoryEstimate:
     """The check's memory estimate (`verl_patches.checks.memory`) from --hf's config.json and the flags."""
 
     stored = stored if stored is not None else checkpoint_dtype(req.hf)

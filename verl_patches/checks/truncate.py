@@ -13,9 +13,10 @@ keeps its first M rows, config.json says `num_hidden_layers=K`, `n_routed_expert
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 

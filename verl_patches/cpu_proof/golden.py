@@ -56,14 +56,14 @@ import math
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_patches.base.atomic_write import write_json_atomically
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.checkpoint.strict_json import StrictJsonError, loads_strict
-from verl_patches.rollout.decode_share import SHARE as GRAPH_SHARE_KEY
 from verl_patches.driver.run_metrics import (
     DRIFT_KEY,
     MAX_STEP,
@@ -74,6 +74,7 @@ from verl_patches.driver.run_metrics import (
     RunMetrics,
     read_run,
 )
+from verl_patches.rollout.decode_share import SHARE as GRAPH_SHARE_KEY
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, RATIO_DEV
 
 SCHEMA = 2

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from verl_patches.reward.extract import FORMAT_RULE_KEY, FormatRule, parse_format_rule
 from verl_patches.base.config_access import get
 from verl_patches.cpu_proof.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
+from verl_patches.reward.extract import FORMAT_RULE_KEY, FormatRule, parse_format_rule
 from verl_patches.weights.config import official_config
 from verl_patches.weights.layout import ParallelLayout
 

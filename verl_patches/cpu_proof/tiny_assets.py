@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.base import cpu_numerics
+from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.cpu_proof import tiny_base
 from verl_patches.weights.config import make_tiny_config
 

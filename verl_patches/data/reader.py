@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_patches.data.errors import InputFileError, RowError
 from verl_patches.base.regular_file import FileRefused, read_regular_file
+from verl_patches.data.errors import InputFileError, RowError
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 MAX_INPUT_BYTES = 4 << 30  # DeepScaleR is about 40 MB; a file beyond this is not a data set for one host

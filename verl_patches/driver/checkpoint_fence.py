@@ -17,7 +17,8 @@ here waits for that write:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.checkpoint import background_write, trainer_io
 from verl_patches.resilience import progress, worker_deadline

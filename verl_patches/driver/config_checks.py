@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from omegaconf import DictConfig
 
 from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
 from verl_patches.base.env_flags import EnvError
-from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 from verl_patches.driver.logger_backends import logger_backend_problems
 from verl_patches.driver.mismatch_gate import GateConfigError, thresholds_from_config
 from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
 from verl_patches.driver.step_plan import FUSED_ROLE_KEY, d2d_setting
+from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
 from verl_patches.worker_calls.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
 
 

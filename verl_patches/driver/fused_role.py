@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 FUSED_PREFIX = "actor_rollout_ref"
 
 

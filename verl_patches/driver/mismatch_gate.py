@@ -21,8 +21,9 @@ reader of the keys, used by the config checks (and so by the preflight) and by t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from verl_patches.base.config_access import get
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, ABS_DIFF_MAX, PREFIX, RATIO_DEV

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.base.atomic_write import write_bytes_atomically
-from verl_patches.rollout.decode_share import SHARE
 from verl_patches.driver.run_metrics import DRIFT_KEY, REWARD_KEY, RunInputError, read_steps
 from verl_patches.driver.step_line import RESPONSE_KEY, VAL_PATTERN
+from verl_patches.rollout.decode_share import SHARE
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF
 
 FILE_NAME = "curves.png"

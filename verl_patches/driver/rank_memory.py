@@ -15,8 +15,9 @@ import json
 import logging
 import os
 import resource
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches import device
 from verl_patches.base import env_registry

@@ -22,7 +22,8 @@ checks protected and our declared patch of ``vLLMRollout.__init__`` drops (F1):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from verl_patches.base.config_access import get
 

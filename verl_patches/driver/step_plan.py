@@ -20,8 +20,9 @@ The workers read neither the key nor the variable: the fit loop tells them per c
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.base.config_access import get

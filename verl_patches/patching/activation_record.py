@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base import cpu_numerics, env_registry
 from verl_patches.base.atomic_write import is_temp_name, write_json_atomically
-from verl_patches.base import env_registry
-from verl_patches.base import cpu_numerics
 
 ACTIVATION_DIR_ENV = "VERL_PATCHES_ACTIVATION_DIR"
 

@@ -30,7 +30,7 @@ class PatchError(RuntimeError):
 class PatchDriftError(PatchError):
     """The upstream object a patch replaces is not the one it was written against."""
 
-    def __init__(self, patch: "Patch", found: str, pin: str, relied_on: str = "", declared: str = "") -> None:
+    def __init__(self, patch: Patch, found: str, pin: str, relied_on: str = "", declared: str = "") -> None:
         """`relied_on`: the upstream object (one of `patch.relies_on`) that drifted, with its `declared`
         fingerprint; empty when the patch's own target drifted."""
         self.patch, self.found, self.pin, self.relied_on = patch, found, pin, relied_on

@@ -16,8 +16,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from verl_patches.base.atomic_write import write_text_atomically
 from verl_patches.base import env_registry
+from verl_patches.base.atomic_write import write_text_atomically
 
 PREFIX = "sha256:"
 # Parsing a large upstream file (transformers' modeling_utils is 300 kB) costs tens of ms, and far more

@@ -109,7 +109,7 @@ class Registry:
         self.active = False
 
     # ---- activation -------------------------------------------------------------------------
-    def activate(self) -> "Registry":
+    def activate(self) -> Registry:
         with self._lock:
             if self.active:
                 return self

@@ -14,10 +14,10 @@ Units are rows. Every rank routes its own overlap through the collective (``alwa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
-from typing import Sequence
 
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.exchange import RankExchange, Slot

@@ -16,9 +16,9 @@ side a view, which costs their size once in the receive buffer instead of a larg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Sequence
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ sizes passed, so a benchmark can count the bytes the executor really moves.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist

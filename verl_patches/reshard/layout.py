@@ -27,9 +27,9 @@ Rollout (vLLM 0.9.1 with ``enable_expert_parallel``, verl's colocated layout):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 from verl_patches.reshard.errors import InvalidLayoutError
 

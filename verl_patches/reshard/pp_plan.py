@@ -23,10 +23,10 @@ gives one parameter per call, the vendor's granularity.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
-from typing import Sequence
 
 from verl_patches.reshard.errors import InvalidLayoutError
 

@@ -10,7 +10,7 @@ expert-parallel loader skips experts not in its expert map, so those are never r
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -23,8 +23,9 @@ is enabled, because with the cache on the driver never sees ``ref_log_prob`` or 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from omegaconf import OmegaConf
@@ -118,7 +119,7 @@ class TensorCache:
     @classmethod
     def from_config(
         cls, config: Any, training: MegatronLayout, rank: int, group: Any = None, relayout: Relayout = relayout_rows
-    ) -> "TensorCache":
+    ) -> TensorCache:
         """Check the preconditions, then size the cache for one step's rollout batch."""
         check_tensor_cache_preconditions(config)
         return cls(training, rank, global_rollout_rows(config), group, relayout)

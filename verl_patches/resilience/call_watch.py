@@ -11,14 +11,13 @@ call's start.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from verl_patches.resilience.boards import Board
 from verl_patches.resilience.hang_diagnosis import Diagnosis, Observed, diagnose
 from verl_patches.resilience.heartbeat_record import parse_heartbeat
 from verl_patches.resilience.timeout import stale_after
-
 
 STARTING_STATES = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING"})
 

@@ -16,8 +16,8 @@ activity, so a long generation is not mistaken for a stall.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # In the order a training step goes through them; a rank earlier in this order (same step) is behind.
 PHASE_ORDER = (
@@ -59,7 +59,7 @@ def phase_of_call(call: str) -> str | None:
 _Pos = tuple
 _IDLE: _Pos = (0, "", None, "idle", "", None, None, 0, False, 0.0)
 _pos: _Pos = _IDLE
-_on_phase: Callable[["Position"], None] | None = None  # fault injection (tests), None otherwise
+_on_phase: Callable[[Position], None] | None = None  # fault injection (tests), None otherwise
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Position:
         }
 
     @staticmethod
-    def from_dict(d: dict) -> "Position":
+    def from_dict(d: dict) -> Position:
         return Position(
             int(d["marks"]),
             str(d["call"]),

@@ -14,9 +14,10 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from verl_patches.reward.extract import AnswerSource, FormatRule, extract_final_answer, parse_format_rule
 from verl_patches.reward.grading_worker import Verdict

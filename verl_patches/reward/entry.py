@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 DEEPSCALER = "deepscaler"
 _OUR_KWARGS = ("timeout_s", "num_workers", "memory_limit_mb", "format_rule")

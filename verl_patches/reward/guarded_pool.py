@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Sequence
 
 from verl_patches.reward.grading_worker import READY, Verdict
 

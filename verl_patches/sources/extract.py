@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 from typing import IO
 
-from verl_patches.base.atomic_write import atomic_path
 from verl_patches.base import env_registry
+from verl_patches.base.atomic_write import atomic_path
 from verl_patches.base.env_flags import EnvError
 from verl_patches.sources.errors import IntegrityError
 

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_patches.base.atomic_write import rename_durably, swap_folder_in, temp_dir_for, write_bytes_atomically
 from verl_patches.base import env_registry
+from verl_patches.base.atomic_write import rename_durably, swap_folder_in, temp_dir_for, write_bytes_atomically
 from verl_patches.sources import cache_route, git_route, names, prelude_line, pypi_route
 from verl_patches.sources.errors import IntegrityError, LocalEditsError, RouteUnavailable, SourceError
 from verl_patches.sources.extract import extract_subdir, write_tar

@@ -16,8 +16,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from verl_patches.base.atomic_write import atomic_open, copy_file_atomically
 from verl_patches.base import env_registry
+from verl_patches.base.atomic_write import atomic_open, copy_file_atomically
 from verl_patches.base.env_flags import EnvError
 from verl_patches.sources import names
 from verl_patches.sources.errors import IntegrityError, RouteUnavailable, SourceError

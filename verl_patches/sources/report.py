@@ -14,8 +14,8 @@ from verl_patches.sources import git_route, prelude_line, pypi_route
 from verl_patches.sources.extract import read_member
 from verl_patches.sources.folder_check import FolderReport, check_folder, prelude_relpath
 from verl_patches.sources.lock import Component, Lock
-from verl_patches.sources.required_parts import describe_missing, missing_subfolders
 from verl_patches.sources.paths import user_cache_dir
+from verl_patches.sources.required_parts import describe_missing, missing_subfolders
 from verl_patches.sources.state import load_state
 
 AUDIT_SCHEMA = "verl-overlay-audit/1"

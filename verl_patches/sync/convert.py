@@ -9,7 +9,8 @@ tensor maps one to one. Splits are views: vLLM's loader copies into its own para
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 

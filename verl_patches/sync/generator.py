@@ -19,20 +19,20 @@ staging), counted by storage so views are free and the training shards never cou
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
-from verl_patches.resilience import progress
 from verl_patches.reshard.ep_plan import ExpertWeight
 from verl_patches.reshard.errors import PlanMismatchError
 from verl_patches.reshard.executors import CollectiveRecord, gather_pipeline_params, group_ranks, reshard_expert_weight
 from verl_patches.reshard.rollout_experts import expert_param_name, rollout_expert_tensors
+from verl_patches.resilience import progress
 from verl_patches.sync.convert import merge_tp, to_hf
-from verl_patches.sync.plan import SyncPath, SyncPlan
 from verl_patches.sync.param_table import SyncParam
+from verl_patches.sync.plan import SyncPath, SyncPlan
 
 Named = list[tuple[str, torch.Tensor]]
 KINDS = (ExpertWeight.WEIGHT1, ExpertWeight.WEIGHT2)

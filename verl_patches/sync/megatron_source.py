@@ -7,8 +7,9 @@ the rollout's parallel settings. The plan is cached per (config, layouts, path):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

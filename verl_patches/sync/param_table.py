@@ -12,9 +12,10 @@ are not listed here; they take the expert reshard (`verl_patches.reshard.ep_plan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -8,7 +8,7 @@ all-gathered over the training TP×EP group) for comparison; anything else runs 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from verl_patches.base import env_registry
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ def _engine_model(inference_engine: Any) -> Any:
     return inference_engine.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
 
-def _default_weights(manager: "MegatronRolloutShardingManager") -> Weights:
+def _default_weights(manager: MegatronRolloutShardingManager) -> Weights:
     from verl.utils.megatron_utils import per_tensor_generator  # our patched generator once patches apply
 
     weights: Weights = per_tensor_generator(
@@ -79,7 +80,7 @@ class MegatronRolloutShardingManager:
         module: Any = None,
         *,
         rollout: Any = None,
-        weights_fn: Callable[["MegatronRolloutShardingManager"], Weights] = _default_weights,
+        weights_fn: Callable[[MegatronRolloutShardingManager], Weights] = _default_weights,
         prepare_model: Callable[[Any], None] = _default_prepare,
         empty_cache: Callable[[], None] = _default_empty_cache,
         infer_tp: tuple[int, int, Any] | None = None,
@@ -141,7 +142,7 @@ class MegatronRolloutShardingManager:
 
     # ------------------------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> "MegatronRolloutShardingManager":
+    def __enter__(self) -> MegatronRolloutShardingManager:
         start = time.perf_counter()
         progress.phase("weight_sync")  # hang diagnosis; the generator marks each bucket
         try:

@@ -34,9 +34,10 @@ anything is read (`manifest.check_resume_layout`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -227,7 +228,7 @@ class ActorSnapshot:
         """Bytes of the tensors the snapshot holds (views counted at their size)."""
         return sum(_tensor_bytes(f.obj) for f in self.files)
 
-    def owned(self) -> "ActorSnapshot":
+    def owned(self) -> ActorSnapshot:
         """The same snapshot holding copies of its tensors: for a caller that frees or changes the state the views
         read before the write ends (a host copy of the state, as Megatron's own asynchronous save makes)."""
         files = [FileToWrite(f.rel, _copied(f.obj), f.kind) for f in self.files]

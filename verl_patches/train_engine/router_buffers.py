@@ -11,7 +11,7 @@ float32 values land unrounded.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.base.regular_file import FileRefused, read_regular_file
 from verl_patches.weights.errors import ConfigError

@@ -47,7 +47,7 @@ converted: the bound shows itself rather than passing a wrong weight.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -8,8 +8,9 @@ process: interpreter + fixed costs (``PROCESS_RSS``) + the rank's tensors + sour
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.weights.hf_schema import hf_tensor_specs
 from verl_patches.weights.hf_to_mcore import rank_sizes

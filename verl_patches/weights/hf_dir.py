@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.base.atomic_write import copy_file_atomically, write_text_atomically
 from verl_patches.weights.errors import CheckpointError

@@ -7,7 +7,8 @@ conversion needs without reading any weight, and to generate synthetic checkpoin
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -13,8 +13,9 @@ Everything that is not a routed expert is replicated over EP.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.weights.errors import LayoutError
@@ -35,7 +36,7 @@ class ParallelLayout:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ParallelLayout":
+    def from_json(cls, d: Mapping[str, Any]) -> ParallelLayout:
         nll = d.get("num_layer_list")
         return cls(
             tp=int(d["tp"]),

@@ -10,8 +10,9 @@ peak memory is ``workers x one task``. While workers > 1, torch's intra-op threa
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm

@@ -9,9 +9,10 @@ left by a killed run) do not make a folder foreign.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from verl_patches.base.atomic_write import is_temp_name
 from verl_patches.weights.errors import ManifestError, ResumeError

@@ -54,7 +54,7 @@ class CheckpointIndex:
     has_index_file: bool = True
 
     @classmethod
-    def load(cls, root: str | Path) -> "CheckpointIndex":
+    def load(cls, root: str | Path) -> CheckpointIndex:
         root = Path(root)
         if not root.is_dir():
             raise CheckpointError(f"{root}: checkpoint directory not found")
@@ -147,7 +147,7 @@ class LazyCheckpoint:
         self._open: OrderedDict[str, Any] = OrderedDict()
         self._headers: dict[str, dict[str, tuple[torch.dtype, tuple[int, ...]]]] = {}
 
-    def __enter__(self) -> "LazyCheckpoint":
+    def __enter__(self) -> LazyCheckpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:

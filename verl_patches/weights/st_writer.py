@@ -13,8 +13,9 @@ import hashlib
 import json
 import math
 import struct
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Callable, Mapping, NamedTuple, Sequence
+from typing import BinaryIO, NamedTuple
 
 import torch
 

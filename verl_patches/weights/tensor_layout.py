@@ -30,7 +30,8 @@ The forward builders read only the slices they need through a source with ``get/
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import torch
 

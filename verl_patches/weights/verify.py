@@ -15,9 +15,10 @@ dropped as asked), so "verify: OK" cannot hide a tensor the conversion left out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

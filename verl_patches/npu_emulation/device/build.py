@@ -46,8 +46,8 @@ from typing import TextIO
 
 import torch
 
-from verl_patches.base.atomic_write import write_bytes_atomically, write_json_atomically
 from verl_patches.base import env_registry
+from verl_patches.base.atomic_write import write_bytes_atomically, write_json_atomically
 from verl_patches.base.private_dir import PrivateDirError, file_not_ours, open_private_dir
 
 EXTENSION_NAME = "verl_npu_device"

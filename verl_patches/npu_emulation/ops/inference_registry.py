@@ -19,8 +19,15 @@ from typing import Any
 
 import torch
 
-from verl_patches.npu_emulation.ops import infer_norm_rope, mla, paged_cache, prefetch, top_k_top_p
-from verl_patches.npu_emulation.ops import apply_rotary_pos_emb, paged_attention
+from verl_patches.npu_emulation.ops import (
+    apply_rotary_pos_emb,
+    infer_norm_rope,
+    mla,
+    paged_attention,
+    paged_cache,
+    prefetch,
+    top_k_top_p,
+)
 from verl_patches.npu_emulation.wheel_contract.registration import Emulated, Registered, register
 
 

@@ -35,7 +35,7 @@ class MLAImpl:
     """The absorbed MLA matrices vllm-ascend derives from kv_b_proj (W_UK_T: [H, nope, kv_lora],
     W_UV: [H, kv_lora, v]); rebuilt after every weight load, cleared on offload."""
 
-    def __init__(self, owner: "StandinDeepseekV3", layer: int) -> None:
+    def __init__(self, owner: StandinDeepseekV3, layer: int) -> None:
         self._owner, self._layer = owner, layer
         self.W_UK_T: torch.Tensor | None = None
         self.W_UV: torch.Tensor | None = None

@@ -7,10 +7,14 @@ wheel's signatures (verl_patches/npu_emulation/wheel_contract). New ops go in ve
 their registry; this package adds no name the wheel's torch_npu lacks (tests/npu_emulation/test_wheel_contract.py).
 """
 
+# the submodules load in this order, as the package's start-up expects
+# isort: off
 from torch_npu import _C, _device  # noqa: F401
 from torch_npu import npu  # noqa: F401  (the torch.npu module)
 from torch_npu import _hccl_backend  # noqa: F401  (an `hccl` backend carried by gloo, for vllm-ascend)
 from torch_npu import _hccl_comm_name
+
+# isort: on
 
 __version__ = "2.5.1.post1+cpu.emulation"
 VERL_PATCHES_CPU_EMULATION = True  # how our code tells this package from the real torch_npu

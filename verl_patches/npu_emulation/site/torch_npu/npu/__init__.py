@@ -14,6 +14,8 @@ import os
 
 import torch
 
+# the device extension first, then the submodules in the order the package's start-up expects
+# isort: off
 from verl_patches.npu_emulation.device.build import loaded_extension
 from torch_npu.npu import memory, streams, utils  # noqa: F401
 from torch_npu.npu.memory import (  # noqa: F401
@@ -32,6 +34,8 @@ from torch_npu.npu.streams import Event, Stream, current_stream, default_stream,
 from torch_npu.npu.graphs import ExternalEvent, NPUGraph, graph  # noqa: F401  (vllm-ascend)
 from torch_npu.npu import config  # noqa: F401  (vllm-ascend sets config.allow_internal_format)
 from torch_npu.npu.utils import get_soc_version  # noqa: F401
+
+# isort: on
 
 _initialized = True
 default_generators = (torch.default_generator,)
