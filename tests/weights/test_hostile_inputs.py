@@ -23,10 +23,9 @@ from verl_patches.weights.errors import CheckpointError, ManifestError, ResumeEr
 from verl_patches.weights.fp8_cast import SCALE_SUFFIX, run_fp8_cast
 from verl_patches.weights.hf_to_mcore import convert_hf_to_mcore
 from verl_patches.weights.layout import ParallelLayout
-from verl_patches.weights.manifest_file import read_conversion_manifest
+from verl_patches.weights.manifest_file import is_shard_file_name, read_conversion_manifest
 from verl_patches.weights.mcore_to_hf import convert_mcore_to_hf
 from verl_patches.weights.resume import plan_output
-from verl_patches.weights.manifest_file import is_shard_file_name
 from verl_patches.weights.st_reader import CheckpointIndex
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
 from verl_patches.weights.verify import verify_hf_mcore_pair

@@ -13,9 +13,10 @@ complete checkpoint. Peak memory per worker is about one tensor (the embedding, 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -25,7 +26,6 @@ from verl_patches.base.atomic_write import (
     write_json_atomically,
 )
 from verl_patches.weights.config import CONFIG_FILE, read_config_json
-from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.dequant import (
     DEFAULT_BLOCK,
     FP8_DTYPES,
@@ -35,13 +35,14 @@ from verl_patches.weights.dequant import (
     scale_grid_shape,
 )
 from verl_patches.weights.errors import CheckpointError, ConfigError, MissingTensorError, ResumeError
+from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.hf_dir import FP8_CAST_MANIFEST, carried_over_files
+from verl_patches.weights.hf_output import finish_hf_folder
+from verl_patches.weights.manifest_file import is_shard_file_name
 from verl_patches.weights.parallel import run_tasks
+from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 from verl_patches.weights.st_reader import INDEX_FILE, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.manifest_file import is_shard_file_name
-from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
-from verl_patches.weights.hf_output import finish_hf_folder
 from verl_patches.weights.write_report import WriteReport
 
 SCALE_SUFFIX = "_scale_inv"

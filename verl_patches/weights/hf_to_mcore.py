@@ -14,22 +14,23 @@ loadable. The manifest also records the layout and the HF config, which the reve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from verl_patches.weights import tensor_layout as tl
 from verl_patches.base.atomic_write import (
     atomic_path,
     remove_stale_temps,
     write_json_atomically,
     write_text_atomically,
 )
+from verl_patches.weights import tensor_layout as tl
 from verl_patches.weights.config import load_config
+from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.errors import CheckpointError, MissingTensorError
 from verl_patches.weights.file_digest import file_sha256
-from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.hf_dir import HF_TO_MCORE_MANIFEST
 from verl_patches.weights.hf_schema import hf_tensor_specs, is_moe_layer
 from verl_patches.weights.layout import (
@@ -43,12 +44,12 @@ from verl_patches.weights.layout import (
     stage_layers,
     validate_layout,
 )
+from verl_patches.weights.manifest_file import is_rank_dir_name, read_conversion_manifest
 from verl_patches.weights.names import GLOBAL_POST, GLOBAL_PRE, HF_LAYER, MCORE_LAYER, NameRule, layer_rules
 from verl_patches.weights.parallel import run_tasks
+from verl_patches.weights.resume import plan_output, remove_listed
 from verl_patches.weights.st_reader import DEFAULT_REMAP_BYTES, CheckpointIndex, LazyCheckpoint, read_header
 from verl_patches.weights.tensor_layout import MetaSource, TensorSource
-from verl_patches.weights.manifest_file import is_rank_dir_name, read_conversion_manifest
-from verl_patches.weights.resume import plan_output, remove_listed
 from verl_patches.weights.write_report import WriteReport
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

@@ -14,8 +14,9 @@ resumable; index, config and tokenizer files come last.
 from __future__ import annotations
 
 from argparse import Namespace
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ from verl_patches.weights.dequant import first_non_finite
 from verl_patches.weights.errors import CheckpointError, ConfigError, LayoutError
 from verl_patches.weights.file_digest import file_sha256
 from verl_patches.weights.hf_dir import MCORE_TO_HF_MANIFEST, carried_over_files
+from verl_patches.weights.hf_output import finish_hf_folder
 from verl_patches.weights.hf_schema import hf_layer_shapes, hf_tensor_specs
 from verl_patches.weights.hf_to_mcore import (
     CKPT_FILE,
@@ -65,7 +67,6 @@ from verl_patches.weights.parallel import progress_bar
 from verl_patches.weights.resume import FILES_KEY, plan_output, remove_listed
 from verl_patches.weights.st_reader import INDEX_FILE
 from verl_patches.weights.st_writer import TensorSpec, write_safetensors_file
-from verl_patches.weights.hf_output import finish_hf_folder
 from verl_patches.weights.write_report import WriteReport
 
 MANIFEST_FILE = MCORE_TO_HF_MANIFEST
