@@ -58,6 +58,7 @@ STACKS = {
             "megatron_worker.update_actor_progress",
             "megatron_worker.update_actor_d2d_cache",
             "megatron_worker.update_actor_temperature",
+            "checkpoint.megatron_worker.fence_before_update",  # innermost: the wait is the update's own
             "upstream",
         ],
     },
