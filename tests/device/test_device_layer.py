@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patching_testlib import REPO
+from tests.patching.patching_testlib import REPO
 from verl_patches import device
 from verl_patches.base.host_device import DEVICE_ENV, STALE_DEVICE_ENV
 

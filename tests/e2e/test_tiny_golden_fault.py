@@ -7,7 +7,7 @@ The fault run is 10 steps: what catches it is the policy drift (the actor's KL t
 window), 0 from the first step, while every recorded run has moved by its first window. The reward would
 catch it only from step 41 (the tiny run starts from a base model, tiny_base.py, that already answers about
 half the problems, so a stalled policy stays inside the first windows' reward bands); the reward and
-validation windows are unit-tested in tests/trainer/test_golden.py.
+validation windows are unit-tested in tests/cpu_proof/test_golden.py.
 """
 
 from __future__ import annotations

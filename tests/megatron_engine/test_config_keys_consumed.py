@@ -73,7 +73,7 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
         f"overlay.rollout_mismatch_gate.{level}.{metric}": (
             "verl_patches/driver/mismatch_gate.py",
             'GATE_KEY = "overlay.rollout_mismatch_gate"',
-            "tests/trainer/test_mismatch_gate.py",
+            "tests/driver/test_mismatch_gate.py",
         )
         for level in ("warn", "stop")
         for metric in ("logprob_abs_diff_mean", "ratio_abs_dev_mean", "logprob_abs_diff_max")
@@ -85,13 +85,13 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     "overlay.d2d_tensor_cache": (
         "verl_patches/driver/step_plan.py",
         'D2D_KEY = "overlay.d2d_tensor_cache"',
-        "tests/trainer/test_d2d_switch.py, tests/trainer/test_d2d_worker_cache.py",
+        "tests/driver/test_d2d_switch.py, tests/patches/test_d2d_worker_cache.py",
     ),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
     "overlay.val_max_prompts": (
         "verl_patches/data/val_subset.py",
         'VAL_MAX_PROMPTS_KEY = "overlay.val_max_prompts"',
-        "tests/trainer/test_val_subset.py::test_verls_dataloader_validates_on_the_subset",
+        "tests/patches/test_val_subset.py::test_verls_dataloader_validates_on_the_subset",
     ),
     "overlay.async_checkpoint": (
         "verl_patches/checkpoint/trainer_io.py",
@@ -123,7 +123,7 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     f"{SCHEDULER}.enable_chunked_prefill": (
         "vllm_ascend/core/schedule_config.py",
         "self.chunked_prefill_enabled = self.enable_chunked_prefill",
-        "tests/trainer/test_rollout_settings.py",
+        "tests/driver/test_rollout_settings.py",
     ),
 }
 

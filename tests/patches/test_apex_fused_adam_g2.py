@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from patching_testlib import run_json
+from tests.patching.patching_testlib import run_json
 
 NPU = {"VERL_PATCHES_DEVICE": "npu", "VERL_PATCHES_QUIET": "1"}
 

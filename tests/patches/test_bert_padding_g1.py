@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patching_testlib import run_json
+from tests.patching.patching_testlib import run_json
 from verl_patches.patches.flash_attn import bert_padding as bp
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from patching_testlib import REPO, run_json
+from tests.patching.patching_testlib import REPO, run_json
 from verl_patches.base.free_port import free_port
 from verl_patches.patches.catalog import all_patches
 from verl_patches.patches.verl.utils.device import CPU_DEVICE_MODULE, CpuDeviceModule, get_torch_device

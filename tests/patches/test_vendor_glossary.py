@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from patching_testlib import REPO
+from tests.patching.patching_testlib import REPO
 from verl_patches.patches.catalog import all_patches
 
 GLOSSARY = REPO / "verl_patches" / "patches" / "VENDOR_ITEMS.md"

@@ -25,7 +25,7 @@ from verl_patches.base.config_access import get
 
 KEY = "trainer.logger"
 # verl v0.4.0's Tracking.supported_backend, and the deprecated "tracking" (wandb) it still accepts: the module
-# each imports (None: nothing to install) and how to install it. tests/trainer/test_logger_backends.py holds the
+# each imports (None: nothing to install) and how to install it. tests/driver/test_logger_backends.py holds the
 # names to the pinned verl's list.
 BACKENDS: dict[str, tuple[str | None, str]] = {
     "console": (None, ""),

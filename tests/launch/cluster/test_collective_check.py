@@ -48,7 +48,7 @@ from verl_patches.launch.cluster.collective_report import (
 )
 from verl_patches.launch.settings import SettingsError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN = b"0123456789abcdef" * 4
 NONCE_HEX = "a" * 32
 

@@ -23,7 +23,7 @@ import pytest
 from verl_patches.launch.cluster import node_logs
 from verl_patches.launch.cluster.gather_logs import file_mode, member_parts, printable, read_manifest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HEAD_RUN = "a3_256die_true_weight-20250701-134002-head-node-a"
 START = time.mktime(time.strptime("20250701-134002", "%Y%m%d-%H%M%S"))
 SESSION = "session_2025-07-01_13-40-05_123456_1"

@@ -26,7 +26,7 @@ from verl_patches.launch.pid_record import (
 )
 from verl_patches.process_identity import ProcessId, start_ticks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # A launcher as job.Launch makes it (the real class: run folder, pids.json with itself), with one child it
 # records as its trainer; on Ctrl-C it ends the child and exits 130, as the real one's teardown does.

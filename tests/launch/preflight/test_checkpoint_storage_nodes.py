@@ -29,7 +29,7 @@ from verl_patches.launch.cluster.storage_probe import (
     node_write,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FOLDER = "/shared/ckpt/dsv3"  # the path every node is given; each fake node maps it to its own view
 NODES = ["10.0.0.1 (a3-01)", "10.0.0.2 (a3-02)", "10.0.0.3 (a3-03)"]
 GIB = 1 << 30

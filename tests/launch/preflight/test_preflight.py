@@ -33,7 +33,7 @@ from verl_patches.launch.preflight.report import (
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import config_to_json, official_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
 NPU = HostFacts(
     device="npu", interfaces=("lo", "enp1s0"), npu_count=16, torch_npu_importable=True, local_addresses=("10.0.0.1",)

@@ -28,7 +28,7 @@ from verl_patches.launch.settings import load_settings
 from verl_patches.trainer.checkpoint_folder import folder_problem
 from verl_patches.weights.config import make_tiny_config, official_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
 NPU = HostFacts(device="npu", interfaces=("lo",), npu_count=16, torch_npu_importable=True)
 A3 = ("a3_256die_true_weight", "a3_256die_random_init")

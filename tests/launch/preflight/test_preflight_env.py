@@ -35,7 +35,7 @@ from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.resilience.timeout import configured_timeout
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, port_block
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
 SCRIPT = ROOT / "verl_patches/scripts/train_deepseekv3_256die_random_init.sh"
 

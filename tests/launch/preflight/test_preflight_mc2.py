@@ -17,7 +17,7 @@ from verl_patches.launch.preflight.report import PROFILES, compose, exit_status,
 from verl_patches.launch.settings import ClusterSettings, load_settings
 from verl_patches.weights.config import make_tiny_config, official_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
 FULL = official_config()
 SMOKE = official_config() | {"num_hidden_layers": 5}  # what make_config.py --set num_hidden_layers=5 writes

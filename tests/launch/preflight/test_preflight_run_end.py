@@ -25,7 +25,7 @@ from verl_patches.launch.preflight.run_end import (
 )
 from verl_patches.launch.settings import load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
 DEEPSCALER_TRAIN_ROWS = 36_283  # 90 % of DeepScaleR's 40,315 problems (json_to_parquet's split)
 

@@ -25,7 +25,7 @@ from verl_patches.launch.preflight.vendor_env import (
 )
 from verl_patches.launch.settings import load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
