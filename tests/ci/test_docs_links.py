@@ -15,6 +15,8 @@ import docs_text
 
 REPO = docs_text.REPO
 README_MAX_LINES = 300
+# the contributor's pages: checked for links and named files like the user's, linked from README
+CONTRIBUTOR_PAGES = [REPO / "CONTRIBUTING.md", REPO / "tests" / "README.md"]
 LINK = re.compile(r"(?<!!)\[([^\]]*)\]\(([^)\s]+)\)")
 SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:", re.I)
 # a repository path written in backticks: a folder we own, then a file name with an extension, no placeholder
@@ -73,7 +75,7 @@ def broken(page: Path, repo: Path = REPO) -> list[str]:
 
 
 def test_every_link_and_anchor_of_the_documentation_resolves() -> None:
-    problems = [p for page in docs_text.pages() for p in broken(page)]
+    problems = [p for page in [*docs_text.pages(), *CONTRIBUTOR_PAGES] for p in broken(page)]
     assert not problems, "\n".join(problems)
 
 
@@ -83,6 +85,7 @@ def test_every_page_is_linked_from_readme_and_links_back() -> None:
         assert f"docs/{page.name}" in readme_targets, f"README.md does not link docs/{page.name}"
         back = {t.partition("#")[0] for _, t in links(page)}
         assert "../README.md" in back, f"docs/{page.name} does not link back to README.md"
+    assert "CONTRIBUTING.md" in readme_targets, "README.md does not link CONTRIBUTING.md"
 
 
 def test_readme_fits_a_screens_worth_of_scrolling() -> None:
@@ -94,7 +97,7 @@ def test_every_repository_file_the_documentation_names_exists() -> None:
     missing = sorted(
         {
             f"{page.relative_to(REPO)}: {path}"
-            for page in docs_text.pages()
+            for page in [*docs_text.pages(), *CONTRIBUTOR_PAGES]
             for path in REPO_PATH.findall(page.read_text(encoding="utf-8"))
             if not (REPO / path).exists()
         }
