@@ -27,9 +27,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base import node_ip as node_addresses
+from verl_patches.base.cpu_numerics import pinned
 from verl_patches.base.env_flags import EnvError
 from verl_patches.base.free_port import PortBlockError, free_port_block
-from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
 from verl_patches.launch import job_env, restart_policy, restarts
@@ -56,7 +57,6 @@ from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address, 
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.trainer.entries import CPU_PROOF_ENTRY, TRAINER_ENTRY
-from verl_patches.base.cpu_numerics import pinned
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -604,12 +604,10 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     # lazy: preflight loads omegaconf; importing this module must not
     from verl_patches.checkpoint.root_access import cluster_run
     from verl_patches.launch.cluster import node_roster, ray_cluster
-    from verl_patches.launch.preflight import (
-        checkpoint_nodes,
-        env as preflight_env,
-        report as preflight,
-        vendor_env as preflight_vendor_env,
-    )
+    from verl_patches.launch.preflight import checkpoint_nodes
+    from verl_patches.launch.preflight import env as preflight_env
+    from verl_patches.launch.preflight import report as preflight
+    from verl_patches.launch.preflight import vendor_env as preflight_vendor_env
 
     config_name, needs_ckpt = PROFILES[args.profile]
     problems = cluster_setting_problems(

@@ -65,6 +65,8 @@ def dead_nodes(address: str, resource: str) -> list[LostNode]:
     """The nodes Ray's node table lists as dead (each with Ray's reason); [] when the table cannot be read."""
     # lazy: Ray (and the Ray node helpers) are imported only where this talks to Ray; the tiny run never does
     import ray
+
+    # lazy, as Ray: the node helpers are needed only where this talks to Ray
     from verl_patches.launch.cluster.ray_cluster import node_rows
 
     try:

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import verl_patches.prelude_patch  # noqa: F401  (activates our patches in the driver, as the trainer entry does)
 
+    # isort: split
     # lazy: Ray is imported only once there is a cluster to join
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

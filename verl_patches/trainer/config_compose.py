@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from verl_patches.device import device_kind
-from verl_patches.trainer.override_suggest import nearest_key, unknown_key_message, unknown_override_key
 from verl_patches.driver.rollout_settings import seqs_per_rollout_engine
+from verl_patches.trainer.override_suggest import nearest_key, unknown_key_message, unknown_override_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = Path(__file__).resolve().parent / "config"

@@ -48,7 +48,7 @@ class ExpectedNode:
     names: frozenset[str]
 
     @classmethod
-    def of(cls, entry: str, resolved: Iterable[str] = ()) -> "ExpectedNode":
+    def of(cls, entry: str, resolved: Iterable[str] = ()) -> ExpectedNode:
         names = _names_of(entry)
         for other in resolved:
             names |= _names_of(other)

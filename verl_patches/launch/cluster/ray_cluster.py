@@ -14,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from verl_patches.launch.cluster.node_roster import (
     ExpectedNode,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 CALL_TIMEOUT_S = 180.0
 

@@ -27,8 +27,9 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from verl_patches.checkpoint.root_access import root_verdict
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -32,17 +33,17 @@ from verl_patches.base import mount_table
 from verl_patches.base.env_flags import EnvError
 from verl_patches.checkpoint.commit import listing, read_root_tracker
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
+from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
 from verl_patches.checkpoint.root_access import (
     ALLOW_SHARED_ROOT_ENV,
     CheckpointRootError,
     allow_shared_root,
     root_verdict,
 )
-from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
 from verl_patches.checkpoint.trainer_io import resume_dir
-from verl_patches.launch.preflight.memory_estimate import ModelShape, rank_params
 from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight.memory import training_setup
+from verl_patches.launch.preflight.memory_estimate import ModelShape, rank_params
 from verl_patches.launch.preflight.run_costs import (
     CHECKPOINT_BYTES_NOTE,
     GATHER_BYTES_PER_S,

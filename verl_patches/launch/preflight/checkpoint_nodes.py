@@ -10,18 +10,19 @@ off (``trainer.save_freq`` <= 0) there is nothing to check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_patches.base.env_flags import EnvError
 from verl_patches.checkpoint.root_access import allow_shared_root
+from verl_patches.launch.cluster.ray_node_calls import cluster_nodes
+from verl_patches.launch.cluster.storage_probe import READ_WAIT_S, StorageVerdict, check_folder_on_nodes, run_node_step
 from verl_patches.launch.preflight.checkpoint import checkpoint_room, save_freq
 from verl_patches.launch.preflight.files import model_findings
 from verl_patches.launch.preflight.findings import Context
 from verl_patches.launch.preflight.host import probe_host
-from verl_patches.launch.cluster.ray_node_calls import cluster_nodes
 from verl_patches.launch.preflight.run_costs import human_bytes
-from verl_patches.launch.cluster.storage_probe import READ_WAIT_S, StorageVerdict, check_folder_on_nodes, run_node_step
 from verl_patches.trainer.checkpoint_folder import CKPT_KEY, CKPT_SETTING, folder_problem
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from omegaconf import DictConfig
 
 from verl_patches.checkpoint.root_access import cluster_run
-from verl_patches.launch.settings import ClusterSettings
 from verl_patches.driver.config_checks import get  # noqa: F401  (re-exported for the preflight modules)
+from verl_patches.launch.settings import ClusterSettings
 
 OK, FAIL, WARN, NOT_CHECKED = "ok", "fail", "warn", "not-checked-here"
 STATUSES = (OK, FAIL, WARN, NOT_CHECKED)

@@ -12,16 +12,17 @@ vLLM's rollout instances (TP x VLLM_DP_SIZE ranks each, EP over the instance).
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from verl_patches.driver.config_checks import check_config
+from verl_patches.driver.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import SettingsError
 from verl_patches.patches.catalog import all_patches
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 from verl_patches.train_engine.stages import dense_only_message, dense_only_stages
-from verl_patches.driver.config_checks import check_config
-from verl_patches.driver.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"

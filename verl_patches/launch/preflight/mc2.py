@@ -9,14 +9,15 @@ the sizes it follows from.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from verl_patches.base.strict_int import IntError, parse_int
-from verl_patches.launch.preflight.mc2_buffer import A3_MAX_BS, required_buffsize_mb
-from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_mc2_sizes
 from verl_patches.launch.preflight.findings import FAIL, OK, Context, Finding, get
 from verl_patches.launch.preflight.layout import R
+from verl_patches.launch.preflight.mc2_buffer import A3_MAX_BS, required_buffsize_mb
 from verl_patches.launch.preflight.memory import hccl_buffsize_setting, rollout_setup
+from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_mc2_sizes
 
 CHECK = "rollout.mc2_hccl_buffsize"
 MC2_MIN_EP = 16  # ascend_forward_context.get_fused_moe_state: below it vllm-ascend routes through All2All

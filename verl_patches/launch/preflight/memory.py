@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from verl_patches.base.strict_int import IntError, parse_int
+from verl_patches.driver.rollout_settings import GRAPH
 from verl_patches.launch.job_env import STATIC_VARS
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.layout import A, M, R, config_world, megatron_sizes
 from verl_patches.launch.preflight.memory_estimate import (
     DieSpec,
     ModelShape,
@@ -21,10 +25,7 @@ from verl_patches.launch.preflight.memory_estimate import (
     rollout_parameter_tensors,
     rollout_weight_bytes,
 )
-from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
-from verl_patches.launch.preflight.layout import A, M, R, config_world, megatron_sizes
 from verl_patches.launch.settings import ClusterSettings
-from verl_patches.driver.rollout_settings import GRAPH
 
 
 def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:

@@ -87,8 +87,9 @@ TP, DP, EP; the rollout's MC2 group is counted apart, above).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from verl_patches.launch.preflight.mc2_buffer import Mc2Sizes
 
@@ -142,7 +143,7 @@ class ModelShape:
     v_head: int
 
     @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any]) -> "ModelShape":
+    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelShape:
         return cls(
             hidden=int(cfg["hidden_size"]),
             vocab=int(cfg["vocab_size"]),
@@ -183,7 +184,7 @@ class ParamCount:
     def total(self) -> int:
         return self.dense + self.expert
 
-    def __add__(self, other: "ParamCount") -> "ParamCount":
+    def __add__(self, other: ParamCount) -> ParamCount:
         return ParamCount(self.dense + other.dense, self.expert + other.expert)
 
 

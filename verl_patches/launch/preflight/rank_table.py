@@ -12,8 +12,9 @@ ranks as a range, and long lists elided in the middle when the elided entries fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout

@@ -20,14 +20,14 @@ import json
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from omegaconf import DictConfig
 
 from verl_patches.base.env_flags import EnvError
 from verl_patches.base.finite_float import float_arg
-from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight.checkpoint import checkpoint_folder_findings
 from verl_patches.launch.preflight.env import env_variable_findings
 from verl_patches.launch.preflight.files import checkpoint_findings, data_findings, model_findings
@@ -36,6 +36,7 @@ from verl_patches.launch.preflight.host import cluster_findings, probe_host
 from verl_patches.launch.preflight.layout import layout_findings
 from verl_patches.launch.preflight.mc2 import mc2_buffer_findings
 from verl_patches.launch.preflight.memory import memory_findings
+from verl_patches.launch.preflight.memory_estimate import ATLAS_A3_DIE, GIB, DieSpec
 from verl_patches.launch.preflight.rank_table import rank_layout_json, rank_layout_text, rank_tables_for_config
 from verl_patches.launch.preflight.run_end import run_end_findings
 from verl_patches.launch.preflight.validation import validation_findings

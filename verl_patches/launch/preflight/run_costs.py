@@ -27,8 +27,9 @@ Pure arithmetic: nothing here reads a file or the clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from verl_patches.launch.preflight.memory_estimate import (
     ADAM_BYTES_PER_PARAM,

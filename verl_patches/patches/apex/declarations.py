@@ -2,7 +2,6 @@
 
 from verl_patches.patching.declaration import module_alias, replace
 
-
 PATCHES = [
     module_alias(
         name="apex.optimizers.module_for_npu",

@@ -2,7 +2,6 @@
 
 from verl_patches.patching.declaration import CPU_ONLY, replace
 
-
 PATCHES = [
     replace(
         name="cpu.torch.fsdp.sync_module_states_on_cpu",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("verl_patches")
 

@@ -15,7 +15,8 @@ would build: ``core_transformer_config_from_args(get_args())``. Two things are a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

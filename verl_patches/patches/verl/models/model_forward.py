@@ -10,7 +10,8 @@ with a clear error: MindSpeed-LLM's MLA takes no ``packed_seq_params`` on this s
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

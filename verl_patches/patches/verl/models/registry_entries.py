@@ -6,7 +6,8 @@ DeepSeek-V3 entry is ours, so the module-global lookups in ``verl.models.mcore.r
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from verl_patches.patching.declaration import lazy_object
 

@@ -2,7 +2,6 @@
 
 from verl_patches.patching.declaration import CPU_ONLY, replace, wrap
 
-
 PATCHES = [
     wrap(
         name="cpu.verl.ray_worker_group.logical_gpu_slots",

@@ -10,7 +10,8 @@ chunks it; the chunks share ``meta_info``, so every worker receives the map.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 META_KEY = "global_megatron_dp_ranks"
 MODE = "MEGATRON_COMPUTE_PROTO"

@@ -8,7 +8,8 @@ Ray start declares logical GPU slots (one per worker); this makes the worker gro
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def ray_device_for_cpu(init: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.device import device_kind
 from verl_patches.patching.ray_runtime import ray_init_kwargs

@@ -9,7 +9,8 @@ step time / 128 cards. We add both, plus inference (response tokens / generation
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.patches.verl.workers.step_timing import META_KEY

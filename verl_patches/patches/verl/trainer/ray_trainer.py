@@ -9,7 +9,8 @@ off, and REMAX (a second greedy generation per step), which keeps upstream's fit
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.base.config_access import get
 from verl_patches.driver.config_checks import raise_on_problems

@@ -6,7 +6,8 @@ than the bound, the dataset verl built is used as it is."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.base.config_access import get
 from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY, val_max_prompts, val_subset_indices

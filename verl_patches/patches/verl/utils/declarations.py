@@ -2,7 +2,6 @@
 
 from verl_patches.patching.declaration import CPU_ONLY, replace
 
-
 PATCHES = [
     replace(
         name="cpu.verl.utils.device.get_torch_device",

@@ -16,7 +16,8 @@ other half of the vendor's C4; nothing to change there.)
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.device import torch_device
 from verl_patches.reshard.dp_plan import DpRankMap

@@ -3,7 +3,6 @@
 from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import ALL_DEVICES, CPU_ONLY, wrap
 
-
 _FSDP_INIT_FINGERPRINTS = {
     "ActorRolloutRefWorker": "sha256:97220b079393b8d8",
     "CriticWorker": "sha256:cf5690aa0c808fef",

@@ -8,7 +8,8 @@ rank and world size from the environment, makes verl's own `if not is_initialize
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.device import dist_backend

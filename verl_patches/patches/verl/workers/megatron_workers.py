@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -216,10 +217,9 @@ def _build_model_optimizer(
 
 def init_model(self) -> None:
     # lazy: OmegaConf is heavy and only this path needs it; importing this module stays light
-    from omegaconf import OmegaConf
-
     # deferred: a patch applies while upstream is still importing; Megatron is read at call time
     from megatron.training import get_args
+    from omegaconf import OmegaConf
 
     # deferred: a patch applies while upstream is still importing; verl is read at call time
     from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager

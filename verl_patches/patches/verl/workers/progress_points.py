@@ -15,7 +15,8 @@ does not start and the marks are only written, never read.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from verl_patches.resilience import progress
 from verl_patches.resilience.heartbeat import start_in_ray_worker
@@ -70,7 +71,7 @@ class _MicroBatches:
     def __init__(self, it: Iterator, total: int | None) -> None:
         self._it, self._n, self._total = it, 0, total
 
-    def __iter__(self) -> "_MicroBatches":
+    def __iter__(self) -> _MicroBatches:
         return self
 
     def __next__(self) -> Any:

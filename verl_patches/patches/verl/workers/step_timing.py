@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ATTR = "_verl_patches_enter_s"
 META_KEY = "verl_patches_timing_s"

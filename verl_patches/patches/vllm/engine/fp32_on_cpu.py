@@ -13,7 +13,8 @@ where they list bf16/fp16; the scaled-down model's sizes): verl_patches/npu_emul
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -11,7 +11,8 @@ host, decode at any EP > 1 is MC2, as at A3's size; prefill and EP 1 are decided
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wrap_fused_moe_state(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,7 +13,8 @@ other case, and the weights' arithmetic (unbiased scores, renormalised without e
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

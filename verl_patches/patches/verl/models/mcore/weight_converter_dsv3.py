@@ -13,7 +13,8 @@ tensors already split the way the HF names are (as verl's ``convert_qkv_gate_up_
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -7,7 +7,8 @@ first (`verl_patches.driver.checkpoint_fence.finish_pending_save`); upstream's o
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.driver.checkpoint_fence import fence_in_worker
 

@@ -19,7 +19,8 @@ A pending write of an earlier save is waited for first, whatever the mode.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_patches.driver.checkpoint_fence import fence_in_worker
 

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
+from verl_patches import profiler as npu_profiler  # read at call time: tests put a fake NPUProfiler there
 from verl_patches.patches.verl.models.model_forward import PackedSequencesUnsupported
 from verl_patches.patches.verl.workers.actor import rollout_correction
-from verl_patches import profiler as npu_profiler  # read at call time: tests put a fake NPUProfiler there
 from verl_patches.tools import empty_cache
 
 NOT_RECOMPUTED = "old_log_probs_not_recomputed"  # meta_info flag on the batch compute_log_prob returns

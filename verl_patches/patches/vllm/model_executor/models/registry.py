@@ -10,7 +10,8 @@ CPU for every process that builds a rollout engine's config (four per tiny run, 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def inspect_in_process(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,7 +9,8 @@ the override when one is set, as its own log line says it does; without one, the
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wrap_get_num_blocks(original: Callable[..., int]) -> Callable[..., int]:
