@@ -25,7 +25,8 @@ TRAINER = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from tests.checkpoint.test_commit import save
+    sys.path.insert(0, @CHECKPOINT_TESTS@)  # the checkpoint tests' helpers, importable as they import each other
+    from test_commit import save
     from verl_patches.checkpoint.commit import find_resume
     from verl_patches.resilience.hang_diagnosis import Observed, diagnose, hang_message
     from verl_patches.resilience.progress import Position
@@ -55,7 +56,7 @@ TRAINER = textwrap.dedent(
     print("ValueError: something else", flush=True)
     sys.exit(int(plan[1]))
     """
-)
+).replace("@CHECKPOINT_TESTS@", repr(str(REPO / "tests" / "checkpoint")))
 
 
 def launch(
