@@ -18,6 +18,7 @@ from no_process_starts import refuse_process_starts, worker_launch
 from suite_components import missing_components, require_components
 from verl_patches.launch import job
 from verl_patches.launch.settings import SETTINGS
+from verl_patches.trainer.profiles import CLUSTER_PROFILES, TINY_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
@@ -277,7 +278,7 @@ def test_job_overrides_put_the_user_last() -> None:
         "a=1",
     ]
     # a tiny config runs the CPU proof's entry: the trainer entry with the tiny assets built first
-    for name in job.TINY_CONFIGS.values():
+    for name in TINY_CONFIGS.values():
         assert job.trainer_command(name, ["a=1"])[1:5] == [
             "-m",
             "verl_patches.cpu_proof.main_tiny",
@@ -298,7 +299,7 @@ def test_launch_job_help_exits_0_naming_every_profile() -> None:
         assert p.returncode == 0 and p.stderr == "", p.stderr
         assert p.stdout.startswith("usage: bash verl_patches/scripts/launch_job.sh PROFILE ")
         profiles = re.search(r"PROFILE: (.*)", p.stdout).group(1)
-        assert set(re.findall(r"\w+", profiles)) - {"or"} == set(job.PROFILES)
+        assert set(re.findall(r"\w+", profiles)) - {"or"} == set(CLUSTER_PROFILES)
     p = run_script(LAUNCH_JOB)  # no profile: the usage, as an error
     assert p.returncode == 2 and p.stderr.startswith("usage: ") and p.stdout == ""
 
@@ -306,7 +307,7 @@ def test_launch_job_help_exits_0_naming_every_profile() -> None:
 def test_launch_job_refuses_an_unknown_profile_in_one_line(tmp_path: Path) -> None:
     p = run_script(LAUNCH_JOB, "a3_nope", "--dry-run", LOG_DIR=str(tmp_path / "logs"))
     assert p.returncode == 2 and p.stderr.strip() == (
-        "launch_job.sh a3_nope: unknown profile 'a3_nope'; one of " + ", ".join(sorted(job.PROFILES))
+        "launch_job.sh a3_nope: unknown profile 'a3_nope'; one of " + ", ".join(sorted(CLUSTER_PROFILES))
     )
     assert not (tmp_path / "logs").exists()
 
@@ -320,7 +321,7 @@ def test_script_help_shows_its_profile_as_fixed_not_required(name: str) -> None:
     profile = f"a3_256die_{name}"
     options = " ".join(p.stdout.split())
     assert (
-        f"--profile {{{','.join(sorted(job.PROFILES))}}} {profile} (this script's; another profile is refused"
+        f"--profile {{{','.join(sorted(CLUSTER_PROFILES))}}} {profile} (this script's; another profile is refused"
         in options
     )
 

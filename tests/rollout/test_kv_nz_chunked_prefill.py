@@ -16,9 +16,10 @@ from verl_patches.driver.config_checks import OverlayConfigError, check_config, 
 from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, R, chunked_prefill_reason
 from verl_patches.launch.preflight.findings import FAIL, HostFacts
 from verl_patches.launch.preflight.layout import semantic_findings
-from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
+from verl_patches.launch.preflight.report import compose, exit_status, run_preflight
 from verl_patches.launch.settings import load_settings
 from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
+from verl_patches.trainer.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTH = 4096  # max_prompt_length 1024 + max_response_length 3072
@@ -102,10 +103,10 @@ def _no_path_env(monkeypatch):
 
 @pytest.mark.parametrize("profile", ["a3_256die_true_weight", "a3_256die_random_init", "a3_16die_smoke"])
 def test_the_preflight_and_the_job_refuse_f4_on_every_a3_profile_with_one_line(profile):
-    name, prof = PROFILES[profile]
-    cfg = compose(name, [f"profile={prof}"], _settings(), ROOT)
+    p = PROFILES[profile]
+    cfg = compose(p.config_name, [*p.overrides], _settings(), ROOT)
     assert kv_nz_problems(cfg) == []  # as shipped: enable_kv_nz False
-    on = compose(name, [f"profile={prof}", f"{GRAPH}.enable_kv_nz=True"], _settings(), ROOT)
+    on = compose(p.config_name, [*p.overrides, f"{GRAPH}.enable_kv_nz=True"], _settings(), ROOT)
     (line,) = kv_nz_problems(on)
     # the preflight (dry run) reports it through check_config ...
     (finding,) = [f for f in semantic_findings(on) if f.status == FAIL]

@@ -57,15 +57,9 @@ from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address, 
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.trainer.entries import CPU_PROOF_ENTRY, TRAINER_ENTRY
+from verl_patches.trainer.profiles import CLUSTER_PROFILES, PROFILES, TINY_CONFIGS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROFILES = {
-    "a3_256die_true_weight": ("ppo_mindspeed_trainer", True),
-    "a3_256die_random_init": ("ppo_mindspeed_trainer", False),
-    "a3_16die_smoke": ("ppo_mindspeed_trainer", False),
-}
-TINY_CONFIG = "ppo_tiny_local"  # the A3 path: Megatron/MindSpeed actor+ref, vLLM-Ascend rollout seam, weight sync
-TINY_CONFIGS = {"megatron": TINY_CONFIG, "fsdp": "ppo_tiny_local_fsdp"}  # --tiny-engine
 NPU_RESOURCE = "NPU"
 TINY_RESTARTS = 0  # --tiny's default: README command 1 still fails visibly; `--max-restarts N` asks for restarts
 RUN_DIR_ENV = "VERL_PATCHES_RUN_DIR"  # the run folder, for the trainer's and the workers' files (rank memory, ...)
@@ -78,15 +72,15 @@ def add_profile_argument(p: argparse.ArgumentParser, environ: Mapping[str, str] 
     """--profile: required when the launcher is run directly; the script's profile, optional and stated in
     --help, when a script fixes it (`SCRIPT_PROFILE_ENV`). Returns that fixed profile, or None."""
     fixed = environ.get(SCRIPT_PROFILE_ENV) or None
-    if fixed is not None and fixed not in PROFILES:
-        print(f"{p.prog}: unknown profile {fixed!r}; one of {', '.join(sorted(PROFILES))}", file=sys.stderr)
+    if fixed is not None and fixed not in CLUSTER_PROFILES:
+        print(f"{p.prog}: unknown profile {fixed!r}; one of {', '.join(sorted(CLUSTER_PROFILES))}", file=sys.stderr)
         raise SystemExit(2)
     if fixed is None:
-        p.add_argument("--profile", choices=sorted(PROFILES), required=True)
+        p.add_argument("--profile", choices=sorted(CLUSTER_PROFILES), required=True)
     else:
         p.add_argument(
             "--profile",
-            choices=sorted(PROFILES),
+            choices=sorted(CLUSTER_PROFILES),
             default=fixed,
             help=f"{fixed} (this script's; another profile is refused: "
             "`bash verl_patches/scripts/launch_job.sh PROFILE ...` runs any)",
@@ -540,7 +534,7 @@ def job_overrides(args: argparse.Namespace, settings: ClusterSettings) -> list[s
     if args.tiny:
         return list(args.overrides)
     return [
-        f"profile={args.profile}",
+        *PROFILES[args.profile].overrides,
         f"trainer.nnodes={settings.int('NNODES')}",
         f"trainer.n_gpus_per_node={settings.int('NPUS_PER_NODE')}",
         *args.overrides,
@@ -554,7 +548,7 @@ def run_preflight(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch.preflight import report as preflight
     from verl_patches.trainer.config_compose import ConfigCompositionError
 
-    config_name = TINY_CONFIGS[args.tiny_engine] if args.tiny else PROFILES[args.profile][0]
+    config_name = TINY_CONFIGS[args.tiny_engine] if args.tiny else PROFILES[args.profile].config_name
     try:
         overrides = job_overrides(args, settings)  # the cluster shape from NNODES / NPUS_PER_NODE
         cfg = preflight.compose(config_name, overrides, settings, REPO_ROOT)
@@ -609,9 +603,10 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from verl_patches.launch.preflight import report as preflight
     from verl_patches.launch.preflight import vendor_env as preflight_vendor_env
 
-    config_name, needs_ckpt = PROFILES[args.profile]
+    profile = PROFILES[args.profile]
+    config_name = profile.config_name
     problems = cluster_setting_problems(
-        settings, needs_checkpoint=needs_ckpt, allow_remote_dashboard=args.allow_remote_dashboard
+        settings, needs_checkpoint=profile.needs_checkpoint, allow_remote_dashboard=args.allow_remote_dashboard
     )
     if len(problems) == 1:
         print(f"launch: cannot start: {problems[0].message}", file=sys.stderr)

@@ -21,7 +21,6 @@ from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, 
 from verl_patches.launch.preflight.host import cluster_findings
 from verl_patches.launch.preflight.layout import LAYER_LIST, tp_split_findings
 from verl_patches.launch.preflight.report import (
-    PROFILES,
     compose,
     exit_status,
     main,
@@ -31,6 +30,7 @@ from verl_patches.launch.preflight.report import (
     sources_findings,
 )
 from verl_patches.launch.settings import ClusterSettings, load_settings
+from verl_patches.trainer.profiles import PROFILES
 from verl_patches.weights.config import config_to_json, official_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,8 +55,8 @@ def settings(**values: str) -> ClusterSettings:
 
 @cache
 def cfg_for(profile: str, *overrides: str):
-    name, prof = PROFILES[profile]
-    return compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), settings(), ROOT)
+    p = PROFILES[profile]
+    return compose(p.config_name, [*p.overrides, *overrides], settings(), ROOT)
 
 
 def run(profile: str, *overrides: str, host: HostFacts = CPU, s: ClusterSettings | None = None) -> list[Finding]:
@@ -393,8 +393,9 @@ def test_planned_ports_inside_ranges_handed_out_by_others_are_named():
 
 
 def test_dry_run_of_the_tiny_profile_refuses_a_malformed_dp_base_port_as_the_launch_does(monkeypatch):
-    from verl_patches.launch.job import TINY_CONFIG, tiny_rollout_env
+    from verl_patches.launch.job import tiny_rollout_env
     from verl_patches.rollout.dp_env import DpEnvError
+    from verl_patches.trainer.profiles import TINY_CONFIG
 
     def dp_ports(environ):
         ctx = Context(cfg_for("tiny"), settings(), ROOT, CPU)

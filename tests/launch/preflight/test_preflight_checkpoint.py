@@ -26,6 +26,7 @@ from verl_patches.launch.preflight.run_costs import checkpoint_step, room_needed
 from verl_patches.launch.preflight.validation import validation_findings
 from verl_patches.launch.settings import load_settings
 from verl_patches.trainer.checkpoint_folder import folder_problem
+from verl_patches.trainer.profiles import PROFILES
 from verl_patches.weights.config import make_tiny_config, official_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,8 +46,8 @@ def _no_path_env(monkeypatch):
 def cfg_for(profile: str, ckpt: str | None = None, *overrides: str):
     flags = {"CKPT_DIR": ckpt} if ckpt is not None else {}
     settings = load_settings(flags, None, environ={})
-    name, prof = preflight.PROFILES[profile]
-    return preflight.compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), settings, ROOT), settings
+    p = PROFILES[profile]
+    return preflight.compose(p.config_name, [*p.overrides, *overrides], settings, ROOT), settings
 
 
 def findings(

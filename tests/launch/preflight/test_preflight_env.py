@@ -29,11 +29,12 @@ from verl_patches.launch.preflight.env import (
 )
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, HostFacts
 from verl_patches.launch.preflight.host import local_dp_port_findings, vllm_dp_port_count
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.report import compose, run_preflight
 from verl_patches.launch.settings import load_settings
 from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.resilience.timeout import configured_timeout
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, port_block
+from verl_patches.trainer.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
@@ -63,8 +64,8 @@ def _no_path_env(monkeypatch):
 
 @cache
 def cfg_for(profile: str, *overrides: str):
-    name, prof = PROFILES[profile]
-    return compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), load_settings({}, None, {}), ROOT)
+    p = PROFILES[profile]
+    return compose(p.config_name, [*p.overrides, *overrides], load_settings({}, None, {}), ROOT)
 
 
 @pytest.mark.parametrize("name, value", sorted(KNOWN.items()))

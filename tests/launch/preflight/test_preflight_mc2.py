@@ -13,8 +13,9 @@ import pytest
 from verl_patches.launch.job_env import STATIC_VARS
 from verl_patches.launch.preflight.findings import FAIL, OK, Context, HostFacts
 from verl_patches.launch.preflight.mc2 import CHECK, mc2_buffer_findings
-from verl_patches.launch.preflight.report import PROFILES, compose, exit_status, run_preflight
+from verl_patches.launch.preflight.report import compose, exit_status, run_preflight
 from verl_patches.launch.settings import ClusterSettings, load_settings
+from verl_patches.trainer.profiles import PROFILES
 from verl_patches.weights.config import make_tiny_config, official_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,10 +39,8 @@ def env_file(tmp_path: Path, text: str) -> ClusterSettings:
 
 @cache
 def cfg_for(profile: str, *overrides: str):
-    name, prof = PROFILES[profile]
-    return compose(
-        name, ([f"profile={prof}"] if prof else []) + list(overrides), load_settings({}, None, environ={}), ROOT
-    )
+    p = PROFILES[profile]
+    return compose(p.config_name, [*p.overrides, *overrides], load_settings({}, None, environ={}), ROOT)
 
 
 def mc2(profile: str, model: dict, s: ClusterSettings | None = None, *overrides: str):

@@ -198,12 +198,13 @@ def test_smoke_profile_passes_preflight_on_one_node(tmp_path, capsys) -> None:
 
 def test_smoke_profile_keeps_the_cluster_jobs_features() -> None:
     from verl_patches.driver.config_checks import check_config, get
-    from verl_patches.launch.preflight.report import PROFILES, compose
+    from verl_patches.launch.preflight.report import compose
     from verl_patches.launch.settings import load_settings
     from verl_patches.trainer.config_compose import REPO_ROOT
+    from verl_patches.trainer.profiles import PROFILES
 
-    name, prof = PROFILES["a3_16die_smoke"]
-    cfg = compose(name, [f"profile={prof}"], load_settings({}, None, environ={}), REPO_ROOT)
+    p = PROFILES["a3_16die_smoke"]
+    cfg = compose(p.config_name, [*p.overrides], load_settings({}, None, environ={}), REPO_ROOT)
     m = "actor_rollout_ref.actor.megatron"
     for key, want in (
         (f"{m}.sequence_parallel", True),

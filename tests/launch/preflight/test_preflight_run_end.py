@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_patches.launch.preflight.findings import OK, WARN, Context, HostFacts
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.report import compose, run_preflight
 from verl_patches.launch.preflight.run_end import (
     CHECK,
     EPOCHS_KEY,
@@ -24,6 +24,7 @@ from verl_patches.launch.preflight.run_end import (
     run_length,
 )
 from verl_patches.launch.settings import load_settings
+from verl_patches.trainer.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = HostFacts(device="cpu")
@@ -83,9 +84,9 @@ def test_without_the_data_the_line_says_what_it_depends_on() -> None:
 
 @cache
 def cfg_for(profile: str, data_dir: str, *overrides: str):
-    name, prof = PROFILES[profile]
+    p = PROFILES[profile]
     settings = load_settings({"DATA_DIR": data_dir}, None, environ={})  # as --data-dir: the profiles read it
-    return compose(name, ([f"profile={prof}"] if prof else []) + list(overrides), settings, ROOT)
+    return compose(p.config_name, [*p.overrides, *overrides], settings, ROOT)
 
 
 @pytest.fixture
@@ -115,7 +116,6 @@ def test_the_profiles_as_composed(deepscaler_sized: Path, profile, overrides, st
 def test_the_dry_run_prints_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("MODEL_PATH", "DATA_DIR", "DIST_CKPT_PATH"):
         monkeypatch.delenv(name, raising=False)
-    name, _ = PROFILES["tiny"]
-    cfg = compose(name, [], load_settings({}, None, environ={}), ROOT)
+    cfg = compose(PROFILES["tiny"].config_name, [], load_settings({}, None, environ={}), ROOT)
     found = [f for f in run_preflight(cfg, load_settings({}, None, environ={}), ROOT, CPU) if f.check == CHECK]
     assert len(found) == 1 and found[0].message.startswith("the run ends after ")

@@ -13,7 +13,7 @@ import pytest
 from no_process_starts import refuse_process_starts, worker_launch
 from verl_patches.launch import job
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, HostFacts
-from verl_patches.launch.preflight.report import PROFILES, compose, run_preflight
+from verl_patches.launch.preflight.report import compose, run_preflight
 from verl_patches.launch.preflight.vendor_env import (
     CHECK,
     GRAPH_MODE_KEY,
@@ -24,6 +24,7 @@ from verl_patches.launch.preflight.vendor_env import (
     vendor_findings,
 )
 from verl_patches.launch.settings import load_settings
+from verl_patches.trainer.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -37,8 +38,8 @@ def _no_path_env(monkeypatch):
 
 @cache
 def cfg_for(profile: str, *overrides: str):
-    name, prof = PROFILES[profile]
-    return compose(name, [f"profile={prof}", *overrides], load_settings({}, None, environ={}), ROOT)
+    p = PROFILES[profile]
+    return compose(p.config_name, [*p.overrides, *overrides], load_settings({}, None, environ={}), ROOT)
 
 
 def one(name: str, value: str, profile: str = "a3_256die_true_weight", *overrides: str, world: int | None = 256):
@@ -128,8 +129,7 @@ def test_the_env_file_wins_over_the_environment_and_names_its_line(tmp_path: Pat
 
 
 def test_the_tiny_run_is_not_judged_on_world_size() -> None:
-    name, _ = PROFILES["tiny"]
-    cfg = compose(name, [], load_settings({}, None, environ={}), ROOT)
+    cfg = compose(PROFILES["tiny"].config_name, [], load_settings({}, None, environ={}), ROOT)
     ctx = Context(cfg=cfg, settings=load_settings({}, None, environ={}), root=ROOT, host=HostFacts(device="cpu"))
     assert [f.status for f in vendor_env_findings(ctx, {"WORLD_SIZE": "7"})] == [OK]
 

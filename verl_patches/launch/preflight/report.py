@@ -65,14 +65,9 @@ from verl_patches.trainer.config_compose import (
     compose_config,
     resolved,
 )
+from verl_patches.trainer.profiles import PROFILES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PROFILES = {
-    "a3_256die_true_weight": ("ppo_mindspeed_trainer", "a3_256die_true_weight"),
-    "a3_256die_random_init": ("ppo_mindspeed_trainer", "a3_256die_random_init"),
-    "a3_16die_smoke": ("ppo_mindspeed_trainer", "a3_16die_smoke"),
-    "tiny": ("ppo_tiny_local", None),
-}
 PATH_SETTINGS = CONFIG_PATH_SETTINGS  # read by the profiles through ${oc.env:...}
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 NO_PROFILE = (
@@ -381,10 +376,9 @@ def main(argv: list[str] | None = None, host: HostFacts | None = None) -> int:
         return EXIT_USAGE
     config_name = args.config_name or "ppo_mindspeed_trainer"
     if args.profile:
-        name, profile = PROFILES[args.profile.replace("-", "_")]
-        config_name = args.config_name or name
-        if profile:
-            overrides = [f"profile={profile}", *overrides]
+        profile = PROFILES[args.profile.replace("-", "_")]
+        config_name = args.config_name or profile.config_name
+        overrides = [*profile.overrides, *overrides]
     flags = {
         n: getattr(args, n)
         for n in (
