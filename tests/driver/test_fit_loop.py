@@ -126,7 +126,7 @@ def test_worker_summary_names_classes_and_plan(base_cfg: Any, monkeypatch: pytes
 def test_every_worker_call_carries_the_step_and_the_d2d_flag(
     base_cfg: Any, monkeypatch: pytest.MonkeyPatch, d2d: bool
 ) -> None:
-    from verl_patches.worker_calls.step_payloads import D2D_META_KEY, STEP_META_KEY
+    from verl_patches.worker_calls.meta_keys import D2D_META_KEY, STEP_META_KEY
 
     plan = StepPlan(skip_old_log_prob=True, d2d=d2d, fused_role=True)
     t, wg = make_trainer(base_cfg, monkeypatch, plan)

@@ -191,8 +191,9 @@ def test_dp_master_ports_come_from_the_launch_not_from_verls_master_port() -> No
 def test_the_tiny_run_hands_out_a_free_block_outside_the_ephemeral_range_unless_given() -> None:
     from verl_patches.base.free_port import ephemeral_range, port_is_free
     from verl_patches.launch.job import tiny_rollout_env
-    from verl_patches.rollout.dp_env import BASE_PORT_ENV, DpEnvError
+    from verl_patches.rollout.dp_env import DpEnvError
     from verl_patches.trainer.profiles import TINY_CONFIG
+    from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV as BASE_PORT_ENV
 
     asked: list[tuple[int, str]] = []
 

@@ -15,10 +15,9 @@ import torch
 from d2d_fake_worker import FakeWorker, ref_log_prob_of, rollout_chunk, worker_config
 from verl_patches.patches.verl.workers.d2d_cache import CACHE_ATTR, D2DFlowError, cache_of
 from verl_patches.reshard.errors import TensorCachePreconditionError
+from verl_patches.worker_calls.meta_keys import D2D_META_KEY, DP_RANKS_META_KEY, STEP_META_KEY
 from verl_patches.worker_calls.step_payloads import (
-    D2D_META_KEY,
     GENERATE_TO_DRIVER_WITH_D2D,
-    STEP_META_KEY,
     ref_payload,
     stamp,
     update_payload,
@@ -27,7 +26,7 @@ from verl_patches.worker_calls.step_payloads import (
 DataProto = pytest.importorskip("verl.protocol", reason="vendored verl needed").DataProto
 
 ROWS = 4
-DP_MAP = {"global_megatron_dp_ranks": [0]}
+DP_MAP = {DP_RANKS_META_KEY: [0]}
 
 
 def prompts(d2d: bool = True, step: int = 1, **meta) -> DataProto:
@@ -136,8 +135,8 @@ def test_out_of_order_or_incomplete_calls_are_named_errors() -> None:
     with pytest.raises(D2DFlowError, match="rank 0: compute_ref_log_prob .* cached nothing"):
         w.compute_ref_log_prob(ref_in)
     w.generate_sequences(prompts())
-    del ref_in.meta_info["global_megatron_dp_ranks"]
-    with pytest.raises(D2DFlowError, match="global_megatron_dp_ranks"):
+    del ref_in.meta_info[DP_RANKS_META_KEY]
+    with pytest.raises(D2DFlowError, match=DP_RANKS_META_KEY):
         w.compute_ref_log_prob(ref_in)
     assert len(cache_of(w)) == 0  # cleared by the failure
     w.generate_sequences(prompts())

@@ -23,6 +23,7 @@ def _step(rank: int, world: int, dp_ranks: list[int], step: int) -> None:
 
     from d2d_fake_worker import ROLLOUT_KEYS, FakeWorker, ref_log_prob_of, rollout_chunk
     from verl_patches.patches.verl.workers.d2d_cache import cache_of
+    from verl_patches.worker_calls.meta_keys import DP_RANKS_META_KEY
     from verl_patches.worker_calls.step_payloads import ref_payload, stamp, update_payload
 
     w = FakeWorker(rank, world, ROWS)
@@ -40,14 +41,14 @@ def _step(rank: int, world: int, dp_ranks: list[int], step: int) -> None:
     batch.meta_info["global_token_num"] = [1] * (world * ROWS)
 
     ref_in = stamp(ref_payload(batch, True), step, True).chunk(dp)[d]
-    ref_in.meta_info["global_megatron_dp_ranks"] = dp_ranks
+    ref_in.meta_info[DP_RANKS_META_KEY] = dp_ranks
     ref_out = w.compute_ref_log_prob(ref_in)
     assert len(ref_out) == world * ROWS // dp and list(ref_out.batch.keys()) == []
     for k in ("responses", "input_ids", "attention_mask", "position_ids"):
         assert torch.equal(w.seen["ref"][k], mine[k]), (rank, k)
 
     upd_in = stamp(update_payload(batch, True), step, True).chunk(dp)[d]
-    upd_in.meta_info["global_megatron_dp_ranks"] = dp_ranks
+    upd_in.meta_info[DP_RANKS_META_KEY] = dp_ranks
     w.update_actor(upd_in)
     seen = w.seen["update"]
     for k in ("responses", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"):

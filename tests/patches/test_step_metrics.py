@@ -10,8 +10,10 @@ import time
 import pytest
 import torch
 
-from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV, reference_step_metrics, with_reference_metrics
-from verl_patches.patches.verl.workers.step_timing import ATTR, META_KEY, report_switch_time, timed_enter
+from verl_patches.patches.verl.trainer.metrics import reference_step_metrics, with_reference_metrics
+from verl_patches.patches.verl.workers.step_timing import ATTR, report_switch_time, timed_enter
+from verl_patches.worker_calls.env_names import DIES_PER_CARD_ENV
+from verl_patches.worker_calls.meta_keys import TIMING_META_KEY
 
 # Reference §2: 128 A3 cards = 256 dies, GBS 512 x n 16 = 8192 sequences per step.
 SEQS, DIES, DIES_PER_CARD = 8192, 256, 2
@@ -86,7 +88,7 @@ def fake_batch(switch_s: float | None):
     attention = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]])
     meta = {"global_token_num": attention.sum(-1).tolist()}
     if switch_s is not None:
-        meta[META_KEY] = {"reshard": switch_s}
+        meta[TIMING_META_KEY] = {"reshard": switch_s}
     assert attention.shape[1] == prompt_len + resp_len
     return DataProto.from_dict(
         tensors={"attention_mask": attention, "responses": torch.zeros(2, resp_len, dtype=torch.long)}, meta_info=meta
@@ -197,7 +199,7 @@ def test_switch_time_is_copied_into_meta_info(attr: str) -> None:
         return DataProto.from_dict(tensors={"responses": torch.zeros(2, 3)}, meta_info={"timing": {"gen": 1.0}})
 
     out = report_switch_time(generate)(w, None)
-    switch = out.meta_info[META_KEY]["reshard"]
+    switch = out.meta_info[TIMING_META_KEY]["reshard"]
     assert switch == getattr(getattr(w, attr), ATTR)
     assert 0.05 <= switch < 5.0
     assert out.meta_info["timing"] == {"gen": 1.0}  # verl's own meta_info untouched
@@ -210,7 +212,7 @@ def test_no_manager_no_meta_key() -> None:
         pass
 
     out = report_switch_time(lambda self, p: DataProto.from_dict(tensors={"x": torch.zeros(1)}))(Worker(), None)
-    assert META_KEY not in out.meta_info
+    assert TIMING_META_KEY not in out.meta_info
 
 
 def test_timed_enter_records_even_when_enter_fails() -> None:

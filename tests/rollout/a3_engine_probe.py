@@ -27,8 +27,8 @@ from verl.workers.rollout.vllm_rollout import vllm_rollout_spmd  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 from verl_patches.patches.verl.workers.rollout import emulated_npu  # noqa: E402
-from verl_patches.rollout.dp_env import BASE_PORT_ENV  # noqa: E402
 from verl_patches.rollout.engine_report import describe  # noqa: E402
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV  # noqa: E402
 
 out = {"cpu_binding": f"{vllm_rollout_spmd.LLM.__module__}.{vllm_rollout_spmd.LLM.__qualname__}", "cases": {}}
 vllm_rollout_spmd.LLM = emulated_npu.build_llm  # the binding of cpu.verl.vllm_rollout_spmd.LLM.lifecycle
@@ -172,7 +172,7 @@ for name, case in spec["cases"].items():
             "ep": ps.get_ep_group().world_size,
         }
     result["dp_env"] = {
-        k: os.environ.get(k) for k in ("VLLM_DP_SIZE", "VLLM_DP_RANK", "VLLM_DP_MASTER_PORT", BASE_PORT_ENV)
+        k: os.environ.get(k) for k in ("VLLM_DP_SIZE", "VLLM_DP_RANK", "VLLM_DP_MASTER_PORT", DP_BASE_PORT_ENV)
     }
     out["cases"][name] = result
 with open(sys.argv[5], "w") as result_file:  # a file, not stdout: vLLM logs to stdout too

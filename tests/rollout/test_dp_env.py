@@ -18,6 +18,7 @@ from verl_patches.multirank import run_ranks
 from verl_patches.reshard.layout import RolloutLayout
 from verl_patches.rollout import dp_env
 from verl_patches.rollout.dp_env import DpEnvError, all_group_ports, dp_assignment
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 A3_LAYOUTS = [RolloutLayout(256, 2, 64), RolloutLayout(256, 2, 128)]  # true weight (2 instances), random init
 
@@ -133,7 +134,7 @@ def _exported_dp_env(rank: int, world: int, environ: dict[str, str]) -> dict:
 @pytest.mark.timeout(120)
 def test_every_rank_exports_its_vllm_dp_env_over_gloo() -> None:
     base = free_port_block(4) - 1  # as the launch hands it out: 2 instances x TP2 = 4 DP master ports
-    environ = {"HCCL_SOCKET_IFNAME": "lo", dp_env.BASE_PORT_ENV: str(base)}
+    environ = {"HCCL_SOCKET_IFNAME": "lo", DP_BASE_PORT_ENV: str(base)}
     got = run_ranks(_exported_dp_env, 8, 100, kwargs={"environ": environ})
     for rank, out in enumerate(got):  # 2 instances of DP2 x TP2
         instance, local = divmod(rank, 4)
@@ -165,14 +166,14 @@ def test_export_env_sets_exactly_the_five_variables() -> None:
 
 
 def test_the_base_port_is_the_launchs_variable_and_a_bad_one_is_named() -> None:
-    assert dp_env.dp_base_port({dp_env.BASE_PORT_ENV: " 29444 ", "MASTER_PORT": "59015"}) == 29444
+    assert dp_env.dp_base_port({DP_BASE_PORT_ENV: " 29444 ", "MASTER_PORT": "59015"}) == 29444
     with pytest.raises(
         DpEnvError, match=r"VERL_PATCHES_VLLM_DP_BASE_PORT is not set.*MASTER_PORT inside a verl worker"
     ):
         dp_env.dp_base_port({"MASTER_PORT": "59015"})  # verl's torch.distributed port is never taken as the base
     for bad in ("29444x", "-1", "65535", "1e4", "0x7000"):
         with pytest.raises(DpEnvError, match="VERL_PATCHES_VLLM_DP_BASE_PORT"):
-            dp_env.dp_base_port({dp_env.BASE_PORT_ENV: bad})
+            dp_env.dp_base_port({DP_BASE_PORT_ENV: bad})
 
 
 @settings(max_examples=100, deadline=None)
@@ -214,11 +215,11 @@ def test_rollout_init_takes_the_dp_ports_from_the_launch_not_from_verls_master_p
     monkeypatch.setenv("MASTER_PORT", "59015")
     monkeypatch.setenv("VLLM_DP_SIZE", "2")
     monkeypatch.delenv("VLLM_DP_MASTER_PORT", raising=False)
-    monkeypatch.setenv(dp_env.BASE_PORT_ENV, "29444")
+    monkeypatch.setenv(DP_BASE_PORT_ENV, "29444")
     verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
     assert calls == [{"tp": 2, "dp": 2, "base_port": 29444}]
-    monkeypatch.delenv(dp_env.BASE_PORT_ENV)
-    with pytest.raises(DpEnvError, match=dp_env.BASE_PORT_ENV):
+    monkeypatch.delenv(DP_BASE_PORT_ENV)
+    with pytest.raises(DpEnvError, match=DP_BASE_PORT_ENV):
         verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})
     monkeypatch.setenv("VLLM_DP_MASTER_PORT", "30001")  # set by hand: nothing to derive
     verl_hooks._dp_env_from_config({"tensor_model_parallel_size": 2})

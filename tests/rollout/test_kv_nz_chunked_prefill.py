@@ -18,8 +18,8 @@ from verl_patches.launch.preflight.findings import FAIL, HostFacts
 from verl_patches.launch.preflight.layout import semantic_findings
 from verl_patches.launch.preflight.report import compose, exit_status, run_preflight
 from verl_patches.launch.settings import load_settings
-from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
 from verl_patches.trainer.profiles import PROFILES
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTH = 4096  # max_prompt_length 1024 + max_response_length 3072

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from verl_patches.rollout.engine_factory import EngineArgumentError, rollout_llm_kwargs
-from verl_patches.rollout.kv_nz_switch import GRAPH_CONFIG_KEY, KV_NZ_FLAG, kv_nz_env, kv_nz_wanted
+from verl_patches.rollout.kv_nz_switch import GRAPH_CONFIG_KEY, kv_nz_env, kv_nz_wanted
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -195,7 +195,7 @@ def test_declarations_are_npu_only_and_pinned() -> None:
 
 
 def test_f4_is_installed_only_with_its_flag() -> None:
-    from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
+    from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 
     (f4,) = [p for p in declarations.PATCHES if p.vendor_item == "F4"]
     assert f4.env_flag == KV_NZ_FLAG and f4.env_default is False

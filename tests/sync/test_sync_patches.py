@@ -10,7 +10,7 @@ import torch
 
 from tests.sync import sync_testlib as L
 from verl_patches.patches.verl.models.mcore.weight_converter_dsv3 import McoreToHFWeightConverterDeepseekV3
-from verl_patches.patches.verl.single_controller.dispatch import META_KEY, with_dp_rank_map
+from verl_patches.patches.verl.single_controller.dispatch import with_dp_rank_map
 from verl_patches.patches.verl.utils.megatron_utils import get_transformer_layer_offset, layer_offset
 from verl_patches.reshard.dp_plan import DpRankMap, plan_dp_relayout
 from verl_patches.reshard.errors import InvalidLayoutError
@@ -18,6 +18,7 @@ from verl_patches.reshard.layout import MegatronLayout
 from verl_patches.sync import megatron_source as src
 from verl_patches.sync.param_table import stage_tables, weights_layout
 from verl_patches.weights.hf_schema import hf_layer_shapes
+from verl_patches.worker_calls.meta_keys import DP_RANKS_META_KEY
 
 LIST = (7, 7, 8, 8, 8, 8, 8, 7)
 
@@ -128,7 +129,7 @@ def test_megatron_compute_proto_dispatch_carries_the_dp_rank_map():
     layout = MegatronLayout(8, tp=2, pp=2)
     data = DataProto.from_dict(tensors={"x": torch.arange(4)})
     mode["dispatch_fn"](FakeWorkerGroup(layout), data)
-    assert seen[0][0].meta_info[META_KEY] == [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert seen[0][0].meta_info[DP_RANKS_META_KEY] == [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
 
 
 def test_dp_rank_map_plans_like_the_layout_it_came_from():

@@ -12,7 +12,8 @@ from verl_patches.driver.logger_backends import logger_backend_problems
 from verl_patches.driver.mismatch_gate import GateConfigError, thresholds_from_config
 from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
 from verl_patches.driver.step_plan import FUSED_ROLE_KEY, d2d_setting
-from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
+from verl_patches.rollout.kv_nz_switch import kv_nz_wanted
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 from verl_patches.worker_calls.rollout_correction import CAP_KEY, ROLLOUT_LOG_PROBS, cap_problem
 
 

@@ -52,12 +52,12 @@ from verl_patches.launch.settings import (
 )
 from verl_patches.process_identity import ProcessId, become_subreaper
 from verl_patches.resilience.hang_diagnosis import last_report
-from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, host_address, port_block
 from verl_patches.rollout.kv_nz_switch import kv_nz_env
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.trainer.entries import CPU_PROOF_ENTRY, TRAINER_ENTRY
 from verl_patches.trainer.profiles import CLUSTER_PROFILES, PROFILES, TINY_CONFIGS
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NPU_RESOURCE = "NPU"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_patches.launch.settings import ClusterSettings
-from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 JEMALLOC_CANDIDATES = (
     "/usr/lib64/libjemalloc.so.2",

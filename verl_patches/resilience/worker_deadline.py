@@ -33,7 +33,7 @@ from verl_patches.resilience.boards import RayKVBoard
 from verl_patches.resilience.call_watch import CallWatch
 from verl_patches.resilience.hang_diagnosis import Diagnosis, death_message, hang_message
 from verl_patches.resilience.timeout import configured_timeout, publish_interval
-from verl_patches.worker_calls.step_payloads import STEP_META_KEY
+from verl_patches.worker_calls.meta_keys import STEP_META_KEY
 
 logger = logging.getLogger("verl_patches")
 

@@ -33,9 +33,9 @@ from verl_patches.base import env_registry, node_ip
 from verl_patches.base.env_flags import EnvError
 from verl_patches.base.free_port import port_is_free
 from verl_patches.reshard.layout import RolloutLayout
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV  # DP master ports are this + 1 onwards
 
 IFNAME_ENVS = ("HCCL_SOCKET_IFNAME", "SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-BASE_PORT_ENV = "VERL_PATCHES_VLLM_DP_BASE_PORT"  # DP master ports are this + 1 onwards
 
 
 class DpEnvError(RuntimeError):
@@ -74,7 +74,8 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
     port = base_port + 1 + group_index
     if port > 65535 or base_port + 1 < 1024:
         raise DpEnvError(
-            f"rank {rank}: DP master port {port} ({BASE_PORT_ENV} {base_port} + 1 + {group_index}) outside 1024..65535"
+            f"rank {rank}: DP master port {port} ({DP_BASE_PORT_ENV} {base_port} + 1 + {group_index}) "
+            "outside 1024..65535"
         )
     return DpAssignment(
         rank=rank,
@@ -90,14 +91,14 @@ def dp_assignment(rank: int, layout: RolloutLayout, base_port: int) -> DpAssignm
 
 def dp_base_port(environ: Mapping[str, str] | None = None) -> int:
     """The DP ports' base, from VERL_PATCHES_VLLM_DP_BASE_PORT (the launch exports it)."""
-    if not env_registry.is_set(BASE_PORT_ENV, environ):
+    if not env_registry.is_set(DP_BASE_PORT_ENV, environ):
         raise DpEnvError(
-            f"{BASE_PORT_ENV} is not set: with VLLM_DP_SIZE > 1 the launch exports it (the MASTER_PORT setting; "
+            f"{DP_BASE_PORT_ENV} is not set: with VLLM_DP_SIZE > 1 the launch exports it (the MASTER_PORT setting; "
             f"vLLM's DP master ports are it +1 onwards); MASTER_PORT inside a verl worker is torch.distributed's "
             f"random port and cannot serve as the base. Set it, or set VLLM_DP_MASTER_PORT yourself"
         )
     try:
-        return env_registry.integer(BASE_PORT_ENV, environ)  # 1023..65534, as the dry run parses it
+        return env_registry.integer(DP_BASE_PORT_ENV, environ)  # 1023..65534, as the dry run parses it
     except EnvError as e:
         raise DpEnvError(str(e)) from None
 
@@ -108,7 +109,7 @@ def port_block(base_port: int, groups: int) -> range:
     block = range(base_port + 1, base_port + 1 + groups)
     if groups and block[-1] > 65535:
         raise DpEnvError(
-            f"{BASE_PORT_ENV}={base_port}: its {groups} DP master ports {block[0]}..{block[-1]} run past 65535; "
+            f"{DP_BASE_PORT_ENV}={base_port}: its {groups} DP master ports {block[0]}..{block[-1]} run past 65535; "
             f"set it to at most {65535 - groups}"
         )
     return block
@@ -150,7 +151,7 @@ def check_port_free(host: str, port: int, rank: int) -> None:
     """The DP master binds this port next (a TCPStore, which sets SO_REUSEADDR), so it must be free now."""
     if not port_is_free(host, port):
         raise DpEnvError(
-            f"rank {rank}: vLLM DP master port {port} on {host} is in use; choose another {BASE_PORT_ENV} "
+            f"rank {rank}: vLLM DP master port {port} on {host} is in use; choose another {DP_BASE_PORT_ENV} "
             f"(the MASTER_PORT setting on a cluster; DP ports are it +1 onwards)"
         )
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.compile_toggle import real_torch_compile
-from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG, kv_nz_wanted
+from verl_patches.rollout.kv_nz_switch import kv_nz_wanted
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 
 
 class EngineArgumentError(ValueError):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-KV_NZ_FLAG = "VERL_PATCHES_KV_NZ"
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
+
 GRAPH_CONFIG_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config"
 
 

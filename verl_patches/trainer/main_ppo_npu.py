@@ -19,12 +19,12 @@ from omegaconf import OmegaConf
 
 from verl_patches.driver.config_checks import OverlayConfigError, raise_on_problems
 from verl_patches.driver.rank_memory import run_dir
-from verl_patches.patches.verl.trainer.metrics import DIES_PER_CARD_ENV
 from verl_patches.sources.pins import check as check_package_versions
 from verl_patches.trainer.checkpoint_folder import folder_problem, root_problem
 from verl_patches.trainer.config_compose import CONFIG_NAMES, ConfigCompositionError, compose_config, resolved
 from verl_patches.trainer.entries import CPU_PROOF_ENTRY
 from verl_patches.trainer.resolved_config import save_resolved_config
+from verl_patches.worker_calls.env_names import DIES_PER_CARD_ENV
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

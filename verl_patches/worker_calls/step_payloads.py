@@ -27,6 +27,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from verl_patches.worker_calls.meta_keys import D2D_META_KEY, STEP_META_KEY
+
 NEVER_SHIPPED_WITH_D2D = ("input_ids", "position_ids", "ref_log_prob", "old_log_probs")
 UPDATE_KEYS_WITH_D2D = ("advantages",)
 
@@ -36,9 +38,6 @@ GENERATE_TO_DRIVER_WITH_D2D = ("prompts", "responses", "attention_mask")
 REF_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 REF_OUTPUT = "ref_log_prob"
 UPDATE_FROM_CACHE = REF_INPUTS + (REF_OUTPUT, "rollout_log_probs")
-
-STEP_META_KEY = "global_steps"
-D2D_META_KEY = "verl_patches_d2d"
 
 
 def stamp(data: Any, step: int, d2d: bool) -> Any:

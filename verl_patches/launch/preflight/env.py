@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from verl_patches.base.env_registry import closest, lookup, problem, unregistered_ours
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import SETTING_NAMES, ClusterSettings
-from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 CHECK = "env.variables"
 DP_MASTER_PORT = "VLLM_DP_MASTER_PORT"

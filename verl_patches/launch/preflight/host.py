@@ -20,8 +20,8 @@ from verl_patches.base.host_device import detect_host_device
 from verl_patches.launch.cluster.ray_cluster import RAY_OWN_PORTS
 from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
-from verl_patches.rollout.dp_env import BASE_PORT_ENV as DP_BASE_PORT_ENV
 from verl_patches.rollout.dp_env import DpEnvError, dp_base_port, port_block
+from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 HCCL_PORTS_PER_NODE = 16  # CANN: HCCL_IF_BASE_PORT occupies 16 ports starting at the base
 HCCL_BASE_PORT_MAX = 65520

@@ -2,7 +2,7 @@
 
 from verl_patches.patches.upstream_fingerprints import pinned
 from verl_patches.patching.declaration import CPU_ONLY, Kind, Patch, lazy_call, wrap
-from verl_patches.rollout.kv_nz_switch import KV_NZ_FLAG
+from verl_patches.worker_calls.env_names import KV_NZ_FLAG
 
 _KV_NZ_REASON = (
     "F4 (KV-NZ fix) as a runtime patch, never git apply: mla_v1's torch_npu passes cache_mode "

@@ -13,7 +13,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-META_KEY = "global_megatron_dp_ranks"
+from verl_patches.worker_calls.meta_keys import DP_RANKS_META_KEY
+
 MODE = "MEGATRON_COMPUTE_PROTO"
 
 
@@ -26,7 +27,7 @@ def annotate_dp_ranks(dispatch_fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(dispatch_fn)
     def dispatch(worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         if args and hasattr(args[0], "meta_info"):
-            args[0].meta_info[META_KEY] = megatron_dp_ranks(worker_group)
+            args[0].meta_info[DP_RANKS_META_KEY] = megatron_dp_ranks(worker_group)
         return dispatch_fn(worker_group, *args, **kwargs)
 
     return dispatch

@@ -3,7 +3,8 @@
 verl reports `perf/throughput` per worker (one worker = one NPU die). The vendor's headline figures
 are per A3 card (two dies): 123.16 system tokens/s/card with real weights = all tokens of a step /
 step time / 128 cards. We add both, plus inference (response tokens / generation time) and training
-(all tokens / update time) throughput, and the train->rollout switch measured on the workers.
+(all tokens / update time) throughput, and the train->rollout switch measured on the workers. The dies per
+card come from VERL_PATCHES_DIES_PER_CARD, which the trainer entry sets from ``overlay.dies_per_card``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_patches.base import env_registry
-from verl_patches.patches.verl.workers.step_timing import META_KEY
-
-DIES_PER_CARD_ENV = "VERL_PATCHES_DIES_PER_CARD"
+from verl_patches.worker_calls.env_names import DIES_PER_CARD_ENV
+from verl_patches.worker_calls.meta_keys import TIMING_META_KEY
 
 
 def reference_step_metrics(
@@ -57,7 +57,7 @@ def with_reference_metrics(compute: Callable[..., dict[str, Any]]) -> Callable[.
         dies_per_card = env_registry.integer(DIES_PER_CARD_ENV)  # 1 when unset; at least 1
         metrics.update(
             reference_step_metrics(
-                timing_raw, total, response, n_gpus, dies_per_card, batch.meta_info.get(META_KEY, {})
+                timing_raw, total, response, n_gpus, dies_per_card, batch.meta_info.get(TIMING_META_KEY, {})
             )
         )
         return metrics

@@ -39,9 +39,9 @@ from verl_patches.reshard.dp_plan import DpRankMap
 from verl_patches.reshard.errors import TensorCacheError, TensorCachePreconditionError
 from verl_patches.reshard.tensor_cache import TensorCache
 from verl_patches.resilience import progress
+from verl_patches.worker_calls.meta_keys import D2D_META_KEY, DP_RANKS_META_KEY
 from verl_patches.worker_calls.step_payloads import (
     CACHED_BY_GENERATE,
-    D2D_META_KEY,
     GENERATE_TO_DRIVER_WITH_D2D,
     OPTIONAL_FROM_GENERATE,
     REF_INPUTS,
@@ -52,7 +52,6 @@ from verl_patches.worker_calls.step_payloads import (
 logger = logging.getLogger("verl_patches")
 
 CACHE_ATTR = "_verl_patches_tensor_cache"
-DP_RANKS_META_KEY = "global_megatron_dp_ranks"  # written by the B1 dispatch patch
 
 
 class D2DFlowError(TensorCacheError, RuntimeError):

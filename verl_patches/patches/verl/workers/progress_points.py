@@ -20,7 +20,7 @@ from typing import Any
 
 from verl_patches.resilience import progress
 from verl_patches.resilience.heartbeat import start_in_ray_worker
-from verl_patches.worker_calls.step_payloads import STEP_META_KEY
+from verl_patches.worker_calls.meta_keys import STEP_META_KEY
 
 
 def step_of(data: Any) -> int | None:

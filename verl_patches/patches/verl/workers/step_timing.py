@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from verl_patches.worker_calls.meta_keys import TIMING_META_KEY
+
 ATTR = "_verl_patches_enter_s"
-META_KEY = "verl_patches_timing_s"
 
 
 def timed_enter(enter: Callable[..., Any]) -> Callable[..., Any]:
@@ -36,7 +37,7 @@ def report_switch_time(generate: Callable[..., Any]) -> Callable[..., Any]:
         manager = getattr(self, "rollout_sharding_manager", None) or getattr(self, "sharding_manager", None)
         switch = getattr(manager, ATTR, None)
         if switch is not None and hasattr(output, "meta_info"):
-            output.meta_info.setdefault(META_KEY, {})["reshard"] = float(switch)
+            output.meta_info.setdefault(TIMING_META_KEY, {})["reshard"] = float(switch)
         return output
 
     return generate_sequences
