@@ -28,6 +28,8 @@ from verl_patches.base.job_layout import (
     RolloutParallel,
     TrainingParallel,
     job_layout,
+    rollout_engines_of,
+    rollout_of,
 )
 from verl_patches.base.overlay_settings import VLLM_DP_KEY, OverlaySettingError
 from verl_patches.reshard.errors import InvalidLayoutError
@@ -217,3 +219,16 @@ def test_a_config_reads_as_its_parts(tp, pp, ep, rollout_tp, dp, nodes, per_node
         assert (got.value.key, str(got.value)) == (e.key, str(e))
         return
     assert job_layout(cfg_of(keys)) == want
+
+
+def test_the_engines_alone_leave_the_instances_to_their_own_check() -> None:
+    """`rollout_engines_of` judges the rollout TP only (the dry run reports the instances apart)."""
+    keys = a3_keys(**{VLLM_DP_KEY: 96})  # 128 engines do not split into instances of 96
+    engines = rollout_engines_of(cfg_of(keys), 256)
+    assert (engines.tp, engines.dp, engines.dp_per_instance) == (2, 128, 1)
+    with pytest.raises(JobLayoutError) as e:
+        rollout_of(cfg_of(keys), 256)
+    assert e.value.key == VLLM_DP_KEY
+    with pytest.raises(JobLayoutError) as e:
+        rollout_engines_of(cfg_of(a3_keys(**{ROLLOUT_TP_KEY: 3})), 256)
+    assert e.value.key == ROLLOUT_TP_KEY

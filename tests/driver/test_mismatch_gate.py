@@ -93,7 +93,7 @@ def test_keys_read_into_full_metric_names() -> None:
         ({"stop": {"tokens": 5}}, f"{GATE_KEY}.stop.tokens: not a gated metric"),
         ({"halt": {"logprob_abs_diff_mean": 1}}, f"{GATE_KEY}.halt: unknown level"),
         ({"warn": 0.1}, f"{GATE_KEY}.warn=0.1 must map"),
-        (0.1, f"{GATE_KEY}=0.1 must be a mapping"),
+        (0.1, f"{GATE_KEY}=0.1: expected a mapping"),
         (
             {"warn": {"logprob_abs_diff_mean": 0.5}, "stop": {"logprob_abs_diff_mean": 0.2}},
             f"{GATE_KEY}.warn.logprob_abs_diff_mean=0.5 is above {GATE_KEY}.stop.logprob_abs_diff_mean=0.2",

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
+from verl_patches.base.job_layout import ROLLOUT_TP_KEY, JobLayoutError, job_layout
 from verl_patches.driver.config_checks import check_config
 from verl_patches.driver.rollout_settings import (
     ENGINE,
@@ -71,7 +72,11 @@ def test_max_num_seqs_follows_an_override_of_its_inputs() -> None:
 )
 def test_seqs_per_engine_holds_every_engines_sequences(tbs, n, nnodes, per_node, tp) -> None:
     world = nnodes * per_node
-    engines = max(world // tp, 1)
+    if world % tp:  # the profiles' resolver refuses a rollout TP that splits an engine across the world's end
+        with pytest.raises(JobLayoutError, match=rf"^{ROLLOUT_TP_KEY}={tp} does not divide the world of {world}"):
+            seqs_per_rollout_engine(tbs, n, nnodes, per_node, tp)
+        return
+    engines = world // tp
     seqs = seqs_per_rollout_engine(tbs, n, nnodes, per_node, tp)
     assert seqs * engines >= tbs * n > (seqs - 1) * engines
     if (tbs * n) % engines == 0:
@@ -100,7 +105,7 @@ def test_each_contradiction_is_refused_naming_its_key(overrides: tuple[str, ...]
     problems = rollout_problems(c)
     assert problems and any(key in p for p in problems), problems
     assert set(problems) <= set(check_config(c))  # the trainer entry refuses them too
-    found = engine_findings(c)
+    found = engine_findings(c, job_layout(c).rollout.dp)
     assert [f.status for f in found if f.check == "rollout.engine"] == [FAIL] * len(problems)
     assert all(f.check != "config.semantic" or f.status == OK for f in semantic_findings(c))  # reported once
 
@@ -114,7 +119,7 @@ def test_graph_off_with_eager_and_no_graph_options_is_consistent() -> None:
         f"{GRAPH}.graph_batch_sizes=[]",
     )
     assert rollout_problems(c) == []
-    assert describe(c).startswith("eager")
+    assert describe(c, job_layout(c).rollout.dp).startswith("eager")
 
 
 def test_eager_false_without_torchair_is_refused() -> None:
@@ -129,7 +134,7 @@ def test_eager_false_without_torchair_is_refused() -> None:
 
 
 def test_preflight_says_the_graph_batch_size() -> None:
-    (engine, lifecycle) = engine_findings(a3())
+    (engine, lifecycle) = engine_findings(a3(), job_layout(a3()).rollout.dp)
     assert engine.status == OK and "TorchAir graph mode on, graph batch size [64]" in engine.message
     assert "max_num_seqs 64 (train_batch_size 512 x n 16 / rollout DP 128 = 64)" in engine.message
     assert "chunked prefill on (max_num_batched_tokens 1024, max_model_len 4096)" in engine.message
@@ -157,7 +162,8 @@ ON_4096 = "chunked prefill on (max_num_batched_tokens 4096, max_model_len 4096)"
 def test_the_engine_line_says_what_the_engine_does_not_what_one_key_says(overrides, said) -> None:
     """With the Ascend scheduler off vLLM V1 chunks whatever enable_chunked_prefill says: the line follows
     chunked_prefill_reason, and says off only where the Ascend scheduler keeps prefills apart."""
-    line = describe(a3(*overrides))
+    c = a3(*overrides)
+    line = describe(c, job_layout(c).rollout.dp)
     assert said in line
     assert ("chunked prefill off" in line) is (" because " not in line)
 

@@ -58,7 +58,7 @@ def head_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def test_ray_only_holds_the_cluster_prints_submit_and_stop_and_names_nodes(head_launch, tmp_path, capsys) -> None:
     rc = job.main(
         [
-            "--profile", "a3_256die_random_init", "--ray-only", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+            "--profile", "a3_16die_smoke", "--ray-only", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
             "--node-role", "head", "--nnodes", "2", "--nodes", "127.0.0.1,node-b", "--",
             "trainer.total_training_steps=5",
         ]
@@ -82,7 +82,7 @@ def test_ray_only_holds_the_cluster_prints_submit_and_stop_and_names_nodes(head_
         "ppo_mindspeed_trainer",
     ]
     assert argv[12:] == [
-        "profile=a3_256die_random_init",
+        "profile=a3_16die_smoke",
         "trainer.nnodes=2",
         "trainer.n_gpus_per_node=16",
         "trainer.total_training_steps=5",
@@ -95,7 +95,7 @@ def test_ray_only_holds_the_cluster_prints_submit_and_stop_and_names_nodes(head_
 
 def test_without_nodes_the_wait_gets_none(head_launch, capsys) -> None:
     job.main(
-        ["--profile", "a3_256die_random_init", "--ray-only", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+        ["--profile", "a3_16die_smoke", "--ray-only", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
          "--node-role", "head", "--nnodes", "1"]
     )  # fmt: skip
     assert head_launch["wait"][1]["nodes"] == ()  # no NODES: the wait counts nodes, it cannot name them
@@ -112,7 +112,7 @@ def test_a_stop_while_the_nodes_join_ends_in_one_line_with_the_head_stopped(
 
     monkeypatch.setattr(ray_cluster, "wait_for_resource", interrupted)
     rc = job.main(
-        ["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+        ["--profile", "a3_16die_smoke", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
          "--node-role", "head", "--nnodes", "2"]
     )  # fmt: skip
     captured = capsys.readouterr()

@@ -286,10 +286,10 @@ def test_the_cluster_head_names_a_lost_node_waits_for_every_node_and_keeps_ray_u
         lambda _name, _overrides: [sys.executable, str(trainer), str(tmp_path / "state"), str(ckpt), "2,1;1,ok"],
     )
     rc = job.main(
-        ["--profile", "a3_256die_random_init", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
+        ["--profile", "a3_16die_smoke", "--master-addr", "127.0.0.1", "--socket-ifname", "lo",
          "--node-role", "head", "--nnodes", "1", "--", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}"]
     )  # fmt: skip
-    run_dir = next((tmp_path / "logs").glob("a3_256die_random_init-*-head-*"))
+    run_dir = next((tmp_path / "logs").glob("a3_16die_smoke-*-head-*"))
     lines = [line.split("] ", 1)[1] for line in (run_dir / "launcher.log").read_text().splitlines()]
     assert rc == 0 and waits == [10]
     assert calls == {"wait": 2, "stop": 1}  # once before the first run, once before the restart; Ray stopped once
@@ -306,7 +306,7 @@ def test_restarts_and_ray_only_do_not_mix(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setattr(job, "become_subreaper", lambda: False)
     monkeypatch.setenv("LOG_DIR", str(tmp_path / "logs"))
     rc = job.main(
-        ["--profile", "a3_256die_random_init", "--ray-only", "--max-restarts", "2", "--master-addr", "127.0.0.1",
+        ["--profile", "a3_16die_smoke", "--ray-only", "--max-restarts", "2", "--master-addr", "127.0.0.1",
          "--socket-ifname", "lo", "--node-role", "head", "--nnodes", "1", "--", "trainer.save_freq=1",
          f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     )  # fmt: skip

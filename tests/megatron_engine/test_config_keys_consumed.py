@@ -72,30 +72,38 @@ CONSUMERS: dict[str, tuple[str, str, str]] = {
     **{
         f"overlay.rollout_mismatch_gate.{level}.{metric}": (
             "verl_patches/driver/mismatch_gate.py",
-            'GATE_KEY = "overlay.rollout_mismatch_gate"',
+            "overlay_settings(cfg).rollout_mismatch_gate",
             "tests/driver/test_mismatch_gate.py",
         )
         for level in ("warn", "stop")
         for metric in ("logprob_abs_diff_mean", "ratio_abs_dev_mean", "logprob_abs_diff_max")
     },
-    "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", '.get("profile")', ""),
-    "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", '.get("dies_per_card", 1)', ""),
-    "overlay.vllm_dp_size": ("verl_patches/launch/job.py", "cfg.overlay.vllm_dp_size", ""),
-    "overlay.fused_actor_rollout_ref": ("verl_patches/driver/step_plan.py", '"overlay.fused_actor_rollout_ref"', ""),
+    "overlay.profile": ("verl_patches/trainer/main_ppo_npu.py", 'overlay.profile == "tiny"', ""),
+    "overlay.dies_per_card": ("verl_patches/trainer/main_ppo_npu.py", "str(overlay.dies_per_card)", ""),
+    "overlay.vllm_dp_size": (
+        "verl_patches/base/job_layout.py",
+        "overlay_settings(cfg).vllm_dp_size",
+        "tests/trainer/test_profiles.py",
+    ),
+    "overlay.fused_actor_rollout_ref": (
+        "verl_patches/driver/step_plan.py",
+        "overlay_settings(cfg).fused_actor_rollout_ref",
+        "",
+    ),
     "overlay.d2d_tensor_cache": (
         "verl_patches/driver/step_plan.py",
-        'D2D_KEY = "overlay.d2d_tensor_cache"',
+        "overlay_settings(cfg).d2d_tensor_cache",
         "tests/driver/test_d2d_switch.py, tests/patches/test_d2d_worker_cache.py",
     ),
     "custom_reward_function.reward_kwargs.format_rule": ("verl_patches/reward/deepscaler.py", "format_rule", ""),
     "overlay.val_max_prompts": (
-        "verl_patches/data/val_subset.py",
-        'VAL_MAX_PROMPTS_KEY = "overlay.val_max_prompts"',
+        "verl_patches/patches/verl/trainer/val_subset.py",
+        "overlay_settings(self.config).val_max_prompts",
         "tests/patches/test_val_subset.py::test_verls_dataloader_validates_on_the_subset",
     ),
     "overlay.async_checkpoint": (
         "verl_patches/checkpoint/trainer_io.py",
-        'ASYNC_KEY = "overlay.async_checkpoint"',
+        "overlay_settings(cfg).async_checkpoint",
         "tests/checkpoint/test_background_commit.py, tests/checkpoint/test_background_save_resume.py",
     ),
     # vLLM's LLM keyword arguments: verl's vLLMRollout passes engine_kwargs.vllm through unchanged

@@ -7,10 +7,17 @@ from __future__ import annotations
 import pytest
 
 from verl_patches.base.config_access import get
-from verl_patches.base.job_layout import job_layout
+from verl_patches.base.job_layout import EP_KEY, job_layout
 from verl_patches.base.overlay_settings import overlay_settings
-from verl_patches.trainer.config_compose import CONFIG_DIR, CONFIG_NAMES, compose_config, resolved
-from verl_patches.trainer.profiles import CLUSTER_PROFILES, PROFILES, TINY_CONFIGS
+from verl_patches.driver.config_checks import check_config
+from verl_patches.trainer.config_compose import (
+    CONFIG_DIR,
+    CONFIG_NAMES,
+    ConfigCompositionError,
+    compose_config,
+    resolved,
+)
+from verl_patches.trainer.profiles import CLUSTER_PROFILES, PROFILES, TINY_CONFIG, TINY_CONFIGS
 
 # profile -> (nodes, dies per node), (TP, PP, EP, CP, DP), (rollout TP, engines, VLLM_DP_SIZE, instances)
 EXPECTED = {
@@ -66,3 +73,17 @@ def test_the_fsdp_tiny_config_is_one_rank_of_verls_fsdp_actor() -> None:
     t, r = layout.training, layout.rollout
     assert (layout.world, t.is_megatron, t.tp, t.pp, t.ep, t.cp, t.dp) == (1, False, 1, 1, 1, 1, 1)
     assert (r.tp, r.dp, r.dp_per_instance, r.instances) == (1, 1, 1, 1)
+
+
+def test_the_composition_refuses_an_overlay_key_that_is_not_ours() -> None:
+    with pytest.raises(ConfigCompositionError, match=r"^overlay\.vllm_dp_sise: not an overlay setting; did you mean"):
+        composed(TINY_CONFIG, ("+overlay.vllm_dp_sise=4",))
+    with pytest.raises(ConfigCompositionError, match=r"^overlay\.async_checkpoint='yes': expected true or false"):
+        composed(TINY_CONFIG, ("overlay.async_checkpoint=yes",))
+
+
+def test_a_layout_that_does_not_hold_is_one_problem_of_the_job_start() -> None:
+    """The trainer entry and the fit loop refuse it (`check_config`), naming the key, before any worker starts."""
+    cfg = composed(TINY_CONFIG, (f"{EP_KEY}=4",))  # tiny: TP2 x PP1 over 4 ranks leaves DP2
+    (problem,) = [p for p in check_config(cfg) if EP_KEY in p]
+    assert problem.startswith(f"{EP_KEY}=4 does not divide the training DP 2")

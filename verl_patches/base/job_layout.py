@@ -221,11 +221,18 @@ def training_of(cfg: Any, world: int) -> TrainingParallel:
     )
 
 
+def rollout_engines_of(cfg: Any, world: int) -> RolloutParallel:
+    """The rollout's engines over ``world`` ranks, each its own instance: for a reader that judges the rollout TP
+    apart from the instances (the dry run reports each with its own check)."""
+    return RolloutParallel(world, tp=_size(cfg, ROLLOUT_TP_KEY))
+
+
 def rollout_of(cfg: Any, world: int) -> RolloutParallel:
     """The rollout's layout over ``world`` ranks; one engine per instance where ``overlay.vllm_dp_size`` is
     not set (what the launch exports then: VLLM_DP_SIZE 1)."""
+    engines = rollout_engines_of(cfg, world)
     dp = overlay_settings(cfg).vllm_dp_size
-    return RolloutParallel(world, tp=_size(cfg, ROLLOUT_TP_KEY), dp_per_instance=1 if dp is None else dp)
+    return RolloutParallel(world, tp=engines.tp, dp_per_instance=1 if dp is None else dp)
 
 
 def job_layout(cfg: Any) -> JobLayout:

@@ -27,6 +27,7 @@ from typing import Any
 from verl_patches.base import env_registry
 from verl_patches.base.config_access import get
 from verl_patches.base.folder_access import access_problem
+from verl_patches.base.overlay_settings import overlay_settings
 
 ALLOW_SHARED_ROOT_ENV = "VERL_PATCHES_ALLOW_SHARED_CKPT_ROOT"
 _OPT_IN = f"{ALLOW_SHARED_ROOT_ENV}=1"
@@ -48,7 +49,7 @@ def cluster_run(cfg: Any) -> bool:
     host's device and never is, even on an NPU machine). The one rule of "cluster profile": the preflight's
     ``Context.cluster_profile``, the trainer's checkpoint-folder check (``trainer.checkpoint_folder``), its
     save and resume and the launch call this, on the composed config."""
-    return bool(get(cfg, "trainer.device") == "npu" and get(cfg, "overlay.profile") != "tiny")
+    return bool(get(cfg, "trainer.device") == "npu" and overlay_settings(cfg).profile != "tiny")
 
 
 @dataclass(frozen=True)

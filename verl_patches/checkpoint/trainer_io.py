@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.base.atomic_write import write_atomically
+from verl_patches.base.overlay_settings import overlay_settings
 from verl_patches.checkpoint import commit
 from verl_patches.checkpoint.confine import ConfinementError, confined_path
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
@@ -35,7 +36,6 @@ from verl_patches.checkpoint.safe_load import load_tensor_file
 DATA_FILE = "data.pt"
 LOG_PREFIX = "verl_patches checkpoint:"
 RESUME_PREFIX = "verl_patches resume:"
-ASYNC_KEY = "overlay.async_checkpoint"
 _PENDING_ATTR = "_verl_patches_pending_save"  # on the trainer: the step saved last, written in the background
 _FENCED_ATTR = "_verl_patches_fences_saves"  # on the trainer: its fit loop fences before every update
 
@@ -67,10 +67,10 @@ def background_saves(trainer: Any) -> bool:
     from omegaconf import OmegaConf
 
     cfg = trainer.config
-    on = OmegaConf.select(cfg, ASYNC_KEY, default=False)
+    on = overlay_settings(cfg).async_checkpoint  # overlay.async_checkpoint
     strategy = OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None)
     return (
-        bool(on)
+        on
         and bool(getattr(trainer, _FENCED_ATTR, False))
         and strategy == "megatron"
         and not getattr(trainer, "use_critic", False)

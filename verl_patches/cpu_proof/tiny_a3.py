@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.base.config_access import get
+from verl_patches.base.job_layout import job_layout
+from verl_patches.base.overlay_settings import OverlaySettings, overlay_settings
 from verl_patches.cpu_proof.tiny_assets import TinyAssets, TinySpec, check_learnable_split, prepare, prepare_megatron
 from verl_patches.reward.extract import FORMAT_RULE_KEY, FormatRule, parse_format_rule
 from verl_patches.weights.config import official_config
@@ -52,17 +54,25 @@ def is_megatron(cfg: Any) -> bool:
     return get(cfg, "actor_rollout_ref.actor.strategy") == "megatron"
 
 
+def _tiny(o: OverlaySettings, name: str) -> Any:
+    """A tiny-run setting the tiny configs set; ValueError naming the key where a config does not."""
+    value = getattr(o, name)
+    if value is None:
+        raise ValueError(f"tiny profile: overlay.{name} is not set")
+    return value
+
+
 def tiny_spec(cfg: Any) -> TinySpec:
     """The asset spec for this config (pure)."""
-    o = cfg.overlay
+    o = overlay_settings(cfg)
     # a fifth of the distinct problems held out, each once (tiny_assets: what validation can measure); the base
     # model shows its working in think tags where the reward grades the strict R1-Zero format
     spec = TinySpec(
-        seed=int(o.tiny_seed),
-        max_operand=int(o.tiny_max_operand),
+        seed=_tiny(o, "tiny_seed"),
+        max_operand=_tiny(o, "tiny_max_operand"),
         train_ratio=0.8,
         unique_held_out=True,
-        base_steps=int(o.get("tiny_base_steps", 0)),
+        base_steps=o.tiny_base_steps,
         worked_answer=parse_format_rule(get(cfg, FORMAT_RULE_KEY, FormatRule.STRICT.value)) is FormatRule.STRICT,
     )
     if not is_megatron(cfg):
@@ -99,18 +109,23 @@ def megatron_layout(cfg: Any) -> Any:
                 f"tiny profile: actor_rollout_ref.ref.megatron.{key} must equal {m}.{key} "
                 "(the reference loads the actor's checkpoint)"
             )
+    training = job_layout(cfg).training
     return ParallelLayout(
-        tp=int(get(cfg, f"{m}.tensor_model_parallel_size")),
-        pp=int(get(cfg, f"{m}.pipeline_model_parallel_size")),
-        ep=int(get(cfg, f"{m}.expert_model_parallel_size")),
+        tp=training.tp,
+        pp=training.pp,
+        ep=training.ep,
         num_layer_list=tuple(int(n) for n in layers) if layers else None,
         moe_grouped_gemm=True,
         moe_tp_extend_ep=True,
     )
 
 
+def assets_dir(cfg: Any) -> Path:
+    return Path(_tiny(overlay_settings(cfg), "tiny_assets_dir"))
+
+
 def checkpoint_dir(cfg: Any) -> Path:
-    return Path(cfg.overlay.tiny_assets_dir) / MCORE_DIR
+    return assets_dir(cfg) / MCORE_DIR
 
 
 def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
@@ -127,7 +142,7 @@ def prepare_for(cfg: Any, progress: bool = True) -> TinyAssets:
                 )
         layout = megatron_layout(cfg)
     spec = tiny_spec(cfg)
-    assets = prepare(Path(cfg.overlay.tiny_assets_dir), spec, progress=progress)
+    assets = prepare(assets_dir(cfg), spec, progress=progress)
     check_learnable_split(assets, spec)  # validation must be able to rise
     if layout is not None:
         prepare_megatron(assets, checkpoint_dir(cfg), layout, progress=progress)

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from verl_patches.base.config_access import get  # noqa: F401  (its readers import it from here too)
 from verl_patches.base.env_flags import EnvError
+from verl_patches.base.job_layout import PP_KEY, JobLayoutError, job_layout
 from verl_patches.driver.logger_backends import logger_backend_problems
 from verl_patches.driver.mismatch_gate import GateConfigError, thresholds_from_config
 from verl_patches.driver.rollout_settings import GRAPH, SCHEDULER, chunked_prefill_reason, rollout_problems
@@ -67,13 +68,13 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
             f"{m}.swap_optimizer=True needs bf16 parameters: MindSpeed's swap optimizer keeps no Adam "
             f"state for {m}.params_dtype=float32; set one of them off"
         )
+    problems += layout_problems(cfg)
     layers = get(cfg, f"{m}.pipeline_parallel_num_layer_list")
     if layers is not None:
-        pp = get(cfg, f"{m}.pipeline_model_parallel_size")
-        if len(layers) != pp:
+        layout = None if layout_problems(cfg) else job_layout(cfg)  # a refused layout is its own problem
+        if layout is not None and len(layers) != layout.training.pp:
             problems.append(
-                f"{m}.pipeline_parallel_num_layer_list has {len(layers)} entries but "
-                f"{m}.pipeline_model_parallel_size={pp}"
+                f"{m}.pipeline_parallel_num_layer_list has {len(layers)} entries but {PP_KEY}={layout.training.pp}"
             )
         if any((not isinstance(n, int)) or n < 1 for n in layers):
             problems.append(f"{m}.pipeline_parallel_num_layer_list entries must be positive integers: {list(layers)}")
@@ -91,6 +92,15 @@ def check_config(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> l
     problems += kv_nz_problems(cfg)
     problems += logger_backend_problems(cfg)  # verl imports a backend only after every worker is up
     return problems
+
+
+def layout_problems(cfg: DictConfig) -> list[str]:
+    """The job's parallel layout (`base.job_layout`): one problem naming the key, or none."""
+    try:
+        job_layout(cfg)
+    except JobLayoutError as err:
+        return [str(err)]
+    return []
 
 
 def kv_nz_problems(cfg: DictConfig) -> list[str]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_patches.base.config_access import get
+from verl_patches.base.overlay_settings import OverlaySettingError, overlay_settings
 from verl_patches.worker_calls.logprob_mismatch import ABS_DIFF, ABS_DIFF_MAX, PREFIX, RATIO_DEV
 
 GATE_KEY = "overlay.rollout_mismatch_gate"
@@ -90,11 +90,12 @@ def _bound(level: str, name: str, value: Any) -> float | None:
 
 def thresholds_from_config(cfg: Any) -> Thresholds:
     """The gate's bounds from a composed config; `GateConfigError` names the first bad key."""
-    section = get(cfg, GATE_KEY)
+    try:
+        section = overlay_settings(cfg).rollout_mismatch_gate  # a mapping or None, or refused naming the key
+    except OverlaySettingError as err:
+        raise GateConfigError(str(err)) from None
     if section is None:
         return Thresholds()
-    if not hasattr(section, "items"):
-        raise GateConfigError(f"{GATE_KEY}={section!r} must be a mapping with `warn` and/or `stop` (or null)")
     unknown = [str(k) for k in section if k not in LEVELS]
     if unknown:
         raise GateConfigError(f"{GATE_KEY}.{unknown[0]}: unknown level; the gate has {' and '.join(LEVELS)}")

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_patches.base.config_access import get
+from verl_patches.base.job_layout import Cluster, RolloutParallel
 
 R = "actor_rollout_ref.rollout"
 ENGINE = f"{R}.engine_kwargs.vllm"
@@ -48,15 +49,17 @@ GRAPH_ONLY = (
 def seqs_per_rollout_engine(train_batch_size: int, n: int, nnodes: int, n_gpus_per_node: int, rollout_tp: int) -> int:
     """Sequences one rollout engine (one TP group) generates per step: verl splits the prompts equally
     over every rank and each TP group generates its ranks' prompts x n. Rounded up, so an uneven split
-    (refused elsewhere: layout.rollout_batch) still fits."""
-    world = int(nnodes) * int(n_gpus_per_node)
-    engines = max(world // max(int(rollout_tp), 1), 1)
+    (refused elsewhere: layout.rollout_batch) still fits.
+
+    The profiles' ``${overlay_seqs_per_rollout_engine:...}`` hands it the config's numbers; the engines are
+    `base.job_layout`'s, so a rollout TP that does not divide the world is refused here, naming its key."""
+    engines = RolloutParallel(Cluster(nnodes, n_gpus_per_node).world, tp=rollout_tp).dp
+    return seqs_per_engine(train_batch_size, n, engines)
+
+
+def seqs_per_engine(train_batch_size: int, n: int, engines: int) -> int:
+    """train_batch_size x n sequences over ``engines`` rollout engines, rounded up."""
     return -(-int(train_batch_size) * int(n) // engines)
-
-
-def rollout_dp(cfg: Any) -> int:
-    world = int(get(cfg, "trainer.nnodes", 1)) * int(get(cfg, "trainer.n_gpus_per_node", 1))
-    return max(world // int(get(cfg, f"{R}.tensor_model_parallel_size", 1) or 1), 1)
 
 
 def max_model_len(cfg: Any) -> int:
@@ -274,15 +277,13 @@ def _prefill_problems(cfg: Any, seqs: int | None) -> list[str]:
     return out
 
 
-def describe(cfg: Any) -> str:
-    """One line: what the engine is built with (for the preflight and the fit line)."""
+def describe(cfg: Any, engines: int) -> str:
+    """One line: what the engine is built with, ``engines`` of them (the layout's rollout DP), for the preflight."""
     seqs = engine_max_num_seqs(cfg)
     tbs, n = get(cfg, "data.train_batch_size"), get(cfg, f"{R}.n")
-    nnodes, per_node = get(cfg, "trainer.nnodes", 1), get(cfg, "trainer.n_gpus_per_node", 1)
-    rollout_tp = get(cfg, f"{R}.tensor_model_parallel_size", 1)
     seqs_text = (
-        f"max_num_seqs {seqs} (train_batch_size {tbs} x n {n} / rollout DP {rollout_dp(cfg)} = "
-        f"{seqs_per_rollout_engine(tbs, n, nnodes, per_node, rollout_tp)})"
+        f"max_num_seqs {seqs} (train_batch_size {tbs} x n {n} / rollout DP {engines} = "
+        f"{seqs_per_engine(tbs, n, engines)})"
         if seqs is not None
         else "max_num_seqs: vLLM's default"
     )

@@ -26,9 +26,10 @@ from typing import Any
 
 from verl_patches.base import env_registry
 from verl_patches.base.config_access import get
+from verl_patches.base.overlay_settings import overlay_settings
 
 D2D_ENV = "D2D_DATA_TRANSFER"
-D2D_KEY = "overlay.d2d_tensor_cache"
+D2D_KEY = "overlay.d2d_tensor_cache"  # named in the lines; read through overlay_settings
 FUSED_ROLE_KEY = "overlay.fused_actor_rollout_ref"
 RECOMPUTE_KEY = "actor_rollout_ref.actor.recompute_old_log_prob"
 
@@ -44,7 +45,7 @@ def d2d_setting(cfg: Any, environ: Mapping[str, str] | None = None) -> tuple[boo
     env = os.environ if environ is None else environ
     if D2D_ENV in env:
         return d2d_enabled(env), f"{D2D_ENV}={env[D2D_ENV]!r}"
-    on = bool(get(cfg, D2D_KEY, False))
+    on = overlay_settings(cfg).d2d_tensor_cache
     return on, f"{D2D_KEY}={on}"
 
 
@@ -67,5 +68,5 @@ def plan_steps(cfg: Any, environ: Mapping[str, str] | None = None) -> StepPlan:
     return StepPlan(
         skip_old_log_prob=get(cfg, RECOMPUTE_KEY, True) is False,
         d2d=d2d_setting(cfg, environ)[0],
-        fused_role=bool(get(cfg, FUSED_ROLE_KEY, False)),
+        fused_role=overlay_settings(cfg).fused_actor_rollout_ref,
     )

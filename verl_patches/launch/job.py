@@ -31,6 +31,7 @@ from verl_patches.base import node_ip as node_addresses
 from verl_patches.base.cpu_numerics import pinned
 from verl_patches.base.env_flags import EnvError
 from verl_patches.base.free_port import PortBlockError, free_port_block
+from verl_patches.base.job_layout import JobLayoutError, job_layout
 from verl_patches.base.node_ip import NetworkError, is_this_node
 from verl_patches.device import device_kind
 from verl_patches.launch import job_env, restart_policy, restarts
@@ -326,16 +327,13 @@ def tiny_rollout_env(
     The cluster's base is its MASTER_PORT setting, checked by the preflight; the tiny run has no such setting
     and runs beside other jobs and tests on one host, so its DP master ports are a block free on this host
     now, outside the ephemeral range and Ray's own ports (`tiny_dp_ports`), unless ``environ`` already names them."""
-    # lazy: omegaconf is heavy and only this path needs it; importing this module stays light
-    from omegaconf import OmegaConf
-
     # lazy: these load Hydra and omegaconf; importing this module must not
     from verl_patches.launch.preflight.env import DP_MASTER_PORT, dp_master_port_findings, seen_variables
     from verl_patches.launch.preflight.host import vllm_dp_port_count
     from verl_patches.trainer.config_compose import compose_config, resolved
 
     cfg = resolved(compose_config(config_name, overrides))
-    dp = int(OmegaConf.select(cfg, "overlay.vllm_dp_size", default=1) or 1)
+    dp = job_layout(cfg).rollout.dp_per_instance
     out = {"VLLM_DP_SIZE": str(dp), **kv_nz_env(cfg)}
     if dp > 1 and environ.get(DP_MASTER_PORT):  # set by hand it turns the per-rank export off: refused, named
         raise DpEnvError(dp_master_port_findings(seen_variables(None, environ), dp)[0].message)
@@ -385,6 +383,9 @@ def run_tiny(args: argparse.Namespace, settings: ClusterSettings) -> int:
         rollout_env = tiny_rollout_env(TINY_CONFIGS[args.tiny_engine], list(args.overrides), env)
     except ConfigCompositionError as e:
         launch.say(f"the tiny config does not compose: {e}")
+        return 2
+    except JobLayoutError as e:
+        launch.say(f"the tiny config's layout does not hold: {e}")
         return 2
     except (DpEnvError, PortBlockError) as e:
         launch.say(f"no ports for vLLM's DP groups: {e}")
@@ -625,8 +626,9 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
     vendor = preflight_vendor_env.vendor_findings(
         preflight_vendor_env.seen_variables(settings, os.environ), cfg, settings.world_size
     )
+    layout = job_layout(cfg)  # JobLayoutError, naming the key, for a layout that does not hold: main says it
     vendor += preflight_env.dp_master_port_findings(  # the rest of the environment was judged in main
-        preflight_env.seen_variables(settings, os.environ), int(cfg.overlay.vllm_dp_size)
+        preflight_env.seen_variables(settings, os.environ), layout.rollout.dp_per_instance
     )
     refused = [f.message for f in vendor if f.status == "fail"]
     if refused:
@@ -648,7 +650,7 @@ def run_cluster(args: argparse.Namespace, settings: ClusterSettings) -> int:
             [p for p in (settings.get("CANN_TOOLKIT_ENV"), settings.get("CANN_NNAL_ENV")) if p and Path(p).is_file()]
         )
     )
-    env.update(job_env.as_dict(job_env.job_environment(settings, int(cfg.overlay.vllm_dp_size))))
+    env.update(job_env.as_dict(job_env.job_environment(settings, layout.rollout.dp_per_instance)))
     env.update(kv_nz_env(cfg))  # F4 is installed at process start, from the config's KV-NZ setting
     env.update(preflight.path_environment(settings, REPO_ROOT))  # absolute, as the profiles read them
     env["TENSORBOARD_DIR"] = str(launch.log_dir / "tensorboard")
@@ -850,7 +852,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
     try:
         return run_cluster(args, settings)
-    except (SettingsError, NetworkError, ConfigCompositionError, OSError) as e:
+    except (SettingsError, NetworkError, ConfigCompositionError, JobLayoutError, OSError) as e:
         print(f"launch: {e}", file=sys.stderr)
         return 1
 

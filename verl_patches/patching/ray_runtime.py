@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verl_patches.base.job_layout import cluster_of
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_HOOK = "verl_patches.prelude_patch.activate"
 
@@ -136,6 +138,5 @@ def ray_init_kwargs(config: Any, device: str) -> dict[str, Any]:
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     if device == "cpu":
-        trainer = config.trainer
-        kwargs["num_gpus"] = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+        kwargs["num_gpus"] = cluster_of(config).world
     return kwargs

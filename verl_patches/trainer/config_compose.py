@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from verl_patches.base.overlay_settings import OverlaySettingError, overlay_settings
 from verl_patches.device import device_kind
 from verl_patches.driver.rollout_settings import seqs_per_rollout_engine
 from verl_patches.trainer.override_suggest import nearest_key, unknown_key_message, unknown_override_key
@@ -95,7 +96,8 @@ def resolved(cfg: DictConfig) -> DictConfig:
 
     A resolved string that still holds ``${`` (from an environment variable, or an escaped ``\\${`` in an
     override) would be read as a new interpolation here and again by verl's ``OmegaConf.resolve``, which no
-    escaping survives: it is refused, naming the key, instead of failing later with a grammar error.
+    escaping survives: it is refused, naming the key, instead of failing later with a grammar error. So is an
+    ``overlay.*`` key that is not ours or a value of the wrong type (`base.overlay_settings`).
     """
 
     try:
@@ -109,6 +111,10 @@ def resolved(cfg: DictConfig) -> DictConfig:
                 f"{key}={shown}: a value that contains '${{' after resolution would be read "
                 f"as an OmegaConf interpolation by the trainer; remove the '${{'"
             )
+    try:  # every reader of overlay.* reads it typed (`overlay_settings`): a bad key is refused once, here
+        overlay_settings(data)
+    except OverlaySettingError as e:
+        raise ConfigCompositionError(str(e)) from None
     return OmegaConf.create(data)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from verl_patches.base.overlay_settings import overlay_settings
 from verl_patches.driver.config_checks import OverlayConfigError, raise_on_problems
 from verl_patches.driver.rank_memory import run_dir
 from verl_patches.sources.pins import check as check_package_versions
@@ -68,8 +69,9 @@ def main(argv: list[str] | None = None, prepare: Callable[[Any], object] | None 
     # before step 1, so a user on another image sees which versions this run does not share with A3's pins
     print(f"main_ppo_npu: {check_package_versions()[0]}", flush=True)
 
-    os.environ[DIES_PER_CARD_ENV] = str(cfg.get("overlay", {}).get("dies_per_card", 1))
-    if cfg.get("overlay", {}).get("profile") == "tiny" and prepare is None:
+    overlay = overlay_settings(cfg)  # typed and checked by the composition (`config_compose.resolved`)
+    os.environ[DIES_PER_CARD_ENV] = str(overlay.dies_per_card)
+    if overlay.profile == "tiny" and prepare is None:
         print(
             f"main_ppo_npu: the tiny profile's assets are built by the CPU proof's entry: python -m {CPU_PROOF_ENTRY} "
             "(the launcher's --tiny starts it)",

@@ -167,7 +167,7 @@ def test_ep_that_does_not_divide_dp_names_ep():
         ),
         "layout.megatron_parallel",
     )
-    assert f.key == f"{M}.expert_model_parallel_size" and "dp_divisible_by_ep" in f.message
+    assert f.key == f"{M}.expert_model_parallel_size" and "does not divide the training DP 8" in f.message
 
 
 def test_ref_layout_must_match_actor():

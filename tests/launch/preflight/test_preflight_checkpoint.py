@@ -26,6 +26,7 @@ from verl_patches.launch.preflight.run_costs import checkpoint_step, room_needed
 from verl_patches.launch.preflight.validation import validation_findings
 from verl_patches.launch.settings import load_settings
 from verl_patches.trainer.checkpoint_folder import folder_problem
+from verl_patches.trainer.config_compose import ConfigCompositionError
 from verl_patches.trainer.profiles import PROFILES
 from verl_patches.weights.config import make_tiny_config, official_config
 
@@ -355,8 +356,9 @@ def test_validation_beyond_one_batch_of_the_engines_is_a_warning() -> None:
 def test_validation_off_and_a_bad_bound_are_named() -> None:
     off = validation("a3_256die_true_weight", "trainer.test_freq=-1", "trainer.val_before_train=False")
     assert off.status == WARN and off.key == "trainer.test_freq"
-    bad = validation("a3_256die_true_weight", "overlay.val_max_prompts=0")
-    assert bad.status == FAIL and bad.message.startswith("overlay.val_max_prompts=0: expected a positive integer")
+    # a bad bound is refused by the composition, as every overlay setting is (base.overlay_settings)
+    with pytest.raises(ConfigCompositionError, match=r"^overlay\.val_max_prompts=0: expected an integer >= 1"):
+        validation("a3_256die_true_weight", "overlay.val_max_prompts=0")
 
 
 # ---- the dry run as the user runs it -------------------------------------------------------------

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from verl_patches.base import mount_table
 from verl_patches.base.env_flags import EnvError
+from verl_patches.base.job_layout import job_layout
 from verl_patches.checkpoint.commit import listing, read_root_tracker
 from verl_patches.checkpoint.manifest import CheckpointIncomplete
 from verl_patches.checkpoint.plan import TRACKER_FILE, parse_step_dir
@@ -68,7 +69,7 @@ from verl_patches.trainer.checkpoint_folder import CKPT_KEY, CKPT_SETTING, KEY_T
 
 KEEP_KEY = "trainer.max_actor_ckpt_to_keep"
 SAVE_KEY = "trainer.save_freq"
-ASYNC_KEY = "overlay.async_checkpoint"
+ASYNC_KEY = "overlay.async_checkpoint"  # named in the lines; read through ctx.overlay
 # filesystems that live on one machine: another node sees such a folder only if this host exports it
 LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "ramfs", "overlay", "vfat", "zfs"})
 # Filesystems that are never a checkpoint folder shared by the nodes: a RAM filesystem or a container's own
@@ -206,7 +207,7 @@ def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
         f"a step saved every {freq} steps and at the last ({SAVE_KEY}={freq}{in_run}); one step is "
         f"{human_bytes(step.nbytes)} ({step.params / 1e9:.2f} B parameters x {CHECKPOINT_BYTES_NOTE}); {kept}"
     )
-    vendor = vendor_step(get(ctx.cfg, "overlay.profile"))
+    vendor = vendor_step(ctx.overlay.profile)
     if vendor is not None:
         text += (
             f"; a failure loses at most {freq} steps ({human_seconds(freq * vendor.step_s)} at {vendor.step_s} s a "
@@ -225,7 +226,7 @@ def rank_layout(cfg: Any, model: Mapping[str, Any]) -> RankLayout:
         cp=t.cp,
         dp=t.dp,
         expert_dp=max(t.dp // max(t.ep, 1), 1),
-        ranks_per_node=int(get(cfg, "trainer.n_gpus_per_node") or 1),
+        ranks_per_node=job_layout(cfg).cluster.dies_per_node,
         stage_params=tuple(rank_params(shape, t.tp, t.ep, t.layer_list, s) for s in range(t.pp)),
     )
 
@@ -242,6 +243,8 @@ def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, fr
     """What a save blocks the step for, in the foreground and in the background (`run_costs.save_timing`), and
     the host memory a background write holds on the busiest node."""
     cfg = ctx.cfg
+    if ctx.layout is None:
+        return "what a save blocks is not estimated: the layout is refused (see layout.*)"
     step = checkpoint_step(model).nbytes
     layout = rank_layout(cfg, model)
     t = training_setup(cfg, model)
@@ -251,7 +254,7 @@ def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, fr
         f"{GATHER_BYTES_PER_S / 1e9:.0f} GB/s (assumptions)"
     )
     fg = f"{timing.foreground_s:.0f} s ({100 * timing.foreground_s / (freq * vendor.step_s):.0f} % of the {freq} steps)"
-    if not get(cfg, ASYNC_KEY, False):
+    if not ctx.overlay.async_checkpoint:
         return (
             f"a save blocks the step for its whole write, {fg}, at {assumed}; {ASYNC_KEY}=True writes it in the "
             f"background (about {timing.background_s:.0f} s blocked)"
@@ -377,11 +380,11 @@ def storage_findings(ctx: Context, model: Mapping[str, Any], folder: Path) -> li
 
 
 def nodes_finding(ctx: Context, folder: Path) -> Finding:
-    nodes = get(ctx.cfg, "trainer.nnodes")
+    nodes = "every node" if ctx.layout is None else f"all {ctx.layout.cluster.nodes} node(s)"
     return Finding(
         "checkpoint.nodes",
         NOT_CHECKED,
-        f"{folder} is the same storage and writable on every node: checked by the launch on all {nodes} node(s) "
+        f"{folder} is the same storage and writable on every node: checked by the launch on {nodes} "
         f"once they joined Ray, before the trainer starts (each node writes a marker that every other node must see)",
         CKPT_SETTING,
     )

@@ -25,13 +25,13 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from verl_patches.base.env_registry import closest, lookup, problem, unregistered_ours
-from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.base.overlay_settings import VLLM_DP_KEY as DP_SIZE_KEY
+from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding
 from verl_patches.launch.settings import SETTING_NAMES, ClusterSettings
 from verl_patches.worker_calls.env_names import DP_BASE_PORT_ENV
 
 CHECK = "env.variables"
 DP_MASTER_PORT = "VLLM_DP_MASTER_PORT"
-DP_SIZE_KEY = "overlay.vllm_dp_size"
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,7 @@ def variable_findings(seen: Mapping[str, Seen], dp_size: int | None = None, clus
 
 def env_variable_findings(ctx: Context, environ: Mapping[str, str]) -> list[Finding]:
     """The preflight's ``env.variables`` lines for this config, settings and launching environment."""
-    try:
-        dp_size = int(get(ctx.cfg, DP_SIZE_KEY) or 1)
-    except (TypeError, ValueError):  # the layout check names a bad value
-        dp_size = 1
+    dp_size = 1 if ctx.layout is None else ctx.layout.rollout.dp_per_instance  # the layout check names a bad one
     return variable_findings(seen_variables(ctx.settings, environ), dp_size, ctx.cluster_profile)
 
 

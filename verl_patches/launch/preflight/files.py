@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_patches.checkpoint.tracker import TrackerError, read_megatron_tracker
-from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, Context, Finding, get
+from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
 from verl_patches.weights.config import make_tiny_config, official_config, read_config_json, validate_config
 from verl_patches.weights.errors import ConfigError, ManifestError
 from verl_patches.weights.layout import ParallelLayout, all_ranks, rank_dir_name
@@ -32,8 +32,8 @@ def _abs(ctx: Context, path: str) -> Path:
 
 
 def _is_tiny_asset(ctx: Context, path: Path) -> bool:
-    base = get(ctx.cfg, "overlay.tiny_assets_dir")
-    if get(ctx.cfg, "overlay.profile") != "tiny" or not base:
+    base = ctx.overlay.tiny_assets_dir
+    if ctx.overlay.profile != "tiny" or not base:
         return False
     try:
         path.resolve().relative_to(_abs(ctx, base).resolve())
@@ -267,11 +267,14 @@ def checkpoint_findings(ctx: Context, model: dict[str, Any]) -> list[Finding]:
     except TrackerError as e:
         return [Finding("checkpoint.dist", FAIL, str(e), key)]
     it_dir = root / ("release" if it == "release" else f"iter_{it:07d}")
+    if ctx.layout is None:
+        return [Finding("checkpoint.dist", WARN, "rank folders not compared: the layout is refused (see layout.*)", "")]
+    training = ctx.layout.training
     lst = get(ctx.cfg, f"{m}.pipeline_parallel_num_layer_list")
     layout = ParallelLayout(
-        tp=int(get(ctx.cfg, f"{m}.tensor_model_parallel_size")),
-        pp=int(get(ctx.cfg, f"{m}.pipeline_model_parallel_size")),
-        ep=int(get(ctx.cfg, f"{m}.expert_model_parallel_size") or 1),
+        tp=training.tp,
+        pp=training.pp,
+        ep=training.ep,
         num_layer_list=tuple(int(x) for x in lst) if lst else None,
         moe_grouped_gemm=True,
         moe_tp_extend_ep=True,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from verl_patches.base.job_layout import JobLayout, JobLayoutError, job_layout
+from verl_patches.base.overlay_settings import OverlaySettings, overlay_settings
 from verl_patches.checkpoint.root_access import cluster_run
 from verl_patches.driver.config_checks import get  # noqa: F401  (re-exported for the preflight modules)
 from verl_patches.launch.settings import ClusterSettings
@@ -68,3 +71,17 @@ class Context:
     @property
     def megatron(self) -> bool:
         return get(self.cfg, "actor_rollout_ref.actor.strategy") == "megatron"
+
+    @cached_property
+    def layout(self) -> JobLayout | None:
+        """The job's layout (`base.job_layout`); None where the config's is refused: the layout.* findings name
+        the key, and a check that needs the layout says it was skipped."""
+        try:
+            return job_layout(self.cfg)
+        except JobLayoutError:
+            return None
+
+    @cached_property
+    def overlay(self) -> OverlaySettings:
+        """The ``overlay.*`` settings, typed (the composition refused a bad one already: `config_compose.resolved`)."""
+        return overlay_settings(self.cfg)

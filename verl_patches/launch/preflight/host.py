@@ -17,6 +17,7 @@ from typing import Any
 
 from verl_patches.base.free_port import ephemeral_range, port_is_free
 from verl_patches.base.host_device import detect_host_device
+from verl_patches.base.job_layout import JobLayoutError, job_layout
 from verl_patches.launch.cluster.ray_cluster import RAY_OWN_PORTS
 from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, HostFacts, get
 from verl_patches.launch.settings import SettingsError, validate_address
@@ -60,14 +61,15 @@ def port_in_use(port: int) -> bool:
 
 def vllm_dp_port_count(cfg: Any) -> int:
     """One DP master port per vLLM DP group (F2: base + 1 + index, the base being MASTER_PORT exported as
-    VERL_PATCHES_VLLM_DP_BASE_PORT): instances x rollout TP, as many as `dp_env.all_group_ports` gives."""
+    VERL_PATCHES_VLLM_DP_BASE_PORT): instances x rollout TP where an instance has more than one engine
+    (`RolloutParallel.dp_groups`, as many as `dp_env.all_group_ports` gives); none for another rollout, or for a
+    layout the layout.* findings refuse."""
     if get(cfg, "actor_rollout_ref.rollout.name") != "vllm":
         return 0
-    world = int(get(cfg, "trainer.nnodes")) * int(get(cfg, "trainer.n_gpus_per_node"))
-    tp = int(get(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") or 1)
-    dp = int(get(cfg, "overlay.vllm_dp_size") or max(1, world // tp))
-    instances = max(1, world // max(1, tp * dp))
-    return instances * tp
+    try:
+        return job_layout(cfg).rollout.dp_groups
+    except JobLayoutError:
+        return 0
 
 
 def port_plan(ctx: Context) -> tuple[dict[str, range], list[Finding]]:
@@ -139,8 +141,7 @@ def local_dp_port_findings(environ: Mapping[str, str], cfg: Any = None) -> list[
         return []
     try:
         base = dp_base_port(environ)
-        dp_size = int(get(cfg, "overlay.vllm_dp_size") or 1) if cfg is not None else 1
-        port_block(base, vllm_dp_port_count(cfg) if dp_size > 1 else 0)  # DP size 1: no DP group, no port
+        port_block(base, vllm_dp_port_count(cfg) if cfg is not None else 0)  # DP size 1: no DP group, no port
     except DpEnvError as e:
         return [Finding("local.dp_ports", FAIL, str(e), DP_BASE_PORT_ENV)]
     return [Finding("local.dp_ports", OK, f"{DP_BASE_PORT_ENV}={base}: vLLM DP master ports from {base + 1}")]

@@ -15,7 +15,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from verl_patches.driver.config_checks import check_config
+from verl_patches.base.job_layout import (
+    DIES_PER_NODE_KEY,
+    NODES_KEY,
+    ROLLOUT_TP_KEY,
+    JobLayoutError,
+    cluster_of,
+    rollout_engines_of,
+    rollout_of,
+    training_of,
+)
+from verl_patches.base.overlay_settings import VLLM_DP_KEY
+from verl_patches.driver.config_checks import check_config, layout_problems
 from verl_patches.driver.rollout_settings import describe, max_model_len, model_length_limit, rollout_problems
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import SettingsError
@@ -31,27 +42,26 @@ REF = "actor_rollout_ref.ref.megatron"
 LAYER_LIST = f"{M}.pipeline_parallel_num_layer_list"
 
 
-def config_world(cfg: Any) -> int:
-    return int(get(cfg, "trainer.nnodes")) * int(get(cfg, "trainer.n_gpus_per_node"))
-
-
 def world_findings(ctx: Context) -> list[Finding]:
     cfg, s = ctx.cfg, ctx.settings
-    nnodes, per_node = int(get(cfg, "trainer.nnodes")), int(get(cfg, "trainer.n_gpus_per_node"))
-    world = nnodes * per_node
+    try:
+        cluster = cluster_of(cfg)
+    except JobLayoutError as e:  # no world: the rest of the layout cannot be judged
+        return [Finding("layout", FAIL, str(e), e.key)]
+    nnodes, per_node, world = cluster.nodes, cluster.dies_per_node, cluster.world
     if not ctx.cluster_profile:
         return [
             Finding(
                 "layout.world_size",
                 OK,
-                f"world = trainer.nnodes {nnodes} x trainer.n_gpus_per_node "
+                f"world = {NODES_KEY} {nnodes} x {DIES_PER_NODE_KEY} "
                 f"{per_node} = {world} (local profile: NNODES/NPUS_PER_NODE unused)",
             )
         ]
     out = []
     for setting, key, value in (
-        ("NNODES", "trainer.nnodes", nnodes),
-        ("NPUS_PER_NODE", "trainer.n_gpus_per_node", per_node),
+        ("NNODES", NODES_KEY, nnodes),
+        ("NPUS_PER_NODE", DIES_PER_NODE_KEY, per_node),
     ):
         try:
             have = s.int(setting)
@@ -74,48 +84,30 @@ def world_findings(ctx: Context) -> list[Finding]:
             Finding(
                 "layout.world_size",
                 OK,
-                f"world = NNODES {nnodes} x NPUS_PER_NODE {per_node} = {world} "
-                f"= trainer.nnodes x trainer.n_gpus_per_node",
+                f"world = NNODES {nnodes} x NPUS_PER_NODE {per_node} = {world} = {NODES_KEY} x {DIES_PER_NODE_KEY}",
             )
         )
     return out
 
 
-_MEGATRON_KEYS = {
-    "world_divisible_by_tp_pp_cp": f"{M}.tensor_model_parallel_size / {M}.pipeline_model_parallel_size / "
-    f"{M}.context_parallel_size",
-    "dp_divisible_by_ep": f"{M}.expert_model_parallel_size",
-    "positive_size": f"{M}.tensor_model_parallel_size / pipeline_model_parallel_size / expert_model_parallel_size",
-}
-
-
-def megatron_sizes(cfg: Any) -> dict[str, int]:
-    return {
-        "tp": int(get(cfg, f"{M}.tensor_model_parallel_size")),
-        "pp": int(get(cfg, f"{M}.pipeline_model_parallel_size")),
-        "ep": int(get(cfg, f"{M}.expert_model_parallel_size") or 1),
-        "cp": int(get(cfg, f"{M}.context_parallel_size") or 1),
-    }
-
-
-def megatron_findings(ctx: Context, model: Mapping[str, Any]) -> tuple[list[Finding], MegatronLayout | None]:
+def megatron_findings(
+    ctx: Context, model: Mapping[str, Any], world: int
+) -> tuple[list[Finding], MegatronLayout | None]:
     cfg = ctx.cfg
-    world = config_world(cfg)
-    sz = megatron_sizes(cfg)
-    out: list[Finding] = []
-    layout = None
     try:
-        layout = MegatronLayout(world_size=world, **sz)
-        out.append(
-            Finding(
-                "layout.megatron_parallel",
-                OK,
-                f"TP{sz['tp']} x PP{sz['pp']} x CP{sz['cp']} = {sz['tp'] * sz['pp'] * sz['cp']} divides world "
-                f"{world} -> DP {layout.dp}; EP{sz['ep']} divides DP (megatron.core 0.8 parallel_state)",
-            )
+        t = training_of(cfg, world)
+    except JobLayoutError as e:  # the sizes the checks below split by are refused: they wait for a fix
+        return [Finding("layout.megatron_parallel", FAIL, str(e), e.key)], None
+    sz = {"tp": t.tp, "pp": t.pp, "ep": t.ep, "cp": t.cp}
+    layout = MegatronLayout(world_size=world, **sz)  # the rank arithmetic of the sizes job_layout accepted
+    out = [
+        Finding(
+            "layout.megatron_parallel",
+            OK,
+            f"TP{t.tp} x PP{t.pp} x CP{t.cp} = {t.tp * t.pp * t.cp} divides world "
+            f"{world} -> DP {t.dp}; EP{t.ep} divides DP (megatron.core 0.8 parallel_state)",
         )
-    except InvalidLayoutError as e:
-        out.append(Finding("layout.megatron_parallel", FAIL, str(e), _MEGATRON_KEYS.get(e.condition, M)))
+    ]
 
     ref_diff = [
         k
@@ -138,10 +130,9 @@ def megatron_findings(ctx: Context, model: Mapping[str, Any]) -> tuple[list[Find
             )
         )
 
-    out += layer_list_findings(cfg, model, sz["pp"])
-    out += tp_split_findings(model, sz["tp"], sz["ep"])
-    if layout is not None:
-        out += megatron_batch_findings(cfg, layout)
+    out += layer_list_findings(cfg, model, t.pp)
+    out += tp_split_findings(model, t.tp, t.ep)
+    out += megatron_batch_findings(cfg, layout)
     return out, layout
 
 
@@ -264,23 +255,25 @@ def megatron_batch_findings(cfg: Any, layout: MegatronLayout) -> list[Finding]:
     return out
 
 
-def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
+def rollout_findings(ctx: Context, model: Mapping[str, Any], world: int) -> list[Finding]:
     cfg = ctx.cfg
-    world = config_world(cfg)
-    tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
+    try:
+        rollout = rollout_engines_of(cfg, world)
+    except JobLayoutError as e:
+        return [Finding("layout.rollout_tp", FAIL, str(e), e.key)]
+    tp, engines = rollout.tp, rollout.dp
     tbs, n = int(get(cfg, "data.train_batch_size")), int(get(cfg, f"{R}.n"))
     out: list[Finding] = []
-    if world % tp or int(model["num_attention_heads"]) % tp:
+    if int(model["num_attention_heads"]) % tp:
         out.append(
             Finding(
                 "layout.rollout_tp",
                 FAIL,
-                f"rollout TP{tp} must divide the world {world} and num_attention_heads {model['num_attention_heads']}",
-                f"{R}.tensor_model_parallel_size",
+                f"rollout TP{tp} must divide num_attention_heads {model['num_attention_heads']}",
+                ROLLOUT_TP_KEY,
             )
         )
         return out
-    engines = world // tp
     out.append(Finding("layout.rollout_tp", OK, f"rollout TP{tp}: {engines} engines over {world} ranks"))
     if tbs % world:
         out.append(
@@ -302,7 +295,7 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
             )
         )
     if get(cfg, f"{R}.name") == "vllm":
-        out += vllm_dp_findings(ctx, model, world, tp)
+        out += vllm_dp_findings(ctx, model, world)
         max_len = max_model_len(cfg)
         try:
             limit, how = model_length_limit(model)
@@ -321,7 +314,7 @@ def rollout_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]:
                     f"data.max_response_length / {R}.max_model_len",
                 )
             )
-        out += engine_findings(cfg)
+        out += engine_findings(cfg, engines)
     return out
 
 
@@ -334,7 +327,7 @@ KV_LIFECYCLE_PATCHES = (
 )
 
 
-def engine_findings(cfg: Any) -> list[Finding]:
+def engine_findings(cfg: Any, engines: int) -> list[Finding]:
     """The vLLM engine's settings (verl_patches.driver.rollout_settings): one FAIL per contradiction, else
     what the engine gets (graph mode and graph batch size, max_num_seqs, chunked prefill), and whether the
     patches that free and rebuild the KV cache every step are declared for the NPU."""
@@ -342,7 +335,7 @@ def engine_findings(cfg: Any) -> list[Finding]:
     problems = rollout_problems(cfg)
     out = [Finding("rollout.engine", FAIL, p, _keys_in(cfg, p)) for p in problems]
     if not problems:
-        out.append(Finding("rollout.engine", OK, describe(cfg)))
+        out.append(Finding("rollout.engine", OK, describe(cfg, engines)))
     declared = {p.name: p for p in all_patches()}
     missing = [n for n in KV_LIFECYCLE_PATCHES if n not in declared or "npu" not in declared[n].devices]
     if missing:
@@ -375,10 +368,10 @@ def _keys_in(cfg: Any, text: str) -> str:
     return " / ".join(keys)
 
 
-def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int) -> list[Finding]:
+def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int) -> list[Finding]:
     cfg, s = ctx.cfg, ctx.settings
-    key = "overlay.vllm_dp_size"
-    dp = get(cfg, key)
+    key = VLLM_DP_KEY
+    dp = ctx.overlay.vllm_dp_size
     if dp is None:
         return [
             Finding(
@@ -388,7 +381,6 @@ def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int
                 key,
             )
         ]
-    dp = int(dp)
     env = s.get("VLLM_DP_SIZE")
     if env is not None and env != str(dp):
         return [
@@ -400,13 +392,11 @@ def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int
             )
         ]
     try:
-        lay = RolloutLayout(world_size=world, tp=tp, dp_per_instance=dp)
-    except InvalidLayoutError as e:
-        return [
-            Finding(
-                "layout.vllm_dp_size", FAIL, f"{e} (VLLM_DP_SIZE must divide world/rollout TP = {world // tp})", key
-            )
-        ]
+        rollout = rollout_of(cfg, world)
+    except JobLayoutError as e:
+        return [Finding("layout.vllm_dp_size", FAIL, str(e), e.key)]
+    tp = rollout.tp
+    lay = RolloutLayout(world_size=world, tp=tp, dp_per_instance=rollout.dp_per_instance)
     experts = int(model["n_routed_experts"])
     try:
         lay.owned_experts(lay.ep_size - 1, experts)
@@ -428,9 +418,8 @@ def vllm_dp_findings(ctx: Context, model: Mapping[str, Any], world: int, tp: int
     return [Finding("layout.vllm_dp_size", OK, msg)]
 
 
-def fsdp_findings(ctx: Context) -> list[Finding]:
+def fsdp_findings(ctx: Context, world: int) -> list[Finding]:
     cfg = ctx.cfg
-    world = config_world(cfg)
     tbs, n = int(get(cfg, "data.train_batch_size")), int(get(cfg, f"{R}.n"))
     if (tbs * n) % world:
         return [
@@ -448,9 +437,10 @@ def semantic_findings(cfg: Any) -> list[Finding]:
     """Our trainer's own config rules (verl_patches.driver.config_checks), one finding each."""
 
     out = []
-    engine = set(rollout_problems(cfg))  # reported by engine_findings as rollout.engine
+    # reported by engine_findings as rollout.engine, and by the layout.* findings
+    reported = set(rollout_problems(cfg)) | set(layout_problems(cfg))
     for problem in check_config(cfg):
-        if problem in engine:
+        if problem in reported:
             continue
         out.append(Finding("config.semantic", FAIL, problem, _keys_in(cfg, problem)))
     if not out:
@@ -470,12 +460,16 @@ _MISSING = object()
 
 def layout_findings(ctx: Context, model: Mapping[str, Any]) -> tuple[list[Finding], MegatronLayout | None]:
     out = world_findings(ctx)
+    try:
+        world = cluster_of(ctx.cfg).world
+    except JobLayoutError:  # world_findings named the key; nothing below can be judged without the world
+        return out, None
     layout = None
     if ctx.megatron:
-        found, layout = megatron_findings(ctx, model)
+        found, layout = megatron_findings(ctx, model, world)
         out += found
     else:
-        out += fsdp_findings(ctx)
-    out += rollout_findings(ctx, model)
+        out += fsdp_findings(ctx, world)
+    out += rollout_findings(ctx, model, world)
     out += semantic_findings(ctx.cfg)
     return out, layout

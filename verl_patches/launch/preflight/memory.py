@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from verl_patches.base.job_layout import job_layout
 from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.driver.rollout_settings import GRAPH
 from verl_patches.launch.job_env import STATIC_VARS
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
-from verl_patches.launch.preflight.layout import A, M, R, config_world, megatron_sizes
+from verl_patches.launch.preflight.layout import A, M, R
 from verl_patches.launch.preflight.memory_estimate import (
     DieSpec,
     ModelShape,
@@ -29,9 +30,11 @@ from verl_patches.launch.settings import ClusterSettings
 
 
 def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
-    sz = megatron_sizes(cfg)
-    world = config_world(cfg)
-    dp = world // (sz["tp"] * sz["pp"] * sz["cp"])
+    """The training side of the estimate; the layout must hold (`job_layout`: the preflight runs the estimate
+    only after the layout.* checks pass)."""
+    layout = job_layout(cfg)
+    t = layout.training
+    sz, world, dp = {"tp": t.tp, "pp": t.pp, "ep": t.ep, "cp": t.cp}, layout.world, t.dp
     n = int(get(cfg, f"{R}.n"))
     micro = int(get(cfg, f"{A}.ppo_micro_batch_size_per_gpu") or 1)
     lst = get(cfg, f"{M}.pipeline_parallel_num_layer_list")
@@ -78,16 +81,16 @@ def graph_batch_sizes(cfg: Any) -> tuple[int, ...]:
 
 
 def rollout_setup(cfg: Any) -> RolloutSetup:
-    world = config_world(cfg)
-    tp = int(get(cfg, f"{R}.tensor_model_parallel_size") or 1)
-    engines = world // tp
+    """The rollout side of the estimate, for a layout that holds (as `training_setup`)."""
+    rollout = job_layout(cfg).rollout
+    engines = rollout.dp
     seqs = int(get(cfg, "data.train_batch_size")) * int(get(cfg, f"{R}.n"))
     max_len = int(get(cfg, f"{R}.max_model_len") or 0) or int(get(cfg, "data.max_prompt_length")) + int(
         get(cfg, "data.max_response_length")
     )
     return RolloutSetup(
-        tp=tp,
-        dp_per_instance=int(get(cfg, "overlay.vllm_dp_size") or engines),
+        tp=rollout.tp,
+        dp_per_instance=rollout.dp_per_instance,
         gpu_memory_utilization=float(get(cfg, f"{R}.gpu_memory_utilization")),
         max_num_seqs=max(1, seqs // engines),
         max_model_len=max_len,

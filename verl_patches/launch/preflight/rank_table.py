@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from verl_patches.base.job_layout import JobLayoutError, cluster_of, rollout_of, training_of
 from verl_patches.reshard.errors import InvalidLayoutError
 from verl_patches.reshard.layout import MegatronLayout, RolloutLayout
 
@@ -211,13 +212,18 @@ def rank_tables_for_config(cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
     """{'training': (rows, layout) or None, 'rollout': (rows, layout, experts) or None, 'problems': [...]}."""
     # lazy: that module loads omegaconf; importing this one must not
     from verl_patches.launch.preflight.findings import get
-    from verl_patches.launch.preflight.layout import LAYER_LIST, config_world, megatron_sizes
+    from verl_patches.launch.preflight.layout import LAYER_LIST
 
     out: dict[str, Any] = {"training": None, "rollout": None, "problems": []}
-    world = config_world(cfg)
+    try:
+        world = cluster_of(cfg).world
+    except JobLayoutError as e:
+        out["problems"].append(f"cluster: {e}")
+        return out
     if get(cfg, "actor_rollout_ref.actor.strategy") == "megatron":
         try:
-            layout = MegatronLayout(world_size=world, **megatron_sizes(cfg))
+            t = training_of(cfg, world)
+            layout = MegatronLayout(world_size=world, tp=t.tp, pp=t.pp, ep=t.ep, cp=t.cp)
             lst = get(cfg, LAYER_LIST)
             rows = training_rank_table(
                 layout, int(model["num_hidden_layers"]), None if lst is None else [int(x) for x in lst]
@@ -225,14 +231,12 @@ def rank_tables_for_config(cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
             out["training"] = (rows, layout)
         except (InvalidLayoutError, KeyError, TypeError, ValueError) as e:
             out["problems"].append(f"training layout: {e}")
-    tp = int(get(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") or 1)
-    dp = get(cfg, "overlay.vllm_dp_size")
     try:
-        dp = int(dp) if dp is not None else world // tp
+        r = rollout_of(cfg, world)
         experts = int(model["n_routed_experts"])
-        layout_r = RolloutLayout(world_size=world, tp=tp, dp_per_instance=dp)
+        layout_r = RolloutLayout(world_size=world, tp=r.tp, dp_per_instance=r.dp_per_instance)
         out["rollout"] = (rollout_rank_table(layout_r, experts), layout_r, experts)
-    except (InvalidLayoutError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+    except (InvalidLayoutError, KeyError, TypeError, ValueError) as e:
         out["problems"].append(f"rollout layout: {e}")
     return out
 

@@ -95,7 +95,7 @@ def run_end_findings(ctx: Context) -> list[Finding]:
     batch = int(get(ctx.cfg, "data.train_batch_size", 0) or 0)
     rows = parquet_rows(ctx, "data.train_files")
     length = run_length(int(asked) if asked is not None else None, epochs, rows, batch)
-    vendor = vendor_step(get(ctx.cfg, "overlay.profile"))
+    vendor = vendor_step(ctx.overlay.profile)
     return [
         run_end_text(
             length,

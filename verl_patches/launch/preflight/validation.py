@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import math
 
-from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY, val_max_prompts
+from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY
 from verl_patches.launch.preflight.files import parquet_rows
-from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
+from verl_patches.launch.preflight.findings import OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight.run_costs import VENDOR_SOURCE, vendor_step
 
 TEST_FREQ_KEY = "trainer.test_freq"
-
-
-def rollout_engines(ctx: Context) -> int:
-    world = int(get(ctx.cfg, "trainer.nnodes")) * int(get(ctx.cfg, "trainer.n_gpus_per_node"))
-    return max(1, world // int(get(ctx.cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") or 1))
 
 
 def validation_findings(ctx: Context) -> list[Finding]:
     check = "validation"
     freq = int(get(ctx.cfg, TEST_FREQ_KEY, -1) or -1)
     before = bool(get(ctx.cfg, "trainer.val_before_train", False))
-    try:
-        bound = val_max_prompts(get(ctx.cfg, VAL_MAX_PROMPTS_KEY))
-    except ValueError as err:
-        return [Finding(check, FAIL, str(err), VAL_MAX_PROMPTS_KEY)]
+    bound = ctx.overlay.val_max_prompts
     if freq <= 0 and not before:
         if ctx.cluster_profile:
             return [
@@ -62,13 +54,15 @@ def validation_findings(ctx: Context) -> list[Finding]:
     text = f"validation {when} ({TEST_FREQ_KEY}={freq}) on {which}, one greedy response each"
     if prompts is None:
         return [Finding(check, OK, text + "; its size is read on the cluster's storage")]
-    engines = rollout_engines(ctx)
+    if ctx.layout is None:
+        return [Finding(check, WARN, text + "; its batches per engine need the layout, refused (see layout.*)")]
+    engines = ctx.layout.rollout.dp
     seqs = int(get(ctx.cfg, "actor_rollout_ref.rollout.max_num_seqs") or 0)
     batches = math.ceil(math.ceil(prompts / engines) / seqs) if seqs > 0 else 1
     text += (
         f": {math.ceil(prompts / engines)} per rollout engine of {engines}, {batches} batch(es) of max_num_seqs {seqs}"
     )
-    vendor = vendor_step(get(ctx.cfg, "overlay.profile"))
+    vendor = vendor_step(ctx.overlay.profile)
     if vendor is not None:
         cost = batches * vendor.rollout_s + vendor.switch_s
         share = f", {cost / (freq * vendor.step_s):.1%} of the {freq} steps between validations" if freq > 0 else ""
@@ -82,4 +76,4 @@ def validation_findings(ctx: Context) -> list[Finding]:
     return [Finding(check, status, text, key)]
 
 
-__all__ = ["rollout_engines", "validation_findings"]
+__all__ = ["validation_findings"]

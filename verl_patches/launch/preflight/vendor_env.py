@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from verl_patches.base.env_flags import EnvError, env_int, parse_flag
+from verl_patches.base.overlay_settings import VLLM_DP_KEY as DP_SIZE_KEY
+from verl_patches.base.overlay_settings import overlay_settings
 from verl_patches.launch.preflight.env import Seen, seen_by_the_job
 from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Finding, get
 from verl_patches.launch.settings import ClusterSettings
@@ -27,7 +29,6 @@ from verl_patches.launch.settings import ClusterSettings
 CHECK = "env.vendor"
 GRAPH_MODE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled"
 FIX_ROUTER_KEY = "actor_rollout_ref.actor.megatron.fix_router"
-DP_SIZE_KEY = "overlay.vllm_dp_size"
 
 
 def _on_off(on: bool) -> str:
@@ -99,7 +100,7 @@ def _rebalance(v: Seen, _cfg: object) -> Finding:
 
 
 def _dp_size(v: Seen, cfg: object) -> Finding:
-    here = get(cfg, DP_SIZE_KEY)
+    here = overlay_settings(cfg).vllm_dp_size
     value = env_int(v.name, 0, environ={v.name: v.value})
     text = f"the job exports {v.name} from {DP_SIZE_KEY} ({here} in this config)"
     if here is not None and value == int(here):

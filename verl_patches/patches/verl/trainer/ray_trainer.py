@@ -12,11 +12,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_patches.base.config_access import get
+from verl_patches.base.overlay_settings import overlay_settings
 from verl_patches.driver.config_checks import raise_on_problems
 from verl_patches.driver.fit_loop import run_fit
 from verl_patches.driver.fused_role import init_fused_workers
-from verl_patches.driver.step_plan import FUSED_ROLE_KEY, plan_steps
+from verl_patches.driver.step_plan import plan_steps
 
 REMAX = ("remax", "AdvantageEstimator.REMAX")
 
@@ -26,7 +26,7 @@ def with_fused_role(init_workers: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     @functools.wraps(init_workers)
     def overlay_init_workers(self: Any) -> Any:
-        if not get(self.config, FUSED_ROLE_KEY, False):
+        if not overlay_settings(self.config).fused_actor_rollout_ref:
             return init_workers(self)
         return init_fused_workers(self)
 

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from verl_patches.base.config_access import get
+from verl_patches.base.overlay_settings import overlay_settings
 from verl_patches.data.val_subset import VAL_MAX_PROMPTS_KEY, val_max_prompts, val_subset_indices
 
 LOG_PREFIX = "verl_patches validation:"
@@ -34,7 +34,7 @@ def bounded_val_dataset(dataset: Any, max_prompts: Any, say: Callable[[str], Non
 def with_val_subset(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _create_dataloader(self: Any, train_dataset: Any, val_dataset: Any, collate_fn: Any, train_sampler: Any):
-        bound = get(self.config, VAL_MAX_PROMPTS_KEY)
+        bound = overlay_settings(self.config).val_max_prompts
         if bound is not None:
             if val_dataset is None:  # as upstream builds it, so that the bound applies to the same rows
                 # deferred: a patch applies while upstream is still importing; verl is read at call time
