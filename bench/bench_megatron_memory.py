@@ -126,8 +126,9 @@ def measure_rank(rank: int, world: int, hf: str, tp: int, pp: int, ep: int, laye
 
 def estimate_rank(cfg: dict, tp: int, pp: int, ep: int, layer_list, world: int, stage: int, seq_len: int) -> dict:
     from verl_patches.launch.preflight import memory_estimate as me
+    from verl_patches.reshard.model_dims import ModelDims
 
-    m = me.ModelShape.from_hf_config(cfg)
+    m = ModelDims.from_hf_config(cfg)
     layers = tuple(layer_list) if layer_list else (cfg["num_hidden_layers"] // pp,) * pp
     t = me.TrainingSetup(
         tp=tp,

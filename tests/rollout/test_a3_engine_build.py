@@ -141,9 +141,10 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_a3_rollout_is_vllm_ascends_engine_compiled_for_torchair(ranks, tiny_hf_config) -> None:
-    from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_parameter_tensors
+    from verl_patches.launch.preflight.memory_estimate import rollout_parameter_tensors
+    from verl_patches.reshard.model_dims import ModelDims
 
-    parameter_tensors = rollout_parameter_tensors(ModelShape.from_hf_config(tiny_hf_config))
+    parameter_tensors = rollout_parameter_tensors(ModelDims.from_hf_config(tiny_hf_config))
     for rank, out in enumerate(ranks):
         # the A3 engine on the emulated npu device: the lifecycle patch's CPU twin
         assert out["cpu_binding"] == "verl_patches.patches.verl.workers.rollout.emulated_npu.build_llm"

@@ -177,4 +177,5 @@ DEEPSEEK_V3_CONFIG: dict[str, Any] = {
     "num_experts_per_tok": 8,
     "torch_dtype": "bfloat16",
 }
+DEEPSEEK_V3 = ModelDims.from_hf_config(DEEPSEEK_V3_CONFIG)
 PRODUCTION_LAYER_LIST = [7, 7, 8, 8, 8, 8, 8, 7]

@@ -11,7 +11,6 @@ from verl_patches.launch.preflight.memory_estimate import (
     MIB,
     Component,
     DieSpec,
-    ModelShape,
     PhaseEstimate,
     Recompute,
     RolloutSetup,
@@ -30,12 +29,13 @@ from verl_patches.launch.preflight.memory_estimate import (
     stage_activation_bytes,
     total_params,
 )
+from verl_patches.reshard.model_dims import ModelDims
 from verl_patches.weights.config import make_tiny_config, official_config
 
 # make_tiny_config(512): h 64, vocab 512, 4 layers (1 dense), ffn 128, moe_ffn 32, 8 experts (top-2,
 # 1 shared), 4 heads, q_lora 32, kv_lora 16, nope 16, rope 8, v 16.
-TINY = ModelShape.from_hf_config(make_tiny_config(vocab_size=512))
-DSV3 = ModelShape.from_hf_config(official_config())
+TINY = ModelDims.from_hf_config(make_tiny_config(vocab_size=512))
+DSV3 = ModelDims.from_hf_config(official_config())
 LAYERS_671B = (7, 7, 8, 8, 8, 8, 8, 7)
 
 
@@ -202,7 +202,7 @@ def test_671b_rollout_fits_a3_with_kv_for_all_sequences():
         est = estimate_rollout(DSV3, t, r, ATLAS_A3_DIE, 300)
         assert est.vllm.verdict == "ok" and est.outside.verdict == "ok"
         assert est.kv_tokens >= est.kv_tokens_needed == 64 * 4096
-        assert DSV3.experts // r.ep == experts_per_rank
+        assert DSV3.num_experts // r.ep == experts_per_rank
         weights = rollout_weight_bytes(DSV3, r)
         assert 20 * GIB < weights < 30 * GIB  # TP2 attention/dense parts + 1 or 2 experts per MoE layer
     # Twice the experts per rank at EP128: exactly 58 MoE layers x one more expert of 3*h*f BF16 params.
@@ -280,7 +280,7 @@ def test_torchair_graph_feature_map_at_the_a3_profiles_by_hand(layers, dp, seqs,
     )
 
     cfg = official_config() | {"num_hidden_layers": layers}
-    m = ModelShape.from_hf_config(cfg)
+    m = ModelDims.from_hf_config(cfg)
     r = RolloutSetup(2, dp, 0.8, seqs, 4096, 1024, (seqs,))
     assert rollout_mc2_sizes(m, r).bs == bs and rollout_mc2_sizes(m, r).receive_rows == rows
     elements = seqs * DSV3_TP2_ATTENTION_PER_TOKEN + _moe_layer(bs, rows, seqs)  # a MoE layer outweighs a dense one

@@ -44,7 +44,7 @@ from verl_patches.checkpoint.root_access import (
 from verl_patches.checkpoint.trainer_io import resume_dir
 from verl_patches.launch.preflight.findings import FAIL, NOT_CHECKED, OK, WARN, Context, Finding, get
 from verl_patches.launch.preflight.memory import training_setup
-from verl_patches.launch.preflight.memory_estimate import ModelShape, rank_params
+from verl_patches.launch.preflight.memory_estimate import rank_params
 from verl_patches.launch.preflight.run_costs import (
     CHECKPOINT_BYTES_NOTE,
     GATHER_BYTES_PER_S,
@@ -65,6 +65,7 @@ from verl_patches.launch.preflight.run_costs import (
     saves_in_run,
     vendor_step,
 )
+from verl_patches.reshard.model_dims import ModelDims
 from verl_patches.trainer.checkpoint_folder import CKPT_KEY, CKPT_SETTING, KEY_TO_CHANGE, folder_problem
 
 KEEP_KEY = "trainer.max_actor_ckpt_to_keep"
@@ -220,7 +221,7 @@ def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
 def rank_layout(cfg: Any, model: Mapping[str, Any]) -> RankLayout:
     """The training ranks' placement and per-stage parameters, as the memory estimate reads the config."""
     t = training_setup(cfg, model)
-    shape = ModelShape.from_hf_config(model)
+    shape = ModelDims.from_hf_config(model)
     return RankLayout(
         tp=t.tp,
         cp=t.cp,

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from verl_patches.base.overlay_settings import VLLM_DP_KEY
 from verl_patches.base.strict_int import IntError, parse_int
 from verl_patches.launch.preflight.findings import FAIL, OK, Context, Finding, get
 from verl_patches.launch.preflight.layout import R
 from verl_patches.launch.preflight.mc2_buffer import A3_MAX_BS, required_buffsize_mb
 from verl_patches.launch.preflight.memory import hccl_buffsize_setting, rollout_setup
-from verl_patches.launch.preflight.memory_estimate import ModelShape, rollout_mc2_sizes
+from verl_patches.launch.preflight.memory_estimate import rollout_mc2_sizes
+from verl_patches.reshard.model_dims import ModelDims
 
 CHECK = "rollout.mc2_hccl_buffsize"
 MC2_MIN_EP = 16  # ascend_forward_context.get_fused_moe_state: below it vllm-ascend routes through All2All
@@ -30,7 +32,7 @@ def mc2_buffer_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]
         return []
     if not ctx.cluster_profile:
         return [Finding(CHECK, OK, "n/a: this profile's rollout runs without HCCL (no A3 dies)")]
-    m, r = ModelShape.from_hf_config(model), rollout_setup(cfg)
+    m, r = ModelDims.from_hf_config(model), rollout_setup(cfg)
     if r.ep < MC2_MIN_EP:
         return [Finding(CHECK, OK, f"n/a: EP{r.ep} < {MC2_MIN_EP}: vllm-ascend routes the MoE by All2All, not MC2")]
     raw, where = hccl_buffsize_setting(ctx.settings)
@@ -53,14 +55,14 @@ def mc2_buffer_findings(ctx: Context, model: Mapping[str, Any]) -> list[Finding]
                 f"{R}.max_num_seqs",
             )
         )
-    if m.experts % r.ep:
+    if m.num_experts % r.ep:
         problems.append(
             Finding(
                 CHECK,
                 FAIL,
-                f"MC2 needs the {m.experts} routed experts to divide evenly over EP{r.ep} (moe_expert_num % "
+                f"MC2 needs the {m.num_experts} routed experts to divide evenly over EP{r.ep} (moe_expert_num % "
                 f"ep_world_size == 0)",
-                "overlay.vllm_dp_size",
+                VLLM_DP_KEY,
             )
         )
     need, rule = required_buffsize_mb(sizes)

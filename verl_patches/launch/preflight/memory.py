@@ -13,7 +13,6 @@ from verl_patches.launch.preflight.findings import FAIL, OK, WARN, Context, Find
 from verl_patches.launch.preflight.layout import A, M, R
 from verl_patches.launch.preflight.memory_estimate import (
     DieSpec,
-    ModelShape,
     PhaseEstimate,
     Recompute,
     RolloutSetup,
@@ -27,6 +26,7 @@ from verl_patches.launch.preflight.memory_estimate import (
     rollout_weight_bytes,
 )
 from verl_patches.launch.settings import ClusterSettings
+from verl_patches.reshard.model_dims import ModelDims
 
 
 def training_setup(cfg: Any, model: Mapping[str, Any]) -> TrainingSetup:
@@ -149,7 +149,7 @@ def memory_findings(ctx: Context, model: Mapping[str, Any], die: DieSpec) -> lis
             )
         ]
     out = [Finding("memory.die", OK, f"{die.name}: {gib(die.hbm_bytes):.0f} GiB HBM — {die.source}")]
-    m = ModelShape.from_hf_config(model)
+    m = ModelDims.from_hf_config(model)
     t = training_setup(cfg, model)
     buf = hccl_buffsize(ctx)
     vllm = get(cfg, f"{R}.name") == "vllm"

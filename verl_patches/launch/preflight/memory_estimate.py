@@ -87,11 +87,10 @@ TP, DP, EP; the rollout's MC2 group is counted apart, above).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from verl_patches.launch.preflight.mc2_buffer import Mc2Sizes
+from verl_patches.reshard.model_dims import ModelDims
 
 GIB = 1024**3
 MIB = 1024**2
@@ -123,59 +122,6 @@ ATLAS_A3_DIE = DieSpec(
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """The DeepSeek-V3 dimensions the model uses (from a HF config.json dict)."""
-
-    hidden: int
-    vocab: int
-    layers: int
-    first_k_dense: int
-    dense_ffn: int
-    moe_ffn: int
-    experts: int
-    shared_experts: int
-    topk: int
-    heads: int
-    q_lora: int | None
-    kv_lora: int
-    qk_nope: int
-    qk_rope: int
-    v_head: int
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelShape:
-        return cls(
-            hidden=int(cfg["hidden_size"]),
-            vocab=int(cfg["vocab_size"]),
-            layers=int(cfg["num_hidden_layers"]),
-            first_k_dense=int(cfg["first_k_dense_replace"]),
-            dense_ffn=int(cfg["intermediate_size"]),
-            moe_ffn=int(cfg["moe_intermediate_size"]),
-            experts=int(cfg["n_routed_experts"]),
-            shared_experts=int(cfg.get("n_shared_experts") or 0),
-            topk=int(cfg["num_experts_per_tok"]),
-            heads=int(cfg["num_attention_heads"]),
-            q_lora=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-            kv_lora=int(cfg["kv_lora_rank"]),
-            qk_nope=int(cfg["qk_nope_head_dim"]),
-            qk_rope=int(cfg["qk_rope_head_dim"]),
-            v_head=int(cfg["v_head_dim"]),
-        )
-
-    def is_moe(self, layer: int) -> bool:
-        return layer >= self.first_k_dense
-
-    @property
-    def shared_ffn(self) -> int:
-        return self.shared_experts * self.moe_ffn
-
-    @property
-    def kv_cache_bytes_per_token(self) -> int:
-        """MLA latent cache: (kv_lora_rank + qk_rope_head_dim) x layers x BF16."""
-        return (self.kv_lora + self.qk_rope) * self.layers * BF16
-
-
-@dataclass(frozen=True)
 class ParamCount:
     dense: int  # reduced over the data-parallel group
     expert: int  # routed experts, reduced over the expert-data-parallel group
@@ -191,26 +137,26 @@ class ParamCount:
 ZERO = ParamCount(0, 0)
 
 
-def attention_params(m: ModelShape, tp: int) -> int:
+def attention_params(m: ModelDims, tp: int) -> int:
     """MLA parameters of one layer held by one TP rank (input_layernorm included)."""
     h = m.hidden
-    if m.q_lora:
-        replicated = (m.q_lora + m.kv_lora + m.qk_rope) * h + m.q_lora + m.kv_lora + h
-        split = m.heads * (m.qk_nope + m.qk_rope) * m.q_lora
+    if m.q_lora_rank:
+        replicated = (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) * h + m.q_lora_rank + m.kv_lora_rank + h
+        split = m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) * m.q_lora_rank
     else:
-        replicated = (m.kv_lora + m.qk_rope) * h + m.kv_lora + h
-        split = m.heads * (m.qk_nope + m.qk_rope) * h
-    split += m.heads * (m.qk_nope + m.v_head) * m.kv_lora + h * m.heads * m.v_head
+        replicated = (m.kv_lora_rank + m.qk_rope_head_dim) * h + m.kv_lora_rank + h
+        split = m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) * h
+    split += m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank + h * m.num_heads * m.v_head_dim
     return replicated + split // tp
 
 
-def mlp_params(m: ModelShape, layer: int, tp: int, ep: int) -> ParamCount:
+def mlp_params(m: ModelDims, layer: int, tp: int, ep: int) -> ParamCount:
     """MLP parameters of one layer held by one rank (pre_mlp_layernorm included)."""
     h = m.hidden
     if not m.is_moe(layer):
         return ParamCount(3 * h * m.dense_ffn // tp + h, 0)
-    dense = m.experts * h + 3 * h * m.shared_ffn // tp + h
-    return ParamCount(dense, m.experts * 3 * h * m.moe_ffn // (tp * ep))
+    dense = m.num_experts * h + 3 * h * m.shared_ffn // tp + h
+    return ParamCount(dense, m.num_experts * 3 * h * m.moe_ffn // (tp * ep))
 
 
 def stage_layer_ranges(layer_list: tuple[int, ...]) -> list[range]:
@@ -221,25 +167,25 @@ def stage_layer_ranges(layer_list: tuple[int, ...]) -> list[range]:
     return out
 
 
-def rank_params(m: ModelShape, tp: int, ep: int, layer_list: tuple[int, ...], stage: int) -> ParamCount:
+def rank_params(m: ModelDims, tp: int, ep: int, layer_list: tuple[int, ...], stage: int) -> ParamCount:
     """Parameters one training rank of pipeline stage ``stage`` holds."""
     ranges = stage_layer_ranges(layer_list)
     total = ZERO
     for layer in ranges[stage]:
         total = total + ParamCount(attention_params(m, tp), 0) + mlp_params(m, layer, tp, ep)
     if stage == 0:
-        total = total + ParamCount(m.vocab * m.hidden // tp, 0)
+        total = total + ParamCount(m.vocab_size * m.hidden // tp, 0)
     if stage == len(layer_list) - 1:
-        total = total + ParamCount(m.vocab * m.hidden // tp + m.hidden, 0)
+        total = total + ParamCount(m.vocab_size * m.hidden // tp + m.hidden, 0)
     return total
 
 
-def total_params(m: ModelShape) -> int:
+def total_params(m: ModelDims) -> int:
     """All parameters of the model (no parallelism): the 671B sanity figure for DeepSeek-V3."""
-    return rank_params(m, 1, 1, (m.layers,), 0).total
+    return rank_params(m, 1, 1, (m.num_layers,), 0).total
 
 
-def layer_activation_elems(m: ModelShape, layer: int, tp: int, sequence_parallel: bool, tp_extend_ep: bool) -> float:
+def layer_activation_elems(m: ModelDims, layer: int, tp: int, sequence_parallel: bool, tp_extend_ep: bool) -> float:
     """Elements one training rank stores for backward per token of one layer (see module docstring).
 
     attention: norm input and linear input ``2h/sp``; q_a and q_norm outputs ``2*q_lora``; kv_a output
@@ -252,13 +198,13 @@ def layer_activation_elems(m: ModelShape, layer: int, tp: int, sequence_parallel
     """
     h = m.hidden
     sp = tp if sequence_parallel else 1
-    q = 2 * m.q_lora if m.q_lora else 0
+    q = 2 * m.q_lora_rank if m.q_lora_rank else 0
     attn = (
         2 * h / sp
         + q
-        + (m.kv_lora + m.qk_rope)
-        + m.kv_lora
-        + m.heads / tp * (2 * (m.qk_nope + m.qk_rope) + 2 * m.v_head)
+        + (m.kv_lora_rank + m.qk_rope_head_dim)
+        + m.kv_lora_rank
+        + m.num_heads / tp * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + 2 * m.v_head_dim)
     )
     if not m.is_moe(layer):
         return attn + 2 * h / sp + 3 * m.dense_ffn / tp
@@ -266,7 +212,7 @@ def layer_activation_elems(m: ModelShape, layer: int, tp: int, sequence_parallel
         routed = m.topk * (2 * h + 3 * m.moe_ffn) / tp
     else:
         routed = m.topk * (2 * h + 3 * m.moe_ffn / tp)
-    return attn + 2 * h / sp + 2 * m.experts / sp + routed + 3 * m.shared_ffn / tp
+    return attn + 2 * h / sp + 2 * m.num_experts / sp + routed + 3 * m.shared_ffn / tp
 
 
 @dataclass(frozen=True)
@@ -397,7 +343,7 @@ def stage_in_flight(t: TrainingSetup, stage: int) -> int:
     return max(1, min(t.pp - stage, t.micro_batches_per_step))
 
 
-def stage_activation_bytes(m: ModelShape, t: TrainingSetup, stage: int) -> tuple[float, float]:
+def stage_activation_bytes(m: ModelDims, t: TrainingSetup, stage: int) -> tuple[float, float]:
     """(activation bytes at the stage's peak, of which the logits) for one rank of ``stage``."""
     tokens = t.seq_len * t.micro_batch // t.cp  # context parallelism splits the sequence
     layers = list(stage_layer_ranges(t.layer_list)[stage])
@@ -419,12 +365,12 @@ def stage_activation_bytes(m: ModelShape, t: TrainingSetup, stage: int) -> tuple
         stored, transient = sum(full), 0.0
     logits = 0.0
     if stage == t.pp - 1:
-        logits = 2 * tokens * m.vocab / t.tp * FP32
+        logits = 2 * tokens * m.vocab_size / t.tp * FP32
     return stage_in_flight(t, stage) * stored + transient + logits, logits
 
 
 def estimate_training(
-    m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
+    m: ModelDims, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
 ) -> PhaseEstimate:
     """The worst pipeline stage's peak during the actor update."""
     reserve = reserve_components(hccl_buffsize_mb, communicator_count(t, rollout))
@@ -495,55 +441,55 @@ def _training_key(t: TrainingSetup, comps: tuple[Component, ...]) -> str:
     return f"{a}.pipeline_model_parallel_size"
 
 
-def owned_routed_experts(m: ModelShape, ep: int) -> int:
+def owned_routed_experts(m: ModelDims, ep: int) -> int:
     """Routed experts on the rollout rank that holds the most: vLLM's ``determine_expert_map`` gives each of
     the EP ranks ``E // EP`` and the last one the remainder (0 when EP exceeds the experts)."""
-    return m.experts - (ep - 1) * (m.experts // ep) if ep <= m.experts else 0
+    return m.num_experts - (ep - 1) * (m.num_experts // ep) if ep <= m.num_experts else 0
 
 
-def rollout_weight_bytes(m: ModelShape, r: RolloutSetup) -> float:
+def rollout_weight_bytes(m: ModelDims, r: RolloutSetup) -> float:
     """BF16 weights one vLLM rank holds (module docstring), MLA absorbed copies included."""
     h, tp = m.hidden, r.tp
-    per_layer_attn = attention_params(m, tp) + m.heads * (m.qk_nope + m.v_head) * m.kv_lora // tp
+    per_layer_attn = attention_params(m, tp) + m.num_heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank // tp
     owned = owned_routed_experts(m, r.ep)
-    n = 2 * m.vocab * h // tp + h
-    for layer in range(m.layers):
+    n = 2 * m.vocab_size * h // tp + h
+    for layer in range(m.num_layers):
         n += per_layer_attn + h
         if m.is_moe(layer):
-            n += m.experts * h + 3 * h * m.shared_ffn // tp + owned * 3 * h * m.moe_ffn
+            n += m.num_experts * h + 3 * h * m.shared_ffn // tp + owned * 3 * h * m.moe_ffn
         else:
             n += 3 * h * m.dense_ffn // tp
     return BF16 * n
 
 
-def rollout_parameter_tensors(m: ModelShape) -> int:
+def rollout_parameter_tensors(m: ModelDims) -> int:
     """`nn.Parameter`s of vLLM's DeepSeek-V3 on one rollout rank (what a TorchAir graph takes as inputs
     when parameters are not frozen): per layer the two norms and MLA's seven projections and norms
     (q_a, q_a_layernorm, q_b, kv_a_proj_with_mqa, kv_a_layernorm, kv_b, o); per MoE layer the router's
     weight and bias, the fused expert w13/w2 and the shared experts' gate_up/down; per dense layer its
     gate_up/down; plus embedding, final norm and lm_head. Independent of TP and EP (each rank holds a share
     of every tensor)."""
-    q_proj = 3 if m.q_lora else 1  # q_a_proj, q_a_layernorm, q_b_proj, or one q_proj
+    q_proj = 3 if m.q_lora_rank else 1  # q_a_proj, q_a_layernorm, q_b_proj, or one q_proj
     per_layer = 2 + q_proj + 4
-    moe_layers = sum(1 for layer in range(m.layers) if m.is_moe(layer))
-    return m.layers * per_layer + moe_layers * 6 + (m.layers - moe_layers) * 2 + 3
+    moe_layers = sum(1 for layer in range(m.num_layers) if m.is_moe(layer))
+    return m.num_layers * per_layer + moe_layers * 6 + (m.num_layers - moe_layers) * 2 + 3
 
 
-def rollout_workspace_bytes(m: ModelShape, r: RolloutSetup) -> float:
+def rollout_workspace_bytes(m: ModelDims, r: RolloutSetup) -> float:
     tokens = max(r.max_num_batched_tokens, r.max_num_seqs)
     h = m.hidden
     per_token = (
         2 * h
-        + (m.q_lora or 0)
-        + m.kv_lora
-        + m.qk_rope
-        + m.heads * (m.qk_nope + m.qk_rope + m.v_head) / r.tp
+        + (m.q_lora_rank or 0)
+        + m.kv_lora_rank
+        + m.qk_rope_head_dim
+        + m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / r.tp
         + m.topk * (2 * h + 3 * m.moe_ffn)
     )
-    return tokens * per_token * BF16 + r.max_num_seqs * m.vocab * FP32
+    return tokens * per_token * BF16 + r.max_num_seqs * m.vocab_size * FP32
 
 
-def rollout_mc2_sizes(m: ModelShape, r: RolloutSetup, decode_tokens: int | None = None) -> Mc2Sizes:
+def rollout_mc2_sizes(m: ModelDims, r: RolloutSetup, decode_tokens: int | None = None) -> Mc2Sizes:
     """MC2's dispatch sizes on one rollout rank in a decode step of ``decode_tokens`` per DP rank (default:
     the most it runs, ``r.decode_tokens``): vllm-ascend pads every DP rank to the largest and splits them over
     the TP ranks before dispatch (fused_moe.py:1371-1396; ``global_bs = ceil(max tokens across DP / TP) * EP``,
@@ -558,17 +504,17 @@ def rollout_mc2_sizes(m: ModelShape, r: RolloutSetup, decode_tokens: int | None 
     )
 
 
-def graph_feature_map_bytes(m: ModelShape, r: RolloutSetup, batch: int) -> float:
+def graph_feature_map_bytes(m: ModelDims, r: RolloutSetup, batch: int) -> float:
     """One TorchAir graph's feature map at graph batch ``batch`` (the model in the module docstring)."""
     h, tp = m.hidden, r.tp
     attention = batch * (
         2 * h
-        + (m.q_lora or 0)
-        + m.kv_lora
-        + m.qk_rope
-        + m.heads / tp * (m.qk_nope + m.qk_rope + 2 * m.kv_lora + m.v_head)
+        + (m.q_lora_rank or 0)
+        + m.kv_lora_rank
+        + m.qk_rope_head_dim
+        + m.num_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + 2 * m.kv_lora_rank + m.v_head_dim)
     )
-    kinds = {m.is_moe(layer) for layer in range(m.layers)}
+    kinds = {m.is_moe(layer) for layer in range(m.num_layers)}
     extra = [batch * 3 * m.dense_ffn / tp] if False in kinds else []
     assist = 0.0
     if True in kinds:
@@ -579,16 +525,16 @@ def graph_feature_map_bytes(m: ModelShape, r: RolloutSetup, batch: int) -> float
     return BF16 * (attention + max(extra, default=0.0)) + assist
 
 
-def torchair_graph_bytes(m: ModelShape, r: RolloutSetup) -> float:
+def torchair_graph_bytes(m: ModelDims, r: RolloutSetup) -> float:
     """What the rollout's TorchAir graphs hold for their life: one feature map per graph batch size."""
     return sum(graph_feature_map_bytes(m, r, batch) for batch in r.graph_batch_sizes)
 
 
-def engine_resident_components(m: ModelShape, r: RolloutSetup, hccl_buffsize_mb: int) -> tuple[Component, ...]:
+def engine_resident_components(m: ModelDims, r: RolloutSetup, hccl_buffsize_mb: int) -> tuple[Component, ...]:
     """What the rollout engine keeps on the die in every phase: the MC2 group's HCCL buffers and the TorchAir
     graphs' memory (module docstring)."""
     out = []
-    if r.ep > 1 and any(m.is_moe(layer) for layer in range(m.layers)):
+    if r.ep > 1 and any(m.is_moe(layer) for layer in range(m.num_layers)):
         out.append(
             Component(
                 "hccl_mc2_buffers",
@@ -621,7 +567,7 @@ class RolloutEstimate:
 
 
 def estimate_rollout(
-    m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
+    m: ModelDims, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
 ) -> RolloutEstimate:
     util_bytes = r.gpu_memory_utilization * die.hbm_bytes
     weights = rollout_weight_bytes(m, r)
@@ -632,7 +578,9 @@ def estimate_rollout(
         "rollout",
         (
             Component(
-                "weights_bf16", weights, f"TP{r.tp}, EP{r.ep} ({max(1, m.experts // r.ep)} routed expert(s) per rank)"
+                "weights_bf16",
+                weights,
+                f"TP{r.tp}, EP{r.ep} ({max(1, m.num_experts // r.ep)} routed expert(s) per rank)",
             ),
             Component(
                 "workspace",
@@ -679,7 +627,7 @@ def estimate_rollout(
 
 
 def estimate_reshard(
-    m: ModelShape, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
+    m: ModelDims, t: TrainingSetup, r: RolloutSetup, die: DieSpec, hccl_buffsize_mb: int
 ) -> PhaseEstimate:
     """Weight sync: the actor params are still on the die while vLLM's weights are filled (the KV cache
     is allocated only after the actor is offloaded); plus one gathered full tensor (the largest
@@ -689,7 +637,7 @@ def estimate_reshard(
     comps = [
         Component("actor_params_bf16", BF16 * p.total, f"stage {stage}"),
         Component("rollout_weights_bf16", rollout_weight_bytes(m, r), f"TP{r.tp} EP{r.ep}"),
-        Component("gather_buffer", BF16 * m.vocab * m.hidden, "largest gathered tensor (vocab x hidden)"),
+        Component("gather_buffer", BF16 * m.vocab_size * m.hidden, "largest gathered tensor (vocab x hidden)"),
     ]
     if not t.grad_offload:
         comps.append(Component("actor_grads_fp32", FP32 * p.total, "grad_offload=False"))
@@ -707,7 +655,7 @@ def estimate_reshard(
 
 
 def estimate_ref(
-    m: ModelShape, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
+    m: ModelDims, t: TrainingSetup, die: DieSpec, hccl_buffsize_mb: int, rollout: RolloutSetup | None = None
 ) -> PhaseEstimate:
     """Reference log-prob pass: ref params, forward-only working set of one layer for the ref
     micro-batch, FP32 logits on the last stage, and whatever the actor leaves on the die."""
@@ -716,7 +664,7 @@ def estimate_ref(
     tokens = t.seq_len * t.ref_micro_batch // t.cp
     layer = max(stage_layer_ranges(t.layer_list)[stage])
     working = layer_activation_elems(m, layer, t.tp, t.sequence_parallel, t.tp_extend_ep) * tokens * BF16
-    logits = 2 * tokens * m.vocab / t.tp * FP32
+    logits = 2 * tokens * m.vocab_size / t.tp * FP32
     comps = [
         Component("ref_params_bf16", BF16 * p.total, f"stage {stage}"),
         Component("forward_working_set", working, f"one layer, {tokens} tokens"),

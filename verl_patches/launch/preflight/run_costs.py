@@ -34,10 +34,10 @@ from typing import Any
 from verl_patches.launch.preflight.memory_estimate import (
     ADAM_BYTES_PER_PARAM,
     BF16,
-    ModelShape,
     ParamCount,
     total_params,
 )
+from verl_patches.reshard.model_dims import ModelDims
 
 CHECKPOINT_BYTES_PER_PARAM = BF16 + ADAM_BYTES_PER_PARAM  # bf16 weights 2 + fp32 master 4 + Adam m 4 + v 4
 CHECKPOINT_BYTES_NOTE = (
@@ -65,7 +65,7 @@ class CheckpointStep:
 def checkpoint_step(model: Mapping[str, Any]) -> CheckpointStep:
     """One checkpoint step of the model a HF ``config.json`` dict describes (671.0 B parameters, 9.39 TB for
     DeepSeek-V3 without MTP)."""
-    return CheckpointStep(total_params(ModelShape.from_hf_config(model)))
+    return CheckpointStep(total_params(ModelDims.from_hf_config(model)))
 
 
 def saves_in_run(save_freq: int, total_steps: int | None) -> int | None:
