@@ -120,6 +120,29 @@ def test_on_an_npu_node_the_line_names_its_host_memory(monkeypatch) -> None:
     assert f.message.endswith("(this node has 1.50 TB)")
 
 
+@pytest.mark.parametrize(("node_bytes", "fits"), [(1_500_000_000_000, True), (1_000_000_000_000, False)])
+def test_a_background_write_that_does_not_fit_the_nodes_memory_fails_the_dry_run(
+    monkeypatch, node_bytes: int, fits: bool
+) -> None:
+    """137 GB written from beside 772 GB offloaded: 909 GB, within 90 % of a 1.5 TB node, not of a 1 TB one."""
+    monkeypatch.setattr(preflight_checkpoint, "host_memory_bytes", lambda: node_bytes)
+    f = only(findings("a3_256die_true_weight", "/shared/ckpt/dsv3", host=NPU), "checkpoint.cadence")
+    assert "\n" not in f.message
+    if fits:
+        assert f.status == OK and f.message.endswith(f"(this node has {node_bytes / 1e12:.2f} TB)")
+        return
+    assert f.status == FAIL and f.key == "overlay.async_checkpoint", f
+    assert f.message.endswith(
+        "together 908.74 GB, more than 90% of this node's 1.00 TB; set overlay.async_checkpoint=False (a save in "
+        "the foreground holds no copy) or offload less"
+    ), f.message
+    off = only(
+        findings("a3_256die_true_weight", "/shared/ckpt/dsv3", "overlay.async_checkpoint=False", host=NPU),
+        "checkpoint.cadence",
+    )
+    assert off.status == OK, off  # a foreground save holds no second copy
+
+
 def test_the_storage_refusal_states_the_keep_one_or_two_trade_off(tmp_path: Path) -> None:
     ck = folder(tmp_path)  # a few GB free here, 28 TB needed for the 671B model
     f = only(findings("a3_256die_true_weight", str(ck)), "checkpoint.storage")

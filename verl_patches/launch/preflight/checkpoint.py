@@ -214,7 +214,10 @@ def cadence_finding(ctx: Context, model: Mapping[str, Any]) -> Finding:
             f"; a failure loses at most {freq} steps ({human_seconds(freq * vendor.step_s)} at {vendor.step_s} s a "
             f"step, {VENDOR_SOURCE})"
         )
-        text += "; " + blocking_note(ctx, model, vendor, freq)
+        note, fits = blocking_note(ctx, model, vendor, freq)
+        text += "; " + note
+        if not fits:
+            return Finding("checkpoint.cadence", FAIL, text, ASYNC_KEY)
     return Finding("checkpoint.cadence", OK if keep else WARN, text, "" if keep else KEEP_KEY)
 
 
@@ -240,12 +243,18 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, freq: int) -> str:
+# The share of a node's memory the offloaded state and a background write may take together: the rest is the
+# processes' own (Ray, the rollout engine's host side, the data loader, the page cache the write goes through).
+HOST_MEMORY_SHARE = 0.9
+
+
+def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, freq: int) -> tuple[str, bool]:
     """What a save blocks the step for, in the foreground and in the background (`run_costs.save_timing`), and
-    the host memory a background write holds on the busiest node."""
+    the host memory a background write holds on the busiest node; False with it when, on an NPU node, that
+    write and the offloaded state would not fit in `HOST_MEMORY_SHARE` of the node's memory."""
     cfg = ctx.cfg
     if ctx.layout is None:
-        return "what a save blocks is not estimated: the layout is refused (see layout.*)"
+        return "what a save blocks is not estimated: the layout is refused (see layout.*)", True
     step = checkpoint_step(model).nbytes
     layout = rank_layout(cfg, model)
     t = training_setup(cfg, model)
@@ -258,7 +267,8 @@ def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, fr
     if not ctx.overlay.async_checkpoint:
         return (
             f"a save blocks the step for its whole write, {fg}, at {assumed}; {ASYNC_KEY}=True writes it in the "
-            f"background (about {timing.background_s:.0f} s blocked)"
+            f"background (about {timing.background_s:.0f} s blocked)",
+            True,
         )
     node, held = busiest_node(layout, lambda r: background_save_rank_bytes(layout, r, t.swap_optimizer))
     steady = busiest_node(
@@ -275,9 +285,15 @@ def blocking_note(ctx: Context, model: Mapping[str, Any], vendor: VendorStep, fr
         "its offloaded weights and optimizer state take there"
     )
     mem = host_memory_bytes() if ctx.host.is_npu else None
-    if mem:
-        note += f" (this node has {human_bytes(mem)})"
-    return note
+    if not mem:
+        return note, True
+    if held + steady <= HOST_MEMORY_SHARE * mem:
+        return note + f" (this node has {human_bytes(mem)})", True
+    return (
+        note + f": together {human_bytes(held + steady)}, more than {HOST_MEMORY_SHARE:.0%} of this node's "
+        f"{human_bytes(mem)}; set {ASYNC_KEY}=False (a save in the foreground holds no copy) or offload less",
+        False,
+    )
 
 
 def filesystem_type(path: Path) -> str | None:
