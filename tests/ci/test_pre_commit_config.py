@@ -18,7 +18,12 @@ VENV_PYTHON = ".venv/bin/python"
 REQUIRED: dict[str, tuple[str, ...]] = {
     "ruff-check": ("ruff", "check"),
     "ruff-format": ("ruff", "format", "--check"),
-    "layers-and-one-home": ("pytest", "tests/ci/test_layers.py", "tests/ci/test_one_home.py"),
+    "layers-and-one-home": (
+        "pytest",
+        "tests/ci/test_layers.py",
+        "tests/ci/test_one_home.py",
+        "tests/ci/test_one_layout.py",
+    ),
     "type-check": ("pytest", "tests/ci/test_type_check.py"),
 }
 _HOOK_KEYS = {"id", "name", "entry", "language", "types_or", "types", "files", "pass_filenames"}
