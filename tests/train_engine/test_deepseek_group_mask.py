@@ -153,11 +153,13 @@ def _original(name: str):
 
 
 def rank_every_router(rank: int, world: int) -> dict:
+    from vllm_ascend.ops import fused_moe  # before MindSpeed, which swaps torch.compile for torch.jit.script
+
+    # isort: split
     import torch_npu
     from mindspeed_llm.core.transformer.moe.moe_utils import topk_softmax_with_capacity
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
-    from vllm_ascend.ops import fused_moe  # before MindSpeed, which swaps torch.compile for torch.jit.script
 
     from verl_patches.weights.config import make_tiny_config
 
