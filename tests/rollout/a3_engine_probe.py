@@ -13,10 +13,11 @@ import os
 import sys
 import traceback
 
+import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
+
+# isort: split
 import torch.distributed as dist  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-
-import verl_patches.prelude_patch  # noqa: F401  (what every job process runs first)
 
 spec = json.load(open(sys.argv[1]))
 rank, world, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
