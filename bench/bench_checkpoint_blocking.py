@@ -23,7 +23,6 @@ background blocks less than the foreground; exit status 1 on FAIL.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import tempfile
@@ -48,27 +47,6 @@ def hf_config(hidden: int, experts: int) -> dict:
     }
 
 
-def _provider(pre_process: bool = True, post_process: bool = True):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.training import get_args
-    from megatron.training.arguments import core_transformer_config_from_args
-
-    args = get_args()
-    spec = getattr(importlib.import_module(args.spec[0]), args.spec[1])
-    return GPTModel(
-        config=core_transformer_config_from_args(args),
-        transformer_layer_spec=spec,
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_percent=args.rotary_percent,
-    )
-
-
 def _build(cfg: dict):
     import torch
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -76,10 +54,11 @@ def _build(cfg: dict):
 
     from tiny_dsv3 import verl_config
     from verl_patches.train_engine.initialize import initialize_megatron
+    from verl_patches.train_engine.model import gpt_model_provider
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
     initialize_megatron(translate_verl_train_configs_to_megatron(verl_config(expert_model_parallel_size=2), cfg))
-    model = get_model(_provider, wrap_with_ddp=True)
+    model = get_model(gpt_model_provider, wrap_with_ddp=True)  # the job's provider
     opt = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, params_dtype=torch.float32), model
     )

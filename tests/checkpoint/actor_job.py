@@ -31,7 +31,6 @@ states and the data position all came back. Rank 0 appends each step's metrics t
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -47,40 +46,20 @@ import torch  # noqa: E402
 from verl_patches.base.rank_exit import exit_rank  # noqa: E402
 
 
-def provider(pre_process: bool = True, post_process: bool = True):
-    from megatron.core.models.gpt import GPTModel
-    from megatron.training import get_args
-    from megatron.training.arguments import core_transformer_config_from_args
-
-    args = get_args()
-    spec = getattr(importlib.import_module(args.spec[0]), args.spec[1])
-    return GPTModel(
-        config=core_transformer_config_from_args(args),
-        transformer_layer_spec=spec,
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_percent=args.rotary_percent,
-    )
-
-
 def build(tp: int, ep: int, pp: int, layer_list: list[int] | None):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.training.training import get_model
 
     from tiny_dsv3 import TINY_HF_CONFIG, verl_config
     from verl_patches.train_engine.initialize import initialize_megatron
+    from verl_patches.train_engine.model import gpt_model_provider
     from verl_patches.train_engine.translate import translate_verl_train_configs_to_megatron
 
     megatron = dict(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp)
     if layer_list:
         megatron["pipeline_parallel_num_layer_list"] = layer_list
     initialize_megatron(translate_verl_train_configs_to_megatron(verl_config(**megatron), TINY_HF_CONFIG))
-    model = get_model(provider, wrap_with_ddp=True)
+    model = get_model(gpt_model_provider, wrap_with_ddp=True)  # the job's provider
     opt = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
