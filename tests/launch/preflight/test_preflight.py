@@ -467,38 +467,48 @@ def test_patches_drift_and_missing_targets_fail(tmp_path, monkeypatch):
 # ---- memory --------------------------------------------------------------------------------------
 
 
-def test_memory_outside_vllm_over_budget_names_utilisation():
-    f = failed(
-        run("a3_256die_true_weight", "actor_rollout_ref.rollout.gpu_memory_utilization=0.95"),
-        "memory.rollout_outside_vllm",
-    )
-    assert f.key == "actor_rollout_ref.rollout.gpu_memory_utilization"
-
-
-def test_memory_actor_left_on_die_names_param_offload():
-    f = failed(
-        run("a3_256die_true_weight", f"{M}.param_offload=False", f"{M}.grad_offload=False"),
-        "memory.rollout_outside_vllm",
-    )
-    assert f.key == f"{M}.param_offload"
-
-
-def test_memory_rollout_without_room_for_weights_names_utilisation():
-    f = failed(run("a3_256die_true_weight", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"), "memory.rollout")
-    assert f.key == "actor_rollout_ref.rollout.gpu_memory_utilization"
-
-
-def test_memory_training_without_swap_optimizer_names_it():
-    f = failed(
-        run("a3_256die_true_weight", f"{M}.swap_optimizer=False", f"{M}.use_distributed_optimizer=False"),
-        "memory.training",
-    )
-    assert f.key == f"{M}.swap_optimizer"
-
-
-def test_memory_training_long_sequences_without_recompute_names_checkpointing():
-    f = failed(run("a3_256die_random_init", "data.max_response_length=8192"), "memory.training")
-    assert f.key == "actor_rollout_ref.model.enable_gradient_checkpointing"
+@pytest.mark.parametrize(
+    ("profile", "overrides", "check", "key"),
+    [
+        pytest.param(
+            "a3_256die_true_weight",
+            ["actor_rollout_ref.rollout.gpu_memory_utilization=0.95"],
+            "memory.rollout_outside_vllm",
+            "actor_rollout_ref.rollout.gpu_memory_utilization",
+            id="outside vLLM over budget: utilisation",
+        ),
+        pytest.param(
+            "a3_256die_true_weight",
+            [f"{M}.param_offload=False", f"{M}.grad_offload=False"],
+            "memory.rollout_outside_vllm",
+            f"{M}.param_offload",
+            id="actor left on the die: param offload",
+        ),
+        pytest.param(
+            "a3_256die_true_weight",
+            ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
+            "memory.rollout",
+            "actor_rollout_ref.rollout.gpu_memory_utilization",
+            id="rollout without room for weights: utilisation",
+        ),
+        pytest.param(
+            "a3_256die_true_weight",
+            [f"{M}.swap_optimizer=False", f"{M}.use_distributed_optimizer=False"],
+            "memory.training",
+            f"{M}.swap_optimizer",
+            id="training without the swap optimizer",
+        ),
+        pytest.param(
+            "a3_256die_random_init",
+            ["data.max_response_length=8192"],
+            "memory.training",
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
+            id="long sequences without recompute",
+        ),
+    ],
+)
+def test_a_memory_refusal_names_the_key_to_change(profile: str, overrides: list[str], check: str, key: str):
+    assert failed(run(profile, *overrides), check).key == key
 
 
 # ---- report and CLI ------------------------------------------------------------------------------
